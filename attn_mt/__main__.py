@@ -1,0 +1,3 @@
+from attn_mt.cli import app
+
+app(prog_name="attn-mt")

@@ -1,0 +1,96 @@
+"""Checkpoints: atomic writes, safe loads, and rebuilding a model from what a checkpoint holds.
+
+A checkpoint is a dict of tensors and plain data only (it loads with
+`torch.load(..., weights_only=True)`, so a crafted file cannot run code):
+    format_version, model (state_dict), optimizer, step, epoch, batch_in_epoch,
+    config (nested dict), tokenizer (SentencePiece model bytes), rng, best_bleu, ...
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import ConfigError, ExperimentConfig, from_dict
+from .models import build_model
+from .tokenizer import Tokenizer
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, damaged or from an incompatible version."""
+
+
+def save(state: dict, path: Path) -> None:
+    """Write `state` to `path` atomically: a temporary file in the same directory, fsync, rename.
+
+    A crash or SIGKILL at any moment leaves either the old file or the new one, never a mix.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"format_version": FORMAT_VERSION, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # make the rename itself durable
+    finally:
+        os.close(fd)
+
+
+def load(path: Path | str, map_location: str | torch.device = "cpu") -> dict:
+    """Load a checkpoint dict, or raise CheckpointError with a one-line reason."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, OSError) as e:
+        first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt: {first})") from None
+    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+        raise CheckpointError(f"{path}: not an attn-mt checkpoint")
+    version = state.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: written by checkpoint format {version}, this attn-mt reads format {FORMAT_VERSION}"
+        )
+    return state
+
+
+def model_from_state(state: dict, device: torch.device | str = "cpu") -> tuple[nn.Module, ExperimentConfig, Tokenizer]:
+    """Rebuild (model in eval mode, config, tokenizer) from a loaded checkpoint dict."""
+    try:
+        cfg = from_dict(state["config"])
+    except ConfigError as e:
+        raise CheckpointError(f"checkpoint config is not valid for this attn-mt: {e}") from None
+    tok = Tokenizer.from_state(state["tokenizer"])
+    model = build_model(cfg.model, src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size,
+                        pad_id=tok.pad_id, shared_vocab=tok.joint)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        raise CheckpointError(f"checkpoint weights do not fit the model: {str(e).splitlines()[0]}") from None
+    return model.to(device).eval(), cfg, tok
+
+
+def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[nn.Module, ExperimentConfig, Tokenizer]:
+    """(model, config, tokenizer) from a checkpoint file."""
+    try:
+        return model_from_state(load(path), device)
+    except CheckpointError as e:
+        if str(e).startswith(str(path)):
+            raise
+        raise CheckpointError(f"{path}: {e}") from None

@@ -1,0 +1,20 @@
+"""Corpus BLEU and chrF with sacrebleu (detokenized, cased, 13a), with their signatures."""
+
+from __future__ import annotations
+
+from sacrebleu.metrics import BLEU, CHRF
+
+
+def score(hyps: list[str], refs: list[str]) -> dict:
+    """{"bleu", "chrf", "bleu_signature", "chrf_signature"} for one reference per hypothesis."""
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    bleu, chrf = BLEU(), CHRF()
+    b = bleu.corpus_score(hyps, [refs])
+    c = chrf.corpus_score(hyps, [refs])
+    return {"bleu": round(b.score, 2), "chrf": round(c.score, 2),
+            "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
+
+
+def bleu(hyps: list[str], refs: list[str]) -> float:
+    return round(BLEU().corpus_score(hyps, [refs]).score, 2)

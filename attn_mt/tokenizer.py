@@ -1,0 +1,112 @@
+"""SentencePiece subwords: train on the training split (joint or per language), reuse when unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+
+import sentencepiece as spm
+
+from .config import TokenizerConfig
+
+log = logging.getLogger(__name__)
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+class Tokenizer:
+    """Source and target SentencePiece models (the same one when the vocabulary is joint)."""
+
+    pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+
+    def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None) -> None:
+        self.src_proto, self.tgt_proto = src_proto, tgt_proto
+        self.src = spm.SentencePieceProcessor(model_proto=src_proto)
+        self.tgt = self.src if tgt_proto is None else spm.SentencePieceProcessor(model_proto=tgt_proto)
+
+    @property
+    def joint(self) -> bool:
+        return self.tgt_proto is None
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.src.get_piece_size()
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.tgt.get_piece_size()
+
+    def encode_src(self, texts: list[str]) -> list[list[int]]:
+        return self.src.encode(texts)
+
+    def encode_tgt(self, texts: list[str]) -> list[list[int]]:
+        return self.tgt.encode(texts)
+
+    def decode_tgt(self, ids: list[list[int]]) -> list[str]:
+        return self.tgt.decode(ids)
+
+    def src_pieces(self, text: str) -> list[str]:
+        return self.src.encode(text, out_type=str)
+
+    def tgt_pieces(self, ids: list[int]) -> list[str]:
+        return [self.tgt.id_to_piece(i) for i in ids]
+
+    def state(self) -> dict:
+        """Plain data for checkpoints (loads with torch.load(weights_only=True))."""
+        return {"src_proto": self.src_proto, "tgt_proto": self.tgt_proto}
+
+    @classmethod
+    def from_state(cls, state: dict) -> Tokenizer:
+        return cls(state["src_proto"], state["tgt_proto"])
+
+
+def _train_one(texts: list[str], cfg: TokenizerConfig) -> bytes:
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=model,
+        model_type=cfg.type, vocab_size=cfg.vocab_size,
+        character_coverage=cfg.character_coverage,
+        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        hard_vocab_limit=False,  # small corpora may not support the requested size
+        input_sentence_size=2_000_000, shuffle_input_sentence=True,
+        num_threads=2, minloglevel=2,
+    )
+    return model.getvalue()
+
+
+def _fingerprint(cfg: TokenizerConfig, src: list[str], tgt: list[str]) -> str:
+    h = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
+    for texts in (src, tgt):
+        h.update(b"\x00".join(t.encode() for t in texts))
+        h.update(b"\x01")
+    return h.hexdigest()
+
+
+def train_or_load(cfg: TokenizerConfig, src: list[str], tgt: list[str], run_dir: Path) -> Tokenizer:
+    """Reuse `run_dir`'s SentencePiece model(s) when data and settings match, else train anew."""
+    meta_path = run_dir / "tokenizer.json"
+    names = ["spm.model"] if cfg.joint else ["spm.src.model", "spm.tgt.model"]
+    fingerprint = _fingerprint(cfg, src, tgt)
+    if meta_path.exists() and all((run_dir / n).exists() for n in names):
+        try:
+            same = json.loads(meta_path.read_text())["fingerprint"] == fingerprint
+        except (ValueError, KeyError):
+            same = False
+        if same:
+            log.info("reusing tokenizer %s", ", ".join(names))
+            protos = [(run_dir / n).read_bytes() for n in names]
+            return Tokenizer(protos[0], protos[1] if len(protos) > 1 else None)
+    log.info("training %s tokenizer (%s, vocab %d)", "joint" if cfg.joint else "separate",
+             cfg.type, cfg.vocab_size)
+    if cfg.joint:
+        protos = [_train_one(src + tgt, cfg)]
+    else:
+        protos = [_train_one(src, cfg), _train_one(tgt, cfg)]
+    for name, proto in zip(names, protos):
+        (run_dir / name).write_bytes(proto)
+    meta_path.write_text(json.dumps({"fingerprint": fingerprint, **asdict(cfg)}, indent=2))
+    return Tokenizer(protos[0], protos[1] if len(protos) > 1 else None)
