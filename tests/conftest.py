@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny configs on the built-in toy corpus, and one tiny trained run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from attn_mt.config import load_config
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
+
+TINY = [
+    "data.source=toy", "data.src_lang=en", "data.tgt_lang=de", "data.toy_size=300",
+    "tokenizer.vocab_size=120", "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
+    "model.d_ff=64", "model.dropout=0.0", "train.lr=3e-3", "train.warmup_steps=10",
+    "train.batch_tokens=600", "train.max_epochs=2", "train.bleu_sentences=20", "train.device=cpu",
+    "train.precision=fp32", "train.log_every=5",
+]
+
+
+@pytest.fixture
+def tiny_cfg():
+    """Build a tiny config, with extra `section.key=value` overrides."""
+
+    def make(*overrides: str):
+        return load_config(None, [*TINY, *overrides])
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """Run directory of a tiny model trained for two epochs on 300 toy pairs (a few seconds)."""
+    from attn_mt.train import train
+
+    run_dir = tmp_path_factory.mktemp("tiny_run")
+    train(load_config(None, TINY), run_dir)
+    return run_dir
+
+
+@pytest.fixture
+def multi30k() -> Path:
+    """The shared Multi30k directory; the test is skipped where it is absent (a user's clone)."""
+    if not (MULTI30K / "train.de").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K} (set MULTI30K_DIR)")
+    return MULTI30K
