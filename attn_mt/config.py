@@ -93,8 +93,30 @@ class TransformerConfig:
             raise ConfigError(f"model.dropout={self.dropout}: must be in [0, 1)")
 
 
-ModelConfig = TransformerConfig
-MODEL_KINDS: dict[str, type] = {"transformer": TransformerConfig}
+@dataclass(frozen=True)
+class RNNConfig:
+    """Encoder-decoder RNN with additive attention (Bahdanau et al. 2015), the baseline of compare-rnn."""
+
+    kind: Literal["rnn"] = "rnn"
+    d_embed: int = 256  # embeddings, and the pre-output layer (so the output can be tied)
+    d_hidden: int = 256  # encoder state per direction, and the decoder state
+    d_attn: int = 256  # hidden size of the additive attention
+    cell: Literal["gru", "lstm"] = "gru"  # encoder cell; the decoder is a GRU
+    n_layers: int = 1  # encoder and decoder layers each
+    dropout: float = 0.1
+    tie_embeddings: bool = True
+    max_positions: int = 256  # longest source / output in tokens (the RNN itself has no limit)
+
+    def __post_init__(self) -> None:
+        for key in ("d_embed", "d_hidden", "d_attn", "n_layers", "max_positions"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"model.{key}={getattr(self, key)}: must be >= 1")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout={self.dropout}: must be in [0, 1)")
+
+
+ModelConfig = TransformerConfig | RNNConfig
+MODEL_KINDS: dict[str, type] = {"transformer": TransformerConfig, "rnn": RNNConfig}
 
 
 @dataclass(frozen=True)

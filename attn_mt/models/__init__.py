@@ -7,6 +7,7 @@ from typing import Protocol
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from .rnn import RNNSeq2Seq
 from .transformer import Transformer
 
 
@@ -34,6 +35,9 @@ def build_model(cfg: ModelConfig, *, src_vocab: int, tgt_vocab: int, pad_id: int
     if cfg.kind == "transformer":
         return Transformer(cfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab, pad_id=pad_id,
                            shared_vocab=shared_vocab)
+    if cfg.kind == "rnn":
+        return RNNSeq2Seq(cfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab, pad_id=pad_id,
+                          shared_vocab=shared_vocab)
     raise ValueError(f"unknown model kind {cfg.kind!r}")
 
 
