@@ -146,6 +146,18 @@ class Transformer(nn.Module):
     def new_cache(self) -> list[dict]:
         return [{} for _ in self.decoder]
 
+    def reorder_cache(self, cache: list[dict], index: Tensor) -> list[dict]:
+        """Keep rows `index` (B',) of the self-attention caches, in place (beam search); returns it.
+
+        The cross-attention keys and values are left as they are: beam search moves rows only
+        within a sentence's block of identical rows, where they are equal.
+        """
+        for layer in cache:
+            if "k" in layer.get("self", {}):
+                kv = layer["self"]
+                kv["k"], kv["v"] = kv["k"].index_select(0, index), kv["v"].index_select(0, index)
+        return cache
+
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) for a batch."""
         src_mask = self.src_mask(src)

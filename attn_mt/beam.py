@@ -1,0 +1,109 @@
+"""Batched beam search over many sentences at once, with n-best lists and a GNMT length penalty.
+
+Each sentence owns k consecutive rows of the decoder batch: (B, k) -> (B*k). Beams only ever
+move within their sentence's block of rows, so the model reorders just its self-attention cache
+(`model.reorder_cache`), and every decision about a sentence looks at that sentence's rows only:
+its hypotheses do not depend on which other sentences share the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A finished output: token ids without bos/eos, log P(y | x), and the length-normalised score."""
+
+    tokens: list[int]
+    log_prob: float
+    score: float
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, section 7); |Y| counts eos."""
+    return ((5 + length) / 6) ** alpha
+
+
+def _best_possible(log_prob: Tensor, length: int, max_len: Tensor, alpha: float) -> Tensor:
+    """Upper bound on the score of any continuation of active beams. log_prob: (B, k) -> (B,).
+
+    log P only falls as tokens are added, so the best a beam can do is finish with its current
+    log P at the length (between `length` and `max_len`) that divides it by the largest lp.
+    """
+    lp = length_penalty(max_len.float(), alpha).clamp(min=length_penalty(length, alpha))  # (B,)
+    return log_prob.max(dim=1).values / lp
+
+
+@torch.inference_mode()
+def beam_search(model, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int, beam_size: int,
+                alpha: float = 0.6, nbest: int = 1, use_cache: bool = True) -> list[list[Hypothesis]]:
+    """The `nbest` highest-scoring outputs for each source sentence, best first.
+
+    Args:
+        model: a Seq2Seq model (encode / decode / new_cache / reorder_cache).
+        src: (B, S) source ids, right-padded.
+        max_len: (B,) the most output tokens per sentence, eos included; eos is forced there.
+        beam_size: k active hypotheses per sentence.
+        alpha: length penalty exponent; score = log P / lp(|y|). 0 ranks by log P alone.
+        nbest: hypotheses returned per sentence (<= beam_size).
+        use_cache: feed only the newest token each step (else re-run the whole prefix).
+
+    Finished hypotheses are collected until the `nbest`-th best of them can no longer be beaten
+    by any continuation of the active beams (see `_best_possible`), or the length limit.
+    """
+    if not 1 <= nbest <= beam_size:
+        raise ValueError(f"nbest={nbest} must be between 1 and beam_size={beam_size}")
+    b, k, dev = src.size(0), beam_size, src.device
+    src_mask = model.src_mask(src)
+    memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)  # (B*k, S, D)
+    src_mask = src_mask.repeat_interleave(k, dim=0)
+    cache = model.new_cache() if use_cache else None
+    max_len = max_len.to(dev)
+    scores = torch.full((b, k), -math.inf, device=dev)  # (B, k) log P of the active beams
+    scores[:, 0] = 0.0  # start from one beam, so the first step does not pick k copies
+    ys = torch.full((b * k, 1), bos_id, dtype=torch.long, device=dev)  # (B*k, 1 + step)
+    block = torch.arange(b, device=dev)[:, None] * k  # (B, 1) first row of each sentence
+    finished: list[list[Hypothesis]] = [[] for _ in range(b)]
+    active = set(range(b))  # sentences still searching
+    for step in range(int(max_len.max())):
+        inp = ys[:, -1:] if use_cache else ys
+        logp = model.decode(inp, memory, src_mask, cache)[:, -1].float().log_softmax(-1)  # (B*k, V)
+        v = logp.size(-1)
+        logp = logp.view(b, k, v)
+        forced = step + 1 >= max_len  # (B,) last position: only eos is allowed
+        if bool(forced.any()):
+            only_eos = torch.full((v,), -math.inf, device=dev)
+            only_eos[eos_id] = 0.0
+            logp = torch.where(forced[:, None, None], logp + only_eos, logp)
+        cand = (scores[:, :, None] + logp).view(b, k * v)  # (B, k*V)
+        top, idx = cand.topk(min(2 * k, k * v), dim=1)  # (B, 2k), best first
+        origin, token = idx // v, idx % v
+        is_eos = token == eos_id
+        # eos among the k best candidates finishes a hypothesis
+        ended = is_eos & (torch.arange(top.size(1), device=dev) < k) & top.isfinite()
+        if bool(ended.any()):
+            s_idx, c_idx = ended.nonzero(as_tuple=True)
+            prefixes = ys[s_idx * k + origin[s_idx, c_idx], 1:].tolist()
+            for s, lp, prefix in zip(s_idx.tolist(), top[s_idx, c_idx].tolist(), prefixes, strict=True):
+                if s in active:
+                    finished[s].append(Hypothesis(prefix, lp, lp / length_penalty(step + 1, alpha)))
+        # the k best candidates that do not end continue as the new beams
+        keep = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :k]  # (B, k)
+        scores = top.gather(1, keep).masked_fill(is_eos.gather(1, keep), -math.inf)
+        rows = (block + origin.gather(1, keep)).view(-1)  # (B*k,) surviving rows
+        ys = torch.cat([ys[rows], token.gather(1, keep).view(-1, 1)], dim=1)
+        if cache is not None:
+            cache = model.reorder_cache(cache, rows)
+        bound = _best_possible(scores, step + 2, max_len, alpha).tolist()  # (B,)
+        for s in list(active):
+            scores_s = sorted((h.score for h in finished[s]), reverse=True)
+            if len(scores_s) >= nbest and scores_s[nbest - 1] >= bound[s]:
+                active.discard(s)  # nothing left on the beam can enter its n-best list
+        if not active:
+            break
+    return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]
