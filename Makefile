@@ -1,0 +1,45 @@
+# attn-mt: `make demo` sets up and runs the main job; `make test` sets up and runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+
+.PHONY: setup test test-fast demo lint format smoke clean
+
+$(BIN)/attn-mt: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# the CPU build of torch first where there is no NVIDIA GPU (a bare `torch` pulls a multi-GB CUDA build)
+	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q "torch>=2.4,<3"; \
+	else $(BIN)/pip install -q $(TORCH) || $(BIN)/pip install -q $(TORCH) --index-url https://download.pytorch.org/whl/cpu; fi
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(BIN)/attn-mt  ## create .venv and install attn-mt with its dependencies
+
+test: setup  ## run the test suite (CPU, a few minutes)
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+test-fast: setup  ## the tests without the slow end-to-end ones
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow and not network"
+
+demo: setup  ## train the built-in toy config, translate a few sentences, print test BLEU
+	$(BIN)/attn-mt train --config configs/toy.yaml --out runs/toy
+	printf '%s\n' "the old man sees a small dog." "yesterday the children find the red ball." \
+	  "a woman thinks that the teachers like the quiet horses." | \
+	  $(BIN)/attn-mt translate --checkpoint runs/toy/checkpoint_best.pt
+	$(BIN)/python -c "import json; r = json.load(open('runs/toy/results.json')); \
+	  print(f\"test BLEU {r['test_bleu']} chrF {r['test_chrf']} in {r['train_seconds']} s ({r['sacrebleu_signature']})\")"
+
+lint: setup  ## ruff: lint and format check
+	$(BIN)/ruff check attn_mt tests scripts
+	$(BIN)/ruff format --check attn_mt tests scripts
+
+format: setup
+	$(BIN)/ruff format attn_mt tests scripts
+
+smoke: setup  ## a few hundred steps of the toy config
+	$(BIN)/attn-mt train --config configs/toy.yaml --out runs/smoke --set train.max_steps=200
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache

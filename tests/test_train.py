@@ -1,0 +1,56 @@
+import json
+
+import pytest
+import torch
+
+from attn_mt.config import TrainConfig
+from attn_mt.train import lr_at, pick_precision, train
+
+
+def test_lr_warmup_then_inverse_sqrt():
+    cfg = TrainConfig(lr=1e-3, warmup_steps=100)
+    assert lr_at(1, cfg) == pytest.approx(1e-5)
+    assert lr_at(50, cfg) == pytest.approx(5e-4)
+    assert lr_at(100, cfg) == pytest.approx(1e-3)
+    assert lr_at(400, cfg) == pytest.approx(5e-4)
+    assert max(lr_at(s, cfg) for s in range(1, 1000)) == pytest.approx(1e-3)
+
+
+def test_precision_choice():
+    cpu = torch.device("cpu")
+    assert pick_precision("fp32", cpu) == "fp32"
+    assert pick_precision("auto", cpu) in ("bf16", "fp32")
+
+
+def test_run_directory_contents(tiny_run):
+    names = {p.name for p in tiny_run.iterdir()}
+    assert {"config.yaml", "spm.model", "checkpoint_best.pt", "checkpoint_last.pt", "metrics.jsonl",
+            "results.json"} <= names
+    records = [json.loads(line) for line in (tiny_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2]
+    for key in ("step", "epoch", "train_loss", "valid_loss", "valid_bleu", "lr", "tokens_per_s", "elapsed_s"):
+        assert key in records[0]
+    assert records[1]["valid_loss"] < records[0]["valid_loss"]
+    results = json.loads((tiny_run / "results.json").read_text())
+    for key in ("test_bleu", "test_chrf", "sacrebleu_signature", "train_seconds", "params", "device"):
+        assert key in results
+    assert results["sacrebleu_signature"].startswith("nrefs:1|case:mixed")
+
+
+def test_overfits_a_few_sentences(tiny_cfg, tmp_path):
+    """Eight sentences, many epochs: the model learns them by heart."""
+    cfg = tiny_cfg("data.toy_size=10", "train.max_epochs=100", "train.eval_every=25", "train.warmup_steps=30",
+                   "train.lr=5e-3",
+                   "train.batch_tokens=400", "model.d_model=64", "model.d_ff=128", "train.label_smoothing=0",
+                   "train.bleu_sentences=10", "tokenizer.vocab_size=64")
+    train(cfg, tmp_path)
+    first, *_, last = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert last["train_loss"] < 0.1 and first["train_loss"] > 1.0, (first, last)
+
+
+def test_max_steps_and_accumulation(tiny_cfg, tmp_path):
+    train(tiny_cfg("train.max_steps=7", "train.accum_steps=2"), tmp_path)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["steps"] == 7
+    state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)
+    assert state["step"] == 7
