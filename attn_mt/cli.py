@@ -85,31 +85,57 @@ def _lines(texts: list[str] | None, input: Path | None):
             yield line.rstrip("\n")
 
 
+_CKPT = "(default: the checkpoint's decode section)"
+BeamOpt = Annotated[int | None, typer.Option("--beam", help=f"Beam size; 1 is greedy {_CKPT}.")]
+AlphaOpt = Annotated[float | None, typer.Option("--alpha", help=f"GNMT length penalty exponent {_CKPT}.")]
+BatchOpt = Annotated[int | None, typer.Option(help=f"Sentences per batch {_CKPT}.")]
+
+
+def _decode_cfg(cfg, **flags):
+    """The checkpoint's `decode` section with the flags that were given."""
+    from dataclasses import replace
+
+    return replace(cfg.decode, **{k: v for k, v in flags.items() if v is not None})
+
+
+def _format(sources: list[str], nbests: list, fmt: str, first: int) -> str:
+    """Output lines: best translations, Moses-style n-best lines (`i ||| text ||| score`) or JSONL."""
+    if fmt == "jsonl":
+        return "\n".join(json.dumps({"source": s, "hypotheses": [
+            {"text": h.text, "score": round(h.score, 4), "log_prob": round(h.log_prob, 4)} for h in n]},
+            ensure_ascii=False) for s, n in zip(sources, nbests, strict=True))
+    if max(map(len, nbests)) == 1:
+        return "\n".join(n[0].text for n in nbests)
+    return "\n".join(f"{first + i} ||| {h.text} ||| {h.score:.4f}" for i, n in enumerate(nbests) for h in n)
+
+
 @app.command()
 @_user_errors
 def translate(checkpoint: CkptOpt,
-              texts: Annotated[Optional[list[str]], typer.Argument(help="Sentences to translate.")] = None,
-              input: Annotated[Optional[Path], typer.Option("--input", "-i", help="File, one sentence a line.")] = None,
-              batch_size: Annotated[int, typer.Option(help="Sentences per batch.")] = 64,
+              texts: Annotated[list[str] | None, typer.Argument(help="Sentences to translate.")] = None,
+              input: Annotated[Path | None, typer.Option("--input", "-i", help="Input file.")] = None,
+              beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None,
+              nbest: Annotated[int | None, typer.Option(help="Hypotheses per sentence (<= beam).")] = None,
+              fmt: Annotated[str, typer.Option("--format", help="text, or jsonl with scores.")] = "text",
               device: DeviceOpt = "auto") -> None:
-    """Translate text from arguments, --input FILE or stdin; one output line per input line."""
-    from dataclasses import replace
-
+    """Translate text from arguments, --input FILE or stdin, in input order, one result per line."""
     from .checkpoint import load_model
-    from .decode import translate as run_translate
+    from .decode import translate_nbest
     from .train import pick_device
 
+    if fmt not in ("text", "jsonl"):
+        raise typer.BadParameter(f"{fmt!r} is not one of 'text', 'jsonl'", param_hint="--format")
     dev = pick_device(device)
     model, cfg, tok = load_model(checkpoint, dev)
-    dcfg = replace(cfg.decode, batch_size=batch_size)
-    chunk: list[str] = []
-    for line in _lines(texts, input):
+    dcfg = _decode_cfg(cfg, beam_size=beam, alpha=alpha, nbest=nbest, batch_size=batch_size)
+    chunk, done = [], 0
+    for i, line in enumerate(_lines(texts, input), 1):
         chunk.append(line)
-        if len(chunk) == 1000:  # stream: a large input is translated and written piece by piece
-            typer.echo("\n".join(run_translate(model, tok, chunk, dcfg, dev)))
-            chunk = []
+        if i % max(1000, dcfg.batch_size) == 0:  # stream: large inputs are written piece by piece
+            typer.echo(_format(chunk, translate_nbest(model, tok, chunk, dcfg, dev), fmt, done))
+            chunk, done = [], i
     if chunk:
-        typer.echo("\n".join(run_translate(model, tok, chunk, dcfg, dev)))
+        typer.echo(_format(chunk, translate_nbest(model, tok, chunk, dcfg, dev), fmt, done))
 
 
 @app.command()
@@ -117,6 +143,7 @@ def translate(checkpoint: CkptOpt,
 def evaluate(checkpoint: CkptOpt,
              src: Annotated[Path, typer.Option(help="Source file, one sentence a line.")],
              ref: Annotated[Path, typer.Option(help="Reference translations, line-aligned with --src.")],
+             beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None,
              as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
              device: DeviceOpt = "auto") -> None:
     """Translate --src and score it against --ref with sacrebleu BLEU and chrF."""
@@ -131,10 +158,13 @@ def evaluate(checkpoint: CkptOpt,
         raise DataError(f"line counts differ: {src} has {len(sources)} lines, {ref} has {len(refs)}")
     dev = pick_device(device)
     model, cfg, tok = load_model(checkpoint, dev)
-    result = score(run_translate(model, tok, sources, cfg.decode, dev), refs)
+    dcfg = _decode_cfg(cfg, beam_size=beam, alpha=alpha, batch_size=batch_size, nbest=1)
+    result = score(run_translate(model, tok, sources, dcfg, dev), refs)
+    result["decode"] = {"beam_size": dcfg.beam_size, "alpha": dcfg.alpha}
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
+        typer.echo(f"beam {dcfg.beam_size}, alpha {dcfg.alpha}")
         typer.echo(f"BLEU {result['bleu']:.2f}  ({result['bleu_signature']})")
         typer.echo(f"chrF {result['chrf']:.2f}  ({result['chrf_signature']})")
 
@@ -147,4 +177,27 @@ def download(dataset: Annotated[str, typer.Argument(help="Dataset name: multi30k
     from .download import download as run_download
 
     for path in run_download(dataset, out):
+        typer.echo(str(path))
+
+
+@app.command()
+@_user_errors
+def attention(checkpoint: CkptOpt, text: Annotated[str, typer.Argument(help="A source sentence.")],
+              out: Annotated[Path, typer.Option(help="Directory for the PNG figures.")],
+              beam: BeamOpt = None, device: DeviceOpt = "auto") -> None:
+    """Translate one sentence and draw every attention head of every layer as PNGs in --out."""
+    from .attention_maps import write_attention_maps
+    from .checkpoint import CheckpointError, load_model
+    from .train import pick_device
+
+    if not text.strip():
+        raise typer.BadParameter("the sentence is empty", param_hint="TEXT")
+    dev = pick_device(device)
+    model, cfg, tok = load_model(checkpoint, dev)
+    if cfg.model.kind != "transformer":
+        raise CheckpointError(f"{checkpoint}: attention figures need a Transformer, not {cfg.model.kind}")
+    dcfg = _decode_cfg(cfg, beam_size=beam, nbest=1)
+    translation, paths = write_attention_maps(model, tok, text, dcfg, out, dev)
+    typer.echo(translation)
+    for path in paths:
         typer.echo(str(path))
