@@ -24,7 +24,11 @@ class Seq2Seq(Protocol):
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor,
                cache: list[dict] | None = None) -> Tensor: ...  # (B, T, V)
 
-    def new_cache(self) -> list[dict]: ...
+    def new_cache(self) -> list[dict]: ...  # empty per-layer state for incremental decoding
+
+    # keep rows `index` of the cache's decoder state, in place, and return the cache; cache
+    # tensors are batch-first, and beam search moves rows only within one sentence's block
+    def reorder_cache(self, cache: list[dict], index: Tensor) -> list[dict]: ...
 
     def __call__(self, src: Tensor, tgt_in: Tensor) -> Tensor: ...  # (B, T, V)
 

@@ -1,0 +1,93 @@
+"""Pictures of attention: every head of every layer for one sentence and its translation, as PNGs.
+
+The sentence is translated first (greedy or beam, as configured); then source and output are run
+through the model once more, teacher-forced, on the reference attention path, which keeps each
+module's weights in `MultiHeadAttention.last_weights`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from .config import DecodeConfig
+from .decode import max_lengths, prepare_sources, search
+from .models.attention import MultiHeadAttention
+from .tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class AttentionMap:
+    """One layer's attention of one kind: weights (H, queries, keys) and the tokens on each axis."""
+
+    kind: str  # "encoder_self", "decoder_self" or "cross"
+    layer: int  # from 1
+    weights: Tensor  # (H, Tq, Tk)
+    queries: list[str]
+    keys: list[str]
+
+
+@torch.inference_mode()
+def attention_maps(model, tok: Tokenizer, text: str, cfg: DecodeConfig,
+                   device: torch.device | str = "cpu") -> tuple[str, list[AttentionMap]]:
+    """Translate `text` and return the translation with every attention map of the model."""
+    if not hasattr(model, "set_attention_impl"):
+        raise ValueError(f"attention maps need a Transformer, not {type(model).__name__}")
+    model.eval()
+    src_ids = prepare_sources(tok, [text.strip()], model.max_positions)[0]
+    src = torch.tensor([src_ids], device=device)  # (1, S)
+    max_len = max_lengths(torch.tensor([len(src_ids)]), cfg, model.max_positions)
+    out = search(model, tok, src, max_len, cfg)[0][0].tokens
+    tgt_in = torch.tensor([[tok.bos_id, *out]], device=device)  # (1, T)
+    impls = {m: m.impl for m in model.modules() if isinstance(m, MultiHeadAttention)}
+    model.set_attention_impl("reference")
+    try:
+        model(src, tgt_in)
+    finally:
+        for m, impl in impls.items():
+            m.impl = impl
+    src_tokens = [tok.src.id_to_piece(i) for i in src_ids]
+    tgt_in_tokens = tok.tgt_pieces([tok.bos_id, *out])
+    predicted = tok.tgt_pieces([*out, tok.eos_id])  # query t predicts token t + 1
+    maps = [AttentionMap("encoder_self", i, layer.self_attn.last_weights[0], src_tokens, src_tokens)
+            for i, layer in enumerate(model.encoder, 1)]
+    for i, layer in enumerate(model.decoder, 1):
+        dec_self, cross = layer.self_attn.last_weights[0], layer.cross_attn.last_weights[0]
+        maps.append(AttentionMap("decoder_self", i, dec_self, predicted, tgt_in_tokens))
+        maps.append(AttentionMap("cross", i, cross, predicted, src_tokens))
+    return tok.decode_tgt([out])[0], maps
+
+
+def plot(m: AttentionMap, path: Path) -> Path:
+    """One PNG with a panel per head: queries down the side, keys along the bottom."""
+    h, tq, tk = m.weights.shape
+    panel = max(2.0, 0.22 * max(tq, tk) + 1.0)  # inches; tokens stay readable
+    fig = Figure(figsize=(h * panel, panel + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, h, squeeze=False)[0]
+    weights = m.weights.float().cpu()
+    for head, ax in enumerate(axes):  # one colour scale for all heads, so they compare
+        img = ax.imshow(weights[head].numpy(), cmap="viridis", vmin=0.0, vmax=float(weights.max()),
+                        aspect="auto")
+        ax.set_title(f"head {head + 1}", fontsize=9)
+        ax.set_xticks(range(tk), m.keys, rotation=90, fontsize=7)
+        ax.set_yticks(range(tq), m.queries if head == 0 else [""] * tq, fontsize=7)
+    fig.colorbar(img, ax=list(axes), shrink=0.8)
+    title = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",
+             "cross": "cross-attention (rows: predicted token)"}[m.kind]
+    fig.suptitle(f"{title}, layer {m.layer}", fontsize=10)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def write_attention_maps(model, tok: Tokenizer, text: str, cfg: DecodeConfig, out_dir: Path,
+                         device: torch.device | str = "cpu") -> tuple[str, list[Path]]:
+    """Translate `text` and write `{kind}_layer{n}.png` for every layer into `out_dir`."""
+    translation, maps = attention_maps(model, tok, text, cfg, device)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return translation, [plot(m, out_dir / f"{m.kind}_layer{m.layer}.png") for m in maps]

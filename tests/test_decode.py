@@ -1,0 +1,140 @@
+"""Greedy decoding and `translate`: cache, eos, length limits, input order, awkward input, the CLI."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from test_beam import BOS, EOS, batch, sources, train_reverser
+from typer.testing import CliRunner
+
+from attn_mt.checkpoint import load_model
+from attn_mt.cli import app
+from attn_mt.config import DecodeConfig
+from attn_mt.decode import greedy_search, max_lengths, translate, translate_nbest
+
+TEXTS = ["the dog sees the cat.", "", "a woman likes the old horses because the child finds a book.",
+         "   ", "the child finds a book.", "some birds.", "today the small man hears a red house."]
+
+
+@pytest.fixture(scope="module")
+def reverser():
+    return train_reverser()
+
+
+@pytest.fixture(scope="module")
+def run(tiny_run):
+    return load_model(tiny_run / "checkpoint_best.pt")
+
+
+def test_greedy_cache_matches_no_cache(reverser):
+    src, max_len = batch(sources(32, seed=11))
+    cached = greedy_search(reverser, src, max_len, bos_id=BOS, eos_id=EOS)
+    uncached = greedy_search(reverser, src, max_len, bos_id=BOS, eos_id=EOS, use_cache=False)
+    assert [h.tokens for h in cached] == [h.tokens for h in uncached]
+
+
+def test_greedy_stops_at_eos_and_respects_max_len(reverser):
+    srcs = sources(16, seed=12)
+    src, _ = batch(srcs)
+    max_len = torch.arange(16) % 5 + 1  # 1..5 tokens, eos included
+    out = greedy_search(reverser, src, max_len, bos_id=BOS, eos_id=EOS)
+    for h, n in zip(out, max_len.tolist(), strict=True):
+        assert len(h.tokens) + 1 <= n and EOS not in h.tokens
+    free = greedy_search(reverser, src, torch.full((16,), 40), bos_id=BOS, eos_id=EOS)
+    assert all(len(h.tokens) < 39 for h in free)  # the reverser ends by itself, long before the limit
+
+
+def test_max_lengths_follow_a_times_src_plus_b_capped_by_the_model():
+    lens = torch.tensor([1, 10, 100])
+    assert max_lengths(lens, DecodeConfig(max_len_a=1.5, max_len_b=10), limit=64).tolist() == [11, 25, 64]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_outputs_keep_input_order_for_any_batch_size(run, beam):
+    model, cfg, tok = run
+    texts = TEXTS * 3
+    outs = [translate(model, tok, texts, DecodeConfig(beam_size=beam, batch_size=b)) for b in (1, 3, 64)]
+    assert outs[0] == outs[1] == outs[2]
+    assert [o == "" for o in outs[0]] == [t.strip() == "" for t in texts]
+    alone = [translate(model, tok, [t], DecodeConfig(beam_size=beam))[0] for t in TEXTS]
+    assert outs[0][: len(TEXTS)] == alone
+
+
+def test_translate_with_and_without_cache(run):
+    model, cfg, tok = run
+    dcfg = DecodeConfig(beam_size=3)
+    assert translate(model, tok, TEXTS, dcfg) == translate(model, tok, TEXTS, dcfg, use_cache=False)
+
+
+def test_nbest_translations(run):
+    model, cfg, tok = run
+    nbests = translate_nbest(model, tok, TEXTS, DecodeConfig(beam_size=4, nbest=3))
+    for text, nbest in zip(TEXTS, nbests, strict=True):
+        if not text.strip():
+            assert [(t.text, t.score) for t in nbest] == [("", 0.0)]
+            continue
+        assert 1 <= len(nbest) <= 3
+        assert [t.score for t in nbest] == sorted((t.score for t in nbest), reverse=True)
+
+
+def test_over_long_lines_are_truncated_with_one_warning(run, caplog):
+    model, cfg, tok = run
+    long = " ".join(["the dog sees the cat."] * 200)
+    with caplog.at_level(logging.WARNING, logger="attn_mt.decode"):
+        out = translate(model, tok, [long, "a cat.", long], DecodeConfig(beam_size=2, max_len_a=0.1))
+    assert len(out) == 3
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "2 input line(s)" in warnings[0].getMessage()
+
+
+def test_any_unicode_translates(run):
+    model, cfg, tok = run
+    texts = ["😀🎉 the dog 🐕", "猫が好きです。", "汉字 한국어 العربية", "a\x00b\x01\x07\x1b[31m red",
+             "\t\x0b\x0c\r", "\u200b\u2028\ufeff", "e\u0301\u0301", "\udcff lone surrogate", "\U0010ffff"]
+    for beam in (1, 3):
+        out = translate(model, tok, texts, DecodeConfig(beam_size=beam))
+        assert len(out) == len(texts) and all(isinstance(o, str) for o in out)
+
+
+def test_cli_translate_jsonl_nbest(tiny_run):
+    ckpt = str(tiny_run / "checkpoint_best.pt")
+    args = ["translate", "--checkpoint", ckpt, "--beam", "3", "--nbest", "2", "--alpha", "1.0",
+            "--batch-size", "2", "--format", "jsonl", "--device", "cpu"]
+    result = CliRunner().invoke(app, args, input="\n".join(TEXTS) + "\n")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["source"] for r in rows] == TEXTS
+    for row in rows:
+        hyps = row["hypotheses"]
+        assert len(hyps) == (2 if row["source"].strip() else 1)
+        assert hyps[0]["score"] >= hyps[-1]["score"] and {"text", "score", "log_prob"} <= set(hyps[0])
+
+
+def test_cli_translate_text_from_a_file(tiny_run, tmp_path):
+    ckpt = str(tiny_run / "checkpoint_best.pt")
+    (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n")
+    base = ["translate", "--checkpoint", ckpt, "--input", str(tmp_path / "in.txt"), "--device", "cpu"]
+    one = CliRunner().invoke(app, [*base, "--beam", "3"])
+    assert one.exit_code == 0, one.output
+    lines = one.stdout.split("\n")[:-1]
+    assert len(lines) == len(TEXTS) and [line == "" for line in lines] == [not t.strip() for t in TEXTS]
+    nbest = CliRunner().invoke(app, [*base, "--beam", "3", "--nbest", "2"])
+    assert [line.split(" ||| ")[0] for line in nbest.stdout.splitlines()][:2] == ["0", "0"]
+    bad = CliRunner().invoke(app, [*base, "--beam", "2", "--nbest", "3"])
+    assert bad.exit_code == 2 and "nbest" in bad.stderr
+    assert CliRunner().invoke(app, [*base, "--format", "xml"]).exit_code == 2
+
+
+def test_cli_evaluate_takes_decoding_flags(tiny_run, tmp_path):
+    (tmp_path / "src.txt").write_text("the dog sees the cat.\nsome birds.\n")
+    (tmp_path / "ref.txt").write_text("der Hund sieht die Katze.\neinige Vögel.\n")
+    args = ["evaluate", "--checkpoint", str(tiny_run / "checkpoint_best.pt"), "--beam", "2", "--alpha", "0.8",
+            "--src", str(tmp_path / "src.txt"), "--ref", str(tmp_path / "ref.txt"), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["decode"] == {"beam_size": 2, "alpha": 0.8}
+    assert "bleu" in report and report["bleu_signature"].startswith("nrefs:1")
