@@ -201,3 +201,19 @@ def attention(checkpoint: CkptOpt, text: Annotated[str, typer.Argument(help="A s
     typer.echo(translation)
     for path in paths:
         typer.echo(str(path))
+
+
+@app.command("compare-rnn")
+@_user_errors
+def compare_rnn(config: ConfigOpt, overrides: SetOpt = None,
+                out: Annotated[Optional[Path], typer.Option(help="Report directory (runs/compare).")] = None,
+                quick: Annotated[bool, typer.Option(help="Toy corpus, small models.")] = False) -> None:
+    """Train the Transformer and the RNN on the same data and clock; report speed, BLEU, length scaling."""
+    from .compare import compare_rnn as run_compare
+    from .compare import load_compare_config
+    from .compare_report import summary
+
+    setup = load_compare_config(config, overrides or [], quick=quick)
+    out = out or Path("runs") / ("compare_quick" if quick else "compare")
+    typer.echo(summary(run_compare(setup, out)))
+    typer.echo(f"report: {out / 'report.md'}")

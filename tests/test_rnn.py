@@ -113,10 +113,10 @@ def test_overfits_a_few_sentences():
 @pytest.fixture(scope="module")
 def rnn_run(tmp_path_factory):
     """A tiny RNN trained by train.train for two epochs on the toy corpus."""
+    from conftest import TINY
+
     from attn_mt.config import load_config
     from attn_mt.train import train
-
-    from conftest import TINY
 
     cfg = load_config(None, [o for o in TINY if not o.startswith("model.")])
     cfg = replace(cfg, model=RNNConfig(d_embed=32, d_hidden=32, d_attn=32, dropout=0.0))

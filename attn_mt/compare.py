@@ -1,0 +1,319 @@
+"""`attn-mt compare-rnn`: the Transformer against the RNN on the same data, tokenizer, batches and clock.
+
+Both models train in lockstep in one process: the next step always goes to the model whose own
+clock (seconds spent in its training steps) is behind, so background load hits both alike and
+each gets the same training-time budget. Evaluations pause the clock. Then, alternated and
+repeated: cost against sentence length, and decoding speed. Writes report.json, report.md and
+two plots into the output directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+import yaml
+from torch import nn
+from tqdm import tqdm
+
+from . import checkpoint, timing
+from .compare_report import write_report
+from .config import ConfigError, ExperimentConfig, from_dict, to_dict
+from .data import token_batches
+from .decode import translate
+from .evaluate import bleu, score
+from .models import build_model, count_params
+from .train import Corpus, autocast, batch_iter, load_corpus, loss_sum, lr_at, pick_device, pick_precision
+
+log = logging.getLogger(__name__)
+MODELS = ("transformer", "rnn")
+PER_MODEL_TRAIN_KEYS = {"lr", "warmup_steps", "weight_decay", "betas", "clip_norm"}  # batches stay shared
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    budget_minutes: float = 10.0  # training time per model, on its own clock
+    eval_every_minutes: float = 1.0  # one validation-BLEU point per this much training time
+    lengths: tuple[int, ...] = (8, 16, 32, 64, 128, 256)  # length-scaling benchmark
+    length_batch_tokens: int = 4096  # tokens per batch there: batch size = tokens // length
+    repeats: int = 5  # timed rounds per length (median reported)
+    decode_sentences: int = 500  # test sentences decoded in the speed measurement
+    decode_repeats: int = 3
+    beam_size: int = 4  # beam of the decoding-speed measurement
+    max_param_gap: float = 0.15  # refuse models whose parameter counts differ by more (fairness)
+
+    def __post_init__(self) -> None:
+        for key in ("budget_minutes", "eval_every_minutes", "length_batch_tokens", "repeats",
+                    "decode_sentences", "decode_repeats", "beam_size", "max_param_gap"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"compare.{key}={value!r}: must be a number > 0")
+        if not self.lengths or not all(isinstance(n, int) and n > 0 for n in self.lengths):
+            raise ConfigError(f"compare.lengths={list(self.lengths)}: must be positive integers")
+
+
+@dataclass(frozen=True)
+class CompareSetup:
+    """One experiment config per model (they differ only in model and optimizer settings)."""
+
+    configs: dict[str, ExperimentConfig]
+    compare: CompareConfig
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_compare_config(path: Path, overrides: list[str] = (), quick: bool = False) -> CompareSetup:
+    """compare.yaml: shared sections, a `transformer` and an `rnn` section, `compare`, and `quick`.
+
+    `--quick` merges the `quick` section over the rest; then `section.key=value` overrides apply.
+    """
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot read config ({e.__class__.__name__}: {e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    quick_raw = raw.pop("quick", {}) or {}
+    raw = _merge(raw, quick_raw) if quick else raw
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected section.key=value")
+        *parents, leaf = key.strip().split(".")
+        node = raw
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {part} is not a section")
+        node[leaf] = yaml.safe_load(value) if value.strip() else ""
+    cmp_raw = raw.pop("compare", {}) or {}
+    try:
+        cmp = CompareConfig(**{k: tuple(v) if k == "lengths" else v for k, v in cmp_raw.items()})
+    except TypeError:
+        allowed = ", ".join(f for f in CompareConfig.__dataclass_fields__)
+        raise ConfigError(f"compare: unknown key in {sorted(cmp_raw)}; allowed: {allowed}") from None
+    name = raw.pop("name", Path(path).stem)
+    configs, own_sections = {}, {kind: raw.pop(kind, None) for kind in MODELS}
+    for kind, own in own_sections.items():
+        if not isinstance(own, dict) or not isinstance(own.get("model"), dict):
+            raise ConfigError(f"{path}: needs a `{kind}:` section with a `model:` mapping")
+        extra = set(own) - {"model", "train"} | set(own.get("train", {})) - PER_MODEL_TRAIN_KEYS
+        if extra:
+            raise ConfigError(f"{kind}: only model and train.{{{', '.join(sorted(PER_MODEL_TRAIN_KEYS))}}} "
+                              f"may differ between the models, not {', '.join(sorted(extra))}")
+        if own["model"].get("kind", kind) != kind:
+            raise ConfigError(f"{kind}.model.kind must be {kind!r}")
+        try:
+            configs[kind] = from_dict(_merge({**raw, "name": f"{name}-{kind}", "model": {"kind": kind}}, own))
+        except ConfigError as e:
+            raise ConfigError(f"{kind} (with the shared sections): {e}") from None
+    return CompareSetup(configs, cmp)
+
+
+@dataclass
+class Contestant:
+    """One model in the race, with its own optimizer, clock and position in the shared batches."""
+
+    name: str
+    cfg: ExperimentConfig
+    model: nn.Module
+    opt: torch.optim.Optimizer
+    batches: list[list[int]]
+    clock: float = 0.0  # seconds in training steps
+    eval_s: float = 0.0
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+    tokens: int = 0
+    next_eval: float = 0.0
+    curve: list[dict] = field(default_factory=list)
+    best_bleu: float = -1.0
+    best_state: dict | None = None
+    done: bool = False
+
+
+def _train_step(c: Contestant, corpus: Corpus, device: torch.device, precision: str) -> float:
+    """One optimizer step on the next shared batch group; returns its seconds."""
+    tc, split = c.cfg.train, c.cfg.data.splits.train
+    group = c.batches[c.batch : c.batch + tc.accum_steps]
+    timing.sync(device)
+    t0 = time.perf_counter()
+    n_tokens = sum(len(corpus.ids[split][1][i]) + 1 for b in group for i in b)
+    for batch in batch_iter(corpus, split, group):
+        with autocast(device, precision):
+            loss = loss_sum(c.model, batch.to(device), tc.label_smoothing, corpus.tok.pad_id)
+        (loss / n_tokens).backward()
+    for g in c.opt.param_groups:
+        g["lr"] = lr_at(c.step + 1, tc)
+    if tc.clip_norm:
+        nn.utils.clip_grad_norm_(c.model.parameters(), tc.clip_norm)
+    c.opt.step()
+    c.opt.zero_grad(set_to_none=True)
+    timing.sync(device)
+    c.step, c.batch, c.tokens = c.step + 1, c.batch + len(group), c.tokens + n_tokens
+    if c.batch >= len(c.batches):
+        c.epoch, c.batch = c.epoch + 1, 0
+        c.batches = _epoch_batches(corpus, c.cfg, c.epoch)
+    return time.perf_counter() - t0
+
+
+def _epoch_batches(corpus: Corpus, cfg: ExperimentConfig, epoch: int) -> list[list[int]]:
+    src, tgt = corpus.ids[cfg.data.splits.train]
+    return token_batches([len(s) for s in src], [len(t) for t in tgt], cfg.train.batch_tokens,
+                         cfg.train.seed, epoch)
+
+
+def _evaluate(c: Contestant, corpus: Corpus, device: torch.device, precision: str, epoch_tokens: int) -> None:
+    """Greedy BLEU on the validation subset; the time goes to eval_s, not to the training clock."""
+    t0 = time.perf_counter()
+    src, ref = (x[: c.cfg.train.bleu_sentences] for x in corpus.text[c.cfg.data.splits.valid])
+    with autocast(device, precision):
+        hyps = translate(c.model, corpus.tok, src, replace(c.cfg.decode, beam_size=1, nbest=1), device)
+    c.model.train()
+    value = bleu(hyps, ref)
+    c.curve.append({"elapsed_s": round(c.clock, 1), "step": c.step,
+                    "epochs": round(c.tokens / epoch_tokens, 2), "valid_bleu": value})
+    if value > c.best_bleu:
+        c.best_bleu, c.best_state = value, copy.deepcopy(c.model.state_dict())
+    c.eval_s += time.perf_counter() - t0
+
+
+def race(contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig, device: torch.device,
+         precision: str) -> None:
+    """Train all models in lockstep, always stepping the one whose clock is behind."""
+    budget, every = cmp.budget_minutes * 60, cmp.eval_every_minutes * 60
+    epoch_tokens = sum(len(t) + 1 for t in corpus.ids[contestants[0].cfg.data.splits.train][1])
+    for c in contestants:
+        c.next_eval = every
+        c.model.train()
+    bar = tqdm(total=round(budget * len(contestants)), unit="s", desc="training both (own clocks)",
+               disable=None, dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s {postfix}")
+    while live := [c for c in contestants if not c.done]:
+        c = min(live, key=lambda c: c.clock)
+        dt = _train_step(c, corpus, device, precision)
+        c.clock += dt
+        bar.update(min(dt, max(0.0, budget - c.clock + dt)))
+        c.done = c.clock >= budget or c.epoch >= c.cfg.train.max_epochs
+        if c.done or c.clock >= c.next_eval:
+            _evaluate(c, corpus, device, precision, epoch_tokens)
+            c.next_eval += every
+            bar.set_postfix_str("  ".join(f"{x.name} BLEU {x.curve[-1]['valid_bleu']:.1f}"
+                                          for x in contestants if x.curve))
+    bar.close()
+
+
+def _check_sizes(params: dict[str, int], gap: float) -> None:
+    lo, hi = min(params.values()), max(params.values())
+    if (hi - lo) / hi > gap:
+        sizes = ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in params.items())
+        raise ConfigError(f"parameter counts differ by {(hi - lo) / hi:.0%} ({sizes}), more than "
+                          f"compare.max_param_gap={gap}; resize one of the models")
+
+
+def compare_rnn(setup: CompareSetup, out_dir: Path) -> dict:
+    """Train and measure both models; returns the report (also written to out_dir)."""
+    threads = torch.get_num_threads()
+    try:
+        return _compare(setup, out_dir)
+    finally:
+        torch.set_num_threads(threads)  # train.threads applies to this run only
+
+
+def _compare(setup: CompareSetup, out_dir: Path) -> dict:
+    cfgs, cmp = setup.configs, setup.compare
+    base = cfgs["transformer"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if base.train.threads:
+        torch.set_num_threads(base.train.threads)
+    device = pick_device(base.train.device)
+    precision = pick_precision(base.train.precision, device)
+    corpus = load_corpus(base, out_dir, min(c.model.max_positions for c in cfgs.values()))
+    tok = corpus.tok
+    contestants = []
+    for name, cfg in cfgs.items():
+        torch.manual_seed(cfg.train.seed)
+        model = build_model(cfg.model, src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size,
+                            pad_id=tok.pad_id, shared_vocab=tok.joint).to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr_at(1, cfg.train), betas=cfg.train.betas,
+                                weight_decay=cfg.train.weight_decay)
+        contestants.append(Contestant(name, cfg, model, opt, _epoch_batches(corpus, cfg, 0)))
+    params = {c.name: count_params(c.model) for c in contestants}
+    _check_sizes(params, cmp.max_param_gap)
+    machine = timing.machine(device, precision)
+    sizes = ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in params.items())
+    log.info("comparing %s on %s (%s, %d threads, %s)", sizes, machine["device_name"], device,
+             machine["threads"], precision)
+    amp = lambda: autocast(device, precision)  # noqa: E731
+    load = {"training": timing.LoadMeter().start()}
+    race(contestants, corpus, cmp, device, precision)
+    load["training"] = load["training"].stop()
+
+    models = {c.name: c.model for c in contestants}
+    report: dict = {"machine": machine, "budget_minutes": cmp.budget_minutes, "compare": asdict(cmp),
+                    "data": asdict(base.data), "tokenizer": {**asdict(base.tokenizer),
+                    "src_vocab": tok.src_vocab_size, "tgt_vocab": tok.tgt_vocab_size},
+                    "batch_tokens": base.train.batch_tokens, "models": {}}
+    src_ids, tgt_ids = corpus.ids[base.data.splits.train]
+    biggest = max(_epoch_batches(corpus, base, 0), key=lambda b: len(b) * max(
+        max(len(src_ids[i]), len(tgt_ids[i])) for i in b))
+    big = next(batch_iter(corpus, base.data.splits.train, [biggest])).to(device)
+    epoch_tokens = sum(len(t) + 1 for t in tgt_ids)
+    for c in contestants:
+        act = timing.saved_activation_bytes(c.model, big.src, big.tgt_in, amp)
+        tokens_per_s = c.tokens / max(c.clock, 1e-9)
+        report["models"][c.name] = {
+            "kind": c.name, "params": params[c.name], "model_config": asdict(c.cfg.model),
+            "lr": c.cfg.train.lr, "steps": c.step, "epochs": round(c.tokens / epoch_tokens, 2),
+            "train_seconds": round(c.clock, 1), "eval_seconds": round(c.eval_s, 1),
+            "train_tokens_per_s": round(tokens_per_s, 1),
+            "seconds_per_epoch": round(epoch_tokens / max(tokens_per_s, 1e-9), 1),
+            "activation_mb": round(act / 2**20, 1),
+            "peak_memory_mb": round((16 * params[c.name] + act) / 2**20, 1),
+            "best_valid_bleu": c.best_bleu, "curve": c.curve,
+            "encoder_sequential_steps_per_layer": "1" if c.name == "transformer" else "source length"}
+    report["memory_method"] = ("16 bytes per parameter (fp32 weights, gradients, Adam moments) plus the "
+                               "tensors saved for backward on the largest training batch "
+                               f"({len(biggest)} sentences x {big.src.size(1)} source tokens)")
+
+    todo = len(cmp.lengths) * cmp.repeats * 2 + 4 * cmp.decode_repeats
+    bar = tqdm(total=todo, desc="measuring (alternated)", disable=None, dynamic_ncols=True)
+    load["length_scaling"] = timing.LoadMeter().start()
+    report["length_scaling"] = timing.length_scaling(
+        models, list(cmp.lengths), cmp.length_batch_tokens, min(tok.src_vocab_size, tok.tgt_vocab_size),
+        cmp.repeats, device, amp, bar)
+    load["length_scaling"] = load["length_scaling"].stop()
+    for c in contestants:  # the rest uses each model's best checkpoint
+        c.model.load_state_dict(c.best_state)
+        c.model.eval()
+    texts = corpus.text[base.data.splits.test][0][: cmp.decode_sentences]
+    load["decoding"] = timing.LoadMeter().start()
+    speed = timing.decode_speed(models, tok, texts, base.decode, cmp.beam_size, cmp.decode_repeats,
+                                device, amp, bar)
+    load["decoding"] = load["decoding"].stop()
+    bar.close()
+    report["decode"] = {"sentences": len(texts), "batch_size": base.decode.batch_size,
+                        "beam_size": cmp.beam_size}
+
+    test_src, test_ref = corpus.text[base.data.splits.test]
+    for c in contestants:
+        with autocast(device, precision):
+            hyps = translate(c.model, tok, test_src, c.cfg.decode, device)
+        s = score(hyps, test_ref)
+        report["models"][c.name].update(speed[c.name], test_bleu=s["bleu"], test_chrf=s["chrf"],
+                                        decode_sentences_per_s=speed[c.name]["greedy_sentences_per_s"],
+                                        test_beam_size=c.cfg.decode.beam_size)
+        report["sacrebleu_signature"] = s["bleu_signature"]
+        checkpoint.save({"model": c.best_state, "config": to_dict(c.cfg), "tokenizer": tok.state(),
+                         "step": c.step, "best_bleu": c.best_bleu}, out_dir / f"{c.name}.pt")
+    report["background_load"] = load
+    write_report(report, out_dir)
+    return report

@@ -1,0 +1,143 @@
+"""compare-rnn's report: report.json (every number), report.md (tables) and two PNG plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _table(head: list[str], rows: list[list]) -> str:
+    cells = [head, ["---"] * len(head), *[["" if v is None else str(v) for v in r] for r in rows]]
+    return "\n".join("| " + " | ".join(r) + " |" for r in cells)
+
+
+def tables(report: dict) -> dict[str, str]:
+    """The four markdown tables of the report: a throughput, b quality, c length, d decoding."""
+    m = report["models"]
+    names = list(m)
+    beam = report["decode"]["beam_size"]
+    a = _table(["model", "parameters", "target tokens/s", "s/epoch", "peak memory (MB)", "steps", "epochs"],
+               [[k, f"{v['params'] / 1e6:.2f}M", f"{v['train_tokens_per_s']:,.0f}", v["seconds_per_epoch"],
+                 v["peak_memory_mb"], v["steps"], v["epochs"]] for k, v in m.items()])
+    test_beam = m[names[0]]["test_beam_size"]
+    b = _table(["model", "training time (s)", "best valid BLEU", f"test BLEU (beam {test_beam})",
+                "test chrF", "valid BLEU along the way (s: BLEU)"],
+               [[k, v["train_seconds"], v["best_valid_bleu"], v["test_bleu"], v["test_chrf"],
+                 ", ".join(f"{p['elapsed_s']:.0f}: {p['valid_bleu']:.1f}" for p in v["curve"])]
+                for k, v in m.items()])
+    rows = []
+    for r in report["length_scaling"]:
+        t, n = r.get("transformer_ms"), r.get("rnn_ms")
+        rows.append([r["length"], r["batch_size"], t, n, f"{n / t:.1f}x" if t and n else None,
+                     r["transformer_sequential_steps"], r["rnn_sequential_steps"],
+                     r.get("transformer_mb"), r.get("rnn_mb")])
+    c = _table(["length n", "sentences/batch", "Transformer ms", "RNN ms", "RNN / Transformer",
+                "sequential steps/layer: Transformer", "RNN", "activations MB: Transformer", "RNN"], rows)
+    d = _table(["model", "greedy sentences/s", f"beam {beam} sentences/s", "greedy decoder steps",
+                "output tokens", "encoder sequential steps/layer"],
+               [[k, v["greedy_sentences_per_s"], v["beam_sentences_per_s"], v["greedy_decoder_calls"],
+                 v["greedy_output_tokens"], v["encoder_sequential_steps_per_layer"]] for k, v in m.items()])
+    return {"a": a, "b": b, "c": c, "d": d}
+
+
+def _machine_lines(report: dict) -> list[str]:
+    mc = report["machine"]
+    lines = [f"Machine: {mc['device_name']} ({mc['device']}), {mc['threads']} torch threads of "
+             f"{mc['cpu_count']} CPUs, torch {mc['torch']}, precision {mc['precision']}."]
+    for phase, load in report["background_load"].items():
+        lines.append(f"Background load during {phase.replace('_', ' ')} ({load['seconds']:.0f} s): "
+                     f"{load['background_cores']} cores busy with other processes on average (1-min "
+                     f"load average {load['loadavg_1min_start']:.2f} -> {load['loadavg_1min_end']:.2f}).")
+    return lines
+
+
+def markdown(report: dict) -> str:
+    t = tables(report)
+    dec = report["decode"]
+    return "\n\n".join([
+        "# compare-rnn report", "\n".join(_machine_lines(report)),
+        f"## a. Training throughput\n\nSame batches for both models ({report['batch_tokens']} padded tokens "
+        f"per batch). Peak memory: {report['memory_method']}.\n\n{t['a']}",
+        f"## b. Quality for an equal training-time budget ({report['budget_minutes']} min each)\n\n"
+        f"Validation BLEU is greedy on the first sentences of the validation split; the clock counts "
+        f"each model's own training steps only. Test BLEU uses the best validation checkpoint. "
+        f"({report['sacrebleu_signature']})\n\n{t['b']}\n\n![BLEU against training time](bleu_vs_time.png)",
+        f"## c. Cost against sentence length\n\nForward + backward time per batch of "
+        f"{report['compare']['length_batch_tokens']} tokens, median of {report['compare']['repeats']} "
+        f"alternated rounds.\n\n{t['c']}\n\n![time per batch against length](time_vs_length.png)",
+        f"## d. Decoding\n\n{dec['sentences']} test sentences, batches of {dec['batch_size']}, median of "
+        f"{report['compare']['decode_repeats']} alternated rounds. Both decoders need one sequential step "
+        f"per output token; the RNN encoder also steps through the source.\n\n{t['d']}",
+    ]) + "\n"
+
+
+def summary(report: dict) -> str:
+    """The plain-text summary printed at the end of compare-rnn."""
+    m = report["models"]
+    rows = [("", *m), ("parameters", *(f"{v['params'] / 1e6:.2f}M" for v in m.values())),
+            ("train tokens/s", *(f"{v['train_tokens_per_s']:,.0f}" for v in m.values())),
+            ("s/epoch", *(str(v["seconds_per_epoch"]) for v in m.values())),
+            ("peak memory MB", *(str(v["peak_memory_mb"]) for v in m.values())),
+            ("best valid BLEU", *(str(v["best_valid_bleu"]) for v in m.values())),
+            ("test BLEU", *(str(v["test_bleu"]) for v in m.values())),
+            ("greedy sent/s", *(str(v["greedy_sentences_per_s"]) for v in m.values())),
+            ("beam sent/s", *(str(v["beam_sentences_per_s"]) for v in m.values()))]
+    rows += [(f"ms/batch n={r['length']}", str(r.get("transformer_ms")), str(r.get("rnn_ms")))
+             for r in report["length_scaling"]]
+    width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(r, width, strict=True))) for r in rows]
+    return "\n".join([*lines, *_machine_lines(report)])
+
+
+def plots(report: dict, out_dir: Path) -> list[Path]:
+    """bleu_vs_time.png and time_vs_length.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter, NullLocator, ScalarFormatter
+
+    colors = {"transformer": "tab:blue", "rnn": "tab:orange"}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for k, v in report["models"].items():
+        ax.plot([p["elapsed_s"] / 60 for p in v["curve"]], [p["valid_bleu"] for p in v["curve"]], "o-",
+                color=colors.get(k), label=f"{k} ({v['params'] / 1e6:.1f}M params)")
+    ax.set(xlabel="training time on the model's own clock (min)", ylabel="validation BLEU (greedy)",
+           title="Quality for the same training time")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    paths = [out_dir / "bleu_vs_time.png", out_dir / "time_vs_length.png"]
+    fig.savefig(paths[0], dpi=110)
+    plt.close(fig)
+
+    rows = report["length_scaling"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for k in report["models"]:
+        pts = [(r["length"], r[f"{k}_ms"], r.get(f"{k}_mb")) for r in rows if r.get(f"{k}_ms")]
+        ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=colors.get(k), label=k)
+        ax2.plot([p[0] for p in pts], [p[2] for p in pts], "o-", color=colors.get(k), label=k)
+    tokens = report["compare"]["length_batch_tokens"]
+    ax1.set(yscale="log", ylabel="ms per batch", title=f"forward + backward, {tokens} tokens per batch")
+    ax2.set(ylabel="MB saved for backward", title="activation memory per batch")
+    ax1.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax1.yaxis.set_major_formatter(ScalarFormatter())
+    ax1.yaxis.set_minor_formatter(NullFormatter())
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([r["length"] for r in rows], [str(r["length"]) for r in rows])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel("sentence length n (tokens)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(paths[1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def write_report(report: dict, out_dir: Path) -> None:
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (out_dir / "report.md").write_text(markdown(report), encoding="utf-8")
+    plots(report, out_dir)

@@ -1,0 +1,191 @@
+"""Fair measurements for compare-rnn: alternated, repeated timings, background load, memory, step counts.
+
+Every timing here runs both models in one process, alternating which goes first, and reports
+the median of the repeats; the background CPU load (CPU time used by other processes) is
+measured alongside, since on a 2-core machine one other busy process halves a 2-thread run.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DecodeConfig
+from .decode import translate
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued device work, so host timers measure it (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds all processes have used since boot (Linux /proc/stat), or None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class LoadMeter:
+    """Average number of CPU cores other processes kept busy between start() and stop()."""
+
+    def start(self) -> LoadMeter:
+        self.t0, self.busy0, self.own0 = time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds()
+        self.loadavg0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        return self
+
+    def stop(self) -> dict:
+        wall = max(time.perf_counter() - self.t0, 1e-9)
+        busy = _busy_cpu_seconds()
+        cores = None
+        if busy is not None and self.busy0 is not None:
+            cores = max(0.0, (busy - self.busy0) - (_own_cpu_seconds() - self.own0)) / wall
+        return {"seconds": round(wall, 1),
+                "background_cores": None if cores is None else round(cores, 2),
+                "loadavg_1min_start": self.loadavg0,
+                "loadavg_1min_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+
+def _own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def machine(device: torch.device, precision: str) -> dict:
+    """Where the numbers come from."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        except (OSError, StopIteration):
+            pass
+    return {"device": str(device), "device_name": name, "threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(), "torch": torch.__version__, "precision": precision,
+            "python": platform.python_version()}
+
+
+def train_step_seconds(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, autocast) -> float:
+    """Seconds for one forward + backward pass of a batch (gradients are dropped)."""
+    device = src.device
+    sync(device)
+    t0 = time.perf_counter()
+    with autocast():
+        logits = model(src, tgt)  # teacher forcing: the target predicts itself, as good as any
+    F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten()).backward()
+    sync(device)
+    seconds = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)
+    return seconds
+
+
+def saved_activation_bytes(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, autocast) -> int:
+    """Bytes of the tensors autograd keeps for backward (activations), parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
+        loss = model(src, tgt).float().logsumexp(-1).sum()
+    del loss
+    return sum(seen.values())
+
+
+def length_scaling(models: dict[str, nn.Module], lengths: list[int], batch_tokens: int, vocab: int,
+                   repeats: int, device: torch.device, autocast, progress=None) -> list[dict]:
+    """Forward+backward ms per batch of `batch_tokens` tokens, for sentences of each length.
+
+    Random ids, no padding, so every model sees exactly length x (batch_tokens // length)
+    tokens per side. Per length: one warm-up each, then `repeats` rounds whose model order
+    alternates; the median of each model's rounds is reported.
+    """
+    rows = []
+    for length in lengths:
+        b = max(1, batch_tokens // length)
+        g = torch.Generator().manual_seed(length)
+        src, tgt = (torch.randint(4, vocab, (b, length), generator=g).to(device) for _ in range(2))
+        row: dict = {"length": length, "batch_size": b}
+        fits = {k: m.max_positions >= length for k, m in models.items()}
+        times: dict[str, list[float]] = {k: [] for k in models}
+        for k, m in models.items():
+            if fits[k]:
+                m.train()
+                train_step_seconds(m, src, tgt, autocast)  # warm-up
+                row[f"{k}_mb"] = round(saved_activation_bytes(m, src, tgt, autocast) / 2**20, 1)
+        names = [k for k in models if fits[k]]
+        for r in range(repeats):
+            for k in names if r % 2 == 0 else names[::-1]:
+                times[k].append(train_step_seconds(models[k], src, tgt, autocast))
+                if progress is not None:
+                    progress.update(1)
+        for k in models:
+            row[f"{k}_ms"] = round(statistics.median(times[k]) * 1000, 1) if times[k] else None
+            # sequential steps per layer: a recurrence steps through the sentence, attention does not
+            row[f"{k}_sequential_steps"] = length if k == "rnn" else 1
+        rows.append(row)
+    return rows
+
+
+@contextmanager
+def count_calls(model: nn.Module, name: str):
+    """Count calls of model.<name> (e.g. decoder steps) inside the block; yields a one-item list."""
+    calls, fn = [0], getattr(model, name)
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return fn(*args, **kwargs)
+
+    setattr(model, name, counted)
+    try:
+        yield calls
+    finally:
+        delattr(model, name)
+
+
+def decode_speed(models: dict[str, nn.Module], tok, texts: list[str], base: DecodeConfig,
+                 beam_size: int, repeats: int, device: torch.device, autocast, progress=None) -> dict:
+    """Sentences per second (greedy and beam), alternated and repeated, plus decoder steps."""
+    modes = {"greedy": replace(base, beam_size=1, nbest=1),
+             "beam": replace(base, beam_size=beam_size, nbest=1)}
+    out: dict[str, dict] = {k: {} for k in models}
+    for mode, dcfg in modes.items():
+        seconds: dict[str, list[float]] = {k: [] for k in models}
+        for k, m in models.items():  # warm-up run that also counts the sequential decoder calls
+            with count_calls(m, "decode") as calls, autocast():
+                hyps = translate(m, tok, texts, dcfg, device)
+            out[k][f"{mode}_decoder_calls"] = calls[0]
+            out[k][f"{mode}_output_tokens"] = sum(len(ids) + 1 for ids in tok.encode_tgt(hyps))
+        names = list(models)
+        for r in range(repeats):
+            for k in names if r % 2 == 0 else names[::-1]:
+                sync(device)
+                t0 = time.perf_counter()
+                with autocast():
+                    translate(models[k], tok, texts, dcfg, device)
+                sync(device)
+                seconds[k].append(time.perf_counter() - t0)
+                if progress is not None:
+                    progress.update(1)
+        for k in models:
+            out[k][f"{mode}_sentences_per_s"] = round(len(texts) / statistics.median(seconds[k]), 1)
+    return out
