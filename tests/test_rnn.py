@@ -19,6 +19,16 @@ from attn_mt.tokenizer import Tokenizer
 PAD, BOS, EOS, V = 0, 2, 3, 40
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """A tiny RNN is hundreds of small ops per batch; with two threads on a busy machine each
+    op waits for the other thread, which makes these tests several times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def make(**kw) -> RNNSeq2Seq:
     cfg = RNNConfig(**{"d_embed": 16, "d_hidden": 16, "d_attn": 8, "dropout": 0.0, **kw})
     torch.manual_seed(0)
@@ -121,8 +131,7 @@ def rnn_run(tmp_path_factory):
     cfg = load_config(None, [o for o in TINY if not o.startswith("model.")])
     cfg = replace(cfg, model=RNNConfig(d_embed=32, d_hidden=32, d_attn=32, dropout=0.0))
     run_dir = tmp_path_factory.mktemp("rnn_run")
-    best = train(cfg, run_dir)
-    return run_dir, best
+    return run_dir, train(cfg, run_dir)
 
 
 def test_trains_through_the_shared_loop(rnn_run):
