@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import zipfile
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ def save(state: dict, path: Path) -> None:
     """Write `state` to `path` atomically: a temporary file in the same directory, fsync, rename.
 
     A crash or SIGKILL at any moment leaves either the old file or the new one, never a mix.
+    Raises CheckpointError when the file cannot be written (e.g. a full disk).
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -40,14 +40,17 @@ def save(state: dict, path: Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # make the rename itself durable
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot write checkpoint ({e.strerror or e})") from None
     finally:
-        if tmp.exists():
-            tmp.unlink()
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # make the rename itself durable
-    finally:
-        os.close(fd)
+        tmp.unlink(missing_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed while saving
+        stale.unlink(missing_ok=True)
 
 
 def load(path: Path | str, map_location: str | torch.device = "cpu") -> dict:
@@ -57,9 +60,14 @@ def load(path: Path | str, map_location: str | torch.device = "cpu") -> dict:
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, OSError) as e:
-        first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
-        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt: {first})") from None
+    except pickle.UnpicklingError as e:
+        if "GLOBAL" in str(e):  # weights_only met a class or function: a pickle that could run code
+            raise CheckpointError(f"{path}: refused: holds objects other than tensors and plain data "
+                                  "(loading it could run code)") from None
+        raise CheckpointError(f"{path}: not a readable checkpoint (corrupt pickle data)") from None
+    except Exception as e:  # truncated or damaged files fail in many ways (zip, pickle, utf-8, ...)
+        raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt: "
+                              f"{_first_line(e)})") from None
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise CheckpointError(f"{path}: not an attn-mt checkpoint")
     version = state.get("format_version")
@@ -70,7 +78,12 @@ def load(path: Path | str, map_location: str | torch.device = "cpu") -> dict:
     return state
 
 
-def model_from_state(state: dict, device: torch.device | str = "cpu") -> tuple[nn.Module, ExperimentConfig, Tokenizer]:
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else e.__class__.__name__
+
+
+def model_from_state(state: dict, device: torch.device | str = "cpu",
+                     ) -> tuple[nn.Module, ExperimentConfig, Tokenizer]:
     """Rebuild (model in eval mode, config, tokenizer) from a loaded checkpoint dict."""
     try:
         cfg = from_dict(state["config"])
@@ -86,7 +99,8 @@ def model_from_state(state: dict, device: torch.device | str = "cpu") -> tuple[n
     return model.to(device).eval(), cfg, tok
 
 
-def load_model(path: Path | str, device: torch.device | str = "cpu") -> tuple[nn.Module, ExperimentConfig, Tokenizer]:
+def load_model(path: Path | str, device: torch.device | str = "cpu",
+               ) -> tuple[nn.Module, ExperimentConfig, Tokenizer]:
     """(model, config, tokenizer) from a checkpoint file."""
     try:
         return model_from_state(load(path), device)
