@@ -139,6 +139,7 @@ class TrainConfig:
     bleu_sentences: int = 500  # validation sentences decoded for BLEU at each evaluation
     patience: int = 0  # stop after this many evaluations without a better BLEU; 0: off
     checkpoint_every: int = 0  # also save checkpoint_last.pt every N steps; 0: only at evals
+    max_bad_steps: int = 5  # non-finite losses are skipped; this many in a row stop the run
     log_every: int = 20  # steps between progress-bar updates (each one syncs the device)
     threads: int = 0  # torch intra-op threads on CPU; 0: torch's default
 
@@ -156,6 +157,8 @@ class TrainConfig:
             raise ConfigError(f"train.label_smoothing={self.label_smoothing}: must be in [0, 1)")
         if self.log_every < 1:
             raise ConfigError(f"train.log_every={self.log_every}: must be >= 1")
+        if self.max_bad_steps < 1:
+            raise ConfigError(f"train.max_bad_steps={self.max_bad_steps}: must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -215,11 +218,15 @@ def load_config(path: Path | str | None, overrides: list[str] | tuple[str, ...] 
     if path is not None:
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            data = path.read_bytes()
+            text = data.decode("utf-8")
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{path}: cannot read config ({e.__class__.__name__}: {e})") from None
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read config ({e.strerror or e})") from None
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            raise ConfigError(f"{path}: line {line}: invalid UTF-8 (byte {data[e.start]:#04x})") from None
         try:
             raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
@@ -244,7 +251,10 @@ def load_config(path: Path | str | None, overrides: list[str] | tuple[str, ...] 
             node[parts[-1]] = yaml.safe_load(value) if value.strip() else ""
         except yaml.YAMLError:
             node[parts[-1]] = value
-    return from_dict(raw)
+    try:
+        return from_dict(raw)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}" if path is not None else str(e)) from None
 
 
 _ENV = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
@@ -257,7 +267,7 @@ def _expand_env(value: str) -> str:
 
 def _build(cls: type, raw: Any, prefix: str) -> Any:
     if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {raw!r}")
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {raw!r}")
     if cls is ExperimentConfig and isinstance(raw.get("model"), dict):
         kind = raw["model"].get("kind", "transformer")
         if kind not in MODEL_KINDS:
