@@ -122,7 +122,7 @@ def load_pairs(cfg: DataConfig, split: str):
     import datasets
 
     src, tgt = _READERS[cfg.source](cfg, split)
-    keep = [i for i, (s, t) in enumerate(zip(src, tgt)) if s and t]
+    keep = [i for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s and t]
     if not keep:
         raise DataError(f"split {split!r} ({cfg.source} {cfg.dir or cfg.name}) has no non-empty pairs")
     if len(keep) < len(src):
