@@ -2,6 +2,12 @@
 
 `train(cfg, run_dir)` is the whole job; it writes into `run_dir`:
     config.yaml, spm*.model, checkpoint_last.pt, checkpoint_best.pt, metrics.jsonl, results.json
+
+checkpoint_last.pt is saved at every evaluation, every `train.checkpoint_every` steps and on
+Ctrl-C. `train(..., resume=True)` continues from it, also in the middle of an epoch: the batch
+order is a function of (seed, epoch), the learning rate a function of the step, and the RNG,
+optimizer and loss-window state travel in the checkpoint, so on CPU a resumed run ends with
+the same parameters, bit for bit, as one that was never stopped.
 """
 
 from __future__ import annotations
@@ -10,8 +16,11 @@ import contextlib
 import json
 import logging
 import math
+import shutil
+import signal
+import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -32,6 +41,10 @@ log = logging.getLogger(__name__)
 
 class TrainError(RuntimeError):
     """A run that cannot start or go on; the message says why."""
+
+
+class TrainInterrupted(TrainError):
+    """Ctrl-C: the run saved checkpoint_last.pt and stopped; `resume=True` continues it."""
 
 
 def pick_device(name: str) -> torch.device:
@@ -103,7 +116,8 @@ def load_corpus(cfg: ExperimentConfig, run_dir: Path, max_positions: int) -> Cor
         raise DataError(f"split {splits.train!r}: no pair has at most {limit} tokens per side "
                         "(data.max_len / model.max_positions)")
     if len(keep) < len(src):
-        log.info("dropped %d of %d training pairs longer than %d tokens", len(src) - len(keep), len(src), limit)
+        log.info("dropped %d of %d training pairs longer than %d tokens", len(src) - len(keep), len(src),
+                 limit)
     ids[splits.train] = ([src[i] for i in keep], [tgt[i] for i in keep])
     return Corpus(tok, text, ids)
 
@@ -141,13 +155,180 @@ def evaluate_loss(model: nn.Module, corpus: Corpus, split: str, cfg: ExperimentC
 
 def check_writable(run_dir: Path) -> None:
     """Fail before training, not after an hour, when the run directory cannot take files."""
+    probe = run_dir / ".write_test"
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write_test"
         probe.write_bytes(bytes(1 << 20))  # 1 MiB: catches a full disk, too
-        probe.unlink()
     except OSError as e:
-        raise TrainError(f"{run_dir}: run directory is not writable ({e.strerror})") from None
+        raise TrainError(f"{run_dir}: run directory is not writable ({e.strerror or e})") from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
+
+
+def check_space(run_dir: Path, model: nn.Module) -> None:
+    """Fail before training when the disk cannot hold both checkpoints plus one being written."""
+    size = 3 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights, 2 AdamW moments
+    need = 3 * size - sum(f.stat().st_size for f in run_dir.glob("checkpoint_*.pt"))
+    free = shutil.disk_usage(run_dir).free
+    if free < need:
+        raise TrainError(f"{run_dir}: {free / 2**20:.1f} MiB free on disk, checkpoints need about "
+                         f"{need / 2**20:.1f} MiB")
+
+
+@dataclass
+class TrainState:
+    """Where a run stands; with model, optimizer and RNG state, all that a resumed run needs."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # epochs completed
+    batch_in_epoch: int = 0  # batches of the current epoch already used
+    best_bleu: float = -1.0
+    bad_evals: int = 0  # evaluations since BLEU last improved
+    bad_steps: int = 0  # non-finite losses in a row
+    skipped_steps: int = 0  # steps skipped for a non-finite loss, in all
+    window_loss: float = 0.0  # summed loss and target tokens since the last progress update
+    window_tokens: int = 0
+    train_loss: float = math.nan  # mean loss per token over the last full window
+    elapsed_s: float = 0.0  # training seconds, over all processes of the run
+
+
+def rng_state(device: torch.device) -> dict:
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None}
+
+
+def set_rng_state(rng: dict, device: torch.device) -> None:
+    torch.set_rng_state(rng["torch"])
+    if device.type == "cuda" and rng.get("cuda") is not None:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+class StopOnInterrupt:
+    """While training, Ctrl-C sets `requested`: the loop saves after the current step and stops.
+
+    A second Ctrl-C interrupts at once (the last saved checkpoint stays as it was).
+    """
+
+    def __enter__(self) -> StopOnInterrupt:
+        self.requested, self.previous = False, None
+        main = threading.current_thread() is threading.main_thread()  # only it receives signals
+        if main and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            self.previous = signal.signal(signal.SIGINT, self._handle) or signal.default_int_handler
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+        signal.signal(signal.SIGINT, self.previous)
+        log.warning("interrupted: saving after this step (Ctrl-C again to stop without saving)")
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def forward_backward(model: nn.Module, batches, n_tokens: int, scaler, cfg: TrainConfig,
+                     device: torch.device, precision: str, pad_id: int) -> torch.Tensor:
+    """Accumulate the gradient of the mean token loss over `batches`; returns their summed loss."""
+    total = torch.zeros((), device=device)
+    for batch in batches:
+        batch = batch.to(device)
+        with autocast(device, precision):
+            loss = loss_sum(model, batch, cfg.label_smoothing, pad_id)
+        scaler.scale(loss / n_tokens).backward()
+        total += loss.detach()
+    return total
+
+
+def optimizer_step(model: nn.Module, opt, scaler, loss: torch.Tensor, lr: float,
+                   clip_norm: float) -> float | None:
+    """Clip and apply the gradients; returns the summed loss, or None when the loss or the
+    gradient norm is not finite and the step was skipped."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    scaler.unscale_(opt)
+    checks = [loss]
+    if clip_norm:
+        norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        if not scaler.is_enabled():  # with fp16 the scaler itself skips steps with inf gradients
+            checks.append(norm)
+    values = torch.stack(checks).tolist()  # the one host sync of a step
+    finite = all(math.isfinite(v) for v in values)
+    if finite:
+        scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    return values[0] if finite else None
+
+
+def restore(resumed: dict, model: nn.Module, opt, tok: Tokenizer, cfg: ExperimentConfig,
+            device: torch.device) -> TrainState:
+    """Load a checkpoint_last.pt dict into model, optimizer and RNG; returns where the run stood."""
+    if resumed["tokenizer"] != tok.state():
+        raise TrainError("--resume: the tokenizer differs from the checkpoint's (the data or tokenizer "
+                         "settings changed); start a new run instead")
+    saved, now = resumed["config"]["model"], to_dict(cfg)["model"]
+    for key in sorted(set(saved) | set(now)):
+        if saved.get(key) != now.get(key):
+            raise TrainError(f"--resume: model.{key} is {now.get(key)!r}, the checkpoint was trained "
+                             f"with {saved.get(key)!r}")
+    model.load_state_dict(resumed["model"])
+    opt.load_state_dict(resumed["optimizer"])
+    set_rng_state(resumed["rng"], device)
+    return TrainState(**{f.name: resumed[f.name] for f in fields(TrainState) if f.name in resumed})
+
+
+def trim_metrics(path: Path, st: TrainState) -> None:
+    """Drop the records written after the checkpoint a run resumes from: they will be written again."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+            if (record["step"], record["epoch"]) <= (st.step, st.epoch):
+                keep.append(line + "\n")
+        except (ValueError, KeyError, TypeError):  # e.g. a line cut short by a kill
+            continue
+    path.write_text("".join(keep), encoding="utf-8")
+
+
+def validate(model: nn.Module, corpus: Corpus, cfg: ExperimentConfig, device: torch.device,
+             precision: str) -> tuple[float, float]:
+    """(validation loss, greedy BLEU on train.bleu_sentences sentences); leaves the RNG as it was."""
+    rng = rng_state(device)
+    split = cfg.data.splits.valid
+    valid_loss = evaluate_loss(model, corpus, split, cfg, device, precision)
+    src, ref = (x[: cfg.train.bleu_sentences] for x in corpus.text[split])
+    with autocast(device, precision):
+        hyps = translate(model, corpus.tok, src, replace(cfg.decode, beam_size=1, nbest=1), device)
+    set_rng_state(rng, device)
+    model.train()
+    return valid_loss, bleu(hyps, ref)
+
+
+def limit_reached(cfg: TrainConfig, step: int, seconds: float) -> str | None:
+    if cfg.max_steps and step >= cfg.max_steps:
+        return f"reached train.max_steps={cfg.max_steps}"
+    if cfg.max_minutes and seconds >= cfg.max_minutes * 60:
+        return f"reached train.max_minutes={cfg.max_minutes}"
+    return None
+
+
+def score_best(model: nn.Module, corpus: Corpus, cfg: ExperimentConfig, best_path: Path, run_dir: Path,
+              device: torch.device, precision: str) -> dict:
+    """Load the best checkpoint, translate the test split with the configured decoding, score it."""
+    best = checkpoint.load(best_path, map_location=device)
+    model.load_state_dict(best["model"])
+    test_src, test_ref = corpus.text[cfg.data.splits.test]
+    with autocast(device, precision):
+        hyps = translate(model, corpus.tok, test_src, cfg.decode, device)
+    (run_dir / "test_hyps.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    scores = score(hyps, test_ref)
+    log.info("test BLEU %.2f, chrF %.2f (%s)", scores["bleu"], scores["chrf"], scores["bleu_signature"])
+    return {"test_split": cfg.data.splits.test, "test_bleu": scores["bleu"], "test_chrf": scores["chrf"],
+            "sacrebleu_signature": scores["bleu_signature"], "chrf_signature": scores["chrf_signature"],
+            "best_step": best["step"]}
 
 
 def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
@@ -155,6 +336,7 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
     tc = cfg.train
     check_writable(run_dir)
     last_path, best_path = run_dir / "checkpoint_last.pt", run_dir / "checkpoint_best.pt"
+    metrics_path = run_dir / "metrics.jsonl"
     resumed = checkpoint.load(last_path) if resume else None
     if tc.threads:
         torch.set_num_threads(tc.threads)
@@ -164,143 +346,108 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
     save_config(cfg, run_dir / "config.yaml")
 
     corpus = load_corpus(cfg, run_dir, cfg.model.max_positions)
-    tok, splits = corpus.tok, cfg.data.splits
+    tok, train_split = corpus.tok, cfg.data.splits.train
     model = build_model(cfg.model, src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size,
                         pad_id=tok.pad_id, shared_vocab=tok.joint).to(device)
+    check_space(run_dir, model)
     n_params = count_params(model)
     opt = torch.optim.AdamW(model.parameters(), lr=lr_at(1, tc), betas=tc.betas,
                             weight_decay=tc.weight_decay)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    pos = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_bleu": -1.0, "bad_evals": 0, "elapsed_s": 0.0}
+    st = TrainState()
     if resumed is not None:
-        model.load_state_dict(resumed["model"])
-        opt.load_state_dict(resumed["optimizer"])
-        pos = {k: resumed[k] for k in pos}
-        torch.set_rng_state(resumed["rng"]["torch"])
-        if device.type == "cuda" and resumed["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state_all(resumed["rng"]["cuda"])
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", last_path, pos["step"],
-                 pos["epoch"], pos["batch_in_epoch"])
-    elif (run_dir / "metrics.jsonl").exists():
-        (run_dir / "metrics.jsonl").unlink()  # a fresh run starts a fresh log
+        st = restore(resumed, model, opt, tok, cfg, device)
+        trim_metrics(metrics_path, st)
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", last_path, st.step, st.epoch,
+                 st.batch_in_epoch)
+    else:
+        metrics_path.unlink(missing_ok=True)  # a fresh run starts a fresh log
     log.info("model %s: %.2fM parameters; device %s, precision %s", cfg.model.kind, n_params / 1e6,
              device, precision)
 
-    src_lens = [len(s) for s in corpus.ids[splits.train][0]]
-    tgt_lens = [len(t) for t in corpus.ids[splits.train][1]]
-    valid_src, valid_ref = (x[: tc.bleu_sentences] for x in corpus.text[splits.valid])
-    start = time.perf_counter() - pos["elapsed_s"]
+    src_lens, tgt_lens = ([len(x) for x in side] for side in corpus.ids[train_split])
+    start = time.perf_counter() - st.elapsed_s
     stop_reason = None
-    window = {"loss": torch.zeros((), device=device), "tokens": 0, "t0": time.perf_counter()}
-    train_loss = float("nan")
+    tokens_per_s, window_t0 = 0.0, time.perf_counter()
 
     def state() -> dict:
-        rng = {"torch": torch.get_rng_state(),
-               "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None}
+        st.elapsed_s = time.perf_counter() - start
         return {"model": model.state_dict(), "optimizer": opt.state_dict(), "config": to_dict(cfg),
-                "tokenizer": tok.state(), "rng": rng, **pos}
+                "tokenizer": tok.state(), "rng": rng_state(device), **asdict(st)}
 
     def run_eval() -> None:
         nonlocal stop_reason
-        valid_loss = evaluate_loss(model, corpus, splits.valid, cfg, device, precision)
-        with autocast(device, precision):
-            hyps = translate(model, tok, valid_src, greedy_cfg, device)
-        valid_bleu = bleu(hyps, valid_ref)
-        model.train()
-        pos["elapsed_s"] = time.perf_counter() - start
-        record = {"step": pos["step"], "epoch": pos["epoch"], "train_loss": round(train_loss, 4),
-                  "valid_loss": round(valid_loss, 4), "valid_bleu": valid_bleu,
-                  "lr": lr_at(pos["step"], tc), "tokens_per_s": round(tokens_per_s, 1),
-                  "elapsed_s": round(pos["elapsed_s"], 1)}
-        with open(run_dir / "metrics.jsonl", "a") as f:
+        valid_loss, valid_bleu = validate(model, corpus, cfg, device, precision)
+        record = {"step": st.step, "epoch": st.epoch, "train_loss": round(st.train_loss, 4),
+                  "valid_loss": round(valid_loss, 4), "valid_bleu": valid_bleu, "lr": lr_at(st.step, tc),
+                  "skipped_steps": st.skipped_steps, "tokens_per_s": round(tokens_per_s, 1),
+                  "elapsed_s": round(time.perf_counter() - start, 1)}
+        with open(metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
-        tqdm.write(f"step {pos['step']} epoch {pos['epoch']}: valid loss {valid_loss:.3f}, "
+        tqdm.write(f"step {st.step} epoch {st.epoch}: valid loss {valid_loss:.3f}, "
                    f"valid BLEU {valid_bleu:.2f}")
-        improved = valid_bleu > pos["best_bleu"]
-        if improved:
-            pos["best_bleu"], pos["bad_evals"] = valid_bleu, 0
+        if valid_bleu > st.best_bleu:
+            st.best_bleu, st.bad_evals = valid_bleu, 0
+            checkpoint.save(state(), best_path)  # before last: a kill in between loses nothing
         else:
-            pos["bad_evals"] += 1
+            st.bad_evals += 1
         checkpoint.save(state(), last_path)
-        if improved:
-            checkpoint.save(state(), best_path)
-        if tc.patience and pos["bad_evals"] >= tc.patience:
+        if tc.patience and st.bad_evals >= tc.patience:
             stop_reason = f"no BLEU improvement in {tc.patience} evaluations"
 
-    tokens_per_s = 0.0
-    greedy_cfg = replace(cfg.decode, beam_size=1, nbest=1)  # validation BLEU: fast greedy
     model.train()
-    try:
-        while stop_reason is None and pos["epoch"] < tc.max_epochs:
-            batches = token_batches(src_lens, tgt_lens, tc.batch_tokens, tc.seed, pos["epoch"])
+    with StopOnInterrupt() as interrupt:
+        while stop_reason is None and st.epoch < tc.max_epochs:
+            batches = token_batches(src_lens, tgt_lens, tc.batch_tokens, tc.seed, st.epoch)
             groups = [batches[i : i + tc.accum_steps] for i in range(0, len(batches), tc.accum_steps)]
-            first = pos["batch_in_epoch"] // tc.accum_steps
-            bar = tqdm(total=len(groups), initial=first, desc=f"epoch {pos['epoch'] + 1}",
-                       disable=None, dynamic_ncols=True, leave=False)
-            for group in groups[first:]:
-                step_tokens = sum(len(corpus.ids[splits.train][1][i]) + 1 for b in group for i in b)
-                for batch in batch_iter(corpus, splits.train, group):
-                    batch = batch.to(device)
-                    with autocast(device, precision):
-                        loss = loss_sum(model, batch, tc.label_smoothing, tok.pad_id)
-                    scaler.scale(loss / step_tokens).backward()
-                    window["loss"] += loss.detach()
-                lr = lr_at(pos["step"] + 1, tc)
-                for g in opt.param_groups:
-                    g["lr"] = lr
-                if tc.clip_norm:
-                    scaler.unscale_(opt)
-                    nn.utils.clip_grad_norm_(model.parameters(), tc.clip_norm)
-                scaler.step(opt)
-                scaler.update()
-                opt.zero_grad(set_to_none=True)
-                pos["step"] += 1
-                pos["batch_in_epoch"] += len(group)
-                window["tokens"] += step_tokens
+            done = st.batch_in_epoch // tc.accum_steps
+            bar = tqdm(total=len(groups), initial=done, desc=f"epoch {st.epoch + 1}", disable=None,
+                       dynamic_ncols=True, leave=False)
+            for group in groups[done:]:
+                n_tokens = sum(tgt_lens[i] + 1 for b in group for i in b)
+                loss = forward_backward(model, batch_iter(corpus, train_split, group), n_tokens, scaler, tc,
+                                        device, precision, tok.pad_id)
+                loss = optimizer_step(model, opt, scaler, loss, lr_at(st.step + 1, tc), tc.clip_norm)
+                st.batch_in_epoch += len(group)
                 bar.update(1)
-                if pos["step"] % tc.log_every == 0:  # the only host sync in the step loop
-                    now = time.perf_counter()
-                    train_loss = window["loss"].item() / max(window["tokens"], 1)
-                    tokens_per_s = window["tokens"] / max(now - window["t0"], 1e-9)
-                    bar.set_postfix(loss=f"{train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
-                    window.update(loss=torch.zeros((), device=device), tokens=0, t0=now)
-                if tc.max_steps and pos["step"] >= tc.max_steps:
-                    stop_reason = f"reached train.max_steps={tc.max_steps}"
-                elif tc.max_minutes and time.perf_counter() - start >= tc.max_minutes * 60:
-                    stop_reason = f"reached train.max_minutes={tc.max_minutes}"
-                if stop_reason or (tc.eval_every and pos["step"] % tc.eval_every == 0):
-                    run_eval()
-                elif tc.checkpoint_every and pos["step"] % tc.checkpoint_every == 0:
-                    pos["elapsed_s"] = time.perf_counter() - start
+                if loss is None:
+                    st.bad_steps, st.skipped_steps = st.bad_steps + 1, st.skipped_steps + 1
+                    log.warning("step %d: non-finite loss, step skipped (%d in a row)", st.step + 1,
+                                st.bad_steps)
+                    if st.bad_steps >= tc.max_bad_steps:
+                        raise TrainError(f"stopped at step {st.step}: {st.bad_steps} non-finite losses in a "
+                                         "row (train.max_bad_steps); try a lower train.lr or train.clip_norm")
+                else:
+                    st.step, st.bad_steps = st.step + 1, 0
+                    st.window_loss, st.window_tokens = st.window_loss + loss, st.window_tokens + n_tokens
+                    if st.step % tc.log_every == 0:
+                        now = time.perf_counter()
+                        st.train_loss = st.window_loss / st.window_tokens
+                        tokens_per_s = st.window_tokens / max(now - window_t0, 1e-9)
+                        bar.set_postfix(loss=f"{st.train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
+                        st.window_loss, st.window_tokens, window_t0 = 0.0, 0, now
+                    stop_reason = limit_reached(tc, st.step, time.perf_counter() - start)
+                    if stop_reason or (tc.eval_every and st.step % tc.eval_every == 0):
+                        run_eval()
+                    elif tc.checkpoint_every and st.step % tc.checkpoint_every == 0:
+                        checkpoint.save(state(), last_path)
+                if interrupt.requested:
                     checkpoint.save(state(), last_path)
+                    raise TrainInterrupted(f"stopped at step {st.step}; {last_path} saved, "
+                                           "continue with --resume")
                 if stop_reason:
                     break
             bar.close()
             if stop_reason is None:
-                pos["epoch"], pos["batch_in_epoch"] = pos["epoch"] + 1, 0
-                if not tc.eval_every or pos["epoch"] == tc.max_epochs:
+                st.epoch, st.batch_in_epoch = st.epoch + 1, 0
+                if not tc.eval_every or st.epoch == tc.max_epochs:
                     run_eval()
-    except KeyboardInterrupt:
-        pos["elapsed_s"] = time.perf_counter() - start
-        checkpoint.save(state(), last_path)
-        raise TrainError(f"interrupted at step {pos['step']}; {last_path} saved, continue with --resume") from None
     log.info("stopped: %s", stop_reason or f"reached train.max_epochs={tc.max_epochs}")
     train_seconds = time.perf_counter() - start
 
-    # final test with the best checkpoint and the configured decoding
-    best = checkpoint.load(best_path, map_location=device)
-    model.load_state_dict(best["model"])
-    test_src, test_ref = corpus.text[splits.test]
-    with autocast(device, precision):
-        hyps = translate(model, tok, test_src, cfg.decode, device)
-    (run_dir / "test_hyps.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
-    scores = score(hyps, test_ref)
-    results = {"test_split": splits.test, "test_bleu": scores["bleu"], "test_chrf": scores["chrf"],
-               "sacrebleu_signature": scores["bleu_signature"], "chrf_signature": scores["chrf_signature"],
-               "best_valid_bleu": pos["best_bleu"], "best_step": best["step"],
-               "train_seconds": round(train_seconds, 1), "steps": pos["step"], "params": n_params,
-               "device": str(device), "precision": precision, "threads": torch.get_num_threads(),
-               "torch": torch.__version__}
+    results = score_best(model, corpus, cfg, best_path, run_dir, device, precision)
+    results.update(best_valid_bleu=st.best_bleu, train_seconds=round(train_seconds, 1), steps=st.step,
+                   skipped_steps=st.skipped_steps, params=n_params, device=str(device), precision=precision,
+                   threads=torch.get_num_threads(), torch=torch.__version__)
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    log.info("test BLEU %.2f, chrF %.2f (%s)", scores["bleu"], scores["chrf"], scores["bleu_signature"])
     return best_path
