@@ -26,7 +26,7 @@ def main(debug: Annotated[bool, typer.Option(help="Show tracebacks on errors.")]
 
 
 def _user_errors(fn):
-    """Known failures end in one line on stderr and exit status 2 (config) or 1 (anything else)."""
+    """Known failures end in one line on stderr and exit status 2 (config), 130 (Ctrl-C) or 1 (the rest)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -34,16 +34,21 @@ def _user_errors(fn):
         from .config import ConfigError
         from .data import DataError
         from .download import DownloadError
-        from .train import TrainError
+        from .train import TrainError, TrainInterrupted
 
         try:
             return fn(*args, **kwargs)
         except (ConfigError, DataError, CheckpointError, TrainError, DownloadError) as e:
             if _debug:
                 raise
-            kind = "config error" if isinstance(e, ConfigError) else "error"
+            kind = {ConfigError: "config error", TrainInterrupted: "interrupted"}.get(type(e), "error")
             typer.echo(f"{kind}: {e}", err=True)
-            raise typer.Exit(2 if isinstance(e, ConfigError) else 1) from None
+            raise typer.Exit({ConfigError: 2, TrainInterrupted: 130}.get(type(e), 1)) from None
+        except KeyboardInterrupt:
+            if _debug:
+                raise
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
 
     return wrapper
 
@@ -57,8 +62,9 @@ DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, mps or auto.")]
 @app.command()
 @_user_errors
 def train(config: ConfigOpt, overrides: SetOpt = None,
-          out: Annotated[Optional[Path], typer.Option(help="Run directory [default: runs/<config name>].")] = None,
-          resume: Annotated[bool, typer.Option(help="Continue from OUT/checkpoint_last.pt.")] = False) -> None:
+          out: Annotated[Optional[Path], typer.Option(help="Run directory [default: runs/<name>].")] = None,
+          resume: Annotated[bool, typer.Option(help="Continue from OUT/checkpoint_last.pt.")] = False,
+          ) -> None:
     """Train a model from a YAML config; writes checkpoints, metrics and results into the run directory."""
     from .config import load_config
     from .train import train as run_training
