@@ -1,0 +1,273 @@
+"""Faults lose nothing: checkpoints on schedule, Ctrl-C, SIGKILL while saving, bit-exact resume,
+deterministic runs, and skipped non-finite steps."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY
+from torch import nn
+from typer.testing import CliRunner
+
+from attn_mt import checkpoint
+from attn_mt import train as train_mod
+from attn_mt.cli import app
+from attn_mt.train import TrainError, optimizer_step, train
+
+ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
+
+TIMING = ("tokens_per_s", "elapsed_s", "train_seconds", "threads")
+# 18 steps per epoch; dropout on, so resuming must restore the RNG too
+RESUMABLE = ("model.dropout=0.1", "train.checkpoint_every=4")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are many small ops; on a busy 2-core machine a second thread only waits."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL: nothing in `train` catches it, nothing is saved on the way out."""
+
+
+def kill_at_step(monkeypatch, n: int) -> None:
+    """Make the n-th optimizer step die after its forward and backward pass."""
+    real, calls = train_mod.optimizer_step, [0]
+
+    def step(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == n:
+            raise Killed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "optimizer_step", step)
+
+
+def kill_saving(name: str):
+    """A killer that dies while `name` of a given step is being saved (its metrics record is written)."""
+
+    def kill(monkeypatch, step: int) -> None:
+        real = checkpoint.save
+
+        def save(state, path):
+            if path.name == name and state["step"] == step:
+                raise Killed
+            real(state, path)
+
+        monkeypatch.setattr(checkpoint, "save", save)
+
+    return kill
+
+
+def records(run_dir) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines]
+
+
+def results(run_dir) -> dict:
+    return {k: v for k, v in json.loads((run_dir / "results.json").read_text()).items() if k not in TIMING}
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    """Model and optimizer state of two checkpoints are equal, bit for bit."""
+    assert a["step"] == b["step"] and a["model"].keys() == b["model"].keys()
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    opt_a, opt_b = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert opt_a.keys() == opt_b.keys()
+    for i in opt_a:
+        for key in opt_a[i]:
+            assert torch.equal(opt_a[i][key], opt_b[i][key]), (i, key)
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Uninterrupted runs, one per extra-override tuple, trained once per module."""
+    from attn_mt.config import load_config
+
+    runs = {}
+
+    def get(*overrides: str):
+        if overrides not in runs:
+            run_dir = tmp_path_factory.mktemp("reference")
+            train(load_config(None, [*TINY, *RESUMABLE, *overrides]), run_dir)
+            runs[overrides] = run_dir
+        return runs[overrides]
+
+    return get
+
+
+@pytest.mark.parametrize("kill, at, saved_step, overrides", [
+    (kill_at_step, 11, 8, ()),  # mid epoch 1: resumes from the checkpoint_every checkpoint of step 8
+    (kill_at_step, 20, 18, ()),  # early in epoch 2: resumes from the end-of-epoch evaluation's checkpoint
+    (kill_saving("checkpoint_best.pt"), 18, 16, ()),  # the evaluation's record is written, no checkpoint
+    (kill_saving("checkpoint_last.pt"), 18, 16, ()),  # ... checkpoint_best.pt is written, but not the last
+    (kill_at_step, 8, 4, ("train.accum_steps=2",)),  # 9 steps an epoch, 2 batches a step
+], ids=["mid-epoch", "after-epoch-end", "saving-best", "saving-last", "accumulation"])
+def test_killed_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch, reference, kill, at, saved_step,
+                                      overrides):
+    cfg = tiny_cfg(*RESUMABLE, *overrides)
+    kill(monkeypatch, at)
+    with pytest.raises(Killed):
+        train(cfg, tmp_path)
+    assert checkpoint.load(tmp_path / "checkpoint_last.pt")["step"] == saved_step
+    monkeypatch.undo()
+
+    train(cfg, tmp_path, resume=True)
+    ref = reference(*overrides)
+    assert_same_state(checkpoint.load(tmp_path / "checkpoint_last.pt"),
+                      checkpoint.load(ref / "checkpoint_last.pt"))
+    assert records(tmp_path) == records(ref)  # also no record lost or written twice
+    assert results(tmp_path) == results(ref)
+
+
+def test_same_seed_same_metrics(tiny_cfg, tmp_path, reference):
+    """Two CPU runs with one seed write identical metrics and results (timings aside)."""
+    ref = reference()
+    train(tiny_cfg(*RESUMABLE), tmp_path)
+    assert records(tmp_path) == records(ref) and len(records(ref)) == 2
+    assert results(tmp_path) == results(ref)
+    assert (tmp_path / "test_hyps.txt").read_text() == (ref / "test_hyps.txt").read_text()
+
+
+def test_evaluation_leaves_training_unchanged(tiny_cfg, tmp_path, reference):
+    """Evaluating every 5 steps instead of once per epoch changes no parameter (dropout is on)."""
+    train(tiny_cfg(*RESUMABLE, "train.eval_every=5"), tmp_path)
+    assert_same_state(checkpoint.load(tmp_path / "checkpoint_last.pt"),
+                      checkpoint.load(reference() / "checkpoint_last.pt"))
+
+
+def test_checkpoint_last_at_every_evaluation_and_every_n_steps(tiny_cfg, tmp_path, monkeypatch):
+    saved, real = [], checkpoint.save
+    monkeypatch.setattr(checkpoint, "save", lambda state, path: (saved.append((path.name, state["step"])),
+                                                                  real(state, path)))
+    train(tiny_cfg("train.checkpoint_every=5", "train.eval_every=0"), tmp_path)
+    last = [step for name, step in saved if name == "checkpoint_last.pt"]
+    assert last == [5, 10, 15, 18, 20, 25, 30, 35, 36]  # 18 steps an epoch, an evaluation after each
+
+
+def test_ctrl_c_saves_and_resume_continues(tmp_path):
+    """SIGINT to a real `attn-mt train`: exit 130, a loadable checkpoint, one line, then --resume."""
+    overrides = [*TINY, "train.max_epochs=1000", "train.checkpoint_every=3", "train.threads=1"]
+    sets = [arg for kv in overrides for arg in ("--set", kv)]
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("name: tiny\n")
+    run = tmp_path / "run"
+    proc = subprocess.Popen([ATTN_MT, "--quiet", "train", "-c", str(cfg), "--out", str(run), *sets],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "checkpoint_last.pt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("interrupted: stopped at step ") and "--resume" in line
+    step = int(line.split("step ")[1].split(";")[0])
+    assert checkpoint.load(run / "checkpoint_last.pt")["step"] == step
+
+    handlers = logging.getLogger().handlers[:]
+    result = CliRunner().invoke(app, ["--quiet", "train", "-c", str(cfg), "--out", str(run), "--resume",
+                                      *sets, "--set", f"train.max_steps={step + 3}"])
+    logging.getLogger().handlers[:] = handlers  # the CLI pointed logging at the runner's stream
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / "results.json").read_text())["steps"] == step + 3
+
+
+def test_sigkill_while_saving_never_leaves_a_broken_checkpoint(tmp_path):
+    """Kill a process that saves checkpoints back to back, 25 times at random moments: the file that is
+    left always loads, and holds one whole save."""
+    path = tmp_path / "checkpoint_last.pt"
+    payload = torch.randn(1 << 20)  # 4 MiB: saving takes a while, so most kills land inside a save
+    rng, mid_save, last_step = random.Random(0), 0, 0
+    for _ in range(25):
+        pid = os.fork()
+        if pid == 0:  # child: save forever
+            try:
+                step = last_step
+                while True:
+                    step += 1
+                    checkpoint.save({"model": {"w": payload, "step": torch.tensor(step)}, "config": {},
+                                     "step": step}, path)
+            finally:
+                os._exit(0)
+        while not path.exists():
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0, 0.05))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        mid_save += any(tmp_path.glob(".checkpoint_last.pt.*.tmp"))
+        state = checkpoint.load(path)
+        assert torch.equal(state["model"]["w"], payload) and state["model"]["step"].item() == state["step"]
+        assert state["step"] >= last_step
+        last_step = state["step"]
+    assert mid_save >= 10  # the kills did land while a file was being written
+    checkpoint.save({"model": {}, "config": {}}, path)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # temp files of killed savers are gone
+
+
+def poison_losses(monkeypatch, bad_calls) -> None:
+    """Training losses number `bad_calls` (1-based) become NaN or inf, gradients included."""
+    real, calls = train_mod.loss_sum, [0]
+
+    def loss_sum(*args, **kwargs):
+        loss = real(*args, **kwargs)
+        if not torch.is_grad_enabled():  # evaluation
+            return loss
+        calls[0] += 1
+        if calls[0] in bad_calls:
+            return loss * (float("nan") if calls[0] % 2 else float("inf"))
+        return loss
+
+    monkeypatch.setattr(train_mod, "loss_sum", loss_sum)
+
+
+def test_non_finite_loss_skips_the_step_and_is_counted(tiny_cfg, tmp_path, monkeypatch):
+    poison_losses(monkeypatch, {4, 5, 9})
+    train(tiny_cfg("train.max_epochs=1"), tmp_path)
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["steps"] == 18 - 3 and res["skipped_steps"] == 3
+    assert records(tmp_path)[-1]["skipped_steps"] == 3
+    state = checkpoint.load(tmp_path / "checkpoint_last.pt")
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def test_too_many_non_finite_losses_stop_the_run(tiny_cfg, tmp_path, monkeypatch):
+    poison_losses(monkeypatch, set(range(3, 100)))
+    with pytest.raises(TrainError, match=r"at step 2: 4 non-finite losses in a row \(train.max_bad_steps\)"):
+        train(tiny_cfg("train.max_bad_steps=4"), tmp_path)
+
+
+def test_non_finite_gradient_skips_the_step():
+    """A finite loss with an infinite gradient changes neither the weights nor the optimizer."""
+    layer = nn.Linear(2, 2)
+    opt = torch.optim.AdamW(layer.parameters())
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    before = [p.detach().clone() for p in layer.parameters()]
+    layer.weight.grad, layer.bias.grad = torch.full((2, 2), float("inf")), torch.zeros(2)
+    assert optimizer_step(layer, opt, scaler, torch.tensor(1.0), lr=1e-3, clip_norm=1.0) is None
+    assert all(torch.equal(a, b) for a, b in zip(before, layer.parameters(), strict=True))
+    assert not opt.state and layer.weight.grad is None
+    layer.weight.grad, layer.bias.grad = torch.ones(2, 2), torch.ones(2)
+    assert optimizer_step(layer, opt, scaler, torch.tensor(1.0), lr=1e-3, clip_norm=1.0) == 1.0
+    assert not torch.equal(before[0], layer.weight)
