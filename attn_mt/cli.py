@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import logging
 import sys
 from pathlib import Path
@@ -65,13 +66,18 @@ def train(config: ConfigOpt, overrides: SetOpt = None,
           out: Annotated[Optional[Path], typer.Option(help="Run directory [default: runs/<name>].")] = None,
           resume: Annotated[bool, typer.Option(help="Continue from OUT/checkpoint_last.pt.")] = False,
           ) -> None:
-    """Train a model from a YAML config; writes checkpoints, metrics and results into the run directory."""
+    """Train a model from a YAML config; writes checkpoints, metrics and results into the run directory.
+
+    Under `torchrun --nproc-per-node N -m attn_mt train ...` it trains with DistributedDataParallel.
+    """
     from .config import load_config
     from .train import train as run_training
 
     cfg = load_config(config, overrides or [])
     run_dir = out or Path("runs") / cfg.name
     best = run_training(cfg, run_dir, resume=resume)
+    if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 reports
+        return
     results = json.loads((run_dir / "results.json").read_text())
     typer.echo(f"best checkpoint: {best}")
     typer.echo(f"test BLEU {results['test_bleu']:.2f}  chrF {results['test_chrf']:.2f}  "
@@ -223,3 +229,24 @@ def compare_rnn(config: ConfigOpt, overrides: SetOpt = None,
     out = out or Path("runs") / ("compare_quick" if quick else "compare")
     typer.echo(summary(run_compare(setup, out)))
     typer.echo(f"report: {out / 'report.md'}")
+
+
+@app.command()
+@_user_errors
+def bench(config: ConfigOpt, overrides: SetOpt = None,
+          checkpoint: Annotated[Optional[Path], typer.Option(help="Also time greedy and beam-5 translation.")] = None,
+          repeats: Annotated[int, typer.Option(min=1, help="Timed rounds after the warm-up; medians.")] = 5,
+          steps: Annotated[int, typer.Option(min=1, help="Training batches per round.")] = 2,
+          sentences: Annotated[int, typer.Option(min=1, help="Test sentences to translate.")] = 100,
+          compiled: Annotated[bool, typer.Option("--compile", help="Also time ours under torch.compile.")] = False,
+          json_out: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this file.")] = None,
+          ) -> None:
+    """Training tokens/s against torch.nn.Transformer, MFU against the matmul peak, translation speed."""
+    from .bench import format_report, run_bench
+    from .config import load_config
+
+    result = run_bench(load_config(config, overrides or []), checkpoint=checkpoint, repeats=repeats,
+                       steps=steps, compile=compiled, sentences=sentences)
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2) + "\n")
+    typer.echo(format_report(result))

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from . import checkpoint
+from . import checkpoint, distributed
 from .config import ExperimentConfig, TrainConfig, save_config, to_dict
 from .data import Batch, DataError, collate, load_pairs, token_batches
 from .decode import translate
@@ -228,14 +228,24 @@ class StopOnInterrupt:
 
 
 def forward_backward(model: nn.Module, batches, n_tokens: int, scaler, cfg: TrainConfig,
-                     device: torch.device, precision: str, pad_id: int) -> torch.Tensor:
-    """Accumulate the gradient of the mean token loss over `batches`; returns their summed loss."""
+                     device: torch.device, precision: str, pad_id: int, weights: list[float] | None = None,
+                     world: distributed.World = distributed.World()) -> torch.Tensor:
+    """Accumulate the gradient of the mean token loss over `batches`; returns their summed loss.
+
+    Under DistributedDataParallel (`world.enabled`) `batches` are this rank's shards, `n_tokens`
+    counts the whole global batch, and the gradients are all-reduced once, after the last batch
+    (`no_sync` before it); DDP averages over ranks, hence the factor world.size.
+    """
+    batches = list(batches)
+    weights = weights or [1.0] * len(batches)
     total = torch.zeros((), device=device)
-    for batch in batches:
+    for i, (batch, weight) in enumerate(zip(batches, weights, strict=True)):
         batch = batch.to(device)
-        with autocast(device, precision):
-            loss = loss_sum(model, batch, cfg.label_smoothing, pad_id)
-        scaler.scale(loss / n_tokens).backward()
+        last = i == len(batches) - 1
+        with contextlib.nullcontext() if last or not world.enabled else model.no_sync():
+            with autocast(device, precision):
+                loss = loss_sum(model, batch, cfg.label_smoothing, pad_id) * weight
+            scaler.scale(loss * world.size / n_tokens).backward()
         total += loss.detach()
     return total
 
@@ -334,22 +344,31 @@ def score_best(model: nn.Module, corpus: Corpus, cfg: ExperimentConfig, best_pat
 def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
     """Train the configured model; returns the path of the best checkpoint."""
     tc = cfg.train
-    check_writable(run_dir)
+    world, device = distributed.init(pick_device(tc.device))
+    if world.main:
+        check_writable(run_dir)
+    else:
+        logging.getLogger("attn_mt").setLevel(logging.WARNING)  # rank 0 reports
     last_path, best_path = run_dir / "checkpoint_last.pt", run_dir / "checkpoint_best.pt"
     metrics_path = run_dir / "metrics.jsonl"
     resumed = checkpoint.load(last_path) if resume else None
     if tc.threads:
         torch.set_num_threads(tc.threads)
-    device = pick_device(tc.device)
     precision = pick_precision(tc.precision, device)
     torch.manual_seed(tc.seed)
-    save_config(cfg, run_dir / "config.yaml")
-
-    corpus = load_corpus(cfg, run_dir, cfg.model.max_positions)
+    if world.main:  # rank 0 trains the tokenizer; the others then reuse it
+        save_config(cfg, run_dir / "config.yaml")
+        corpus = load_corpus(cfg, run_dir, cfg.model.max_positions)
+    distributed.barrier(world)
+    if not world.main:
+        corpus = load_corpus(cfg, run_dir, cfg.model.max_positions)
     tok, train_split = corpus.tok, cfg.data.splits.train
     model = build_model(cfg.model, src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size,
                         pad_id=tok.pad_id, shared_vocab=tok.joint).to(device)
-    check_space(run_dir, model)
+    if world.main:
+        check_space(run_dir, model)
+    if world.enabled:
+        torch.manual_seed(tc.seed + world.rank)  # same initial weights, different dropout per rank
     n_params = count_params(model)
     opt = torch.optim.AdamW(model.parameters(), lr=lr_at(1, tc), betas=tc.betas,
                             weight_decay=tc.weight_decay)
@@ -357,11 +376,20 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
     st = TrainState()
     if resumed is not None:
         st = restore(resumed, model, opt, tok, cfg, device)
-        trim_metrics(metrics_path, st)
+        if len(resumed.get("rng_ranks") or []) == world.size:
+            set_rng_state(resumed["rng_ranks"][world.rank], device)
+        if world.main:
+            trim_metrics(metrics_path, st)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", last_path, st.step, st.epoch,
                  st.batch_in_epoch)
-    else:
+    elif world.main:
         metrics_path.unlink(missing_ok=True)  # a fresh run starts a fresh log
+    net = model
+    if world.enabled:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        log.info("%d processes (%s); train.batch_tokens=%d is the global batch, about %d tokens per rank",
+                 world.size, "nccl" if device.type == "cuda" else "gloo", tc.batch_tokens,
+                 tc.batch_tokens // world.size)
     log.info("model %s: %.2fM parameters; device %s, precision %s", cfg.model.kind, n_params / 1e6,
              device, precision)
 
@@ -370,13 +398,26 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
     stop_reason = None
     tokens_per_s, window_t0 = 0.0, time.perf_counter()
 
-    def state() -> dict:
+    def state(rngs: list[dict]) -> dict:
         st.elapsed_s = time.perf_counter() - start
         return {"model": model.state_dict(), "optimizer": opt.state_dict(), "config": to_dict(cfg),
-                "tokenizer": tok.state(), "rng": rng_state(device), **asdict(st)}
+                "tokenizer": tok.state(), "rng": rngs[0], "rng_ranks": rngs if world.enabled else None,
+                **asdict(st)}
 
-    def run_eval() -> None:
+    def save_last() -> None:  # every rank calls it: the RNG states are gathered
+        rngs = distributed.gather(rng_state(device), world)
+        if world.main:
+            checkpoint.save(state(rngs), last_path)
+
+    def run_eval() -> None:  # every rank calls it; rank 0 evaluates and writes
         nonlocal stop_reason
+        rngs = distributed.gather(rng_state(device), world)
+        if world.main:
+            stop_reason = evaluate_and_save(rngs)
+        stop_reason, st.best_bleu, st.bad_evals = distributed.broadcast(
+            (stop_reason, st.best_bleu, st.bad_evals), world)
+
+    def evaluate_and_save(rngs: list[dict]) -> str | None:
         valid_loss, valid_bleu = validate(model, corpus, cfg, device, precision)
         record = {"step": st.step, "epoch": st.epoch, "train_loss": round(st.train_loss, 4),
                   "valid_loss": round(valid_loss, 4), "valid_bleu": valid_bleu, "lr": lr_at(st.step, tc),
@@ -388,12 +429,13 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
                    f"valid BLEU {valid_bleu:.2f}")
         if valid_bleu > st.best_bleu:
             st.best_bleu, st.bad_evals = valid_bleu, 0
-            checkpoint.save(state(), best_path)  # before last: a kill in between loses nothing
+            checkpoint.save(state(rngs), best_path)  # before last: a kill in between loses nothing
         else:
             st.bad_evals += 1
-        checkpoint.save(state(), last_path)
+        checkpoint.save(state(rngs), last_path)
         if tc.patience and st.bad_evals >= tc.patience:
-            stop_reason = f"no BLEU improvement in {tc.patience} evaluations"
+            return f"no BLEU improvement in {tc.patience} evaluations"
+        return stop_reason
 
     model.train()
     with StopOnInterrupt() as interrupt:
@@ -401,12 +443,19 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
             batches = token_batches(src_lens, tgt_lens, tc.batch_tokens, tc.seed, st.epoch)
             groups = [batches[i : i + tc.accum_steps] for i in range(0, len(batches), tc.accum_steps)]
             done = st.batch_in_epoch // tc.accum_steps
-            bar = tqdm(total=len(groups), initial=done, desc=f"epoch {st.epoch + 1}", disable=None,
+            bar = tqdm(total=len(groups), initial=done, desc=f"epoch {st.epoch + 1}",
+                       disable=None if world.main else True,
                        dynamic_ncols=True, leave=False)
             for group in groups[done:]:
-                n_tokens = sum(tgt_lens[i] + 1 for b in group for i in b)
-                loss = forward_backward(model, batch_iter(corpus, train_split, group), n_tokens, scaler, tc,
-                                        device, precision, tok.pad_id)
+                n_tokens = sum(tgt_lens[i] + 1 for b in group for i in b)  # the global batch
+                shards = [distributed.shard(b, world) for b in group]
+                loss = forward_backward(net, batch_iter(corpus, train_split, [s for s, _ in shards]), n_tokens,
+                                        scaler, tc, device, precision, tok.pad_id, [w for _, w in shards], world)
+                elapsed, interrupted = time.perf_counter() - start, interrupt.requested
+                if world.enabled:  # one small all-reduce: global loss, any rank's Ctrl-C, rank 0's clock
+                    flags = torch.tensor([float(interrupted), elapsed if world.main else 0.0], device=device)
+                    sync = distributed.all_sum(torch.cat([loss.float().view(1), flags]), world)
+                    loss, interrupted, elapsed = sync[0], bool(sync[1] > 0), float(sync[2])
                 loss = optimizer_step(model, opt, scaler, loss, lr_at(st.step + 1, tc), tc.clip_norm)
                 st.batch_in_epoch += len(group)
                 bar.update(1)
@@ -426,13 +475,13 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
                         tokens_per_s = st.window_tokens / max(now - window_t0, 1e-9)
                         bar.set_postfix(loss=f"{st.train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
                         st.window_loss, st.window_tokens, window_t0 = 0.0, 0, now
-                    stop_reason = limit_reached(tc, st.step, time.perf_counter() - start)
+                    stop_reason = limit_reached(tc, st.step, elapsed)
                     if stop_reason or (tc.eval_every and st.step % tc.eval_every == 0):
                         run_eval()
                     elif tc.checkpoint_every and st.step % tc.checkpoint_every == 0:
-                        checkpoint.save(state(), last_path)
-                if interrupt.requested:
-                    checkpoint.save(state(), last_path)
+                        save_last()
+                if interrupted:
+                    save_last()
                     raise TrainInterrupted(f"stopped at step {st.step}; {last_path} saved, "
                                            "continue with --resume")
                 if stop_reason:
@@ -444,10 +493,14 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
                     run_eval()
     log.info("stopped: %s", stop_reason or f"reached train.max_epochs={tc.max_epochs}")
     train_seconds = time.perf_counter() - start
+    if not world.main:
+        distributed.close(world)
+        return best_path
 
     results = score_best(model, corpus, cfg, best_path, run_dir, device, precision)
     results.update(best_valid_bleu=st.best_bleu, train_seconds=round(train_seconds, 1), steps=st.step,
                    skipped_steps=st.skipped_steps, params=n_params, device=str(device), precision=precision,
                    threads=torch.get_num_threads(), torch=torch.__version__)
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    distributed.close(world)
     return best_path

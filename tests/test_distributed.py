@@ -1,0 +1,99 @@
+"""torchrun with 2 CPU processes (gloo): one set of outputs, same losses as 1 process, no hangs."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import TINY
+
+TORCHRUN = shutil.which("torchrun") or pytest.skip("torchrun not found", allow_module_level=True)
+pytestmark = pytest.mark.slow
+
+
+def tiny_yaml(tmp_path: Path, *extra: str) -> Path:
+    raw: dict = {}
+    for item in [*TINY, *extra]:
+        key, value = item.split("=", 1)
+        section, name = key.split(".")
+        raw.setdefault(section, {})[name] = yaml.safe_load(value)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def torchrun(*args: str) -> list[str]:
+    # the command the README gives; --standalone picks a free port, so parallel runs do not collide
+    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "attn_mt", *args]
+
+
+def env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_processes_match_one(tmp_path):
+    cfg = tiny_yaml(tmp_path, "train.max_steps=8", "train.eval_every=4", "train.log_every=4")
+    one, two = tmp_path / "one", tmp_path / "two"
+    single = subprocess.run([sys.executable, "-m", "attn_mt", "train", "--config", str(cfg), "--out", str(one)],
+                            capture_output=True, text=True, env=env(), timeout=300)
+    assert single.returncode == 0, single.stderr
+    multi = subprocess.run(torchrun("train", "--config", str(cfg), "--out", str(two)),
+                           capture_output=True, text=True, env=env(), timeout=300)
+    assert multi.returncode == 0, multi.stderr
+    assert multi.stdout.count("best checkpoint:") == 1  # rank 0 alone reports and writes
+    assert "2 processes" in multi.stderr
+    a, b = records(one), records(two)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [4, 8]
+    for ra, rb in zip(a, b):
+        assert rb["train_loss"] == pytest.approx(ra["train_loss"], rel=1e-3)
+        assert rb["valid_loss"] == pytest.approx(ra["valid_loss"], rel=1e-3)
+    assert sorted(p.name for p in two.iterdir() if not p.name.startswith(".")) == \
+        sorted(p.name for p in one.iterdir() if not p.name.startswith("."))
+
+    resumed = subprocess.run(torchrun("train", "--config", str(cfg), "--out", str(two), "--resume",
+                                      "--set", "train.max_steps=12"),
+                             capture_output=True, text=True, env=env(), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert [r["step"] for r in records(two)] == [4, 8, 12]
+
+
+def test_a_crashed_rank_ends_the_job(tmp_path):
+    cfg = tiny_yaml(tmp_path, "train.max_epochs=1000", "train.checkpoint_every=2")
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen(torchrun("train", "--config", str(cfg), "--out", str(run_dir)),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+                           start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while not (run_dir / "checkpoint_last.pt").exists():  # training is under way
+            assert time.time() < deadline and job.poll() is None, "training did not start"
+            time.sleep(0.5)
+        rank1 = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_rank(p, job.pid, "1")]
+        assert rank1, "rank 1 not found"
+        os.kill(int(rank1[0].name), signal.SIGKILL)
+        job.wait(timeout=120)  # the job must end, not hang
+        assert job.returncode != 0
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+
+
+def _is_rank(proc: Path, root_pid: int, rank: str) -> bool:
+    try:
+        environ = (proc / "environ").read_bytes().split(b"\0")
+        parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return False
+    return parent == root_pid and f"RANK={rank}".encode() in environ
