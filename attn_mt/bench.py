@@ -1,0 +1,313 @@
+"""`attn-mt bench`: training and translation speed, against torch.nn.Transformer and the matmul peak.
+
+Every figure comes from one run: the variants (model x precision, matmul, data loading,
+translation) take turns, round after round, on the same batches; each figure is the median
+over the rounds after a warm-up round. Training uses train.py's own step functions.
+
+Models:
+    ours          our Transformer on its fast path (fused QKV projection, SDPA; in CPU training
+                  with dropout, the explicit formula and our cheaper dropout: see attention.py)
+    ours_refattn  our Transformer on the reference attention path (explicit softmax(QK^T)V)
+    torch         REFERENCE: torch.nn.Transformer with our embeddings, positions and tied output
+                  layer (`TorchTransformer` below), so the parameter counts match
+
+Model FLOPs (`train_flops`) are the matmul FLOPs of one sentence pair of source length S and
+target length T (eos / bos included), D = d_model, F = d_ff, V = target vocabulary, per layer:
+    encoder  2S(4D^2 + 2DF) + 4S^2 D                   QKV + out, FFN; scores QK^T and weights x V
+    decoder  2T(6D^2 + 2DF) + 2S(2D^2) + 4T^2 D + 4TSD self QKV + out, cross Q + out, FFN;
+                                                       cross K,V of the memory; both attentions
+plus 2TDV for the output layer; training counts 3x the forward (backward = 2x forward).
+Causal attention is counted in full (T^2), padding not at all. MFU = model FLOP/s / the
+measured peak of a large square matmul at the same precision.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from .checkpoint import load_model
+from .config import ConfigError, ExperimentConfig, TransformerConfig
+from .data import token_batches
+from .decode import translate
+from .models import build_model, count_params
+from .models.transformer import PositionalEncoding
+from .train import (
+    autocast,
+    batch_iter,
+    cpu_has_bf16,
+    forward_backward,
+    load_corpus,
+    lr_at,
+    optimizer_step,
+    pick_device,
+    pick_precision,
+)
+
+log = logging.getLogger(__name__)
+MODELS = ("ours", "ours_refattn", "torch")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class TorchTransformer(nn.Module):
+    """REFERENCE for benchmarks only: `torch.nn.Transformer` inside our embeddings and output layer."""
+
+    def __init__(self, cfg: TransformerConfig, *, src_vocab: int, tgt_vocab: int, pad_id: int,
+                 shared_vocab: bool) -> None:
+        super().__init__()
+        self.pad_id, self.d_model = pad_id, cfg.d_model
+        self.tgt_embed = nn.Embedding(tgt_vocab, cfg.d_model, padding_idx=pad_id)
+        share_src = shared_vocab and cfg.tie_embeddings
+        self.src_embed = (self.tgt_embed if share_src
+                          else nn.Embedding(src_vocab, cfg.d_model, padding_idx=pad_id))
+        self.pos = PositionalEncoding(cfg.d_model, cfg.max_positions)
+        self.dropout = nn.Dropout(cfg.dropout)
+        with warnings.catch_warnings():  # "enable_nested_tensor ... norm_first": an inference-only path
+            warnings.simplefilter("ignore")
+            self.core = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.n_layers, cfg.d_ff,
+                                       cfg.dropout, batch_first=True, norm_first=cfg.norm_first)
+        self.out_proj = nn.Linear(cfg.d_model, tgt_vocab, bias=False)
+        for emb in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, std=self.d_model**-0.5)
+            emb.weight.data[pad_id].zero_()
+        if cfg.tie_embeddings:
+            self.out_proj.weight = self.tgt_embed.weight
+
+    def _embed(self, emb: nn.Embedding, ids: Tensor) -> Tensor:
+        return self.dropout(self.pos(emb(ids) * math.sqrt(self.d_model)))
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V); nn.Transformer's masks say True = "ignore"."""
+        pad = src == self.pad_id  # (B, S)
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), device=src.device)
+        y = self.core(self._embed(self.src_embed, src), self._embed(self.tgt_embed, tgt_in),
+                      tgt_mask=causal, src_key_padding_mask=pad, memory_key_padding_mask=pad,
+                      tgt_is_causal=True)  # (B, T, D)
+        return self.out_proj(y)
+
+
+def train_flops(cfg: TransformerConfig, vocab: int, src_len: Tensor, tgt_len: Tensor) -> float:
+    """Model FLOPs of one training step (forward + backward) over pairs of these lengths; see above."""
+    d, f, n = cfg.d_model, cfg.d_ff, cfg.n_layers
+    s, t = src_len.double(), tgt_len.double()
+    enc = 2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d
+    dec = 2 * t * (6 * d * d + 2 * d * f) + 2 * s * 2 * d * d + 4 * t * t * d + 4 * t * s * d
+    return float(3 * (n * (enc + dec) + 2 * t * d * vocab).sum())
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn, device: torch.device):
+    """`fn` wrapped to return its wall-clock seconds, the device synchronised before and after."""
+    def run() -> float:
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        return time.perf_counter() - t0
+    return run
+
+
+def matmul(device: torch.device, dtype: torch.dtype, n: int = 2048, iters: int = 4):
+    """A timed (n x n) @ (n x n) matmul, run `iters` times, and its FLOPs: the practical ceiling of
+    this machine for dense layers, measured beside the models."""
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    return _timed(lambda: [a @ b for _ in range(iters)], device), 2 * n**3 * iters
+
+
+def precisions_for(device: torch.device) -> list[str]:
+    if device.type == "cpu":
+        bf16 = cpu_has_bf16()
+    else:
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return ["fp32", "bf16"] if bf16 else ["fp32"]
+
+
+def machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    except OSError:
+        pass
+    return f"{device.type}, {os.cpu_count()} cores"
+
+
+def build(kind: str, cfg: ExperimentConfig, tok, device: torch.device) -> nn.Module:
+    """A fresh model of one benchmark kind, seeded so every kind starts from the same weights RNG."""
+    torch.manual_seed(cfg.train.seed)
+    sizes = dict(src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size, pad_id=tok.pad_id,
+                 shared_vocab=tok.joint)
+    if kind == "torch":
+        return TorchTransformer(cfg.model, **sizes).to(device)
+    model = build_model(cfg.model, **sizes).to(device)
+    model.set_attention_impl("reference" if kind == "ours_refattn" else "sdpa")
+    return model
+
+
+class Trainer:
+    """One benchmark variant: a model, its AdamW and a precision, trained by train.py's own step."""
+
+    def __init__(self, name: str, model: nn.Module, precision: str, cfg: ExperimentConfig,
+                 device: torch.device, pad_id: int, compiled: bool = False) -> None:
+        self.name, self.precision, self.cfg, self.device, self.pad_id = name, precision, cfg, device, pad_id
+        self.params = count_params(model)
+        self.model = torch.compile(model) if compiled else model
+        self.model.train()
+        tc = cfg.train
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr_at(1, tc), betas=tc.betas,
+                                     weight_decay=tc.weight_decay)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        self.peak_mem = 0
+
+    def run(self, batches: list) -> float:
+        """Train on `batches` (one optimizer step each); returns the seconds taken."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        _sync(self.device)
+        t0 = time.perf_counter()
+        tc = self.cfg.train
+        for batch in batches:
+            loss = forward_backward(self.model, [batch], batch.n_tokens, self.scaler, tc, self.device,
+                                    self.precision, self.pad_id)
+            optimizer_step(self.model, self.opt, self.scaler, loss, tc.lr, tc.clip_norm)
+        _sync(self.device)
+        if self.device.type == "cuda":
+            self.peak_mem = max(self.peak_mem, torch.cuda.max_memory_allocated(self.device))
+        return time.perf_counter() - t0
+
+
+def alternate(fns: dict, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each `fn()` per round: a warm-up round, then `repeats` rounds, the order of the
+    functions rotating from round to round so none always runs first or after the same neighbour."""
+    names, times = list(fns), {name: [] for name in fns}
+    for r in range(repeats + 1):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            times[name].append(fns[name]())
+        log.info("bench: round %d of %d done (load %.1f)", r, repeats, os.getloadavg()[0])
+    return times
+
+
+def translate_fns(checkpoint: Path, texts: list[str], device: torch.device, precisions: list[str]) -> dict:
+    """Timed greedy and beam-5 translation of `texts` with a checkpoint, per precision."""
+    model, ckcfg, tok = load_model(checkpoint, device)
+    fns = {}
+    for beam in (1, 5):
+        dcfg = replace(ckcfg.decode, beam_size=beam, nbest=1)
+        for p in precisions:
+            def run(dcfg=dcfg, p=p):
+                with autocast(device, p):
+                    translate(model, tok, texts, dcfg, device)
+            fns[f"translate/{'greedy' if beam == 1 else 'beam5'}/{p}"] = _timed(run, device)
+    return fns
+
+
+def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats: int = 5, steps: int = 2,
+              compile: bool = False, sentences: int = 100) -> dict:
+    """Measure everything in one run (see the module docstring); returns JSON-ready figures."""
+    if cfg.model.kind != "transformer":
+        raise ConfigError(f"model.kind={cfg.model.kind}: the benchmark compares Transformers")
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    device = pick_device(cfg.train.device)
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = load_corpus(cfg, Path(tmp), cfg.model.max_positions)
+    tok, split, tc = corpus.tok, cfg.data.splits.train, cfg.train
+    lens = [[len(x) for x in side] for side in corpus.ids[split]]
+    index = token_batches(*lens, tc.batch_tokens, tc.seed, 0)
+    batches = [b.to(device) for b in batch_iter(corpus, split, index[:steps])]
+    tokens = sum(b.n_tokens for b in batches)
+    flops = sum(train_flops(cfg.model, tok.tgt_vocab_size, (b.src != tok.pad_id).sum(1),
+                            (b.tgt_in != tok.pad_id).sum(1)) for b in batches)
+    texts = corpus.text[cfg.data.splits.test][0][:sentences]
+    precisions = precisions_for(device)
+
+    # data loading: bucketing a whole epoch (amortised over its batches), then collating and moving
+    fns = {"data/plan": _timed(lambda: token_batches(*lens, tc.batch_tokens, tc.seed, 1), device),
+           "data/collate": _timed(lambda: [b.to(device) for b in batch_iter(corpus, split, index[:steps])],
+                                  device)}
+    trainers, peak_flops = {}, {}
+    for p in precisions:
+        fns[f"matmul/{p}"], peak_flops[p] = matmul(device, DTYPES[p])
+        for kind in [*MODELS, "ours_compiled"] if compile else MODELS:
+            model = build("ours" if kind == "ours_compiled" else kind, cfg, tok, device)
+            tr = trainers[f"{kind}/{p}"] = Trainer(kind, model, p, cfg, device, tok.pad_id,
+                                                   compiled=kind == "ours_compiled")
+            fns[f"{kind}/{p}"] = functools.partial(tr.run, batches)
+    if checkpoint is not None:
+        fns.update(translate_fns(checkpoint, texts, device, precisions))
+    times = alternate(fns, repeats)
+    med = {name: statistics.median(t[1:]) for name, t in times.items()}
+
+    peak = {p: peak_flops[p] / med[f"matmul/{p}"] / 1e9 for p in precisions}
+    train = []
+    for name, tr in trainers.items():
+        row = {"model": tr.name, "precision": tr.precision, "params": tr.params,
+               "tokens_per_s": tokens / med[name], "step_s": med[name] / steps,
+               "gflops": flops / med[name] / 1e9, "mfu": flops / med[name] / 1e9 / peak[tr.precision]}
+        if tr.name == "ours_compiled":
+            row["compile_s"] = times[name][0] - med[name]  # the warm-up round's extra time
+        if device.type == "cuda":
+            row["peak_mem_mb"] = tr.peak_mem / 2**20
+        train.append(row)
+    by = {(r["model"], r["precision"]): r for r in train}
+    ours = {p: by["ours", p]["tokens_per_s"] for p in precisions}
+    ref = {p: by["torch", p]["tokens_per_s"] for p in precisions}
+    main = pick_precision(tc.precision, device)
+    data_s = med["data/plan"] / len(index) + med["data/collate"] / steps
+    return {
+        "config": cfg.name, "device": str(device), "machine": machine(device),
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "precision": main,
+        "repeats": repeats, "steps": steps, "batch_tokens": tc.batch_tokens, "tokens_per_round": tokens,
+        "flops_per_token": flops / tokens,
+        "ours_tokens_per_s": ours, "reference_tokens_per_s": ref,
+        "ratio": {p: ours[p] / ref[p] for p in precisions},
+        "bf16_speedup": ours["bf16"] / ours["fp32"] if "bf16" in ours else None,
+        "mfu": {m: {p: by[m, p]["mfu"] for p in precisions} for m in dict.fromkeys(m for m, _ in by)},
+        "matmul_peak_gflops": peak,
+        "data_s_per_batch": data_s, "data_share": data_s / by["ours", main]["step_s"],
+        "train": train,
+        "translate": [{"search": n.split("/")[1], "precision": n.split("/")[2], "sentences": len(texts),
+                       "sentences_per_s": len(texts) / med[n]} for n in fns if n.startswith("translate/")],
+        "load_before": load_before, "load_after": os.getloadavg(),
+    }
+
+
+def format_report(r: dict) -> str:
+    """The figures as a plain-text table (the README's Performance section uses the same layout)."""
+    lines = [f"{r['machine']}; device {r['device']}, {r['threads']} threads, torch {r['torch']}; "
+             f"median of {r['repeats']} rounds of {r['steps']} steps ({r['tokens_per_round']} target tokens)",
+             f"{'model':<14}{'precision':<10}{'tokens/s':>10}{'step s':>8}{'GFLOP/s':>9}{'MFU':>7}"]
+    for row in r["train"]:
+        lines.append(f"{row['model']:<14}{row['precision']:<10}{row['tokens_per_s']:>10.0f}"
+                     f"{row['step_s']:>8.3f}{row['gflops']:>9.1f}{row['mfu']:>7.1%}"
+                     + (f"  compile {row['compile_s']:.0f} s" if "compile_s" in row else ""))
+    for p, gflops in r["matmul_peak_gflops"].items():
+        lines.append(f"matmul peak {p}: {gflops:.0f} GFLOP/s; "
+                     f"ours / torch.nn.Transformer: {r['ratio'][p]:.2f}x")
+    if r["bf16_speedup"]:
+        lines.append(f"ours bf16 / fp32: {r['bf16_speedup']:.2f}x")
+    lines.append(f"data loading: {r['data_s_per_batch'] * 1e3:.1f} ms per batch, "
+                 f"{r['data_share']:.1%} of a {r['precision']} step")
+    for t in r["translate"]:
+        lines.append(f"translate {t['search']:<7}{t['precision']:<6}{t['sentences_per_s']:>8.1f} sentences/s")
+    lines.append("load average before / after: " + " / ".join(
+        ", ".join(f"{x:.2f}" for x in r[k]) for k in ("load_before", "load_after")))
+    return "\n".join(lines)

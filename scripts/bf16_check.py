@@ -1,0 +1,97 @@
+"""Does bf16 autocast train as well as fp32? Train one config both ways from the same seed.
+
+Both runs see the same batches in the same order and the same dropout masks (same seed, same
+shapes), take train.py's own steps, and evaluate the validation loss every --eval-every steps,
+each in its own precision, as `attn-mt train` would. Prints both curves, the largest relative
+difference, and the training seconds of each run.
+
+    flock /tmp/attn-mt-heavy.lock python scripts/bf16_check.py --config configs/multi30k.yaml \\
+        --set data.dir=/work/shared/data/multi30k --steps 300 --eval-every 25 --json runs/bf16_check.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from attn_mt.config import load_config
+from attn_mt.data import token_batches
+from attn_mt.models import build_model
+from attn_mt.train import (
+    batch_iter,
+    evaluate_loss,
+    forward_backward,
+    load_corpus,
+    lr_at,
+    optimizer_step,
+    pick_device,
+)
+
+
+def curve(cfg, corpus, device: torch.device, precision: str, steps: int, every: int) -> dict:
+    """Validation loss every `every` steps of training in `precision`, and the training seconds."""
+    tc, tok, split = cfg.train, corpus.tok, cfg.data.splits.train
+    torch.manual_seed(tc.seed)
+    model = build_model(cfg.model, src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size,
+                        pad_id=tok.pad_id, shared_vocab=tok.joint).to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr_at(1, tc), betas=tc.betas, weight_decay=tc.weight_decay)
+    scaler = torch.amp.GradScaler(device.type, enabled=False)
+    src_lens, tgt_lens = ([len(x) for x in side] for side in corpus.ids[split])
+    points, seconds, step, epoch = [], 0.0, 0, 0
+    while step < steps:
+        for batch in token_batches(src_lens, tgt_lens, tc.batch_tokens, tc.seed, epoch):
+            t0 = time.perf_counter()
+            n_tokens = sum(tgt_lens[i] + 1 for i in batch)
+            loss = forward_backward(model, batch_iter(corpus, split, [batch]), n_tokens, scaler, tc, device,
+                                    precision, tok.pad_id)
+            optimizer_step(model, opt, scaler, loss, lr_at(step + 1, tc), tc.clip_norm)
+            seconds += time.perf_counter() - t0
+            step += 1
+            if step % every == 0 or step == steps:
+                loss = evaluate_loss(model, corpus, cfg.data.splits.valid, cfg, device, precision)
+                points.append((step, loss))
+                model.train()
+                print(f"{precision} step {step}: valid loss {points[-1][1]:.4f}", flush=True)
+            if step == steps:
+                break
+        epoch += 1
+    return {"valid_loss": points, "train_seconds": seconds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", type=Path, required=True)
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    cfg = load_config(args.config, args.overrides)
+    device = pick_device(cfg.train.device)
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = load_corpus(cfg, Path(tmp), cfg.model.max_positions)
+    runs = {p: curve(cfg, corpus, device, p, args.steps, args.eval_every) for p in ("fp32", "bf16")}
+    rel = [abs(b - a) / a for (_, a), (_, b) in zip(runs["fp32"]["valid_loss"], runs["bf16"]["valid_loss"],
+                                                    strict=True)]
+    print(f"{'step':>6}{'fp32':>9}{'bf16':>9}{'rel diff':>10}")
+    for (step, a), (_, b), r in zip(runs["fp32"]["valid_loss"], runs["bf16"]["valid_loss"], rel, strict=True):
+        print(f"{step:>6}{a:>9.4f}{b:>9.4f}{r:>10.2%}")
+    result = {"config": cfg.name, "device": str(device), "threads": torch.get_num_threads(),
+              "torch": torch.__version__, "steps": args.steps, **runs, "max_rel_diff": max(rel),
+              "final_rel_diff": rel[-1], "load_before": load_before, "load_after": os.getloadavg()}
+    print(f"max relative difference {max(rel):.2%} (final {rel[-1]:.2%}); training seconds fp32 "
+          f"{runs['fp32']['train_seconds']:.0f}, bf16 {runs['bf16']['train_seconds']:.0f}; "
+          f"load {load_before[0]:.2f} -> {result['load_after'][0]:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
