@@ -473,7 +473,8 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
                         now = time.perf_counter()
                         st.train_loss = st.window_loss / st.window_tokens
                         tokens_per_s = st.window_tokens / max(now - window_t0, 1e-9)
-                        bar.set_postfix(loss=f"{st.train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
+                        bar.set_postfix(loss=f"{st.train_loss:.3f}", lr=f"{lr_at(st.step, tc):.2e}",
+                                        tok_s=f"{tokens_per_s:,.0f}")
                         st.window_loss, st.window_tokens, window_t0 = 0.0, 0, now
                     stop_reason = limit_reached(tc, st.step, elapsed)
                     if stop_reason or (tc.eval_every and st.step % tc.eval_every == 0):
