@@ -185,6 +185,8 @@ def _evaluate(c: Contestant, corpus: Corpus, device: torch.device, precision: st
     if value > c.best_bleu:
         c.best_bleu, c.best_state = value, copy.deepcopy(c.model.state_dict())
     c.eval_s += time.perf_counter() - t0
+    log.info("%s: %.0f s, step %d, epoch %.2f: valid BLEU %.2f", c.name, c.clock, c.step,
+             c.curve[-1]["epochs"], value)
 
 
 def race(contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig, device: torch.device,
@@ -286,6 +288,7 @@ def _compare(setup: CompareSetup, out_dir: Path) -> dict:
 
     todo = len(cmp.lengths) * cmp.repeats * 2 + 4 * cmp.decode_repeats
     bar = tqdm(total=todo, desc="measuring (alternated)", disable=None, dynamic_ncols=True)
+    log.info("timing forward + backward at lengths %s, alternated", list(cmp.lengths))
     load["length_scaling"] = timing.LoadMeter().start()
     report["length_scaling"] = timing.length_scaling(
         models, list(cmp.lengths), cmp.length_batch_tokens, min(tok.src_vocab_size, tok.tgt_vocab_size),
@@ -295,6 +298,7 @@ def _compare(setup: CompareSetup, out_dir: Path) -> dict:
         c.model.load_state_dict(c.best_state)
         c.model.eval()
     texts = corpus.text[base.data.splits.test][0][: cmp.decode_sentences]
+    log.info("timing greedy and beam-%d decoding of %d sentences, alternated", cmp.beam_size, len(texts))
     load["decoding"] = timing.LoadMeter().start()
     speed = timing.decode_speed(models, tok, texts, base.decode, cmp.beam_size, cmp.decode_repeats,
                                 device, amp, bar)

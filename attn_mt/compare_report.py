@@ -102,7 +102,7 @@ def plots(report: dict, out_dir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for k, v in report["models"].items():
         ax.plot([p["elapsed_s"] / 60 for p in v["curve"]], [p["valid_bleu"] for p in v["curve"]], "o-",
-                color=colors.get(k), label=f"{k} ({v['params'] / 1e6:.1f}M params)")
+                color=colors.get(k), label=f"{k} ({v['params'] / 1e6:.2f}M parameters)")
     ax.set(xlabel="training time on the model's own clock (min)", ylabel="validation BLEU (greedy)",
            title="Quality for the same training time")
     ax.grid(alpha=0.3)

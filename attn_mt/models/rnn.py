@@ -104,10 +104,13 @@ class RNNSeq2Seq(nn.Module):
         """
         c = cache[0] if cache is not None and cache[0] else self._start(memory, src_mask)
         state, keys = list(c["state"].unbind(1)), c["keys"]  # L x (B, Hd), (B, S, A)
+        # the values in the dtype attention computes in (bf16 under autocast): cast once here,
+        # not at every step, which would also keep T copies of the memory for backward
+        values = memory.to(keys.dtype)  # (B, S, 2Hd)
         emb = self.dropout(self.tgt_embed(tgt_in))  # (B, T, E)
         outs, weights = [], []
         for t in range(tgt_in.size(1)):  # the sequential part: step t needs s_{t-1}
-            ctx, w = self.attn(state[-1], keys, memory, src_mask)  # (B, 2Hd), (B, S)
+            ctx, w = self.attn(state[-1], keys, values, src_mask)  # (B, 2Hd), (B, S)
             x = torch.cat([emb[:, t], ctx], dim=-1)  # (B, E + 2Hd)
             for i, cell in enumerate(self.decoder):
                 state[i] = cell(x, state[i])  # (B, Hd)
