@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import TransformerConfig
-from .attention import MultiHeadAttention, padding_mask
+from .attention import Dropout, MultiHeadAttention, padding_mask
 
 
 class PositionalEncoding(nn.Module):
@@ -30,7 +30,7 @@ class PositionalEncoding(nn.Module):
 
 class FeedForward(nn.Sequential):
     def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
-        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), Dropout(dropout), nn.Linear(d_ff, d_model))
 
 
 class Sublayer(nn.Module):
@@ -39,7 +39,7 @@ class Sublayer(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, fn) -> Tensor:
@@ -92,7 +92,7 @@ class Transformer(nn.Module):
         share_src = shared_vocab and cfg.tie_embeddings
         self.src_embed = self.tgt_embed if share_src else nn.Embedding(src_vocab, cfg.d_model, padding_idx=pad_id)
         self.pos = PositionalEncoding(cfg.d_model, cfg.max_positions)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
         # pre-norm stacks end with a LayerNorm; post-norm layers already end normalised
