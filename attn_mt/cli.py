@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import json
 import os
 import logging
@@ -92,8 +93,9 @@ def _lines(texts: list[str] | None, input: Path | None):
         from .data import _read_lines
 
         yield from _read_lines(input)
-    else:
-        for line in sys.stdin:
+    else:  # bytes that are not UTF-8 become U+FFFD instead of ending the run
+        stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
+        for line in stdin:
             yield line.rstrip("\n")
 
 

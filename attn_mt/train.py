@@ -386,7 +386,8 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
         metrics_path.unlink(missing_ok=True)  # a fresh run starts a fresh log
     net = model
     if world.enabled:
-        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        ids = [device.index] if device.type == "cuda" else None
+        net = nn.parallel.DistributedDataParallel(model, device_ids=ids)
         log.info("%d processes (%s); train.batch_tokens=%d is the global batch, about %d tokens per rank",
                  world.size, "nccl" if device.type == "cuda" else "gloo", tc.batch_tokens,
                  tc.batch_tokens // world.size)
@@ -449,8 +450,9 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
             for group in groups[done:]:
                 n_tokens = sum(tgt_lens[i] + 1 for b in group for i in b)  # the global batch
                 shards = [distributed.shard(b, world) for b in group]
-                loss = forward_backward(net, batch_iter(corpus, train_split, [s for s, _ in shards]), n_tokens,
-                                        scaler, tc, device, precision, tok.pad_id, [w for _, w in shards], world)
+                mine = batch_iter(corpus, train_split, [s for s, _ in shards])
+                loss = forward_backward(net, mine, n_tokens, scaler, tc, device, precision, tok.pad_id,
+                                        [w for _, w in shards], world)
                 elapsed, interrupted = time.perf_counter() - start, interrupt.requested
                 if world.enabled:  # one small all-reduce: global loss, any rank's Ctrl-C, rank 0's clock
                     flags = torch.tensor([float(interrupted), elapsed if world.main else 0.0], device=device)
