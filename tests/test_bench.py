@@ -1,0 +1,103 @@
+"""The benchmark's figures, the nn.Transformer reference, the FLOPs formula, and the fast CPU dropout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import TINY
+from torch.utils.flop_counter import FlopCounterMode
+from typer.testing import CliRunner
+
+from attn_mt.bench import TorchTransformer, train_flops
+from attn_mt.cli import app
+from attn_mt.config import TransformerConfig
+from attn_mt.models import build_model, count_params
+from attn_mt.models.attention import Dropout
+
+
+def test_bench_cli_writes_every_figure(tmp_path, tiny_run):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("name: tiny\n")
+    out = tmp_path / "bench.json"
+    args = ["bench", "--config", str(cfg), "--repeats", "1", "--steps", "1", "--sentences", "8",
+            "--json", str(out), "--checkpoint", str(tiny_run / "checkpoint_best.pt")]
+    for item in [*TINY, "train.precision=auto"]:
+        args += ["--set", item]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    r = json.loads(out.read_text())
+    precisions = list(r["matmul_peak_gflops"])
+    assert precisions[0] == "fp32" and r["device"] == "cpu" and r["threads"] >= 1 and r["torch"]
+    for p in precisions:
+        assert r["ours_tokens_per_s"][p] > 0 and r["reference_tokens_per_s"][p] > 0
+        assert r["ratio"][p] == pytest.approx(r["ours_tokens_per_s"][p] / r["reference_tokens_per_s"][p])
+        assert r["matmul_peak_gflops"][p] > 0
+        assert all(0 < r["mfu"][m][p] < 1 for m in ("ours", "ours_refattn", "torch"))
+    assert {(row["model"], row["precision"]) for row in r["train"]} == {
+        (m, p) for m in ("ours", "ours_refattn", "torch") for p in precisions}
+    assert 0 < r["data_share"] and r["flops_per_token"] > 0
+    assert {(t["search"], t["precision"]) for t in r["translate"]} == {
+        (s, p) for s in ("greedy", "beam5") for p in precisions}
+    assert all(t["sentences_per_s"] > 0 for t in r["translate"])
+    assert "ours / torch.nn.Transformer" in result.output
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("shared", [True, False])
+def test_reference_has_our_parameter_count(norm_first, shared):
+    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, norm_first=norm_first)
+    sizes = dict(src_vocab=50, tgt_vocab=50 if shared else 40, pad_id=0, shared_vocab=shared)
+    ours, ref = count_params(build_model(cfg, **sizes)), count_params(TorchTransformer(cfg, **sizes))
+    # post-norm: nn.Transformer keeps a final LayerNorm on both stacks, ours does not (4 D parameters)
+    assert ref - ours == (0 if norm_first else 4 * cfg.d_model)
+    out = TorchTransformer(cfg, **sizes)(torch.randint(1, 40, (3, 7)), torch.randint(1, 40, (3, 5)))
+    assert out.shape == (3, 5, sizes["tgt_vocab"])
+
+
+def test_train_flops_by_hand():
+    # D=4, F=8, one layer, V=10, S=2, T=3; see the formula in attn_mt/bench.py
+    cfg = TransformerConfig(d_model=4, n_heads=1, n_layers=1, d_ff=8)
+    enc = 2 * 2 * (4 * 16 + 2 * 32) + 4 * 2 * 2 * 4  # 576
+    dec = 2 * 3 * (6 * 16 + 2 * 32) + 2 * 2 * 2 * 16 + 4 * 3 * 3 * 4 + 4 * 3 * 2 * 4  # 1328
+    out = 2 * 3 * 4 * 10  # 240
+    assert train_flops(cfg, 10, torch.tensor([2]), torch.tensor([3])) == 3 * (enc + dec + out)
+
+
+def test_train_flops_match_torch_flop_counter():
+    """The formula equals what torch counts for a forward pass of one unpadded sentence pair
+    (on the reference attention path: FlopCounterMode does not count the CPU flash SDPA kernel)."""
+    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=48, dropout=0.0, attention="reference")
+    model = build_model(cfg, src_vocab=50, tgt_vocab=50, pad_id=0, shared_vocab=True).eval()
+    src, tgt = torch.randint(1, 50, (1, 9)), torch.randint(1, 50, (1, 6))
+    with FlopCounterMode(display=False) as counter:
+        model(src, tgt)
+    assert 3 * counter.get_total_flops() == train_flops(cfg, 50, torch.tensor([9]), torch.tensor([6]))
+
+
+# The fast dropout lives in attn_mt/models/attention.py; tested here beside the benchmark it serves.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_dropout_keeps_expectation(dtype):
+    torch.manual_seed(0)
+    x = torch.ones(1000, 1000, dtype=dtype, requires_grad=True)
+    y = Dropout(0.1).train()(x)
+    assert y.dtype == dtype and y.shape == x.shape
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 0.1) < 0.002
+    assert abs(y.float().mean().item() - 1) < 0.01
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, y.detach())  # gradient = mask x scale = y for x = 1
+    assert torch.equal(Dropout(0.1).eval()(x), x)
+
+
+def test_fast_dropout_is_seeded_and_lanes_are_uniform():
+    x = torch.ones(4, 1001)  # numel not a multiple of 4
+    drop = Dropout(0.5).train()
+    torch.manual_seed(3)
+    a = drop(x)
+    torch.manual_seed(3)
+    assert torch.equal(a, drop(x))
+    torch.manual_seed(0)
+    keep = (drop(torch.ones(100_000, 4)) != 0).float().mean(0)  # each of the 4 lanes of a 64-bit word
+    assert torch.all((keep - 0.5).abs() < 0.01), keep
