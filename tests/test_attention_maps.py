@@ -12,15 +12,6 @@ from attn_mt.cli import app
 from attn_mt.config import DecodeConfig
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run far faster on one thread when the 2 cores are shared (2.7 s vs 36 s here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def run(tiny_run):
     return load_model(tiny_run / "checkpoint_best.pt")

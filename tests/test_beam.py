@@ -25,15 +25,6 @@ def sources(n: int, seed: int, vocab: int = V) -> list[list[int]]:
     return [torch.randint(4, vocab, (k,), generator=g).tolist() + [EOS] for k in lens]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run far faster on one thread when the 2 cores are shared (2.7 s vs 36 s here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @functools.cache  # one training per session, shared with test_decode.py
 def train_reverser(vocab: int = V, steps: int = 100) -> torch.nn.Module:
     """A small Transformer half-trained to reverse its input: confident enough to end with eos,

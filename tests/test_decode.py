@@ -19,15 +19,6 @@ TEXTS = ["the dog sees the cat.", "", "a woman likes the old horses because the 
          "   ", "the child finds a book.", "some birds.", "today the small man hears a red house."]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run far faster on one thread when the 2 cores are shared (2.7 s vs 36 s here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def reverser():
     return train_reverser()

@@ -27,15 +27,6 @@ from attn_mt.toy import make_toy_corpus
 ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are many small ops; on a busy 2-core machine a second thread only waits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def cli(*args: str, input: str | None = None):
     """Run the CLI in this process (no 2-second start); returns click's Result."""
     handlers = logging.getLogger().handlers[:]

@@ -31,15 +31,6 @@ TIMING = ("tokens_per_s", "elapsed_s", "train_seconds", "threads")
 RESUMABLE = ("model.dropout=0.1", "train.checkpoint_every=4")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are many small ops; on a busy 2-core machine a second thread only waits."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class Killed(BaseException):
     """Stands in for SIGKILL: nothing in `train` catches it, nothing is saved on the way out."""
 

@@ -19,16 +19,6 @@ from attn_mt.tokenizer import Tokenizer
 PAD, BOS, EOS, V = 0, 2, 3, 40
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """A tiny RNN is hundreds of small ops per batch; with two threads on a busy machine each
-    op waits for the other thread, which makes these tests several times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make(**kw) -> RNNSeq2Seq:
     cfg = RNNConfig(**{"d_embed": 16, "d_hidden": 16, "d_attn": 8, "dropout": 0.0, **kw})
     torch.manual_seed(0)
