@@ -255,22 +255,34 @@ def _compare(setup: CompareSetup, out_dir: Path) -> dict:
     log.info("comparing %s on %s (%s, %d threads, %s)", sizes, machine["device_name"], device,
              machine["threads"], precision)
     amp = lambda: autocast(device, precision)  # noqa: E731
-    load = {"training": timing.LoadMeter().start()}
-    race(contestants, corpus, cmp, device, precision)
-    load["training"] = load["training"].stop()
-
     models = {c.name: c.model for c in contestants}
-    report: dict = {"machine": machine, "budget_minutes": cmp.budget_minutes, "compare": asdict(cmp),
-                    "data": asdict(base.data), "tokenizer": {**asdict(base.tokenizer),
-                    "src_vocab": tok.src_vocab_size, "tgt_vocab": tok.tgt_vocab_size},
-                    "batch_tokens": base.train.batch_tokens, "models": {}}
+    # cost against length first, on the fresh models: the timings do not depend on the weights,
+    # and a process that has trained for half an hour gave noisier ones (a fragmented heap)
+    log.info("timing forward + backward at lengths %s, alternated", list(cmp.lengths))
+    bar = tqdm(total=len(cmp.lengths) * cmp.repeats * 2, desc="length scaling (alternated)",
+               disable=None, dynamic_ncols=True)
+    load = {"length_scaling": timing.LoadMeter().start()}
+    vocab = min(tok.src_vocab_size, tok.tgt_vocab_size)
+    scaling = timing.length_scaling(models, list(cmp.lengths), cmp.length_batch_tokens, vocab, cmp.repeats,
+                                    device, amp, bar)
+    load["length_scaling"] = load["length_scaling"].stop()
+    bar.close()
     src_ids, tgt_ids = corpus.ids[base.data.splits.train]
     biggest = max(_epoch_batches(corpus, base, 0), key=lambda b: len(b) * max(
         max(len(src_ids[i]), len(tgt_ids[i])) for i in b))
     big = next(batch_iter(corpus, base.data.splits.train, [biggest])).to(device)
+    activations = {k: timing.saved_activation_bytes(m, big.src, big.tgt_in, amp) for k, m in models.items()}
+
+    load["training"] = timing.LoadMeter().start()
+    race(contestants, corpus, cmp, device, precision)
+    load["training"] = load["training"].stop()
+    report: dict = {"machine": machine, "budget_minutes": cmp.budget_minutes, "compare": asdict(cmp),
+                    "data": asdict(base.data), "tokenizer": {**asdict(base.tokenizer),
+                    "src_vocab": tok.src_vocab_size, "tgt_vocab": tok.tgt_vocab_size},
+                    "batch_tokens": base.train.batch_tokens, "models": {}, "length_scaling": scaling}
     epoch_tokens = sum(len(t) + 1 for t in tgt_ids)
     for c in contestants:
-        act = timing.saved_activation_bytes(c.model, big.src, big.tgt_in, amp)
+        act = activations[c.name]
         tokens_per_s = c.tokens / max(c.clock, 1e-9)
         report["models"][c.name] = {
             "kind": c.name, "params": params[c.name], "model_config": asdict(c.cfg.model),
@@ -286,19 +298,12 @@ def _compare(setup: CompareSetup, out_dir: Path) -> dict:
                                "tensors saved for backward on the largest training batch "
                                f"({len(biggest)} sentences x {big.src.size(1)} source tokens)")
 
-    todo = len(cmp.lengths) * cmp.repeats * 2 + 4 * cmp.decode_repeats
-    bar = tqdm(total=todo, desc="measuring (alternated)", disable=None, dynamic_ncols=True)
-    log.info("timing forward + backward at lengths %s, alternated", list(cmp.lengths))
-    load["length_scaling"] = timing.LoadMeter().start()
-    report["length_scaling"] = timing.length_scaling(
-        models, list(cmp.lengths), cmp.length_batch_tokens, min(tok.src_vocab_size, tok.tgt_vocab_size),
-        cmp.repeats, device, amp, bar)
-    load["length_scaling"] = load["length_scaling"].stop()
     for c in contestants:  # the rest uses each model's best checkpoint
         c.model.load_state_dict(c.best_state)
         c.model.eval()
     texts = corpus.text[base.data.splits.test][0][: cmp.decode_sentences]
     log.info("timing greedy and beam-%d decoding of %d sentences, alternated", cmp.beam_size, len(texts))
+    bar = tqdm(total=4 * cmp.decode_repeats, desc="decoding (alternated)", disable=None, dynamic_ncols=True)
     load["decoding"] = timing.LoadMeter().start()
     speed = timing.decode_speed(models, tok, texts, base.decode, cmp.beam_size, cmp.decode_repeats,
                                 device, amp, bar)

@@ -63,8 +63,9 @@ def markdown(report: dict) -> str:
         f"each model's own training steps only. Test BLEU uses the best validation checkpoint. "
         f"({report['sacrebleu_signature']})\n\n{t['b']}\n\n![BLEU against training time](bleu_vs_time.png)",
         f"## c. Cost against sentence length\n\nForward + backward time per batch of "
-        f"{report['compare']['length_batch_tokens']} tokens, median of {report['compare']['repeats']} "
-        f"alternated rounds.\n\n{t['c']}\n\n![time per batch against length](time_vs_length.png)",
+        f"{report['compare']['length_batch_tokens']} tokens of random ids, median of "
+        f"{report['compare']['repeats']} alternated rounds, on the models before training.\n\n{t['c']}"
+        "\n\n![time per batch against length](time_vs_length.png)",
         f"## d. Decoding\n\n{dec['sentences']} test sentences, batches of {dec['batch_size']}, median of "
         f"{report['compare']['decode_repeats']} alternated rounds. Both decoders need one sequential step "
         f"per output token; the RNN encoder also steps through the source.\n\n{t['d']}",
