@@ -108,3 +108,37 @@ def load_model(path: Path | str, device: torch.device | str = "cpu",
         if str(e).startswith(str(path)):
             raise
         raise CheckpointError(f"{path}: {e}") from None
+
+
+def average(paths: list[Path | str]) -> dict:
+    """One checkpoint whose weights are the element-wise mean of several checkpoints of one run.
+
+    Averaging the last few checkpoints of a run smooths the noise of the final updates and
+    usually gains BLEU at no training cost. All files must hold the same model (same parameter
+    names and shapes) and the same tokenizer; config, tokenizer and step come from the last.
+    The result holds weights only (no optimizer): it translates and evaluates, it does not resume.
+    """
+    if not paths:
+        raise CheckpointError("nothing to average: give at least one checkpoint")
+    states = [(Path(p), load(p)) for p in paths]
+    first_path, first = states[0]
+    total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
+    for path, state in states[1:]:
+        weights = state["model"]
+        if weights.keys() != total.keys():
+            raise CheckpointError(f"{path}: has other parameters than {first_path}; "
+                                  "only checkpoints of one model can be averaged")
+        if state.get("tokenizer") != first.get("tokenizer"):
+            raise CheckpointError(f"{path}: has another tokenizer than {first_path}")
+        for key, value in weights.items():
+            if value.shape != total[key].shape:
+                raise CheckpointError(f"{path}: {key} has shape {tuple(value.shape)}, "
+                                      f"{first_path} has {tuple(total[key].shape)}")
+            if value.is_floating_point():
+                total[key] += value.double()
+    last = states[-1][1]
+    model = {k: (v / len(states)).to(last["model"][k].dtype) if v.is_floating_point() else last["model"][k]
+             for k, v in total.items()}
+    return {"model": model, "config": last["config"], "tokenizer": last["tokenizer"],
+            "step": last.get("step", 0), "epoch": last.get("epoch", 0),
+            "averaged": [str(p) for p, _ in states]}

@@ -185,6 +185,18 @@ def evaluate(checkpoint: CkptOpt,
 
 @app.command()
 @_user_errors
+def average(checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints of one run, e.g. "
+                                                               "RUN/checkpoint_step*.pt.")],
+            out: Annotated[Path, typer.Option(help="Where to write the averaged checkpoint.")]) -> None:
+    """Average the weights of several checkpoints of one model into one checkpoint for translate/evaluate."""
+    from . import checkpoint
+
+    checkpoint.save(checkpoint.average(checkpoints), out)
+    typer.echo(f"averaged {len(checkpoints)} checkpoints into {out}")
+
+
+@app.command()
+@_user_errors
 def download(dataset: Annotated[str, typer.Argument(help="Dataset name: multi30k.")] = "multi30k",
              out: Annotated[Path, typer.Option(help="Directory for {split}.{lang} files.")] = Path("data/multi30k")) -> None:
     """Fetch a corpus (Hugging Face hub, else its original URL) into line-aligned text files."""

@@ -139,6 +139,8 @@ class TrainConfig:
     bleu_sentences: int = 500  # validation sentences decoded for BLEU at each evaluation
     patience: int = 0  # stop after this many evaluations without a better BLEU; 0: off
     checkpoint_every: int = 0  # also save checkpoint_last.pt every N steps; 0: only at evals
+    keep_last: int = 0  # keep the weights of the last N evaluations (checkpoint_step*.pt); N >= 2 also
+    #                     averages them at the end and tests the average if it wins on valid
     max_bad_steps: int = 5  # non-finite losses are skipped; this many in a row stop the run
     log_every: int = 20  # steps between progress-bar updates (each one syncs the device)
     threads: int = 0  # torch intra-op threads on CPU; 0: torch's default
@@ -149,7 +151,7 @@ class TrainConfig:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)}: must be > 0")
         nonneg = ("warmup_steps", "weight_decay", "clip_norm", "max_steps", "max_minutes",
-                  "eval_every", "patience", "checkpoint_every", "threads")
+                  "eval_every", "patience", "checkpoint_every", "keep_last", "threads")
         for key in nonneg:
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)}: must be >= 0")

@@ -317,6 +317,34 @@ def validate(model: nn.Module, corpus: Corpus, cfg: ExperimentConfig, device: to
     return valid_loss, bleu(hyps, ref)
 
 
+def snapshots(run_dir: Path) -> list[Path]:
+    """The kept evaluation checkpoints, oldest first."""
+    return sorted(run_dir.glob("checkpoint_step*.pt"))
+
+
+def keep_weights(state: dict, run_dir: Path, n: int) -> None:
+    """Save this evaluation's weights as checkpoint_step{step}.pt; delete all but the last n."""
+    keys = ("model", "config", "tokenizer", "step", "epoch")
+    checkpoint.save({k: state[k] for k in keys}, run_dir / f"checkpoint_step{state['step']:07d}.pt")
+    for old in snapshots(run_dir)[:-n]:
+        old.unlink(missing_ok=True)
+
+
+def average_last(model: nn.Module, corpus: Corpus, cfg: ExperimentConfig, run_dir: Path,
+                 device: torch.device, precision: str, best_bleu: float) -> tuple[Path, float]:
+    """Average the kept checkpoints into checkpoint_avg.pt; (the better on valid BLEU, its BLEU)."""
+    paths = snapshots(run_dir)
+    averaged = checkpoint.average(paths)
+    avg_path = run_dir / "checkpoint_avg.pt"
+    checkpoint.save(averaged, avg_path)
+    model.load_state_dict(averaged["model"])
+    _, avg_bleu = validate(model, corpus, cfg, device, precision)
+    better = avg_bleu > best_bleu
+    log.info("average of the last %d checkpoints: valid BLEU %.2f (best single %.2f); testing %s", len(paths),
+             avg_bleu, best_bleu, "the average" if better else "the best single checkpoint")
+    return (avg_path if better else run_dir / "checkpoint_best.pt"), avg_bleu
+
+
 def limit_reached(cfg: TrainConfig, step: int, seconds: float) -> str | None:
     if cfg.max_steps and step >= cfg.max_steps:
         return f"reached train.max_steps={cfg.max_steps}"
@@ -434,6 +462,8 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
         else:
             st.bad_evals += 1
         checkpoint.save(state(rngs), last_path)
+        if tc.keep_last:
+            keep_weights(state(rngs), run_dir, tc.keep_last)
         if tc.patience and st.bad_evals >= tc.patience:
             return f"no BLEU improvement in {tc.patience} evaluations"
         return stop_reason
@@ -500,10 +530,17 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
         distributed.close(world)
         return best_path
 
-    results = score_best(model, corpus, cfg, best_path, run_dir, device, precision)
+    test_path = best_path
+    if tc.keep_last >= 2 and len(snapshots(run_dir)) >= 2:
+        test_path, avg_bleu = average_last(model, corpus, cfg, run_dir, device, precision, st.best_bleu)
+        results_extra = {"averaged_valid_bleu": avg_bleu, "averaged_checkpoints": len(snapshots(run_dir))}
+    else:
+        results_extra = {}
+    results = score_best(model, corpus, cfg, test_path, run_dir, device, precision)
+    results.update(results_extra, tested=test_path.name)
     results.update(best_valid_bleu=st.best_bleu, train_seconds=round(train_seconds, 1), steps=st.step,
                    skipped_steps=st.skipped_steps, params=n_params, device=str(device), precision=precision,
                    threads=torch.get_num_threads(), torch=torch.__version__)
     (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     distributed.close(world)
-    return best_path
+    return test_path

@@ -74,3 +74,13 @@ def test_env_expansion(tmp_path, monkeypatch):
     assert load_config(path).data.dir == "data/m30k"
     monkeypatch.setenv("M30K_TEST", "/somewhere")
     assert load_config(path).data.dir == "/somewhere"
+
+
+@pytest.mark.parametrize("name", ["toy.yaml", "multi30k.yaml", "multi30k_en_de.yaml", "multi30k_rnn.yaml"])
+def test_shipped_configs_load(name):
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / name, [])
+    assert cfg.data.src_lang != cfg.data.tgt_lang
+    if name.startswith("multi30k"):
+        assert cfg.decode.beam_size > 1 and cfg.data.dir.endswith("multi30k")

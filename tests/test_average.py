@@ -1,0 +1,62 @@
+"""Checkpoint averaging: `checkpoint.average`, train.keep_last, and `attn-mt average`."""
+
+import json
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from attn_mt import checkpoint
+from attn_mt.checkpoint import CheckpointError, average, load_model, save
+from attn_mt.train import train
+
+
+def test_average_is_the_elementwise_mean(tmp_path, tiny_run):
+    state = checkpoint.load(tiny_run / "checkpoint_best.pt")
+    shifted = {k: v + 2.0 if v.is_floating_point() else v for k, v in state["model"].items()}
+    save({**state, "model": shifted}, tmp_path / "b.pt")
+    avg = average([tiny_run / "checkpoint_best.pt", tmp_path / "b.pt"])
+    for key, value in state["model"].items():
+        expected = value + 1.0 if value.is_floating_point() else value
+        torch.testing.assert_close(avg["model"][key], expected)
+        assert avg["model"][key].dtype == value.dtype
+    assert "optimizer" not in avg and avg["tokenizer"] == state["tokenizer"]
+
+
+def test_average_refuses_checkpoints_of_different_models(tmp_path, tiny_run, tiny_cfg):
+    state = checkpoint.load(tiny_run / "checkpoint_best.pt")
+    key = next(k for k, v in state["model"].items() if v.dim() == 2)
+    other = {**state["model"], key: torch.zeros(3, 3)}
+    save({**state, "model": other}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match=r"other\.pt: .* has shape \(3, 3\)"):
+        average([tiny_run / "checkpoint_best.pt", tmp_path / "other.pt"])
+    with pytest.raises(CheckpointError, match="nothing to average"):
+        average([])
+
+
+def test_keep_last_keeps_n_and_tests_the_better_of_average_and_best(tmp_path, tiny_cfg):
+    run_dir = tmp_path / "run"
+    train(tiny_cfg("train.max_epochs=4", "train.keep_last=3"), run_dir)
+    kept = sorted(p.name for p in run_dir.glob("checkpoint_step*.pt"))
+    assert len(kept) == 3  # of 4 evaluations
+    steps = [checkpoint.load(run_dir / name)["step"] for name in kept]
+    assert steps == sorted(steps) and steps[-1] == checkpoint.load(run_dir / "checkpoint_last.pt")["step"]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["averaged_checkpoints"] == 3
+    avg_won = results["averaged_valid_bleu"] > results["best_valid_bleu"]
+    assert results["tested"] == ("checkpoint_avg.pt" if avg_won else "checkpoint_best.pt")
+    model, _, _ = load_model(run_dir / "checkpoint_avg.pt")  # the average translates like any checkpoint
+    assert sum(p.numel() for p in model.parameters()) == results["params"]
+
+
+def test_average_command(tmp_path, tiny_run):
+    exe = shutil.which("attn-mt") or pytest.skip("attn-mt is not installed")
+    ckpt = tiny_run / "checkpoint_best.pt"
+    out = subprocess.run([exe, "average", str(ckpt), str(tiny_run / "checkpoint_last.pt"), "--out",
+                          str(tmp_path / "avg.pt")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "averaged 2 checkpoints" in out.stdout
+    bad = subprocess.run([exe, "average", str(ckpt), str(tmp_path / "missing.pt"), "--out",
+                          str(tmp_path / "x.pt")], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and bad.stderr.strip() == f"error: {tmp_path / 'missing.pt'}: checkpoint not found"
