@@ -260,6 +260,7 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
     train = []
     for name, tr in trainers.items():
         row = {"model": tr.name, "precision": tr.precision, "params": tr.params,
+               "round_s": times[name],  # every round's seconds, the warm-up first
                "tokens_per_s": tokens / med[name], "step_s": med[name] / steps,
                "gflops": flops / med[name] / 1e9, "mfu": flops / med[name] / 1e9 / peak[tr.precision]}
         if tr.name == "ours_compiled":
