@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 import io
 import json
-import os
 import logging
+import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -23,6 +23,9 @@ def main(debug: Annotated[bool, typer.Option(help="Show tracebacks on errors.")]
          quiet: Annotated[bool, typer.Option(help="Only warnings and errors on stderr.")] = False) -> None:
     global _debug
     _debug = debug
+    from .memory import reuse_freed_memory
+
+    reuse_freed_memory()  # ~20-30% faster CPU training steps (attn_mt/memory.py)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s",
                         stream=sys.stderr, force=True)
 
@@ -56,7 +59,7 @@ def _user_errors(fn):
 
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML experiment config.")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a key: section.key=value.")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a key: section.key=value.")]
 CkptOpt = Annotated[Path, typer.Option("--checkpoint", help="A checkpoint written by `attn-mt train`.")]
 DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, mps or auto.")]
 
@@ -64,7 +67,7 @@ DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, mps or auto.")]
 @app.command()
 @_user_errors
 def train(config: ConfigOpt, overrides: SetOpt = None,
-          out: Annotated[Optional[Path], typer.Option(help="Run directory [default: runs/<name>].")] = None,
+          out: Annotated[Path | None, typer.Option(help="Run directory [default: runs/<name>].")] = None,
           resume: Annotated[bool, typer.Option(help="Continue from OUT/checkpoint_last.pt.")] = False,
           ) -> None:
     """Train a model from a YAML config; writes checkpoints, metrics and results into the run directory.
@@ -198,7 +201,8 @@ def average(checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints 
 @app.command()
 @_user_errors
 def download(dataset: Annotated[str, typer.Argument(help="Dataset name: multi30k.")] = "multi30k",
-             out: Annotated[Path, typer.Option(help="Directory for {split}.{lang} files.")] = Path("data/multi30k")) -> None:
+             out: Annotated[Path, typer.Option(help="Directory for {split}.{lang} files.")] = Path("data/multi30k"),
+             ) -> None:
     """Fetch a corpus (Hugging Face hub, else its original URL) into line-aligned text files."""
     from .download import download as run_download
 
@@ -232,7 +236,7 @@ def attention(checkpoint: CkptOpt, text: Annotated[str, typer.Argument(help="A s
 @app.command("compare-rnn")
 @_user_errors
 def compare_rnn(config: ConfigOpt, overrides: SetOpt = None,
-                out: Annotated[Optional[Path], typer.Option(help="Report directory (runs/compare).")] = None,
+                out: Annotated[Path | None, typer.Option(help="Report directory (runs/compare).")] = None,
                 quick: Annotated[bool, typer.Option(help="Toy corpus, small models.")] = False) -> None:
     """Train the Transformer and the RNN on the same data and clock; report speed, BLEU, length scaling."""
     from .compare import compare_rnn as run_compare
@@ -248,12 +252,12 @@ def compare_rnn(config: ConfigOpt, overrides: SetOpt = None,
 @app.command()
 @_user_errors
 def bench(config: ConfigOpt, overrides: SetOpt = None,
-          checkpoint: Annotated[Optional[Path], typer.Option(help="Also time greedy and beam-5 translation.")] = None,
+          checkpoint: Annotated[Path | None, typer.Option(help="Also time greedy and beam-5 translation.")] = None,
           repeats: Annotated[int, typer.Option(min=1, help="Timed rounds after the warm-up; medians.")] = 5,
           steps: Annotated[int, typer.Option(min=1, help="Training batches per round.")] = 2,
           sentences: Annotated[int, typer.Option(min=1, help="Test sentences to translate.")] = 100,
           compiled: Annotated[bool, typer.Option("--compile", help="Also time ours under torch.compile.")] = False,
-          json_out: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this file.")] = None,
+          json_out: Annotated[Path | None, typer.Option("--json", help="Write every figure to this file.")] = None,
           ) -> None:
     """Training tokens/s against torch.nn.Transformer, MFU against the matmul peak, translation speed."""
     from .bench import format_report, run_bench

@@ -1,0 +1,94 @@
+"""Does keeping freed memory in the heap (attn_mt/memory.py) speed up training? Measure it.
+
+Runs the same 25 bf16 training steps on the first Multi30k batches in fresh processes, alternating
+glibc's default allocator settings (ATTN_MT_MALLOC=system) with attn-mt's, and prints tokens/s and
+page faults per step of each round, then the medians:
+
+    python scripts/malloc_check.py --config configs/multi30k.yaml --set data.dir=/path/to/multi30k --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def child(args) -> None:
+    """One round in this process: warm-up steps, then timed steps; prints a JSON line."""
+    import torch
+
+    from attn_mt.config import load_config
+    from attn_mt.data import token_batches
+    from attn_mt.memory import reuse_freed_memory
+    from attn_mt.models import build_model
+    from attn_mt.train import batch_iter, forward_backward, load_corpus, optimizer_step, pick_precision
+
+    applied = reuse_freed_memory()
+    cfg = load_config(args.config, args.overrides)
+    tc, device = cfg.train, torch.device("cpu")
+    precision = pick_precision(tc.precision, device)
+    corpus = load_corpus(cfg, args.tok_dir, cfg.model.max_positions)
+    tok, split = corpus.tok, cfg.data.splits.train
+    torch.manual_seed(tc.seed)
+    model = build_model(cfg.model, src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size,
+                        pad_id=tok.pad_id, shared_vocab=tok.joint).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    src_lens, tgt_lens = ([len(x) for x in side] for side in corpus.ids[split])
+    batches = token_batches(src_lens, tgt_lens, tc.batch_tokens, tc.seed, 0)[: args.warmup + args.steps]
+    seconds, tokens = 0.0, 0
+    for i, batch in enumerate(batches):
+        if i == args.warmup:
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        n_tokens = sum(tgt_lens[j] + 1 for j in batch)
+        t0 = time.perf_counter()
+        loss = forward_backward(model, batch_iter(corpus, split, [batch]), n_tokens, scaler, tc, device,
+                                precision, tok.pad_id)
+        optimizer_step(model, opt, scaler, loss, 1e-4, tc.clip_norm)
+        if i >= args.warmup:
+            seconds, tokens = seconds + time.perf_counter() - t0, tokens + n_tokens
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    print(json.dumps({"heap_reuse": applied, "precision": precision, "threads": torch.get_num_threads(),
+                      "tokens_per_s": tokens / seconds, "faults_per_step": faults / args.steps}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", type=Path, required=True)
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=25)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tok-dir", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = [sys.executable, __file__, "--child", "--tok-dir", tmp, "--config", str(args.config),
+                "--steps", str(args.steps), "--warmup", str(args.warmup)]
+        base += [x for o in args.overrides for x in ("--set", o)]
+        results: dict[str, list] = {"system": [], "attn-mt": []}
+        for r in range(args.rounds):
+            for name in results:  # alternate: background load hits both alike
+                env = {**os.environ, "ATTN_MT_MALLOC": "system" if name == "system" else ""}
+                out = subprocess.run(base, env=env, capture_output=True, text=True, check=True)
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                results[name].append(row)
+                print(f"round {r + 1} {name:8s} {row['tokens_per_s']:7.0f} tokens/s "
+                      f"{row['faults_per_step']:9.0f} page faults/step", flush=True)
+    med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in results.items()}
+    print(f"median tokens/s: system {med['system']:.0f}, attn-mt {med['attn-mt']:.0f} "
+          f"({med['attn-mt'] / med['system']:.2f}x); load average {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
