@@ -144,6 +144,8 @@ class TrainConfig:
     max_bad_steps: int = 5  # non-finite losses are skipped; this many in a row stop the run
     log_every: int = 20  # steps between progress-bar updates (each one syncs the device)
     threads: int = 0  # torch intra-op threads on CPU; 0: torch's default
+    compile: bool = False  # torch.compile the training forward/backward (`attn-mt bench --compile`
+    #                        measures whether it pays: on the 2-core CPU it did not, README Performance)
 
     def __post_init__(self) -> None:
         positive = ("lr", "batch_tokens", "accum_steps", "max_epochs", "bleu_sentences")
@@ -279,7 +281,8 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     for key in raw:
         if key not in names:
             where = f"{prefix}{key}"
-            raise ConfigError(f"unknown key {where!r}; allowed in {prefix.rstrip('.') or 'top level'}: {', '.join(names)}")
+            section = prefix.rstrip(".") or "top level"
+            raise ConfigError(f"unknown key {where!r}; allowed in {section}: {', '.join(names)}")
     kwargs = {}
     for f in fields(cls):
         if f.name not in raw:
@@ -311,7 +314,7 @@ def _check(tp: Any, value: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"{key}={value!r}: expected a list of {len(args)} values")
-        return tuple(_check(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        return tuple(_check(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
     if origin in (typing.Union, types.UnionType):
         for arg in typing.get_args(tp):
             if arg is type(None) and value is None:

@@ -419,6 +419,8 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
         log.info("%d processes (%s); train.batch_tokens=%d is the global batch, about %d tokens per rank",
                  world.size, "nccl" if device.type == "cuda" else "gloo", tc.batch_tokens,
                  tc.batch_tokens // world.size)
+    if tc.compile:  # the training forward/backward only; evaluation and decoding stay eager
+        net = torch.compile(net)
     log.info("model %s: %.2fM parameters; device %s, precision %s", cfg.model.kind, n_params / 1e6,
              device, precision)
 

@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import pytest
 import torch
@@ -54,3 +55,16 @@ def test_max_steps_and_accumulation(tiny_cfg, tmp_path):
     assert results["steps"] == 7
     state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)
     assert state["step"] == 7
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="torch.compile needs a C++ compiler")
+def test_compiled_training_matches_eager(tiny_cfg, tmp_path):
+    """train.compile=true trains the same model: the same losses, to rounding."""
+    losses = {}
+    for flag in ("false", "true"):
+        train(tiny_cfg("train.max_steps=6", "train.eval_every=3", f"train.compile={flag}"), tmp_path / flag)
+        records = [json.loads(line) for line in (tmp_path / flag / "metrics.jsonl").read_text().splitlines()]
+        losses[flag] = [r["valid_loss"] for r in records]
+    assert len(losses["true"]) == 2
+    assert losses["true"] == pytest.approx(losses["false"], rel=1e-3)
