@@ -106,7 +106,7 @@ def train_or_load(cfg: TokenizerConfig, src: list[str], tgt: list[str], run_dir:
         protos = [_train_one(src + tgt, cfg)]
     else:
         protos = [_train_one(src, cfg), _train_one(tgt, cfg)]
-    for name, proto in zip(names, protos):
+    for name, proto in zip(names, protos, strict=True):
         (run_dir / name).write_bytes(proto)
     meta_path.write_text(json.dumps({"fingerprint": fingerprint, **asdict(cfg)}, indent=2))
     return Tokenizer(protos[0], protos[1] if len(protos) > 1 else None)

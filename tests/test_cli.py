@@ -7,7 +7,6 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import TINY
 
 ATTN_MT = shutil.which("attn-mt") or pytest.skip("attn-mt is not installed", allow_module_level=True)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import TINY
 
 TORCHRUN = shutil.which("torchrun") or pytest.skip("torchrun not found", allow_module_level=True)
@@ -55,7 +54,7 @@ def test_two_processes_match_one(tmp_path):
     assert "2 processes" in multi.stderr
     a, b = records(one), records(two)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [4, 8]
-    for ra, rb in zip(a, b):
+    for ra, rb in zip(a, b, strict=True):
         assert rb["train_loss"] == pytest.approx(ra["train_loss"], rel=1e-3)
         assert rb["valid_loss"] == pytest.approx(ra["valid_loss"], rel=1e-3)
     assert sorted(p.name for p in two.iterdir() if not p.name.startswith(".")) == \
