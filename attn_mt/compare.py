@@ -141,8 +141,9 @@ class Contestant:
     done: bool = False
 
 
-def _train_step(c: Contestant, corpus: Corpus, device: torch.device, precision: str) -> float:
-    """One optimizer step on the next shared batch group; returns its seconds."""
+def _train_step(c: Contestant, corpus: Corpus, device: torch.device, precision: str, spent: float) -> float:
+    """One optimizer step on the next shared batch group (`spent`: fraction of the time budget
+    used, for train.schedule linear); returns its seconds."""
     tc, split = c.cfg.train, c.cfg.data.splits.train
     group = c.batches[c.batch : c.batch + tc.accum_steps]
     timing.sync(device)
@@ -153,7 +154,7 @@ def _train_step(c: Contestant, corpus: Corpus, device: torch.device, precision: 
             loss = loss_sum(c.model, batch.to(device), tc.label_smoothing, corpus.tok.pad_id)
         (loss / n_tokens).backward()
     for g in c.opt.param_groups:
-        g["lr"] = lr_at(c.step + 1, tc)
+        g["lr"] = lr_at(c.step + 1, tc, spent)
     if tc.clip_norm:
         nn.utils.clip_grad_norm_(c.model.parameters(), tc.clip_norm)
     c.opt.step()
@@ -201,7 +202,7 @@ def race(contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig, devi
                disable=None, dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s {postfix}")
     while live := [c for c in contestants if not c.done]:
         c = min(live, key=lambda c: c.clock)
-        dt = _train_step(c, corpus, device, precision)
+        dt = _train_step(c, corpus, device, precision, c.clock / budget)
         c.clock += dt
         bar.update(min(dt, max(0.0, budget - c.clock + dt)))
         c.done = c.clock >= budget or c.epoch >= c.cfg.train.max_epochs

@@ -123,6 +123,8 @@ MODEL_KINDS: dict[str, type] = {"transformer": TransformerConfig, "rnn": RNNConf
 class TrainConfig:
     lr: float = 1e-3  # peak learning rate, reached at the end of warmup
     warmup_steps: int = 1000
+    schedule: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"  # after warmup: lr * sqrt(warmup / step),
+    #     or linear decay to 0 at the end of the budget (max_steps, max_minutes or max_epochs, the first to end)
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.98)
     label_smoothing: float = 0.1

@@ -83,12 +83,25 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to cfg.lr over warmup_steps, then inverse-square-root decay (step >= 1)."""
+def lr_at(step: int, cfg: TrainConfig, progress: float = 0.0) -> float:
+    """Linear warmup to cfg.lr over warmup_steps (step >= 1), then cfg.schedule: inverse-square-root
+    decay, or linear decay to 0 as `progress` (the spent fraction of the budget) goes from 0 to 1."""
     step = max(step, 1)
-    if cfg.warmup_steps == 0:
-        return cfg.lr
-    return cfg.lr * min(step / cfg.warmup_steps, math.sqrt(cfg.warmup_steps / step))
+    warm = min(step / cfg.warmup_steps, 1.0) if cfg.warmup_steps else 1.0
+    if cfg.schedule == "linear":
+        return cfg.lr * warm * max(0.0, 1.0 - progress)
+    decay = math.sqrt(cfg.warmup_steps / step) if cfg.warmup_steps and step > cfg.warmup_steps else 1.0
+    return cfg.lr * warm * decay
+
+
+def budget_spent(cfg: TrainConfig, step: int, seconds: float, epochs: float) -> float:
+    """The fraction of the training budget used: the largest of steps, minutes and epochs."""
+    parts = [epochs / cfg.max_epochs]
+    if cfg.max_steps:
+        parts.append(step / cfg.max_steps)
+    if cfg.max_minutes:
+        parts.append(seconds / (cfg.max_minutes * 60))
+    return min(1.0, max(parts))
 
 
 @dataclass
@@ -451,7 +464,7 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
     def evaluate_and_save(rngs: list[dict]) -> str | None:
         valid_loss, valid_bleu = validate(model, corpus, cfg, device, precision)
         record = {"step": st.step, "epoch": st.epoch, "train_loss": round(st.train_loss, 4),
-                  "valid_loss": round(valid_loss, 4), "valid_bleu": valid_bleu, "lr": lr_at(st.step, tc),
+                  "valid_loss": round(valid_loss, 4), "valid_bleu": valid_bleu, "lr": opt.param_groups[0]["lr"],
                   "skipped_steps": st.skipped_steps, "tokens_per_s": round(tokens_per_s, 1),
                   "elapsed_s": round(time.perf_counter() - start, 1)}
         with open(metrics_path, "a", encoding="utf-8") as f:
@@ -490,7 +503,9 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
                     flags = torch.tensor([float(interrupted), elapsed if world.main else 0.0], device=device)
                     sync = distributed.all_sum(torch.cat([loss.float().view(1), flags]), world)
                     loss, interrupted, elapsed = sync[0], bool(sync[1] > 0), float(sync[2])
-                loss = optimizer_step(model, opt, scaler, loss, lr_at(st.step + 1, tc), tc.clip_norm)
+                lr = lr_at(st.step + 1, tc, budget_spent(tc, st.step, elapsed,
+                                                         st.epoch + st.batch_in_epoch / len(batches)))
+                loss = optimizer_step(model, opt, scaler, loss, lr, tc.clip_norm)
                 st.batch_in_epoch += len(group)
                 bar.update(1)
                 if loss is None:
@@ -507,7 +522,7 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
                         now = time.perf_counter()
                         st.train_loss = st.window_loss / st.window_tokens
                         tokens_per_s = st.window_tokens / max(now - window_t0, 1e-9)
-                        bar.set_postfix(loss=f"{st.train_loss:.3f}", lr=f"{lr_at(st.step, tc):.2e}",
+                        bar.set_postfix(loss=f"{st.train_loss:.3f}", lr=f"{lr:.2e}",
                                         tok_s=f"{tokens_per_s:,.0f}")
                         st.window_loss, st.window_tokens, window_t0 = 0.0, 0, now
                     stop_reason = limit_reached(tc, st.step, elapsed)

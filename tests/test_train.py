@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attn_mt.config import TrainConfig
-from attn_mt.train import lr_at, pick_precision, train
+from attn_mt.train import budget_spent, lr_at, pick_precision, train
 
 
 def test_lr_warmup_then_inverse_sqrt():
@@ -15,6 +15,22 @@ def test_lr_warmup_then_inverse_sqrt():
     assert lr_at(100, cfg) == pytest.approx(1e-3)
     assert lr_at(400, cfg) == pytest.approx(5e-4)
     assert max(lr_at(s, cfg) for s in range(1, 1000)) == pytest.approx(1e-3)
+
+
+def test_lr_linear_decay_to_zero_over_the_budget():
+    cfg = TrainConfig(lr=1e-3, warmup_steps=100, schedule="linear")
+    assert lr_at(50, cfg, 0.0) == pytest.approx(5e-4)
+    assert lr_at(100, cfg, 0.0) == pytest.approx(1e-3)
+    assert lr_at(5000, cfg, 0.25) == pytest.approx(7.5e-4)
+    assert lr_at(5000, cfg, 1.0) == 0.0
+
+
+def test_budget_spent_is_the_first_limit_to_end():
+    cfg = TrainConfig(max_epochs=10, max_steps=1000, max_minutes=2)
+    assert budget_spent(cfg, step=100, seconds=30, epochs=5) == pytest.approx(0.5)  # epochs lead
+    assert budget_spent(cfg, step=800, seconds=30, epochs=1) == pytest.approx(0.8)  # steps lead
+    assert budget_spent(cfg, step=10, seconds=90, epochs=1) == pytest.approx(0.75)  # minutes lead
+    assert budget_spent(TrainConfig(max_epochs=4), step=10**6, seconds=10**6, epochs=8) == 1.0
 
 
 def test_precision_choice():
@@ -55,6 +71,14 @@ def test_max_steps_and_accumulation(tiny_cfg, tmp_path):
     assert results["steps"] == 7
     state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)
     assert state["step"] == 7
+
+
+def test_linear_schedule_ends_near_zero(tiny_cfg, tmp_path):
+    train(tiny_cfg("train.max_steps=8", "train.eval_every=4", "train.warmup_steps=2", "train.lr=1e-3",
+                   "train.schedule=linear"), tmp_path)
+    lrs = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lrs[0] == pytest.approx(1e-3 * (1 - 3 / 8))  # the lr of step 4, set with 3 of 8 steps spent
+    assert lrs[-1] == pytest.approx(1e-3 * (1 - 7 / 8))
 
 
 @pytest.mark.slow
