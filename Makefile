@@ -12,7 +12,7 @@ $(BIN)/attn-mt: pyproject.toml
 	# the CPU build of torch first where there is no NVIDIA GPU (a bare `torch` pulls a multi-GB CUDA build)
 	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q "torch>=2.4,<3"; \
 	else $(BIN)/pip install -q $(TORCH) || $(BIN)/pip install -q $(TORCH) --index-url https://download.pytorch.org/whl/cpu; fi
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,all]"
 	touch $@
 
 setup: $(BIN)/attn-mt  ## create .venv and install attn-mt with its dependencies

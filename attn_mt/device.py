@@ -1,0 +1,92 @@
+"""Where a model runs and in what precision: choose the device, choose the precision, autocast,
+synchronise for timers, and describe the machine once for every report."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+
+import torch
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+class DeviceError(RuntimeError):
+    """A device or precision this machine does not have; the message says which."""
+
+
+def pick_device(name: str) -> torch.device:
+    """"auto" picks CUDA, then MPS, then the CPU; an explicit name must exist on this machine."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name not in DEVICES:
+        raise DeviceError(f"device {name!r} is not one of {', '.join(DEVICES)}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("train.device=cuda but no CUDA device is available")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError("train.device=mps but MPS is not available")
+    return torch.device(name)
+
+
+def cpu_has_bf16() -> bool:
+    """True when this CPU runs bf16 matmuls natively (AVX-512 BF16 / AMX)."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def pick_precision(name: str, device: torch.device) -> str:
+    """"fp32", "bf16" or "fp16" for this device; "auto" picks bf16 where the hardware has it."""
+    if name == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "bf16" if device.type == "cpu" and cpu_has_bf16() else "fp32"
+    if name == "fp16" and device.type != "cuda":
+        raise DeviceError("train.precision=fp16 needs a CUDA device (use bf16 or fp32)")
+    return name
+
+
+def precisions_for(device: torch.device) -> list[str]:
+    """The precisions worth measuring here: fp32, and bf16 where the hardware runs it natively."""
+    bf16 = cpu_has_bf16() if device.type == "cpu" else device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return ["fp32", "bf16"] if bf16 else ["fp32"]
+
+
+def autocast(device: torch.device, precision: str):
+    """Mixed precision for the block (bf16 or fp16), or nothing for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued device work, so host timers measure it (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def machine(device: torch.device, precision: str | None = None) -> dict:
+    """Where the numbers come from: device, its name, threads, cores, torch, CUDA and Python versions."""
+    return {"device": str(device), "device_name": device_name(device), "threads": torch.get_num_threads(),
+            "cpu_count": os.cpu_count(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "precision": precision, "python": platform.python_version()}
+
+
+def describe(device: torch.device) -> str:
+    """One line for reports: the device name with the core count (CPU) ."""
+    name = device_name(device)
+    return name if device.type == "cuda" else f"{name}, {os.cpu_count()} cores"
