@@ -1,8 +1,9 @@
 """Pictures of attention: every head of every layer for one sentence and its translation, as PNGs.
 
 The sentence is translated first (greedy or beam, as configured); then source and output are run
-through the model once more, teacher-forced, on the reference attention path, which keeps each
-module's weights in `MultiHeadAttention.last_weights`.
+through the model once more, teacher-forced, asking every attention module for its weights
+(`AttentionWeights`). A Transformer gives encoder self-, decoder self- and cross-attention; the
+RNN has only its additive cross-attention (one layer, one head).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch import Tensor
 
 from .config import DecodeConfig
 from .decode import max_lengths, prepare_sources, search
-from .models.attention import MultiHeadAttention
+from .models import AttentionWeights, Seq2Seq
 from .tokenizer import Tokenizer
 
 
@@ -33,33 +34,26 @@ class AttentionMap:
 
 
 @torch.inference_mode()
-def attention_maps(model, tok: Tokenizer, text: str, cfg: DecodeConfig,
+def attention_maps(model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeConfig,
                    device: torch.device | str = "cpu") -> tuple[str, list[AttentionMap]]:
     """Translate `text` and return the translation with every attention map of the model."""
-    if not hasattr(model, "set_attention_impl"):
-        raise ValueError(f"attention maps need a Transformer, not {type(model).__name__}")
     model.eval()
     src_ids = prepare_sources(tok, [text.strip()], model.max_positions)[0]
     src = torch.tensor([src_ids], device=device)  # (1, S)
     max_len = max_lengths(torch.tensor([len(src_ids)]), cfg, model.max_positions)
     out = search(model, tok, src, max_len, cfg)[0][0].tokens
     tgt_in = torch.tensor([[tok.bos_id, *out]], device=device)  # (1, T)
-    impls = {m: m.impl for m in model.modules() if isinstance(m, MultiHeadAttention)}
-    model.set_attention_impl("reference")
-    try:
-        model(src, tgt_in)
-    finally:
-        for m, impl in impls.items():
-            m.impl = impl
+    weights = AttentionWeights()
+    src_mask = model.src_mask(src)
+    model.decode(tgt_in, model.encode(src, src_mask, weights), src_mask, weights=weights)
     src_tokens = [tok.src.id_to_piece(i) for i in src_ids]
     tgt_in_tokens = tok.tgt_pieces([tok.bos_id, *out])
     predicted = tok.tgt_pieces([*out, tok.eos_id])  # query t predicts token t + 1
-    maps = [AttentionMap("encoder_self", i, layer.self_attn.last_weights[0], src_tokens, src_tokens)
-            for i, layer in enumerate(model.encoder, 1)]
-    for i, layer in enumerate(model.decoder, 1):
-        dec_self, cross = layer.self_attn.last_weights[0], layer.cross_attn.last_weights[0]
-        maps.append(AttentionMap("decoder_self", i, dec_self, predicted, tgt_in_tokens))
-        maps.append(AttentionMap("cross", i, cross, predicted, src_tokens))
+    maps = [AttentionMap("encoder_self", i, w[0], src_tokens, src_tokens)
+            for i, w in enumerate(weights.encoder_self, 1)]
+    maps += [AttentionMap("decoder_self", i, w[0], predicted, tgt_in_tokens)
+             for i, w in enumerate(weights.decoder_self, 1)]
+    maps += [AttentionMap("cross", i, w[0], predicted, src_tokens) for i, w in enumerate(weights.cross, 1)]
     return tok.decode_tgt([out])[0], maps
 
 

@@ -1,8 +1,8 @@
 """Batched beam search over many sentences at once, with n-best lists and a GNMT length penalty.
 
 Each sentence owns k consecutive rows of the decoder batch: (B, k) -> (B*k). Beams only ever
-move within their sentence's block of rows, so the model reorders just its self-attention cache
-(`model.reorder_cache`), and every decision about a sentence looks at that sentence's rows only:
+move within their sentence's block of rows, so the decoder cache reorders just its self-attention
+state (`cache.reorder`), and every decision about a sentence looks at that sentence's rows only:
 its hypotheses do not depend on which other sentences share the batch.
 """
 
@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from .models import Seq2Seq
 
 
 @dataclass(frozen=True)
@@ -40,12 +42,12 @@ def _best_possible(log_prob: Tensor, length: int, max_len: Tensor, alpha: float)
 
 
 @torch.inference_mode()
-def beam_search(model, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int, beam_size: int,
+def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int, beam_size: int,
                 alpha: float = 0.6, nbest: int = 1, use_cache: bool = True) -> list[list[Hypothesis]]:
     """The `nbest` highest-scoring outputs for each source sentence, best first.
 
     Args:
-        model: a Seq2Seq model (encode / decode / new_cache / reorder_cache).
+        model: encodes once, then decodes step by step with its cache.
         src: (B, S) source ids, right-padded.
         max_len: (B,) the most output tokens per sentence, eos included; eos is forced there.
         beam_size: k active hypotheses per sentence.
@@ -98,7 +100,7 @@ def beam_search(model, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int
         rows = (block + origin.gather(1, keep)).view(-1)  # (B*k,) surviving rows
         ys = torch.cat([ys[rows], token.gather(1, keep).view(-1, 1)], dim=1)
         if cache is not None:
-            cache = model.reorder_cache(cache, rows)
+            cache.reorder(rows)
         bound = _best_possible(scores, step + 2, max_len, alpha).tolist()  # (B,)
         for s in list(active):
             scores_s = sorted((h.score for h in finished[s]), reverse=True)

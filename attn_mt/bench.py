@@ -2,7 +2,7 @@
 
 Every figure comes from one run: the variants (model x precision, matmul, data loading,
 translation) take turns, round after round, on the same batches; each figure is the median
-over the rounds after a warm-up round. Training uses train.py's own step functions.
+over the rounds after a warm-up round. Training uses the trainer's own step (trainer.TrainStep).
 
 Models:
     ours          our Transformer on its fast path (fused QKV projection, SDPA; in CPU training
@@ -39,21 +39,13 @@ from torch import Tensor, nn
 
 from .checkpoint import load_model
 from .config import ConfigError, ExperimentConfig, TransformerConfig
-from .data import token_batches
+from .data import load_corpus, token_batches
 from .decode import translate
+from .device import autocast, describe, pick_device, pick_precision, precisions_for, sync
 from .models import build_model, count_params
+from .models.seq2seq import init_embeddings, make_embeddings
 from .models.transformer import PositionalEncoding
-from .train import (
-    autocast,
-    batch_iter,
-    cpu_has_bf16,
-    forward_backward,
-    load_corpus,
-    lr_at,
-    optimizer_step,
-    pick_device,
-    pick_precision,
-)
+from .trainer import TrainStep
 
 log = logging.getLogger(__name__)
 MODELS = ("ours", "ours_refattn", "torch")
@@ -67,10 +59,8 @@ class TorchTransformer(nn.Module):
                  shared_vocab: bool) -> None:
         super().__init__()
         self.pad_id, self.d_model = pad_id, cfg.d_model
-        self.tgt_embed = nn.Embedding(tgt_vocab, cfg.d_model, padding_idx=pad_id)
-        share_src = shared_vocab and cfg.tie_embeddings
-        self.src_embed = (self.tgt_embed if share_src
-                          else nn.Embedding(src_vocab, cfg.d_model, padding_idx=pad_id))
+        self.src_embed, self.tgt_embed = make_embeddings(src_vocab=src_vocab, tgt_vocab=tgt_vocab, dim=cfg.d_model,
+                                                         pad_id=pad_id, share=shared_vocab and cfg.tie_embeddings)
         self.pos = PositionalEncoding(cfg.d_model, cfg.max_positions)
         self.dropout = nn.Dropout(cfg.dropout)
         with warnings.catch_warnings():  # "enable_nested_tensor ... norm_first": an inference-only path
@@ -78,9 +68,7 @@ class TorchTransformer(nn.Module):
             self.core = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.n_layers, cfg.d_ff,
                                        cfg.dropout, batch_first=True, norm_first=cfg.norm_first)
         self.out_proj = nn.Linear(cfg.d_model, tgt_vocab, bias=False)
-        for emb in {self.src_embed, self.tgt_embed}:
-            nn.init.normal_(emb.weight, std=self.d_model**-0.5)
-            emb.weight.data[pad_id].zero_()
+        init_embeddings(self.src_embed, self.tgt_embed, pad_id=pad_id)
         if cfg.tie_embeddings:
             self.out_proj.weight = self.tgt_embed.weight
 
@@ -106,18 +94,13 @@ def train_flops(cfg: TransformerConfig, vocab: int, src_len: Tensor, tgt_len: Te
     return float(3 * (n * (enc + dec) + 2 * t * d * vocab).sum())
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed(fn, device: torch.device):
     """`fn` wrapped to return its wall-clock seconds, the device synchronised before and after."""
     def run() -> float:
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         return time.perf_counter() - t0
     return run
 
@@ -129,65 +112,36 @@ def matmul(device: torch.device, dtype: torch.dtype, n: int = 2048, iters: int =
     return _timed(lambda: [a @ b for _ in range(iters)], device), 2 * n**3 * iters
 
 
-def precisions_for(device: torch.device) -> list[str]:
-    if device.type == "cpu":
-        bf16 = cpu_has_bf16()
-    else:
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    return ["fp32", "bf16"] if bf16 else ["fp32"]
-
-
-def machine(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
-    except OSError:
-        pass
-    return f"{device.type}, {os.cpu_count()} cores"
-
-
 def build(kind: str, cfg: ExperimentConfig, tok, device: torch.device) -> nn.Module:
     """A fresh model of one benchmark kind, seeded so every kind starts from the same weights RNG."""
     torch.manual_seed(cfg.train.seed)
-    sizes = dict(src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size, pad_id=tok.pad_id,
-                 shared_vocab=tok.joint)
     if kind == "torch":
-        return TorchTransformer(cfg.model, **sizes).to(device)
-    model = build_model(cfg.model, **sizes).to(device)
+        return TorchTransformer(cfg.model, **tok.sizes()).to(device)
+    model = build_model(cfg.model, **tok.sizes()).to(device)
     model.set_attention_impl("reference" if kind == "ours_refattn" else "sdpa")
     return model
 
 
-class Trainer:
-    """One benchmark variant: a model, its AdamW and a precision, trained by train.py's own step."""
+class Variant:
+    """One benchmark variant: a model and a precision, trained by the trainer's own step."""
 
     def __init__(self, name: str, model: nn.Module, precision: str, cfg: ExperimentConfig,
-                 device: torch.device, pad_id: int, compiled: bool = False) -> None:
-        self.name, self.precision, self.cfg, self.device, self.pad_id = name, precision, cfg, device, pad_id
+                 device: torch.device, compiled: bool = False) -> None:
+        self.name, self.precision, self.device = name, precision, device
         self.params = count_params(model)
-        self.model = torch.compile(model) if compiled else model
-        self.model.train()
-        tc = cfg.train
-        self.opt = torch.optim.AdamW(model.parameters(), lr=lr_at(1, tc), betas=tc.betas,
-                                     weight_decay=tc.weight_decay)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        model.train()
+        self.step = TrainStep(model, cfg.train, device, precision, net=torch.compile(model) if compiled else None)
         self.peak_mem = 0
 
     def run(self, batches: list) -> float:
         """Train on `batches` (one optimizer step each); returns the seconds taken."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        _sync(self.device)
+        sync(self.device)
         t0 = time.perf_counter()
-        tc = self.cfg.train
         for batch in batches:
-            loss = forward_backward(self.model, [batch], batch.n_tokens, self.scaler, tc, self.device,
-                                    self.precision, self.pad_id)
-            optimizer_step(self.model, self.opt, self.scaler, loss, tc.lr, tc.clip_norm)
-        _sync(self.device)
+            self.step.apply(self.step.backward([batch], batch.n_tokens), self.step.cfg.lr)
+        sync(self.device)
         if self.device.type == "cuda":
             self.peak_mem = max(self.peak_mem, torch.cuda.max_memory_allocated(self.device))
         return time.perf_counter() - t0
@@ -232,7 +186,7 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
     tok, split, tc = corpus.tok, cfg.data.splits.train, cfg.train
     lens = [[len(x) for x in side] for side in corpus.ids[split]]
     index = token_batches(*lens, tc.batch_tokens, tc.seed, 0)
-    batches = [b.to(device) for b in batch_iter(corpus, split, index[:steps])]
+    batches = [b.to(device) for b in corpus.batches(split, index[:steps])]
     tokens = sum(b.n_tokens for b in batches)
     flops = sum(train_flops(cfg.model, tok.tgt_vocab_size, (b.src != tok.pad_id).sum(1),
                             (b.tgt_in != tok.pad_id).sum(1)) for b in batches)
@@ -241,15 +195,14 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
 
     # data loading: bucketing a whole epoch (amortised over its batches), then collating and moving
     fns = {"data/plan": _timed(lambda: token_batches(*lens, tc.batch_tokens, tc.seed, 1), device),
-           "data/collate": _timed(lambda: [b.to(device) for b in batch_iter(corpus, split, index[:steps])],
+           "data/collate": _timed(lambda: [b.to(device) for b in corpus.batches(split, index[:steps])],
                                   device)}
     trainers, peak_flops = {}, {}
     for p in precisions:
         fns[f"matmul/{p}"], peak_flops[p] = matmul(device, DTYPES[p])
         for kind in [*MODELS, "ours_compiled"] if compile else MODELS:
             model = build("ours" if kind == "ours_compiled" else kind, cfg, tok, device)
-            tr = trainers[f"{kind}/{p}"] = Trainer(kind, model, p, cfg, device, tok.pad_id,
-                                                   compiled=kind == "ours_compiled")
+            tr = trainers[f"{kind}/{p}"] = Variant(kind, model, p, cfg, device, compiled=kind == "ours_compiled")
             fns[f"{kind}/{p}"] = functools.partial(tr.run, batches)
     if checkpoint is not None:
         fns.update(translate_fns(checkpoint, texts, device, precisions))
@@ -274,7 +227,7 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
     main = pick_precision(tc.precision, device)
     data_s = med["data/plan"] / len(index) + med["data/collate"] / steps
     return {
-        "config": cfg.name, "device": str(device), "machine": machine(device),
+        "config": cfg.name, "device": str(device), "machine": describe(device),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "precision": main,
         "repeats": repeats, "steps": steps, "batch_tokens": tc.batch_tokens, "tokens_per_round": tokens,
         "flops_per_token": flops / tokens,

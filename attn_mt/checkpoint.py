@@ -13,10 +13,9 @@ import pickle
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from .config import ConfigError, ExperimentConfig, from_dict
-from .models import build_model
+from .models import Seq2Seq, build_model
 from .tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
@@ -83,15 +82,14 @@ def _first_line(e: Exception) -> str:
 
 
 def model_from_state(state: dict, device: torch.device | str = "cpu",
-                     ) -> tuple[nn.Module, ExperimentConfig, Tokenizer]:
+                     ) -> tuple[Seq2Seq, ExperimentConfig, Tokenizer]:
     """Rebuild (model in eval mode, config, tokenizer) from a loaded checkpoint dict."""
     try:
         cfg = from_dict(state["config"])
     except ConfigError as e:
         raise CheckpointError(f"checkpoint config is not valid for this attn-mt: {e}") from None
     tok = Tokenizer.from_state(state["tokenizer"])
-    model = build_model(cfg.model, src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size,
-                        pad_id=tok.pad_id, shared_vocab=tok.joint)
+    model = build_model(cfg.model, **tok.sizes())
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
@@ -100,7 +98,7 @@ def model_from_state(state: dict, device: torch.device | str = "cpu",
 
 
 def load_model(path: Path | str, device: torch.device | str = "cpu",
-               ) -> tuple[nn.Module, ExperimentConfig, Tokenizer]:
+               ) -> tuple[Seq2Seq, ExperimentConfig, Tokenizer]:
     """(model, config, tokenizer) from a checkpoint file."""
     try:
         return model_from_state(load(path), device)

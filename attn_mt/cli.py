@@ -38,12 +38,13 @@ def _user_errors(fn):
         from .checkpoint import CheckpointError
         from .config import ConfigError
         from .data import DataError
+        from .device import DeviceError
         from .download import DownloadError
-        from .train import TrainError, TrainInterrupted
+        from .trainer import TrainError, TrainInterrupted
 
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, DataError, CheckpointError, TrainError, DownloadError) as e:
+        except (ConfigError, DataError, CheckpointError, TrainError, DownloadError, DeviceError) as e:
             if _debug:
                 raise
             kind = {ConfigError: "config error", TrainInterrupted: "interrupted"}.get(type(e), "error")
@@ -93,9 +94,9 @@ def _lines(texts: list[str] | None, input: Path | None):
     if texts:
         yield from texts
     elif input is not None:
-        from .data import _read_lines
+        from .data import read_lines
 
-        yield from _read_lines(input)
+        yield from read_lines(input)
     else:  # bytes that are not UTF-8 become U+FFFD instead of ending the run
         stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
         for line in stdin:
@@ -138,7 +139,7 @@ def translate(checkpoint: CkptOpt,
     """Translate text from arguments, --input FILE or stdin, in input order, one result per line."""
     from .checkpoint import load_model
     from .decode import translate_nbest
-    from .train import pick_device
+    from .device import pick_device
 
     if fmt not in ("text", "jsonl"):
         raise typer.BadParameter(f"{fmt!r} is not one of 'text', 'jsonl'", param_hint="--format")
@@ -165,12 +166,12 @@ def evaluate(checkpoint: CkptOpt,
              device: DeviceOpt = "auto") -> None:
     """Translate --src and score it against --ref with sacrebleu BLEU and chrF."""
     from .checkpoint import load_model
-    from .data import DataError, _read_lines
+    from .data import DataError, read_lines
     from .decode import translate as run_translate
     from .evaluate import score
-    from .train import pick_device
+    from .device import pick_device
 
-    sources, refs = _read_lines(src), _read_lines(ref)
+    sources, refs = read_lines(src), read_lines(ref)
     if len(sources) != len(refs):
         raise DataError(f"line counts differ: {src} has {len(sources)} lines, {ref} has {len(refs)}")
     dev = pick_device(device)
@@ -218,7 +219,7 @@ def attention(checkpoint: CkptOpt, text: Annotated[str, typer.Argument(help="A s
     """Translate one sentence and draw every attention head of every layer as PNGs in --out."""
     from .attention_maps import write_attention_maps
     from .checkpoint import CheckpointError, load_model
-    from .train import pick_device
+    from .device import pick_device
 
     if not text.strip():
         raise typer.BadParameter("the sentence is empty", param_hint="TEXT")

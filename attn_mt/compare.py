@@ -16,44 +16,22 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-import yaml
-from torch import nn
 from tqdm import tqdm
 
 from . import checkpoint, timing
 from .compare_report import write_report
-from .config import ConfigError, ExperimentConfig, from_dict, to_dict
-from .data import token_batches
+from .config import CompareConfig, ConfigError, ExperimentConfig, from_dict, to_dict
+from .data import Corpus, load_corpus, token_batches
 from .decode import translate
+from .device import autocast, machine, pick_device, pick_precision, sync
 from .evaluate import bleu, score
 from .models import build_model, count_params
-from .train import Corpus, autocast, batch_iter, load_corpus, loss_sum, lr_at, pick_device, pick_precision
+from .trainer import Trainer
+from .yamlconf import build, read_yaml, set_overrides
 
 log = logging.getLogger(__name__)
 MODELS = ("transformer", "rnn")
 PER_MODEL_TRAIN_KEYS = {"lr", "warmup_steps", "weight_decay", "betas", "clip_norm"}  # batches stay shared
-
-
-@dataclass(frozen=True)
-class CompareConfig:
-    budget_minutes: float = 10.0  # training time per model, on its own clock
-    eval_every_minutes: float = 1.0  # one validation-BLEU point per this much training time
-    lengths: tuple[int, ...] = (8, 16, 32, 64, 128, 256)  # length-scaling benchmark
-    length_batch_tokens: int = 4096  # tokens per batch there: batch size = tokens // length
-    repeats: int = 5  # timed rounds per length (median reported)
-    decode_sentences: int = 500  # test sentences decoded in the speed measurement
-    decode_repeats: int = 3
-    beam_size: int = 4  # beam of the decoding-speed measurement
-    max_param_gap: float = 0.15  # refuse models whose parameter counts differ by more (fairness)
-
-    def __post_init__(self) -> None:
-        for key in ("budget_minutes", "eval_every_minutes", "length_batch_tokens", "repeats",
-                    "decode_sentences", "decode_repeats", "beam_size", "max_param_gap"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError(f"compare.{key}={value!r}: must be a number > 0")
-        if not self.lengths or not all(isinstance(n, int) and n > 0 for n in self.lengths):
-            raise ConfigError(f"compare.lengths={list(self.lengths)}: must be positive integers")
 
 
 @dataclass(frozen=True)
@@ -76,31 +54,10 @@ def load_compare_config(path: Path, overrides: list[str] = (), quick: bool = Fal
 
     `--quick` merges the `quick` section over the rest; then `section.key=value` overrides apply.
     """
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: cannot read config ({e.__class__.__name__}: {e})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    raw = read_yaml(Path(path))
     quick_raw = raw.pop("quick", {}) or {}
-    raw = _merge(raw, quick_raw) if quick else raw
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected section.key=value")
-        *parents, leaf = key.strip().split(".")
-        node = raw
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {key}: {part} is not a section")
-        node[leaf] = yaml.safe_load(value) if value.strip() else ""
-    cmp_raw = raw.pop("compare", {}) or {}
-    try:
-        cmp = CompareConfig(**{k: tuple(v) if k == "lengths" else v for k, v in cmp_raw.items()})
-    except TypeError:
-        allowed = ", ".join(f for f in CompareConfig.__dataclass_fields__)
-        raise ConfigError(f"compare: unknown key in {sorted(cmp_raw)}; allowed: {allowed}") from None
+    raw = set_overrides(_merge(raw, quick_raw) if quick else raw, overrides)
+    cmp = build(CompareConfig, raw.pop("compare", {}) or {}, "compare.")
     name = raw.pop("name", Path(path).stem)
     configs, own_sections = {}, {kind: raw.pop(kind, None) for kind in MODELS}
     for kind, own in own_sections.items():
@@ -121,77 +78,54 @@ def load_compare_config(path: Path, overrides: list[str] = (), quick: bool = Fal
 
 @dataclass
 class Contestant:
-    """One model in the race, with its own optimizer, clock and position in the shared batches."""
+    """One model in the race: its Trainer (optimizer, place in the shared batches, counters) and its clock."""
 
     name: str
     cfg: ExperimentConfig
-    model: nn.Module
-    opt: torch.optim.Optimizer
-    batches: list[list[int]]
+    trainer: Trainer
     clock: float = 0.0  # seconds in training steps
     eval_s: float = 0.0
-    step: int = 0
-    epoch: int = 0
-    batch: int = 0
-    tokens: int = 0
     next_eval: float = 0.0
     curve: list[dict] = field(default_factory=list)
     best_bleu: float = -1.0
     best_state: dict | None = None
     done: bool = False
 
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.trainer.model
 
-def _train_step(c: Contestant, corpus: Corpus, device: torch.device, precision: str, spent: float) -> float:
-    """One optimizer step on the next shared batch group (`spent`: fraction of the time budget
-    used, for train.schedule linear); returns its seconds."""
-    tc, split = c.cfg.train, c.cfg.data.splits.train
-    group = c.batches[c.batch : c.batch + tc.accum_steps]
-    timing.sync(device)
+
+def _train_step(c: Contestant, budget: float) -> float:
+    """One step of the contestant's Trainer, the learning rate following its clock; returns its seconds."""
+    tr = c.trainer
+    if tr.epoch_done:
+        tr.next_epoch()
+    sync(tr.device)
     t0 = time.perf_counter()
-    n_tokens = sum(len(corpus.ids[split][1][i]) + 1 for b in group for i in b)
-    for batch in batch_iter(corpus, split, group):
-        with autocast(device, precision):
-            loss = loss_sum(c.model, batch.to(device), tc.label_smoothing, corpus.tok.pad_id)
-        (loss / n_tokens).backward()
-    for g in c.opt.param_groups:
-        g["lr"] = lr_at(c.step + 1, tc, spent)
-    if tc.clip_norm:
-        nn.utils.clip_grad_norm_(c.model.parameters(), tc.clip_norm)
-    c.opt.step()
-    c.opt.zero_grad(set_to_none=True)
-    timing.sync(device)
-    c.step, c.batch, c.tokens = c.step + 1, c.batch + len(group), c.tokens + n_tokens
-    if c.batch >= len(c.batches):
-        c.epoch, c.batch = c.epoch + 1, 0
-        c.batches = _epoch_batches(corpus, c.cfg, c.epoch)
+    tr.step(lambda: c.clock, spent=c.clock / budget)
+    sync(tr.device)
     return time.perf_counter() - t0
 
 
-def _epoch_batches(corpus: Corpus, cfg: ExperimentConfig, epoch: int) -> list[list[int]]:
-    src, tgt = corpus.ids[cfg.data.splits.train]
-    return token_batches([len(s) for s in src], [len(t) for t in tgt], cfg.train.batch_tokens,
-                         cfg.train.seed, epoch)
-
-
-def _evaluate(c: Contestant, corpus: Corpus, device: torch.device, precision: str, epoch_tokens: int) -> None:
+def _evaluate(c: Contestant, corpus: Corpus, epoch_tokens: int) -> None:
     """Greedy BLEU on the validation subset; the time goes to eval_s, not to the training clock."""
-    t0 = time.perf_counter()
+    t0, tr = time.perf_counter(), c.trainer
     src, ref = (x[: c.cfg.train.bleu_sentences] for x in corpus.text[c.cfg.data.splits.valid])
-    with autocast(device, precision):
-        hyps = translate(c.model, corpus.tok, src, replace(c.cfg.decode, beam_size=1, nbest=1), device)
+    with autocast(tr.device, tr.precision):
+        hyps = translate(c.model, corpus.tok, src, replace(c.cfg.decode, beam_size=1, nbest=1), tr.device)
     c.model.train()
     value = bleu(hyps, ref)
-    c.curve.append({"elapsed_s": round(c.clock, 1), "step": c.step,
-                    "epochs": round(c.tokens / epoch_tokens, 2), "valid_bleu": value})
+    c.curve.append({"elapsed_s": round(c.clock, 1), "step": tr.state.step,
+                    "epochs": round(tr.state.tokens / epoch_tokens, 2), "valid_bleu": value})
     if value > c.best_bleu:
         c.best_bleu, c.best_state = value, copy.deepcopy(c.model.state_dict())
     c.eval_s += time.perf_counter() - t0
-    log.info("%s: %.0f s, step %d, epoch %.2f: valid BLEU %.2f", c.name, c.clock, c.step,
+    log.info("%s: %.0f s, step %d, epoch %.2f: valid BLEU %.2f", c.name, c.clock, tr.state.step,
              c.curve[-1]["epochs"], value)
 
 
-def race(contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig, device: torch.device,
-         precision: str) -> None:
+def race(contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig) -> None:
     """Train all models in lockstep, always stepping the one whose clock is behind."""
     budget, every = cmp.budget_minutes * 60, cmp.eval_every_minutes * 60
     epoch_tokens = sum(len(t) + 1 for t in corpus.ids[contestants[0].cfg.data.splits.train][1])
@@ -202,12 +136,12 @@ def race(contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig, devi
                disable=None, dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s {postfix}")
     while live := [c for c in contestants if not c.done]:
         c = min(live, key=lambda c: c.clock)
-        dt = _train_step(c, corpus, device, precision, c.clock / budget)
+        dt = _train_step(c, budget)
         c.clock += dt
         bar.update(min(dt, max(0.0, budget - c.clock + dt)))
-        c.done = c.clock >= budget or c.epoch >= c.cfg.train.max_epochs
+        c.done = c.clock >= budget or c.trainer.state.epoch >= c.cfg.train.max_epochs
         if c.done or c.clock >= c.next_eval:
-            _evaluate(c, corpus, device, precision, epoch_tokens)
+            _evaluate(c, corpus, epoch_tokens)
             c.next_eval += every
             bar.set_postfix_str("  ".join(f"{x.name} BLEU {x.curve[-1]['valid_bleu']:.1f}"
                                           for x in contestants if x.curve))
@@ -244,17 +178,14 @@ def _compare(setup: CompareSetup, out_dir: Path) -> dict:
     contestants = []
     for name, cfg in cfgs.items():
         torch.manual_seed(cfg.train.seed)
-        model = build_model(cfg.model, src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size,
-                            pad_id=tok.pad_id, shared_vocab=tok.joint).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr_at(1, cfg.train), betas=cfg.train.betas,
-                                weight_decay=cfg.train.weight_decay)
-        contestants.append(Contestant(name, cfg, model, opt, _epoch_batches(corpus, cfg, 0)))
+        model = build_model(cfg.model, **tok.sizes()).to(device)
+        contestants.append(Contestant(name, cfg, Trainer(model, cfg, corpus, device, precision)))
     params = {c.name: count_params(c.model) for c in contestants}
     _check_sizes(params, cmp.max_param_gap)
-    machine = timing.machine(device, precision)
+    where = machine(device, precision)
     sizes = ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in params.items())
-    log.info("comparing %s on %s (%s, %d threads, %s)", sizes, machine["device_name"], device,
-             machine["threads"], precision)
+    log.info("comparing %s on %s (%s, %d threads, %s)", sizes, where["device_name"], device,
+             where["threads"], precision)
     amp = lambda: autocast(device, precision)  # noqa: E731
     models = {c.name: c.model for c in contestants}
     # cost against length first, on the fresh models: the timings do not depend on the weights,
@@ -269,25 +200,26 @@ def _compare(setup: CompareSetup, out_dir: Path) -> dict:
     load["length_scaling"] = load["length_scaling"].stop()
     bar.close()
     src_ids, tgt_ids = corpus.ids[base.data.splits.train]
-    biggest = max(_epoch_batches(corpus, base, 0), key=lambda b: len(b) * max(
-        max(len(src_ids[i]), len(tgt_ids[i])) for i in b))
-    big = next(batch_iter(corpus, base.data.splits.train, [biggest])).to(device)
+    first_epoch = token_batches(*corpus.lengths(base.data.splits.train), base.train.batch_tokens, base.train.seed, 0)
+    biggest = max(first_epoch, key=lambda b: len(b) * max(max(len(src_ids[i]), len(tgt_ids[i])) for i in b))
+    big = next(corpus.batches(base.data.splits.train, [biggest])).to(device)
     activations = {k: timing.saved_activation_bytes(m, big.src, big.tgt_in, amp) for k, m in models.items()}
 
     load["training"] = timing.LoadMeter().start()
-    race(contestants, corpus, cmp, device, precision)
+    race(contestants, corpus, cmp)
     load["training"] = load["training"].stop()
-    report: dict = {"machine": machine, "budget_minutes": cmp.budget_minutes, "compare": asdict(cmp),
+    report: dict = {"machine": where, "budget_minutes": cmp.budget_minutes, "compare": asdict(cmp),
                     "data": asdict(base.data), "tokenizer": {**asdict(base.tokenizer),
                     "src_vocab": tok.src_vocab_size, "tgt_vocab": tok.tgt_vocab_size},
                     "batch_tokens": base.train.batch_tokens, "models": {}, "length_scaling": scaling}
     epoch_tokens = sum(len(t) + 1 for t in tgt_ids)
     for c in contestants:
         act = activations[c.name]
-        tokens_per_s = c.tokens / max(c.clock, 1e-9)
+        st = c.trainer.state
+        tokens_per_s = st.tokens / max(c.clock, 1e-9)
         report["models"][c.name] = {
             "kind": c.name, "params": params[c.name], "model_config": asdict(c.cfg.model),
-            "lr": c.cfg.train.lr, "steps": c.step, "epochs": round(c.tokens / epoch_tokens, 2),
+            "lr": c.cfg.train.lr, "steps": st.step, "epochs": round(st.tokens / epoch_tokens, 2),
             "train_seconds": round(c.clock, 1), "eval_seconds": round(c.eval_s, 1),
             "train_tokens_per_s": round(tokens_per_s, 1),
             "seconds_per_epoch": round(epoch_tokens / max(tokens_per_s, 1e-9), 1),
@@ -323,7 +255,7 @@ def _compare(setup: CompareSetup, out_dir: Path) -> dict:
                                         test_beam_size=c.cfg.decode.beam_size)
         report["sacrebleu_signature"] = s["bleu_signature"]
         checkpoint.save({"model": c.best_state, "config": to_dict(c.cfg), "tokenizer": tok.state(),
-                         "step": c.step, "best_bleu": c.best_bleu}, out_dir / f"{c.name}.pt")
+                         "step": c.trainer.state.step, "best_bleu": c.best_bleu}, out_dir / f"{c.name}.pt")
     report["background_load"] = load
     write_report(report, out_dir)
     return report

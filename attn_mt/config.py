@@ -6,19 +6,13 @@ field below, and every field is checked for its type and range when the config i
 
 from __future__ import annotations
 
-import os
-import re
-import types
-import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the key and what is allowed."""
+from .yamlconf import ConfigError, build, read_yaml, set_overrides
 
 
 @dataclass(frozen=True)
@@ -116,7 +110,6 @@ class RNNConfig:
 
 
 ModelConfig = TransformerConfig | RNNConfig
-MODEL_KINDS: dict[str, type] = {"transformer": TransformerConfig, "rnn": RNNConfig}
 
 
 @dataclass(frozen=True)
@@ -187,6 +180,29 @@ class DecodeConfig:
 
 
 @dataclass(frozen=True)
+class CompareConfig:
+    """The `compare:` section of compare-rnn's config: budget and what is measured after training."""
+
+    budget_minutes: float = 10.0  # training time per model, on its own clock
+    eval_every_minutes: float = 1.0  # one validation-BLEU point per this much training time
+    lengths: tuple[int, ...] = (8, 16, 32, 64, 128, 256)  # length-scaling benchmark
+    length_batch_tokens: int = 4096  # tokens per batch there: batch size = tokens // length
+    repeats: int = 5  # timed rounds per length (median reported)
+    decode_sentences: int = 500  # test sentences decoded in the speed measurement
+    decode_repeats: int = 3
+    beam_size: int = 4  # beam of the decoding-speed measurement
+    max_param_gap: float = 0.15  # refuse models whose parameter counts differ by more (fairness)
+
+    def __post_init__(self) -> None:
+        for key in ("budget_minutes", "eval_every_minutes", "length_batch_tokens", "repeats",
+                    "decode_sentences", "decode_repeats", "beam_size", "max_param_gap"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"compare.{key}={getattr(self, key)!r}: must be a number > 0")
+        if not self.lengths or not all(n > 0 for n in self.lengths):
+            raise ConfigError(f"compare.lengths={list(self.lengths)}: must be positive integers")
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     name: str = "experiment"
     data: DataConfig = field(default_factory=DataConfig)
@@ -215,128 +231,17 @@ def save_config(cfg: ExperimentConfig, path: Path) -> None:
 
 def from_dict(raw: dict[str, Any]) -> ExperimentConfig:
     """Build and validate a config from a nested dict (e.g. the one stored in a checkpoint)."""
-    return _build(ExperimentConfig, raw, "")
+    return build(ExperimentConfig, raw, "")
 
 
 def load_config(path: Path | str | None, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
     """Read YAML (safe loader), apply `section.key=value` overrides, build and validate."""
     raw: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        try:
-            data = path.read_bytes()
-            text = data.decode("utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read config ({e.strerror or e})") from None
-        except UnicodeDecodeError as e:
-            line = data.count(b"\n", 0, e.start) + 1
-            raise ConfigError(f"{path}: line {line}: invalid UTF-8 (byte {data[e.start]:#04x})") from None
-        try:
-            raw = yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ConfigError(f"{path}:{where}: YAML syntax error: {problem}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")
-        raw.setdefault("name", path.stem)
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected section.key=value")
-        node = raw
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {key}: {part} is not a section")
-        try:
-            node[parts[-1]] = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError:
-            node[parts[-1]] = value
+        raw = read_yaml(Path(path))
+        raw.setdefault("name", Path(path).stem)
+    set_overrides(raw, overrides)
     try:
         return from_dict(raw)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}" if path is not None else str(e)) from None
-
-
-_ENV = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")
-
-
-def _expand_env(value: str) -> str:
-    """`${VAR}` and `${VAR:-default}` in string values, so configs can point at local data."""
-    return _ENV.sub(lambda m: os.environ.get(m.group(1)) or (m.group(2) or ""), value)
-
-
-def _build(cls: type, raw: Any, prefix: str) -> Any:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {raw!r}")
-    if cls is ExperimentConfig and isinstance(raw.get("model"), dict):
-        kind = raw["model"].get("kind", "transformer")
-        if kind not in MODEL_KINDS:
-            raise ConfigError(f"model.kind={kind!r}: allowed: {', '.join(MODEL_KINDS)}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in fields(cls)]
-    for key in raw:
-        if key not in names:
-            where = f"{prefix}{key}"
-            section = prefix.rstrip(".") or "top level"
-            raise ConfigError(f"unknown key {where!r}; allowed in {section}: {', '.join(names)}")
-    kwargs = {}
-    for f in fields(cls):
-        if f.name not in raw:
-            continue
-        key = f"{prefix}{f.name}"
-        tp = hints[f.name]
-        if f.name == "model" and cls is ExperimentConfig:
-            tp = MODEL_KINDS[raw["model"].get("kind", "transformer")]
-        kwargs[f.name] = _check(tp, raw[f.name], key)
-    try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{prefix.rstrip('.')}: {e}") from None
-
-
-def _check(tp: Any, value: Any, key: str) -> Any:
-    """Return `value` converted to type `tp`, or raise ConfigError naming `key`."""
-    if is_dataclass(tp):
-        return _build(tp, value, key + ".")
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r}: allowed: {', '.join(map(str, allowed))}")
-        return value
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise ConfigError(f"{key}={value!r}: expected a list of {len(args)} values")
-        return tuple(_check(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            if arg is type(None) and value is None:
-                return None
-        tp = next(a for a in typing.get_args(tp) if a is not type(None))
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML reads "5e-4" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return _expand_env(str(value))
-    raise ConfigError(f"{key}={value!r}: expected {tp.__name__}, got {type(value).__name__}")

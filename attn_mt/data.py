@@ -1,4 +1,5 @@
-"""Parallel data: local files, JSONL or Hugging Face datasets -> (src, tgt) pairs -> token batches.
+"""Parallel data: local files, JSONL or Hugging Face datasets -> (src, tgt) pairs -> a tokenized
+`Corpus` -> token batches.
 
 Every source ends as a `datasets.Dataset` with string columns `src` and `tgt`; training
 batches are built by token count from length-sorted buckets, so padding stays small.
@@ -15,7 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .config import DataConfig
+from .config import DataConfig, ExperimentConfig
+from .tokenizer import Tokenizer, train_or_load
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +26,8 @@ class DataError(ValueError):
     """Unusable data; the message names the file, line or split."""
 
 
-def _read_lines(path: Path) -> list[str]:
+def read_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file, stripped; DataError names the file and line of bad bytes."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -45,7 +48,7 @@ def _read_lines(path: Path) -> list[str]:
 def _from_files(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
     src_path = Path(cfg.dir) / f"{split}.{cfg.src_lang}"
     tgt_path = Path(cfg.dir) / f"{split}.{cfg.tgt_lang}"
-    src, tgt = _read_lines(src_path), _read_lines(tgt_path)
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
         raise DataError(
             f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}"
@@ -56,7 +59,7 @@ def _from_files(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
 def _from_jsonl(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
     path = Path(cfg.dir) / f"{split}.jsonl"
     src, tgt = [], []
-    for i, line in enumerate(_read_lines(path), 1):
+    for i, line in enumerate(read_lines(path), 1):
         if not line:
             continue
         try:
@@ -187,3 +190,46 @@ def token_batches(src_lens: list[int], tgt_lens: list[int], batch_tokens: int,
     if shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
+
+
+@dataclass
+class Corpus:
+    """Tokenized splits: for each split, the raw texts and their token ids."""
+
+    tok: Tokenizer
+    text: dict[str, tuple[list[str], list[str]]]  # split -> (src texts, tgt texts)
+    ids: dict[str, tuple[list[list[int]], list[list[int]]]]  # split -> (src ids, tgt ids)
+
+    def lengths(self, split: str) -> tuple[list[int], list[int]]:
+        """Token counts (src, tgt) of each pair of a split, without bos/eos."""
+        src, tgt = self.ids[split]
+        return [len(s) for s in src], [len(t) for t in tgt]
+
+    def batches(self, split: str, index: list[list[int]]):
+        """Collated `Batch`es of the pairs in each index batch."""
+        src, tgt = self.ids[split]
+        for b in index:
+            yield collate([src[i] for i in b], [tgt[i] for i in b], self.tok.pad_id, self.tok.bos_id,
+                          self.tok.eos_id)
+
+
+def load_corpus(cfg: ExperimentConfig, run_dir: Path, max_positions: int) -> Corpus:
+    """Read the three splits, train or reuse the tokenizer, encode, filter training pairs by length."""
+    splits = cfg.data.splits
+    text = {}
+    for name in (splits.train, splits.valid, splits.test):
+        cols = load_pairs(cfg.data, name).to_dict()
+        text[name] = (cols["src"], cols["tgt"])
+    tok = train_or_load(cfg.tokenizer, *text[splits.train], run_dir)
+    ids = {name: (tok.encode_src(s), tok.encode_tgt(t)) for name, (s, t) in text.items()}
+    limit = min(cfg.data.max_len, max_positions - 1)
+    src, tgt = ids[splits.train]
+    keep = [i for i in range(len(src)) if len(src[i]) <= limit and len(tgt[i]) <= limit]
+    if not keep:
+        raise DataError(f"split {splits.train!r}: no pair has at most {limit} tokens per side "
+                        "(data.max_len / model.max_positions)")
+    if len(keep) < len(src):
+        log.info("dropped %d of %d training pairs longer than %d tokens", len(src) - len(keep), len(src),
+                 limit)
+    ids[splits.train] = ([src[i] for i in keep], [tgt[i] for i in keep])
+    return Corpus(tok, text, ids)

@@ -11,6 +11,7 @@ from torch import Tensor
 from .beam import Hypothesis, beam_search, length_penalty
 from .config import DecodeConfig
 from .data import pad
+from .models import Seq2Seq
 from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ def max_lengths(src_lens: Tensor, cfg: DecodeConfig, limit: int) -> Tensor:
 
 
 @torch.inference_mode()
-def greedy_search(model, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int,
+def greedy_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int,
                   alpha: float = 0.0, use_cache: bool = True) -> list[Hypothesis]:
     """Most likely next token at each step, for a batch. src: (B, S); max_len: (B,).
 
@@ -56,7 +57,7 @@ def greedy_search(model, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: i
     return out
 
 
-def greedy(model, src: Tensor, max_len: Tensor, bos_id: int, eos_id: int,
+def greedy(model: Seq2Seq, src: Tensor, max_len: Tensor, bos_id: int, eos_id: int,
            use_cache: bool = True) -> list[list[int]]:
     """Greedy token ids (without bos/eos) for a batch; see `greedy_search`."""
     return [h.tokens for h in greedy_search(model, src, max_len, bos_id=bos_id, eos_id=eos_id,
@@ -74,7 +75,7 @@ def prepare_sources(tok: Tokenizer, texts: list[str], limit: int) -> list[list[i
     return [s[: limit - 1] + [tok.eos_id] for s in ids]
 
 
-def search(model, tok: Tokenizer, src: Tensor, max_len: Tensor, cfg: DecodeConfig,
+def search(model: Seq2Seq, tok: Tokenizer, src: Tensor, max_len: Tensor, cfg: DecodeConfig,
            use_cache: bool = True) -> list[list[Hypothesis]]:
     """n-best lists for a batch of source ids (B, S): greedy for beam_size 1, else beam search."""
     ids = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, alpha=cfg.alpha, use_cache=use_cache)
@@ -92,7 +93,7 @@ class Translation:
     score: float
 
 
-def translate_nbest(model, tok: Tokenizer, texts: list[str], cfg: DecodeConfig,
+def translate_nbest(model: Seq2Seq, tok: Tokenizer, texts: list[str], cfg: DecodeConfig,
                     device: torch.device | str = "cpu", use_cache: bool = True) -> list[list[Translation]]:
     """The `cfg.nbest` best translations of each text, best first, in input order.
 
@@ -117,7 +118,7 @@ def translate_nbest(model, tok: Tokenizer, texts: list[str], cfg: DecodeConfig,
     return out
 
 
-def translate(model, tok: Tokenizer, texts: list[str], cfg: DecodeConfig,
+def translate(model: Seq2Seq, tok: Tokenizer, texts: list[str], cfg: DecodeConfig,
               device: torch.device | str = "cpu", use_cache: bool = True) -> list[str]:
     """The best translation of each text, in input order (greedy, or beam search if beam_size > 1)."""
     return [n[0].text for n in translate_nbest(model, tok, texts, cfg, device, use_cache)]

@@ -90,3 +90,15 @@ def describe(device: torch.device) -> str:
     """One line for reports: the device name with the core count (CPU) ."""
     name = device_name(device)
     return name if device.type == "cuda" else f"{name}, {os.cpu_count()} cores"
+
+
+def rng_state(device: torch.device) -> dict:
+    """The random number generators' state (CPU, and CUDA on a CUDA device), for checkpoints."""
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None}
+
+
+def set_rng_state(rng: dict, device: torch.device) -> None:
+    torch.set_rng_state(rng["torch"])
+    if device.type == "cuda" and rng.get("cuda") is not None:
+        torch.cuda.set_rng_state_all(rng["cuda"])

@@ -1,8 +1,19 @@
-"""Corpus BLEU and chrF with sacrebleu (detokenized, cased, 13a), with their signatures."""
+"""Metrics: corpus BLEU and chrF with sacrebleu (detokenized, cased, 13a) with their signatures, and
+a model's validation loss, validation BLEU and test scores."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import torch
 from sacrebleu.metrics import BLEU, CHRF
+
+from .config import ExperimentConfig
+from .data import Corpus, token_batches
+from .decode import translate
+from .device import autocast, rng_state, set_rng_state
+from .models import Seq2Seq
+from .trainer import loss_sum
 
 
 def score(hyps: list[str], refs: list[str]) -> dict:
@@ -17,4 +28,43 @@ def score(hyps: list[str], refs: list[str]) -> dict:
 
 
 def bleu(hyps: list[str], refs: list[str]) -> float:
+    """Corpus BLEU, rounded to 2 decimals."""
     return round(BLEU().corpus_score(hyps, [refs]).score, 2)
+
+
+@torch.inference_mode()
+def evaluate_loss(model: Seq2Seq, corpus: Corpus, split: str, batch_tokens: int, device: torch.device,
+                  precision: str) -> float:
+    """Mean per-token cross-entropy (no smoothing) on a split."""
+    model.eval()
+    index = token_batches(*corpus.lengths(split), batch_tokens, 0, 0, shuffle=False)
+    total, n = torch.zeros((), device=device), 0
+    for batch in corpus.batches(split, index):
+        batch = batch.to(device)
+        with autocast(device, precision):
+            total += loss_sum(model, batch, 0.0, corpus.tok.pad_id)
+        n += batch.n_tokens
+    return total.item() / max(n, 1)
+
+
+def validate(model: Seq2Seq, corpus: Corpus, cfg: ExperimentConfig, device: torch.device,
+             precision: str) -> tuple[float, float]:
+    """(validation loss, greedy BLEU on train.bleu_sentences sentences); leaves the RNG as it was."""
+    rng = rng_state(device)
+    split = cfg.data.splits.valid
+    valid_loss = evaluate_loss(model, corpus, split, cfg.train.batch_tokens, device, precision)
+    src, ref = (x[: cfg.train.bleu_sentences] for x in corpus.text[split])
+    with autocast(device, precision):
+        hyps = translate(model, corpus.tok, src, replace(cfg.decode, beam_size=1, nbest=1), device)
+    set_rng_state(rng, device)
+    model.train()
+    return valid_loss, bleu(hyps, ref)
+
+
+def score_test_split(model: Seq2Seq, corpus: Corpus, cfg: ExperimentConfig, device: torch.device,
+                precision: str) -> tuple[list[str], dict]:
+    """Translate the test split with the configured decoding; (hypotheses, sacrebleu scores)."""
+    test_src, test_ref = corpus.text[cfg.data.splits.test]
+    with autocast(device, precision):
+        hyps = translate(model, corpus.tok, test_src, cfg.decode, device)
+    return hyps, score(hyps, test_ref)

@@ -8,7 +8,6 @@ measured alongside, since on a 2-core machine one other busy process halves a 2-
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 from contextlib import contextmanager
@@ -20,12 +19,7 @@ from torch import nn
 
 from .config import DecodeConfig
 from .decode import translate
-
-
-def sync(device: torch.device) -> None:
-    """Wait for queued device work, so host timers measure it (a no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from .device import sync
 
 
 def _busy_cpu_seconds() -> float | None:
@@ -62,22 +56,6 @@ class LoadMeter:
 def _own_cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
-
-
-def machine(device: torch.device, precision: str) -> dict:
-    """Where the numbers come from."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-        except (OSError, StopIteration):
-            pass
-    return {"device": str(device), "device_name": name, "threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(), "torch": torch.__version__, "precision": precision,
-            "python": platform.python_version()}
 
 
 def train_step_seconds(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, autocast) -> float:

@@ -40,6 +40,11 @@ class Tokenizer:
     def tgt_vocab_size(self) -> int:
         return self.tgt.get_piece_size()
 
+    def sizes(self) -> dict:
+        """What a model needs to know of the vocabulary: `build_model(cfg.model, **tok.sizes())`."""
+        return {"src_vocab": self.src_vocab_size, "tgt_vocab": self.tgt_vocab_size, "pad_id": self.pad_id,
+                "shared_vocab": self.joint}
+
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         return self.src.encode(texts)
 

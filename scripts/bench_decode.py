@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from attn_mt.checkpoint import load_model
-from attn_mt.data import _read_lines
+from attn_mt.data import read_lines
 from attn_mt.decode import translate
 from attn_mt.evaluate import score
 
@@ -44,7 +44,7 @@ def load1() -> float:
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     model, cfg, tok = load_model(args.checkpoint, "cpu")
-    sources, refs = _read_lines(args.src), _read_lines(args.ref)
+    sources, refs = read_lines(args.src), read_lines(args.ref)
     if args.limit:
         sources, refs = sources[: args.limit], refs[: args.limit]
     cfgs = {name: replace(cfg.decode, beam_size=k, nbest=1, batch_size=args.batch_size)

@@ -21,40 +21,32 @@ from pathlib import Path
 import torch
 
 from attn_mt.config import load_config
-from attn_mt.data import token_batches
+from attn_mt.data import load_corpus, token_batches
+from attn_mt.device import pick_device
+from attn_mt.evaluate import evaluate_loss
 from attn_mt.models import build_model
-from attn_mt.train import (
-    batch_iter,
-    evaluate_loss,
-    forward_backward,
-    load_corpus,
-    lr_at,
-    optimizer_step,
-    pick_device,
-)
+from attn_mt.schedule import lr_at
+from attn_mt.trainer import TrainStep
 
 
 def curve(cfg, corpus, device: torch.device, precision: str, steps: int, every: int) -> dict:
     """Validation loss every `every` steps of training in `precision`, and the training seconds."""
     tc, tok, split = cfg.train, corpus.tok, cfg.data.splits.train
     torch.manual_seed(tc.seed)
-    model = build_model(cfg.model, src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size,
-                        pad_id=tok.pad_id, shared_vocab=tok.joint).to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr_at(1, tc), betas=tc.betas, weight_decay=tc.weight_decay)
-    scaler = torch.amp.GradScaler(device.type, enabled=False)
+    model = build_model(cfg.model, **tok.sizes()).to(device).train()
+    trainer = TrainStep(model, tc, device, precision)
     src_lens, tgt_lens = ([len(x) for x in side] for side in corpus.ids[split])
     points, seconds, step, epoch = [], 0.0, 0, 0
     while step < steps:
         for batch in token_batches(src_lens, tgt_lens, tc.batch_tokens, tc.seed, epoch):
             t0 = time.perf_counter()
             n_tokens = sum(tgt_lens[i] + 1 for i in batch)
-            loss = forward_backward(model, batch_iter(corpus, split, [batch]), n_tokens, scaler, tc, device,
-                                    precision, tok.pad_id)
-            optimizer_step(model, opt, scaler, loss, lr_at(step + 1, tc), tc.clip_norm)
+            loss = trainer.backward(corpus.batches(split, [batch]), n_tokens)
+            trainer.apply(loss, lr_at(step + 1, tc))
             seconds += time.perf_counter() - t0
             step += 1
             if step % every == 0 or step == steps:
-                loss = evaluate_loss(model, corpus, cfg.data.splits.valid, cfg, device, precision)
+                loss = evaluate_loss(model, corpus, cfg.data.splits.valid, tc.batch_tokens, device, precision)
                 points.append((step, loss))
                 model.train()
                 print(f"{precision} step {step}: valid loss {points[-1][1]:.4f}", flush=True)

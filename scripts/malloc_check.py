@@ -26,10 +26,11 @@ def child(args) -> None:
     import torch
 
     from attn_mt.config import load_config
-    from attn_mt.data import token_batches
+    from attn_mt.data import load_corpus, token_batches
+    from attn_mt.device import pick_precision
     from attn_mt.memory import reuse_freed_memory
     from attn_mt.models import build_model
-    from attn_mt.train import batch_iter, forward_backward, load_corpus, optimizer_step, pick_precision
+    from attn_mt.trainer import TrainStep
 
     applied = reuse_freed_memory()
     cfg = load_config(args.config, args.overrides)
@@ -38,10 +39,8 @@ def child(args) -> None:
     corpus = load_corpus(cfg, args.tok_dir, cfg.model.max_positions)
     tok, split = corpus.tok, cfg.data.splits.train
     torch.manual_seed(tc.seed)
-    model = build_model(cfg.model, src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size,
-                        pad_id=tok.pad_id, shared_vocab=tok.joint).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    model = build_model(cfg.model, **tok.sizes()).train()
+    trainer = TrainStep(model, tc, device, precision)
     src_lens, tgt_lens = ([len(x) for x in side] for side in corpus.ids[split])
     batches = token_batches(src_lens, tgt_lens, tc.batch_tokens, tc.seed, 0)[: args.warmup + args.steps]
     seconds, tokens = 0.0, 0
@@ -50,9 +49,7 @@ def child(args) -> None:
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         n_tokens = sum(tgt_lens[j] + 1 for j in batch)
         t0 = time.perf_counter()
-        loss = forward_backward(model, batch_iter(corpus, split, [batch]), n_tokens, scaler, tc, device,
-                                precision, tok.pad_id)
-        optimizer_step(model, opt, scaler, loss, 1e-4, tc.clip_norm)
+        trainer.apply(trainer.backward(corpus.batches(split, [batch]), n_tokens), 1e-4)
         if i >= args.warmup:
             seconds, tokens = seconds + time.perf_counter() - t0, tokens + n_tokens
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults

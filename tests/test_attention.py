@@ -2,14 +2,18 @@ import torch
 
 from attn_mt.config import TransformerConfig
 from attn_mt.models import build_model
-from attn_mt.models.attention import MultiHeadAttention, attention, causal_mask, padding_mask
+from attn_mt.models.attention import CrossAttention, SelfAttention, attention, causal_mask, padding_mask
 
 
 def both_paths(mha, *args, **kwargs):
+    """Outputs of the SDPA and the reference path, and the weights the reference path returns."""
     mha.impl = "sdpa"
-    fast = mha(*args, **kwargs)
+    fast, none = mha(*args, **kwargs)
+    assert none is None  # weights only when asked for
     mha.impl = "reference"
-    ref = mha(*args, **kwargs)
+    ref, _ = mha(*args, **kwargs)
+    _, weights = mha(*args, **kwargs, need_weights=True)
+    both_paths.weights = weights
     return fast, ref
 
 
@@ -25,11 +29,11 @@ def test_reference_is_the_textbook_formula():
 
 def test_sdpa_matches_reference_with_padding_and_causal_masks():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(d_model=32, n_heads=4).eval()
+    mha = SelfAttention(d_model=32, n_heads=4).eval()
     x, ctx = torch.randn(3, 7, 32), torch.randn(3, 9, 32)
     ids = torch.tensor([[5] * 9, [5] * 6 + [0] * 3, [5] * 2 + [0] * 7])
     src_mask = padding_mask(ids, 0)
-    cross = MultiHeadAttention(d_model=32, n_heads=4, cross=True).eval()
+    cross = CrossAttention(d_model=32, n_heads=4).eval()
     cross.load_state_dict({k: v for k, v in cross.state_dict().items()})
     fast, ref = both_paths(cross, x, ctx, src_mask)
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
@@ -40,15 +44,15 @@ def test_sdpa_matches_reference_with_padding_and_causal_masks():
     tgt_pad = padding_mask(torch.tensor([[5] * 7, [5] * 4 + [0] * 3, [5] * 7]), 0)
     fast, ref = both_paths(mha, x, mask=tgt_pad & causal_mask(7), causal=False)
     torch.testing.assert_close(fast, ref, atol=1e-5, rtol=1e-5)
-    assert mha.last_weights.shape == (3, 4, 7, 7)
+    assert both_paths.weights.shape == (3, 4, 7, 7)
 
 
 def test_padded_keys_get_zero_weight():
     torch.manual_seed(0)
-    mha = MultiHeadAttention(d_model=16, n_heads=2, impl="reference").eval()
+    mha = SelfAttention(d_model=16, n_heads=2).eval()
     ids = torch.tensor([[4, 4, 4, 0, 0]])
-    mha(torch.randn(1, 5, 16), mask=padding_mask(ids, 0))
-    assert torch.all(mha.last_weights[..., 3:] == 0)
+    _, weights = mha(torch.randn(1, 5, 16), mask=padding_mask(ids, 0), need_weights=True)
+    assert torch.all(weights[..., 3:] == 0)
 
 
 def tiny_model(impl="sdpa"):

@@ -17,8 +17,7 @@ import yaml
 from conftest import TINY
 from typer.testing import CliRunner
 
-from attn_mt import checkpoint
-from attn_mt import train as train_mod
+from attn_mt import checkpoint, rundir
 from attn_mt.cli import app
 from attn_mt.config import load_config
 from attn_mt.decode import translate
@@ -182,7 +181,7 @@ def test_debug_shows_the_exception(tmp_path):
 
 
 def test_nearly_full_disk_is_refused_before_training(tmp_path, monkeypatch):
-    monkeypatch.setattr(train_mod.shutil, "disk_usage", lambda path: SimpleNamespace(free=100 << 10))
+    monkeypatch.setattr(rundir.shutil, "disk_usage", lambda path: SimpleNamespace(free=100 << 10))
     result = cli("train", "-c", write_config(tmp_path / "c.yaml"), "--out", tmp_path / "run")
     assert result.exit_code == 1 and "run: 0.1 MiB free on disk, checkpoints need about" in result.stderr
     assert not list((tmp_path / "run").glob("*.pt")) and not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -20,9 +20,11 @@ from torch import nn
 from typer.testing import CliRunner
 
 from attn_mt import checkpoint
-from attn_mt import train as train_mod
+from attn_mt import trainer as trainer_mod
 from attn_mt.cli import app
-from attn_mt.train import TrainError, optimizer_step, train
+from attn_mt.config import TrainConfig
+from attn_mt.train import TrainError, train
+from attn_mt.trainer import TrainStep
 
 ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
 
@@ -37,15 +39,15 @@ class Killed(BaseException):
 
 def kill_at_step(monkeypatch, n: int) -> None:
     """Make the n-th optimizer step die after its forward and backward pass."""
-    real, calls = train_mod.optimizer_step, [0]
+    real, calls = TrainStep.apply, [0]
 
-    def step(*args, **kwargs):
+    def step(self, *args, **kwargs):
         calls[0] += 1
         if calls[0] == n:
             raise Killed
-        return real(*args, **kwargs)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(train_mod, "optimizer_step", step)
+    monkeypatch.setattr(TrainStep, "apply", step)
 
 
 def kill_saving(name: str):
@@ -219,7 +221,7 @@ def test_sigkill_while_saving_never_leaves_a_broken_checkpoint(tmp_path):
 
 def poison_losses(monkeypatch, bad_calls) -> None:
     """Training losses number `bad_calls` (1-based) become NaN or inf, gradients included."""
-    real, calls = train_mod.loss_sum, [0]
+    real, calls = trainer_mod.loss_sum, [0]
 
     def loss_sum(*args, **kwargs):
         loss = real(*args, **kwargs)
@@ -230,7 +232,7 @@ def poison_losses(monkeypatch, bad_calls) -> None:
             return loss * (float("nan") if calls[0] % 2 else float("inf"))
         return loss
 
-    monkeypatch.setattr(train_mod, "loss_sum", loss_sum)
+    monkeypatch.setattr(trainer_mod, "loss_sum", loss_sum)
 
 
 def test_non_finite_loss_skips_the_step_and_is_counted(tiny_cfg, tmp_path, monkeypatch):
@@ -252,13 +254,13 @@ def test_too_many_non_finite_losses_stop_the_run(tiny_cfg, tmp_path, monkeypatch
 def test_non_finite_gradient_skips_the_step():
     """A finite loss with an infinite gradient changes neither the weights nor the optimizer."""
     layer = nn.Linear(2, 2)
-    opt = torch.optim.AdamW(layer.parameters())
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    step = TrainStep(layer, TrainConfig(clip_norm=1.0), torch.device("cpu"), "fp32")
+    opt = step.opt
     before = [p.detach().clone() for p in layer.parameters()]
     layer.weight.grad, layer.bias.grad = torch.full((2, 2), float("inf")), torch.zeros(2)
-    assert optimizer_step(layer, opt, scaler, torch.tensor(1.0), lr=1e-3, clip_norm=1.0) is None
+    assert step.apply(torch.tensor(1.0), lr=1e-3) is None
     assert all(torch.equal(a, b) for a, b in zip(before, layer.parameters(), strict=True))
     assert not opt.state and layer.weight.grad is None
     layer.weight.grad, layer.bias.grad = torch.ones(2, 2), torch.ones(2)
-    assert optimizer_step(layer, opt, scaler, torch.tensor(1.0), lr=1e-3, clip_norm=1.0) == 1.0
+    assert step.apply(torch.tensor(1.0), lr=1e-3) == 1.0
     assert not torch.equal(before[0], layer.weight)

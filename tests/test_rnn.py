@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from attn_mt import checkpoint
 from attn_mt.config import DecodeConfig, RNNConfig, to_dict
 from attn_mt.decode import greedy, translate
-from attn_mt.models import build_model
-from attn_mt.models.rnn import RNNSeq2Seq
+from attn_mt.models import AttentionWeights, build_model
+from attn_mt.models.rnn import RNNCache, RNNSeq2Seq
 from attn_mt.tokenizer import Tokenizer
 
 PAD, BOS, EOS, V = 0, 2, 3, 40
@@ -38,11 +38,20 @@ def test_shapes(cell, n_layers):
     model = make(cell=cell, n_layers=n_layers)
     src, tgt = batch()
     mask = model.src_mask(src)
-    assert mask.shape == (3, 7)
+    assert mask.shape == (3, 1, 1, 7)  # the Transformer's convention
     assert model.encode(src, mask).shape == (3, 7, 32)  # (B, S, 2Hd)
     assert model(src, tgt).shape == (3, 5, V)
-    assert model.last_weights.shape == (3, 5, 7)
-    assert torch.allclose(model.last_weights.sum(-1), torch.ones(3, 5))
+    weights = cross_weights(model, src, tgt)
+    assert weights.shape == (3, 5, 7)
+    assert torch.allclose(weights.sum(-1), torch.ones(3, 5))
+
+
+def cross_weights(model, src, tgt) -> torch.Tensor:
+    """The additive attention of a teacher-forced pass, (B, T, S)."""
+    weights, mask = AttentionWeights(), model.src_mask(src)
+    model.decode(tgt, model.encode(src, mask, weights), mask, weights=weights)
+    assert not weights.encoder_self and not weights.decoder_self and len(weights.cross) == 1
+    return weights.cross[0][:, 0]
 
 
 def test_embeddings_tied_and_separate():
@@ -59,8 +68,9 @@ def test_padded_source_positions_are_ignored(cell):
     model = make(cell=cell)
     src, tgt = batch()
     logits = model(src, tgt)
-    assert (model.last_weights[1, :, 4:] == 0).all()  # no attention on padding
-    assert (model.last_weights[2, :, 6:] == 0).all()
+    weights = cross_weights(model, src, tgt)
+    assert (weights[1, :, 4:] == 0).all()  # no attention on padding
+    assert (weights[2, :, 6:] == 0).all()
     longer = F.pad(src, (0, 5), value=PAD)  # five more pad columns
     assert torch.allclose(model(longer, tgt), logits, atol=1e-5)
     alone = model(src[1:2, :4], tgt[1:2])  # sentence 1 without any padding or neighbours
@@ -87,7 +97,7 @@ def test_reorder_cache_follows_the_batch():
     cache = model.new_cache()
     model.decode(tgt[:, :2], memory, mask, cache)
     index = torch.tensor([2, 2, 0, 1])  # as beam search does: keep, repeat, reorder rows
-    model.reorder_cache(cache, index)
+    cache.reorder(index)
     got = model.decode(tgt[index, 2:3], memory[index], mask[index], cache)
     want = model.decode(tgt[index, :3], memory[index], mask[index])[:, 2:3]
     assert torch.allclose(got, want, atol=1e-5)
@@ -141,8 +151,7 @@ def test_checkpoint_round_trip(rnn_run, tmp_path):
     cfg = replace(checkpoint.model_from_state(state)[1], model=RNNConfig(d_embed=24, d_hidden=20,
                                                                          cell="lstm", n_layers=2))
     torch.manual_seed(3)
-    model = build_model(cfg.model, src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size,
-                        pad_id=tok.pad_id, shared_vocab=tok.joint).eval()
+    model = build_model(cfg.model, **tok.sizes()).eval()
     checkpoint.save({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tok.state()},
                     tmp_path / "rnn.pt")
     loaded, _, _ = checkpoint.load_model(tmp_path / "rnn.pt")
@@ -154,10 +163,10 @@ def test_checkpoint_round_trip(rnn_run, tmp_path):
 def test_beam_search(rnn_run, monkeypatch):
     model, _, tok = checkpoint.load_model(rnn_run[1])
     calls = []
-    reorder = model.reorder_cache
-    monkeypatch.setattr(model, "reorder_cache", lambda c, i: calls.append(i) or reorder(c, i))
+    reorder = RNNCache.reorder
+    monkeypatch.setattr(RNNCache, "reorder", lambda c, i: calls.append(i) or reorder(c, i))
     texts = ["the small dog sees the cat.", "a woman likes the old horses.", "the child finds a book."]
     beam = translate(model, tok, texts, DecodeConfig(beam_size=4))
     if not calls:
-        pytest.skip("decode.translate has no beam search yet (reorder_cache was never called)")
+        pytest.skip("decode.translate has no beam search yet (the cache was never reordered)")
     assert len(beam) == 3 and all(isinstance(h, str) and h for h in beam)

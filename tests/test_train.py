@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from attn_mt.config import TrainConfig
-from attn_mt.train import budget_spent, lr_at, pick_precision, train
+from attn_mt.device import pick_precision
+from attn_mt.schedule import budget_spent, lr_at
+from attn_mt.train import train
 
 
 def test_lr_warmup_then_inverse_sqrt():

@@ -11,6 +11,7 @@ only, never queries. This is the convention of `F.scaled_dot_product_attention`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -62,32 +63,50 @@ class Dropout(nn.Dropout):
         return x * keep.to(x.dtype).mul_(65536 / (65536 - k))
 
 
-class MultiHeadAttention(nn.Module):
-    """Multi-head attention; self-attention when `context` is None, cross-attention otherwise.
+@dataclass
+class KV:
+    """Keys and values (B, H, L, Dh) one attention module keeps during incremental decoding."""
 
-    Q = x W_q, K = c W_k, V = c W_v; each is split into H heads of Dh = D / H features,
-    every head attends independently, and the heads are concatenated and projected by W_o.
-    Self-attention computes Q, K and V with one fused (D -> 3D) matmul; cross-attention
-    computes K and V of the context with one (D -> 2D) matmul.
+    k: Tensor | None = None
+    v: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.size(2)
+
+    def select(self, index: Tensor) -> None:
+        """Keep rows `index` of the batch, in place (beam search)."""
+        if self.k is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
+@dataclass
+class AttentionWeights:
+    """Attention weights collected for pictures: one (B, H, Tq, Tk) tensor per layer of each kind."""
+
+    encoder_self: list[Tensor] = field(default_factory=list)
+    decoder_self: list[Tensor] = field(default_factory=list)
+    cross: list[Tensor] = field(default_factory=list)
+
+
+class MultiHeadAttention(nn.Module):
+    """What self- and cross-attention share: H heads of Dh = D / H features, attended in parallel,
+    concatenated and projected by W_o. Subclasses compute Q, K and V.
+
+    `impl` picks the kernel: "sdpa" (F.scaled_dot_product_attention, fast) or "reference"
+    (the `attention` function above, written out). Asking for the weights always takes the
+    reference path, since SDPA does not return them.
     """
 
-    def __init__(self, *, d_model: int, n_heads: int, dropout: float = 0.0,
-                 cross: bool = False, impl: str = "sdpa") -> None:
+    def __init__(self, *, d_model: int, n_heads: int, dropout: float = 0.0, impl: str = "sdpa") -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        if impl not in ("sdpa", "reference"):
+            raise ValueError(f"impl={impl!r}: expected 'sdpa' or 'reference'")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
-        self.cross = cross
-        self.impl = impl  # "sdpa" (fast) or "reference" (keeps weights in self.last_weights)
-        self.dropout = dropout
-        if cross:
-            self.q_proj = nn.Linear(d_model, d_model)
-            self.kv_proj = nn.Linear(d_model, 2 * d_model)  # [W_k; W_v]
-        else:
-            self.qkv_proj = nn.Linear(d_model, 3 * d_model)  # [W_q; W_k; W_v]
+        self.impl, self.dropout = impl, dropout
         self.out_proj = nn.Linear(d_model, d_model)
         self.attn_dropout = Dropout(dropout)
-        self.last_weights: Tensor | None = None
 
     def _split_heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -97,39 +116,15 @@ class MultiHeadAttention(nn.Module):
         b, _, t, _ = x.shape
         return x.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, D)
 
-    def project_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of a cross-attention context (B, S, D) -> 2 x (B, H, S, Dh)."""
-        k, v = self.kv_proj(context).chunk(2, dim=-1)
-        return self._split_heads(k), self._split_heads(v)
-
-    def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,
-                *, causal: bool = False, cache: dict | None = None) -> Tensor:
-        """x: (B, T, D); context: (B, S, D) or None; returns (B, T, D).
-
-        `causal=True` adds the causal mask. `cache` (incremental decoding) holds this layer's
-        keys and values: self-attention appends the new positions to them; cross-attention
-        computes the context's keys and values once and reuses them.
-        """
-        if self.cross:
-            q = self._split_heads(self.q_proj(x))  # (B, H, T, Dh)
-            if cache is not None and "k" in cache:
-                k, v = cache["k"], cache["v"]
-            else:
-                k, v = self.project_kv(context)  # (B, H, S, Dh)
-                if cache is not None:
-                    cache["k"], cache["v"] = k, v
-        else:
-            q, k, v = (self._split_heads(y) for y in self.qkv_proj(x).chunk(3, dim=-1))
-            if cache is not None:
-                if "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=2)  # (B, H, past + T, Dh)
-                    v = torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
+                need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """Heads (B, H, T, Dh) and keys/values (B, H, S, Dh) -> output (B, T, D), weights or None."""
         p = self.dropout if self.training else 0.0
         t, s = q.size(2), k.size(2)
         # PyTorch's SDPA on CPU has no fused kernel with dropout: it falls back to the same math
         # with a slow Bernoulli mask, so there the explicit formula with our Dropout is faster.
-        explicit = self.impl == "reference" or (p > 0 and q.device.type == "cpu")
+        explicit = need_weights or self.impl == "reference" or (p > 0 and q.device.type == "cpu")
+        weights = None
         if causal and mask is None and t == s and not explicit:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
@@ -138,8 +133,58 @@ class MultiHeadAttention(nn.Module):
                 mask = future if mask is None else mask & future
             if explicit:
                 y, weights = attention(q, k, v, mask, self.attn_dropout if p else None)
-                if self.impl == "reference":
-                    self.last_weights = weights.detach()
             else:
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        return self.out_proj(self._merge_heads(y))  # (B, T, D)
+        return self.out_proj(self._merge_heads(y)), (weights.detach() if need_weights else None)
+
+
+class SelfAttention(MultiHeadAttention):
+    """Q, K and V from the same sequence, with one fused (D -> 3D) projection [W_q; W_k; W_v]."""
+
+    def __init__(self, *, d_model: int, n_heads: int, dropout: float = 0.0, impl: str = "sdpa") -> None:
+        super().__init__(d_model=d_model, n_heads=n_heads, dropout=dropout, impl=impl)
+        self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False, cache: KV | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x: (B, T, D) -> (output (B, T, D), weights (B, H, T, past + T) if need_weights else None).
+
+        `causal=True` adds the causal mask. With `cache`, x holds only the new positions: their
+        keys and values are appended to the cached ones, and the queries attend to all of them.
+        """
+        q, k, v = (self._split_heads(y) for y in self.qkv_proj(x).chunk(3, dim=-1))  # 3 x (B, H, T, Dh)
+        if cache is not None:
+            if cache.k is not None:
+                k = torch.cat([cache.k, k], dim=2)  # (B, H, past + T, Dh)
+                v = torch.cat([cache.v, v], dim=2)
+            cache.k, cache.v = k, v
+        return self._attend(q, k, v, mask, causal, need_weights)
+
+
+class CrossAttention(MultiHeadAttention):
+    """Q from the decoder, K and V from the encoder's memory, with one (D -> 2D) projection [W_k; W_v]."""
+
+    def __init__(self, *, d_model: int, n_heads: int, dropout: float = 0.0, impl: str = "sdpa") -> None:
+        super().__init__(d_model=d_model, n_heads=n_heads, dropout=dropout, impl=impl)
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.kv_proj = nn.Linear(d_model, 2 * d_model)
+
+    def project_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of a context (B, S, D) -> 2 x (B, H, S, Dh)."""
+        k, v = self.kv_proj(context).chunk(2, dim=-1)
+        return self._split_heads(k), self._split_heads(v)
+
+    def forward(self, x: Tensor, context: Tensor, mask: Tensor | None = None, *, cache: KV | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """x: (B, T, D), context: (B, S, D) -> (output (B, T, D), weights (B, H, T, S) or None).
+
+        With `cache`, the context's keys and values are computed once and reused.
+        """
+        q = self._split_heads(self.q_proj(x))  # (B, H, T, Dh)
+        if cache is not None and cache.k is not None:
+            k, v = cache.k, cache.v
+        else:
+            k, v = self.project_kv(context)  # (B, H, S, Dh)
+            if cache is not None:
+                cache.k, cache.v = k, v
+        return self._attend(q, k, v, mask, False, need_weights)

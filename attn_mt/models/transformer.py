@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from ..config import TransformerConfig
-from .attention import Dropout, MultiHeadAttention, padding_mask
+from .attention import KV, AttentionWeights, CrossAttention, Dropout, MultiHeadAttention, SelfAttention
+from .seq2seq import Seq2Seq, init_embeddings, make_embeddings
 
 
 class PositionalEncoding(nn.Module):
@@ -48,49 +50,81 @@ class Sublayer(nn.Module):
         return self.norm(x + self.dropout(fn(x)))
 
 
+def _keep(out: tuple[Tensor, Tensor | None], weights: list[Tensor] | None) -> Tensor:
+    """An attention module's output; its weights appended to `weights` when collecting them."""
+    y, w = out
+    if weights is not None:
+        weights.append(w)
+    return y
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         d, h, p = cfg.d_model, cfg.n_heads, cfg.dropout
-        self.self_attn = MultiHeadAttention(d_model=d, n_heads=h, dropout=p, impl=cfg.attention)
+        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p, impl=cfg.attention)
         self.ff = FeedForward(d, cfg.d_ff, p)
         self.sub = nn.ModuleList(Sublayer(d, p, cfg.norm_first) for _ in range(2))
 
-    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
-        x = self.sub[0](x, lambda y: self.self_attn(y, mask=src_mask))
+    def forward(self, x: Tensor, src_mask: Tensor, weights: AttentionWeights | None = None) -> Tensor:
+        want = weights is not None
+        x = self.sub[0](x, lambda y: _keep(self.self_attn(y, src_mask, need_weights=want),
+                                           weights.encoder_self if want else None))
         return self.sub[1](x, self.ff)
+
+
+@dataclass
+class DecoderCache:
+    """Per decoder layer: self-attention keys/values of the positions so far, and the cross-attention
+    keys/values of the memory (computed at the first step, then reused)."""
+
+    self_attn: list[KV]
+    cross_attn: list[KV]
+
+    def __len__(self) -> int:  # positions decoded so far
+        return len(self.self_attn[0])
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows `index` (B',) of the self-attention caches, in place (beam search).
+
+        The cross-attention keys and values are left as they are: beam search moves rows only
+        within a sentence's block of identical rows, where they are equal.
+        """
+        for kv in self.self_attn:
+            kv.select(index)
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         d, h, p = cfg.d_model, cfg.n_heads, cfg.dropout
-        self.self_attn = MultiHeadAttention(d_model=d, n_heads=h, dropout=p, impl=cfg.attention)
-        self.cross_attn = MultiHeadAttention(d_model=d, n_heads=h, dropout=p, cross=True, impl=cfg.attention)
+        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p, impl=cfg.attention)
+        self.cross_attn = CrossAttention(d_model=d, n_heads=h, dropout=p, impl=cfg.attention)
         self.ff = FeedForward(d, cfg.d_ff, p)
         self.sub = nn.ModuleList(Sublayer(d, p, cfg.norm_first) for _ in range(3))
 
-    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, cache: dict | None = None) -> Tensor:
+    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, self_kv: KV | None = None,
+                cross_kv: KV | None = None, weights: AttentionWeights | None = None) -> Tensor:
         # Target padding sits after every real token, so the causal mask alone keeps real
         # queries off pad keys; outputs at pad positions are ignored by the loss.
-        self_cache = cross_cache = None
-        if cache is not None:
-            self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
-        x = self.sub[0](x, lambda y: self.self_attn(y, causal=True, cache=self_cache))
-        x = self.sub[1](x, lambda y: self.cross_attn(y, memory, src_mask, cache=cross_cache))
+        want = weights is not None
+        x = self.sub[0](x, lambda y: _keep(self.self_attn(y, causal=True, cache=self_kv, need_weights=want),
+                                           weights.decoder_self if want else None))
+        x = self.sub[1](x, lambda y: _keep(self.cross_attn(y, memory, src_mask, cache=cross_kv, need_weights=want),
+                                           weights.cross if want else None))
         return self.sub[2](x, self.ff)
 
 
-class Transformer(nn.Module):
+class Transformer(Seq2Seq):
     """Encoder-decoder Transformer: `encode(src)` once, `decode(tgt_in, memory)` per step or batch."""
 
     def __init__(self, cfg: TransformerConfig, *, src_vocab: int, tgt_vocab: int, pad_id: int,
                  shared_vocab: bool) -> None:
         super().__init__()
         self.cfg, self.pad_id, self.d_model = cfg, pad_id, cfg.d_model
-        self.tgt_embed = nn.Embedding(tgt_vocab, cfg.d_model, padding_idx=pad_id)
-        share_src = shared_vocab and cfg.tie_embeddings
-        self.src_embed = self.tgt_embed if share_src else nn.Embedding(src_vocab, cfg.d_model, padding_idx=pad_id)
+        self.max_positions = cfg.max_positions
+        self.src_embed, self.tgt_embed = make_embeddings(src_vocab=src_vocab, tgt_vocab=tgt_vocab, dim=cfg.d_model,
+                                                         pad_id=pad_id, share=shared_vocab and cfg.tie_embeddings)
         self.pos = PositionalEncoding(cfg.d_model, cfg.max_positions)
         self.dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
@@ -99,69 +133,36 @@ class Transformer(nn.Module):
         self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.out_proj = nn.Linear(cfg.d_model, tgt_vocab, bias=False)
-        self._init_weights()
-        if cfg.tie_embeddings:
-            self.out_proj.weight = self.tgt_embed.weight
-
-    def _init_weights(self) -> None:
         for name, p in self.named_parameters():
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
-        for emb in {self.src_embed, self.tgt_embed}:
-            nn.init.normal_(emb.weight, std=self.d_model**-0.5)
-            emb.weight.data[self.pad_id].zero_()
-
-    @property
-    def max_positions(self) -> int:
-        return self.cfg.max_positions
-
-    def src_mask(self, src: Tensor) -> Tensor:
-        return padding_mask(src, self.pad_id)  # (B, 1, 1, S)
+        init_embeddings(self.src_embed, self.tgt_embed, pad_id=pad_id)
+        if cfg.tie_embeddings:
+            self.out_proj.weight = self.tgt_embed.weight
 
     def _embed(self, emb: nn.Embedding, ids: Tensor, offset: int = 0) -> Tensor:
         return self.dropout(self.pos(emb(ids) * math.sqrt(self.d_model), offset))
 
-    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
+    def encode(self, src: Tensor, src_mask: Tensor, weights: AttentionWeights | None = None) -> Tensor:
         """src: (B, S) ids -> memory (B, S, D)."""
         x = self._embed(self.src_embed, src)
         for layer in self.encoder:
-            x = layer(x, src_mask)
+            x = layer(x, src_mask, weights)
         return self.enc_norm(x)
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor,
-               cache: list[dict] | None = None) -> Tensor:
-        """tgt_in: (B, T) ids -> logits (B, T, V).
-
-        With `cache` (one dict per layer, initially empty), `tgt_in` holds only the new
-        positions; earlier keys and values come from the cache.
-        """
-        offset = cache[0]["self"]["k"].size(2) if cache and "self" in cache[0] else 0
-        x = self._embed(self.tgt_embed, tgt_in, offset)
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: DecoderCache | None = None,
+               weights: AttentionWeights | None = None) -> Tensor:
+        """tgt_in: (B, T) ids -> logits (B, T, V); with `cache`, only the new positions."""
+        x = self._embed(self.tgt_embed, tgt_in, 0 if cache is None else len(cache))
         for i, layer in enumerate(self.decoder):
-            x = layer(x, memory, src_mask, None if cache is None else cache[i])
+            kv = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])
+            x = layer(x, memory, src_mask, *kv, weights)
         return self.out_proj(self.dec_norm(x))
 
-    def new_cache(self) -> list[dict]:
-        return [{} for _ in self.decoder]
-
-    def reorder_cache(self, cache: list[dict], index: Tensor) -> list[dict]:
-        """Keep rows `index` (B',) of the self-attention caches, in place (beam search); returns it.
-
-        The cross-attention keys and values are left as they are: beam search moves rows only
-        within a sentence's block of identical rows, where they are equal.
-        """
-        for layer in cache:
-            if "k" in layer.get("self", {}):
-                kv = layer["self"]
-                kv["k"], kv["v"] = kv["k"].index_select(0, index), kv["v"].index_select(0, index)
-        return cache
-
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits (B, T, V) for a batch."""
-        src_mask = self.src_mask(src)
-        return self.decode(tgt_in, self.encode(src, src_mask), src_mask)
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache([KV() for _ in self.decoder], [KV() for _ in self.decoder])
 
     def set_attention_impl(self, impl: str) -> None:
         """Switch every attention module between "sdpa" and "reference"."""

@@ -1,0 +1,37 @@
+"""The learning-rate schedule and the training budget: pure functions of the step and the clock."""
+
+from __future__ import annotations
+
+import math
+
+from .config import TrainConfig
+
+
+def lr_at(step: int, cfg: TrainConfig, progress: float = 0.0) -> float:
+    """Linear warmup to cfg.lr over warmup_steps (step >= 1), then cfg.schedule: inverse-square-root
+    decay, or linear decay to 0 as `progress` (the spent fraction of the budget) goes from 0 to 1."""
+    step = max(step, 1)
+    warm = min(step / cfg.warmup_steps, 1.0) if cfg.warmup_steps else 1.0
+    if cfg.schedule == "linear":
+        return cfg.lr * warm * max(0.0, 1.0 - progress)
+    decay = math.sqrt(cfg.warmup_steps / step) if cfg.warmup_steps and step > cfg.warmup_steps else 1.0
+    return cfg.lr * warm * decay
+
+
+def budget_spent(cfg: TrainConfig, step: int, seconds: float, epochs: float) -> float:
+    """The fraction of the training budget used: the largest of steps, minutes and epochs."""
+    parts = [epochs / cfg.max_epochs]
+    if cfg.max_steps:
+        parts.append(step / cfg.max_steps)
+    if cfg.max_minutes:
+        parts.append(seconds / (cfg.max_minutes * 60))
+    return min(1.0, max(parts))
+
+
+def limit_reached(cfg: TrainConfig, step: int, seconds: float) -> str | None:
+    """Why training must stop now (train.max_steps or max_minutes reached), or None."""
+    if cfg.max_steps and step >= cfg.max_steps:
+        return f"reached train.max_steps={cfg.max_steps}"
+    if cfg.max_minutes and seconds >= cfg.max_minutes * 60:
+        return f"reached train.max_minutes={cfg.max_minutes}"
+    return None

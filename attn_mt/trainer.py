@@ -1,0 +1,193 @@
+"""The training step, in one place: forward, loss, backward with accumulation, unscale, clip,
+non-finite skip, optimizer and learning-rate step.
+
+`TrainStep` is that step for any model and any batches (`attn-mt bench` times it on fixed
+batches). `Trainer` adds a place in a corpus's batch stream and the counters of a run
+(`TrainState`); `train` drives one Trainer, `compare-rnn` two of them on one clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import distributed
+from .config import ExperimentConfig, TrainConfig
+from .data import Batch, Corpus, token_batches
+from .device import autocast
+from .distributed import World
+from .models import Seq2Seq
+from .schedule import budget_spent, lr_at
+
+log = logging.getLogger(__name__)
+
+
+class TrainError(RuntimeError):
+    """A run that cannot start or go on; the message says why."""
+
+
+class TrainInterrupted(TrainError):
+    """Ctrl-C: the run saved checkpoint_last.pt and stopped; `resume=True` continues it."""
+
+
+def loss_sum(model: nn.Module, batch: Batch, label_smoothing: float, pad_id: int) -> torch.Tensor:
+    """Summed (label-smoothed) cross-entropy over the batch's target tokens."""
+    logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
+                           ignore_index=pad_id, label_smoothing=label_smoothing, reduction="sum")
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW with the configured betas and weight decay; the rate is set at every step."""
+    return torch.optim.AdamW(model.parameters(), lr=lr_at(1, cfg), betas=cfg.betas, weight_decay=cfg.weight_decay)
+
+
+class TrainStep:
+    """A model's optimizer and gradient scaler, and the step that updates it.
+
+    `net` is what runs forward and backward: the model itself, or its DistributedDataParallel or
+    torch.compile wrapper. Under DDP (`world.enabled`) the batches are this rank's shards,
+    `n_tokens` counts the whole global batch, and the gradients are all-reduced once, after the
+    last batch (`no_sync` before it); DDP averages over ranks, hence the factor world.size.
+    """
+
+    def __init__(self, model: Seq2Seq, cfg: TrainConfig, device: torch.device, precision: str, *,
+                 net: nn.Module | None = None, world: World = World()) -> None:
+        self.model, self.net, self.cfg = model, net or model, cfg
+        self.device, self.precision, self.world = device, precision, world
+        self.opt = make_optimizer(model, cfg)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+    def backward(self, batches: Iterable[Batch], n_tokens: int, weights: list[float] | None = None) -> torch.Tensor:
+        """Accumulate the gradient of the mean token loss over `batches`; returns their summed loss."""
+        batches = list(batches)
+        weights = weights or [1.0] * len(batches)
+        total = torch.zeros((), device=self.device)
+        for i, (batch, weight) in enumerate(zip(batches, weights, strict=True)):
+            batch = batch.to(self.device)
+            last = i == len(batches) - 1
+            with contextlib.nullcontext() if last or not self.world.enabled else self.net.no_sync():
+                with autocast(self.device, self.precision):
+                    loss = loss_sum(self.net, batch, self.cfg.label_smoothing, self.model.pad_id) * weight
+                self.scaler.scale(loss * self.world.size / n_tokens).backward()
+            total += loss.detach()
+        return total
+
+    def apply(self, loss: torch.Tensor, lr: float) -> float | None:
+        """Clip and apply the gradients at rate `lr`; returns the summed loss, or None when the loss
+        or the gradient norm is not finite and the step was skipped."""
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.scaler.unscale_(self.opt)
+        checks = [loss]
+        if self.cfg.clip_norm:
+            norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
+            if not self.scaler.is_enabled():  # with fp16 the scaler itself skips steps with inf gradients
+                checks.append(norm)
+        values = torch.stack(checks).tolist()  # the one host sync of a step
+        finite = all(math.isfinite(v) for v in values)
+        if finite:
+            self.scaler.step(self.opt)
+        self.scaler.update()
+        self.opt.zero_grad(set_to_none=True)
+        return values[0] if finite else None
+
+
+@dataclass
+class TrainState:
+    """Where a run stands; with model, optimizer and RNG state, all that a resumed run needs."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # epochs completed
+    batch_in_epoch: int = 0  # batches of the current epoch already used
+    best_bleu: float = -1.0
+    bad_evals: int = 0  # evaluations since BLEU last improved
+    bad_steps: int = 0  # non-finite losses in a row
+    skipped_steps: int = 0  # steps skipped for a non-finite loss, in all
+    window_loss: float = 0.0  # summed loss and target tokens since the last progress update
+    window_tokens: int = 0
+    train_loss: float = math.nan  # mean loss per token over the last full window
+    elapsed_s: float = 0.0  # training seconds, over all processes of the run
+    tokens: int = 0  # target tokens trained on, in all
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one `Trainer.step` did: its summed loss (None: skipped), global target tokens and rate,
+    and the clock and Ctrl-C flag as every rank agreed on them."""
+
+    loss: float | None
+    n_tokens: int
+    lr: float
+    elapsed: float
+    interrupted: bool
+
+
+class Trainer(TrainStep):
+    """A TrainStep that walks through a corpus's token batches, epoch by epoch, in the order
+    (seed, epoch) fixes, keeping the counters of the run in `state`."""
+
+    def __init__(self, model: Seq2Seq, cfg: ExperimentConfig, corpus: Corpus, device: torch.device,
+                 precision: str, *, net: nn.Module | None = None, world: World = World()) -> None:
+        super().__init__(model, cfg.train, device, precision, net=net, world=world)
+        self.corpus, self.split = corpus, cfg.data.splits.train
+        self.src_lens, self.tgt_lens = corpus.lengths(self.split)
+        self.state = TrainState()
+        self._plan: tuple[int, list[list[int]]] = (-1, [])
+
+    def epoch_batches(self) -> list[list[int]]:
+        """The index batches of the current epoch (computed once per epoch)."""
+        if self._plan[0] != self.state.epoch:
+            tc = self.cfg
+            self._plan = (self.state.epoch, token_batches(self.src_lens, self.tgt_lens, tc.batch_tokens, tc.seed,
+                                                          self.state.epoch))
+        return self._plan[1]
+
+    @property
+    def epoch_done(self) -> bool:
+        return self.state.batch_in_epoch >= len(self.epoch_batches())
+
+    def next_epoch(self) -> None:
+        self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
+
+    def step(self, clock: Callable[[], float], stop_requested: Callable[[], bool] = lambda: False,
+             spent: float | None = None) -> Step:
+        """One optimizer step on the next `accum_steps` batches of the epoch.
+
+        After the backward pass, `clock()` (training seconds) and `spent` (the budget fraction,
+        default from the config's limits) set the learning rate; under DDP rank 0's clock and any
+        rank's `stop_requested()` (Ctrl-C) are shared.
+        """
+        st, tc, batches = self.state, self.cfg, self.epoch_batches()
+        group = batches[st.batch_in_epoch : st.batch_in_epoch + tc.accum_steps]
+        n_tokens = sum(self.tgt_lens[i] + 1 for b in group for i in b)  # the global batch
+        shards = [distributed.shard(b, self.world) for b in group]
+        loss = self.backward(self.corpus.batches(self.split, [s for s, _ in shards]), n_tokens,
+                             [w for _, w in shards])
+        elapsed, interrupted = clock(), stop_requested()
+        if self.world.enabled:  # one small all-reduce: global loss, any rank's Ctrl-C, rank 0's clock
+            flags = torch.tensor([float(interrupted), elapsed if self.world.main else 0.0], device=self.device)
+            sync = distributed.all_sum(torch.cat([loss.float().view(1), flags]), self.world)
+            loss, interrupted, elapsed = sync[0], bool(sync[1] > 0), float(sync[2])
+        if spent is None:
+            spent = budget_spent(tc, st.step, elapsed, st.epoch + st.batch_in_epoch / len(batches))
+        lr = lr_at(st.step + 1, tc, spent)
+        value = self.apply(loss, lr)
+        st.batch_in_epoch += len(group)
+        if value is None:
+            st.bad_steps, st.skipped_steps = st.bad_steps + 1, st.skipped_steps + 1
+            log.warning("step %d: non-finite loss, step skipped (%d in a row)", st.step + 1, st.bad_steps)
+            if st.bad_steps >= tc.max_bad_steps:
+                raise TrainError(f"stopped at step {st.step}: {st.bad_steps} non-finite losses in a row "
+                                 "(train.max_bad_steps); try a lower train.lr or train.clip_norm")
+        else:
+            st.step, st.bad_steps, st.tokens = st.step + 1, 0, st.tokens + n_tokens
+            st.window_loss, st.window_tokens = st.window_loss + value, st.window_tokens + n_tokens
+        return Step(value, n_tokens, lr, elapsed, interrupted)
