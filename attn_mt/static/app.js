@@ -1,0 +1,290 @@
+"use strict";
+// The attn-mt serve page: translate a sentence, then draw its attention maps. Plain DOM, no libraries.
+// A token is named by (side, index): side "src" (source subwords) or "tgt" (predicted subwords, </s> last).
+// Every chip and heatmap label carries data-side and data-index, so hovering any of them finds the others.
+
+const $ = (id) => document.getElementById(id);
+const KIND_NAMES = {
+  encoder_self: "encoder self-attention", decoder_self: "decoder self-attention", cross: "cross-attention",
+};
+const EXPLAIN = {
+  encoder_self: "Rows: each source token (query). Columns: the source tokens it attends to.",
+  decoder_self: "Rows: the target token being predicted. Columns: the target tokens already there (<s> first).",
+  cross: "Rows: the target token being predicted. Columns: the source tokens it attends to.",
+};
+const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+const state = {info: null, att: null, hover: null, request: 0, translations: 0};
+
+function el(tag, props = {}, children = []) {
+  const node = Object.assign(document.createElement(tag), props);
+  node.append(...children);
+  return node;
+}
+
+function range(from, to) {
+  return Array.from({length: to - from + 1}, (_, i) => from + i);
+}
+
+function fillSelect(select, values, selected, label = String) {
+  const keep = values.map(String).includes(String(selected)) ? String(selected) : String(values[0]);
+  select.replaceChildren(...values.map((v) => el("option", {value: v, textContent: label(v)})));
+  select.value = keep;
+}
+
+function setStatus(message, error = false) {
+  $("status").textContent = message;
+  $("status").classList.toggle("error", error);
+}
+
+async function api(path, body) {
+  const init = body === undefined ? {} : {
+    method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body),
+  };
+  const response = await fetch(path, init);
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(data.error || `HTTP ${response.status}`);
+  return data;
+}
+
+// ---- model facts and controls ----
+
+function count(n) {
+  return n >= 1e6 ? `${(n / 1e6).toFixed(1)}M` : n >= 1e3 ? `${(n / 1e3).toFixed(1)}k` : String(n);
+}
+
+function showFacts(info) {
+  const {architecture: arch, languages: lang, vocabulary: vocab} = info;
+  const shape = Object.entries(arch).filter(([k]) => k !== "kind").map(([k, v]) => `${k} ${v}`).join(" · ");
+  const rows = [
+    ["checkpoint", info.checkpoint],
+    ["languages", `${lang.source} → ${lang.target}`],
+    ["architecture", `${arch.kind}: ${shape}`],
+    ["parameters", `${count(info.parameters)} (${info.parameters.toLocaleString("en")})`],
+    ["vocabulary", vocab.joint ? `${vocab.source} subwords, joint` : `${vocab.source} source, ${vocab.target} target`],
+    ["training step", info.step === null ? "–" : info.epoch === null ? info.step : `${info.step} (epoch ${info.epoch})`],
+    ["validation BLEU", info.valid_bleu === null ? "–" : info.valid_bleu.toFixed(2)],
+    ["decoding", `beam ${info.decode.beam}, length penalty alpha ${info.decode.alpha}`],
+    ["attention", info.attention.map((k) => KIND_NAMES[k]).join(", ")],
+    ["device", info.device],
+  ];
+  $("facts-list").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {textContent: k}), el("dd", {textContent: v})]));
+  $("model-line").textContent = `${arch.kind}, ${lang.source} → ${lang.target}, ${count(info.parameters)} parameters`;
+}
+
+function fillNbest() {
+  fillSelect($("nbest"), range(1, Number($("beam").value)), $("nbest").value || 1);
+}
+
+async function init() {
+  try {
+    state.info = await api("/api/info");
+  } catch (e) {
+    setStatus(`cannot reach the server: ${e.message}`, true);
+    return;
+  }
+  showFacts(state.info);
+  const params = new URLSearchParams(location.search);
+  fillSelect($("beam"), range(1, Math.min(state.info.limits.max_beam, 12)), params.get("beam") || state.info.decode.beam);
+  fillNbest();
+  $("text").maxLength = state.info.limits.max_chars;
+  $("beam").addEventListener("change", fillNbest);
+  $("form").addEventListener("submit", (e) => { e.preventDefault(); translate(); });
+  $("text").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); translate(); }
+  });
+  $("kind").addEventListener("change", () => { fillLayers(); drawMaps(); });
+  $("layer").addEventListener("change", () => { fillHeads(); drawMaps(); });
+  $("head").addEventListener("change", drawMaps);
+  document.addEventListener("mouseover", onHover);
+  if (params.get("text")) {
+    $("text").value = params.get("text");
+    translate();
+  }
+}
+
+// ---- translation ----
+
+async function translate() {
+  const text = $("text").value.replace(/\s+/g, " ").trim();
+  if (!text) { setStatus("Type a sentence first."); return; }
+  const beam = Number($("beam").value), nbest = Number($("nbest").value);
+  const id = ++state.request;
+  setStatus("translating…");
+  $("go").disabled = true;
+  try {
+    const [tr, att] = await Promise.all([
+      api("/api/translate", {texts: [text], beam, nbest}), api("/api/attention", {text, beam})]);
+    if (id !== state.request) return;  // a newer request is on its way
+    showNbest(tr.results[0].hypotheses);
+    state.att = att;
+    state.hover = null;
+    showTokens();
+    fillKinds();
+    drawMaps();
+    const link = `?text=${encodeURIComponent(text)}` + (beam === state.info.decode.beam ? "" : `&beam=${beam}`);
+    history.replaceState(null, "", link);
+    $("share").href = link;
+    setStatus("");
+    document.body.dataset.translations = String(++state.translations);  // for tests: a render finished
+  } catch (e) {
+    if (id === state.request) setStatus(e.message, true);
+  } finally {
+    if (id === state.request) $("go").disabled = false;
+  }
+}
+
+function showNbest(hypotheses) {
+  $("nbest-list").replaceChildren(...hypotheses.map((h) => el("li", {}, [
+    el("span", {className: "hyp", textContent: h.text || "(empty)"}),
+    el("span", {className: "score", textContent: `score ${h.score.toFixed(3)} · log P ${h.log_prob.toFixed(3)}`}),
+  ])));
+}
+
+function tokenNode(tag, token, side, index, className) {
+  const node = el(tag, {className, textContent: token});
+  if (index >= 0) Object.assign(node.dataset, {side, index});
+  return node;
+}
+
+function showTokens() {
+  $("src-tokens").replaceChildren(...state.att.source_tokens.map((t, i) => tokenNode("span", t, "src", i, "tok")));
+  $("tgt-tokens").replaceChildren(...state.att.target_tokens.map((t, i) => tokenNode("span", t, "tgt", i, "tok")));
+}
+
+// ---- attention maps ----
+
+function fillKinds() {
+  const kinds = Object.keys(KIND_NAMES).filter((k) => state.att[k].length);
+  fillSelect($("kind"), kinds, $("kind").value || "cross", (k) => KIND_NAMES[k]);
+  fillLayers();
+}
+
+function fillLayers() {
+  fillSelect($("layer"), range(1, state.att[$("kind").value].length), $("layer").value);
+  fillHeads();
+}
+
+function fillHeads() {
+  const heads = state.att[$("kind").value][Number($("layer").value) - 1].length;
+  fillSelect($("head"), [...range(1, heads), "all"], $("head").value, (h) => (h === "all" ? "all (grid)" : h));
+}
+
+// The tokens on each axis of a kind, and how a position maps to a token: decoder self-attention's
+// keys are <s> and the prediction, so key j is target token j - 1 (key 0, <s>, has no chip).
+function axesOf(kind) {
+  const att = state.att;
+  const src = {tokens: att.source_tokens, side: "src", shift: 0};
+  const tgt = {tokens: att.target_tokens, side: "tgt", shift: 0};
+  if (kind === "encoder_self") return {queries: src, keys: src};
+  if (kind === "cross") return {queries: tgt, keys: src};
+  return {queries: tgt, keys: {tokens: att.target_input_tokens, side: "tgt", shift: -1}};
+}
+
+function selection() {
+  const kind = $("kind").value, layer = Number($("layer").value), head = $("head").value;
+  const weights = state.att[kind][layer - 1];  // [head][query][key]
+  const heads = head === "all" ? weights.map((_, h) => h) : [Number(head) - 1];
+  return {kind, layer, head, weights, heads, axes: axesOf(kind)};
+}
+
+function color(x) {
+  const t = Math.min(Math.max(x, 0), 1) * (VIRIDIS.length - 1), i = Math.min(Math.floor(t), VIRIDIS.length - 2);
+  const [a, b] = [VIRIDIS[i], VIRIDIS[i + 1]];
+  return `rgb(${a.map((v, c) => Math.round(v + (b[c] - v) * (t - i))).join(",")})`;
+}
+
+function drawMaps() {
+  if (!state.att) return;
+  const sel = selection();
+  let max = 1e-9;
+  for (const h of sel.heads) for (const row of sel.weights[h]) for (const x of row) max = Math.max(max, x);
+  const grid = sel.head === "all";
+  $("heatmaps").replaceChildren(...sel.heads.map((h) => heatmap(sel.weights[h], sel.axes, max, grid ? h : null)));
+  $("heatmaps").classList.toggle("grid", grid);
+  $("heatmaps").dataset.map = `${sel.kind}/${sel.layer}/${sel.head}`;
+  $("legend").replaceChildren(el("span", {textContent: "0"}), el("span", {className: "ramp"}),
+                              el("span", {textContent: max.toFixed(2)}));
+  $("explain").textContent = EXPLAIN[sel.kind];
+  applyHover();
+}
+
+function heatmap(w, axes, max, head) {
+  const table = el("table", {className: "heatmap"});
+  if (head !== null) table.append(el("caption", {textContent: `head ${head + 1}`}));
+  const top = el("tr", {}, [el("th")]);
+  axes.keys.tokens.forEach((t, j) => top.append(tokenNode("th", t, axes.keys.side, j + axes.keys.shift, "col")));
+  const body = el("tbody");
+  w.forEach((row, i) => {
+    const q = axes.queries.tokens[i];
+    const tr = el("tr", {}, [tokenNode("th", q, axes.queries.side, i + axes.queries.shift, "row")]);
+    row.forEach((x, j) => {
+      const td = el("td", {title: `${q} → ${axes.keys.tokens[j]}: ${x.toFixed(3)}`});
+      td.style.backgroundColor = color(x / max);
+      Object.assign(td.dataset, {q: i, k: j});
+      tr.append(td);
+    });
+    body.append(tr);
+  });
+  table.append(el("thead", {}, [top]), body);
+  return table;
+}
+
+// ---- hover: what a token attends to (row, blue) and what attends to it (column, orange) ----
+
+function onHover(e) {
+  const target = e.target.closest("[data-side], td[data-q]");
+  const hover = !target ? null : target.dataset.side
+    ? {side: target.dataset.side, index: Number(target.dataset.index)}
+    : {q: Number(target.dataset.q), k: Number(target.dataset.k)};
+  if (JSON.stringify(hover) === JSON.stringify(state.hover)) return;
+  state.hover = hover;
+  applyHover();
+}
+
+function meanOverHeads(sel, i, j) {
+  return sel.heads.reduce((s, h) => s + sel.weights[h][i][j], 0) / sel.heads.length;
+}
+
+function tint(side, index, prop, value) {
+  for (const node of document.querySelectorAll(`[data-side="${side}"][data-index="${index}"]`)) {
+    node.style.setProperty(prop, value);
+  }
+}
+
+function applyHover() {
+  for (const node of document.querySelectorAll(".hl-row, .hl-col, .focus, .hovered")) {
+    node.classList.remove("hl-row", "hl-col", "focus", "hovered");
+  }
+  for (const node of document.querySelectorAll("[data-side]")) {
+    node.style.removeProperty("--to");
+    node.style.removeProperty("--from");
+  }
+  const hover = state.hover;
+  if (!hover || !state.att) return;
+  const sel = selection(), {queries, keys} = sel.axes;
+  let row = hover.q, col = hover.k;  // a cell: its query and key
+  if (hover.side !== undefined) {
+    for (const n of document.querySelectorAll(`[data-side="${hover.side}"][data-index="${hover.index}"]`)) {
+      n.classList.add("hovered");
+    }
+    row = hover.side === queries.side ? hover.index - queries.shift : undefined;
+    col = hover.side === keys.side ? hover.index - keys.shift : undefined;
+    if (row !== undefined && !(row >= 0 && row < queries.tokens.length)) row = undefined;
+    if (col !== undefined && !(col >= 0 && col < keys.tokens.length)) col = undefined;
+  }
+  for (const table of document.querySelectorAll("#heatmaps table")) {
+    table.classList.add("focus");
+    if (row !== undefined) table.tBodies[0].rows[row].classList.add("hl-row");
+    if (col !== undefined) for (const tr of table.tBodies[0].rows) tr.cells[col + 1].classList.add("hl-col");
+  }
+  if (row !== undefined) {  // what it attends to: the keys, by its row's weights
+    const w = keys.tokens.map((_, j) => meanOverHeads(sel, row, j)), top = Math.max(...w) || 1;
+    w.forEach((x, j) => tint(keys.side, j + keys.shift, "--to", (x / top).toFixed(3)));
+  }
+  if (col !== undefined) {  // what attends to it: the queries, by its column's weights
+    const w = queries.tokens.map((_, i) => meanOverHeads(sel, i, col)), top = Math.max(...w) || 1;
+    w.forEach((x, i) => tint(queries.side, i + queries.shift, "--from", (x / top).toFixed(3)));
+  }
+}
+
+init();

@@ -1,0 +1,345 @@
+"""attn-mt serve: the API contract in-process, every bad input, the batcher, a client that leaves, the CLI."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+
+import pytest
+from conftest import TINY
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from attn_mt import checkpoint
+from attn_mt.cli import app as cli
+from attn_mt.config import load_config
+from attn_mt.decode import translate_nbest
+from attn_mt.models import count_params
+
+pytest.importorskip("fastapi")  # the serve extra
+httpx = pytest.importorskip("httpx")
+import uvicorn  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+
+from attn_mt.serve import Limits, create_app  # noqa: E402
+from attn_mt.serve.batcher import Batcher  # noqa: E402
+
+LIMITS = Limits(max_texts=4, max_chars=200, max_beam=6)
+SENTENCES = ["the old man sees a small dog.", "", "yesterday the big cat runs.", "a dog"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_run):
+    return tiny_run / "checkpoint_best.pt"
+
+
+@pytest.fixture(scope="module")
+def client(ckpt):
+    with TestClient(create_app(ckpt, LIMITS, device="cpu")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def rnn_ckpt(tmp_path_factory):
+    """A tiny RNN run (a few seconds): the page and API must work with its additive attention."""
+    from attn_mt.train import train
+
+    cfg = load_config(None, [o for o in TINY if not o.startswith("model.")] + [
+        "model.kind=rnn", "model.d_embed=16", "model.d_hidden=16", "model.d_attn=16", "model.dropout=0.0",
+        "train.max_epochs=1"])
+    run_dir = tmp_path_factory.mktemp("rnn_serve")
+    train(cfg, run_dir)
+    return run_dir / "checkpoint_best.pt"
+
+
+@contextmanager
+def serving(app):
+    """`app` on a real uvicorn server in a thread, on a free port of 127.0.0.1; yields the base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+# ---- the contract ----
+
+def test_translate_matches_translate_nbest_in_input_order(client, ckpt):
+    model, cfg, tok = checkpoint.load_model(ckpt)
+    r = client.post("/api/translate", json={"texts": SENTENCES, "beam": 3, "nbest": 2, "alpha": 1.0})
+    assert r.status_code == 200
+    results = r.json()["results"]
+    dcfg = replace(cfg.decode, beam_size=3, nbest=2, alpha=1.0)
+    expected = translate_nbest(model, tok, SENTENCES, dcfg)
+    assert [x["source"] for x in results] == SENTENCES
+    for got, want in zip(results, expected, strict=True):
+        assert got["hypotheses"] == [{"text": h.text, "score": round(h.score, 4), "log_prob": round(h.log_prob, 4)}
+                                     for h in want]
+    assert len(results[0]["hypotheses"]) == 2 and results[1]["hypotheses"] == [
+        {"text": "", "score": 0.0, "log_prob": 0.0}]  # an empty text: one empty translation
+
+
+def test_translate_defaults_to_the_checkpoints_decoding(client, ckpt):
+    model, cfg, tok = checkpoint.load_model(ckpt)
+    r = client.post("/api/translate", json={"texts": SENTENCES[:1]})
+    assert r.json()["results"][0]["hypotheses"][0]["text"] == translate_nbest(model, tok, SENTENCES[:1],
+                                                                              cfg.decode)[0][0].text
+
+
+def test_attention_shapes_and_tokens(client, ckpt):
+    model, cfg, tok = checkpoint.load_model(ckpt)
+    r = client.post("/api/attention", json={"text": SENTENCES[0], "beam": 1})
+    a = r.json()
+    assert r.status_code == 200
+    s, t = len(a["source_tokens"]), len(a["target_tokens"])
+    assert a["source_tokens"][-1] == a["target_tokens"][-1] == "</s>"
+    assert a["target_input_tokens"] == ["<s>", *a["target_tokens"][:-1]]
+    layers, heads = cfg.model.n_layers, cfg.model.n_heads
+    for kind, (tq, tk) in {"encoder_self": (s, s), "decoder_self": (t, t), "cross": (t, s)}.items():
+        maps = a[kind]
+        assert (len(maps), len(maps[0]), len(maps[0][0]), len(maps[0][0][0])) == (layers, heads, tq, tk), kind
+        assert all(abs(sum(row) - 1) < 1e-2 for layer in maps for head in layer for row in head)
+    greedy = client.post("/api/translate", json={"texts": [SENTENCES[0]], "beam": 1}).json()
+    assert a["translation"] == greedy["results"][0]["hypotheses"][0]["text"]
+
+
+def test_info(client, ckpt):
+    info = client.get("/api/info").json()
+    model, cfg, tok = checkpoint.load_model(ckpt)
+    state = checkpoint.load(ckpt)
+    assert info["parameters"] == count_params(model)
+    assert info["architecture"]["kind"] == "transformer" and info["architecture"]["n_heads"] == cfg.model.n_heads
+    assert info["vocabulary"] == {"source": tok.src_vocab_size, "target": tok.tgt_vocab_size, "joint": True}
+    assert info["step"] == state["step"] and info["valid_bleu"] == round(state["best_bleu"], 2)
+    assert info["attention"] == ["encoder_self", "decoder_self", "cross"]
+    assert info["limits"]["max_texts"] == LIMITS.max_texts
+
+
+def test_page_static_files_and_openapi(client):
+    page = client.get("/")
+    assert page.status_code == 200 and "/static/app.js" in page.text
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    for name in ("app.js", "style.css"):
+        assert client.get(f"/static/{name}").status_code == 200
+    assert "http" not in client.get("/static/app.js").text.replace("HTTP ", "")  # nothing fetched from elsewhere
+    schema = client.get("/openapi.json").json()
+    assert {"/api/translate", "/api/attention", "/api/info"} <= set(schema["paths"])
+
+
+def test_rnn_checkpoint_translation_and_cross_attention_only(rnn_ckpt):
+    with TestClient(create_app(rnn_ckpt, device="cpu")) as c:
+        assert c.get("/api/info").json()["attention"] == ["cross"]
+        r = c.post("/api/translate", json={"texts": ["a dog", "the cat"], "beam": 2, "nbest": 2})
+        assert r.status_code == 200 and [len(x["hypotheses"]) for x in r.json()["results"]] == [2, 2]
+        a = c.post("/api/attention", json={"text": "a dog"}).json()
+        assert a["encoder_self"] == [] and a["decoder_self"] == []
+        cross = a["cross"]
+        assert (len(cross), len(cross[0]), len(cross[0][0]), len(cross[0][0][0])) == (
+            1, 1, len(a["target_tokens"]), len(a["source_tokens"]))
+
+
+# ---- bad input: 4xx with a JSON error naming the field, and the server goes on ----
+
+BAD = [
+    ('{"texts": ["a"', 400, "body"),  # malformed JSON
+    ("", 400, "body"),
+    ('["a"]', 400, "body"),
+    ("{}", 422, "texts"),
+    ('{"texts": "a dog"}', 422, "texts"),
+    ('{"texts": []}', 422, "texts"),
+    ('{"texts": ["a", 3]}', 422, "texts.1"),
+    ('{"texts": [null]}', 422, "texts.0"),
+    ('{"texts": ["a"], "beam": "2"}', 422, "beam"),
+    ('{"texts": ["a"], "beam": 2.5}', 422, "beam"),
+    ('{"texts": ["a"], "beam": true}', 422, "beam"),
+    ('{"texts": ["a"], "beam": 0}', 422, "beam"),
+    ('{"texts": ["a"], "beam": 7}', 422, "beam"),  # over max_beam
+    ('{"texts": ["a"], "beam": 2, "nbest": 3}', 422, "nbest"),
+    ('{"texts": ["a"], "nbest": 0}', 422, "nbest"),
+    ('{"texts": ["a"], "alpha": -1}', 422, "alpha"),
+    ('{"texts": ["a"], "alpha": NaN}', 422, "alpha"),
+    ('{"texts": ["a"], "alpha": "big"}', 422, "alpha"),
+    ('{"texts": ["a"], "beam_size": 2}', 422, "beam_size"),  # unknown key
+    ('{"texts": ["a", "b", "c", "d", "e"]}', 413, "texts"),  # over max_texts
+    (json.dumps({"texts": ["x" * 150, "y" * 60]}), 413, "texts"),  # over max_chars
+]
+
+BAD_ATTENTION = [
+    ('{"text": ""}', 422, "text"),
+    ('{"text": "   "}', 422, "text"),
+    ('{"text": ["a"]}', 422, "text"),
+    ('{"texts": ["a"]}', 422, "text"),
+    (json.dumps({"text": "x" * 201}), 413, "text"),
+    ('{"text": "a", "beam": 99}', 422, "beam"),
+    ('{"text": "a", "beam": -1}', 422, "beam"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,field", [("/api/translate", *b) for b in BAD]
+                         + [("/api/attention", *b) for b in BAD_ATTENTION])
+def test_bad_input_names_the_field(client, path, body, status, field):
+    r = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    error = r.json()
+    assert error["field"] == field and error["error"].startswith(f"{field}: ")
+    assert "Traceback" not in r.text
+
+
+def test_oversized_bodies_are_refused_unread(client):
+    big = json.dumps({"texts": ["x" * 10_000]}).encode()
+    r = client.post("/api/translate", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["field"] == "body"
+    chunks = (big[i : i + 1000] for i in range(0, len(big), 1000))  # no content-length: chunked
+    r = client.post("/api/translate", content=chunks, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["field"] == "body"
+    r = client.post("/api/translate", content=(c for c in [b'{"texts": ', b'["a dog"]}']),
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 200
+
+
+def test_other_errors_are_json_too(client):
+    assert client.get("/nope").json() == {"error": "Not Found", "field": None}
+    assert client.get("/api/translate").status_code == 405
+
+
+def test_lone_surrogates_and_odd_text_are_translated(client):
+    texts = ["\ud800 dog", "\x00\x01", "😀 " * 20, "ß" * 100]
+    r = client.post("/api/translate", content=json.dumps({"texts": texts}),  # "\ud800" escaped, as JSON allows
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.json()["results"][0]["source"] == "\ufffd dog"
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-5, 20) | st.floats(allow_nan=False)
+                           | st.text(max_size=12), lambda kids: st.lists(kids, max_size=3), max_leaves=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.dictionaries(st.sampled_from(["texts", "text", "beam", "nbest", "alpha", "x"]), json_values))
+def test_no_request_body_makes_a_server_error(client, body):
+    for path in ("/api/translate", "/api/attention"):
+        r = client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})  # Infinity too
+        assert r.status_code in (200, 400, 413, 422), (path, body, r.text)
+        if r.status_code != 200:
+            assert set(r.json()) >= {"error", "field"}
+
+
+def test_custom_limits(ckpt):
+    with TestClient(create_app(ckpt, Limits(max_texts=1, max_chars=5), device="cpu")) as c:
+        assert c.post("/api/translate", json={"texts": ["a", "b"]}).json()["field"] == "texts"
+        assert c.post("/api/translate", json={"texts": ["abcdef"]}).status_code == 413
+        assert c.post("/api/translate", json={"texts": ["abc"]}).status_code == 200
+
+
+# ---- dynamic batching ----
+
+def test_batcher_puts_waiting_requests_into_one_batch():
+    gate, calls = threading.Event(), []
+
+    def run_batch(key, items):
+        calls.append((key, list(items)))
+        gate.wait(5)
+        return [x * 2 for x in items]
+
+    b = Batcher(run_batch, lambda item: item, max_batch=64, max_wait_s=0.0)
+    first = b.submit("k", [0])  # occupies the worker until the gate opens
+    time.sleep(0.1)
+    futures = [b.submit("k", [i, i + 100]) for i in range(1, 9)] + [b.submit("other", [7])]
+    gate.set()
+    assert first.result(5) == [0]
+    assert [f.result(5) for f in futures[:8]] == [[2 * i, 2 * (i + 100)] for i in range(1, 9)]
+    assert futures[8].result(5) == [14]
+    assert [len(items) for _, items in calls] == [1, 16, 1]  # 8 requests decoded in one call
+    b.close()
+
+
+def test_batcher_skips_cancelled_jobs_and_survives_errors():
+    gate, seen = threading.Event(), []
+
+    def run_batch(key, items):
+        seen.extend(items)
+        gate.wait(5)
+        if "boom" in items:
+            raise RuntimeError("model failed")
+        return items
+
+    b = Batcher(run_batch, lambda item: item, max_wait_s=0.0)
+    first = b.submit("a", ["first"])
+    time.sleep(0.1)
+    assert b.submit("b", ["gone"]).cancel()  # the client left while it waited
+    gate.set()
+    assert first.result(5) == ["first"]
+    with pytest.raises(RuntimeError):
+        b.submit("c", ["boom"]).result(5)
+    assert b.submit("d", ["after"]).result(5) == ["after"]
+    assert "gone" not in seen
+    b.close()
+
+
+def test_concurrent_clients_share_batches(ckpt):
+    app = create_app(ckpt, LIMITS, device="cpu")
+    with TestClient(app) as c:
+        def ask(i):
+            return c.post("/api/translate", json={"texts": [SENTENCES[i % 4] or "a cat"], "beam": 1}).json()
+
+        threads_out = [None] * 16
+        workers = [threading.Thread(target=lambda i=i: threads_out.__setitem__(i, ask(i))) for i in range(16)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(30)
+        assert all(r and len(r["results"]) == 1 for r in threads_out)
+        assert threads_out[0]["results"][0]["source"] == SENTENCES[0]
+        assert app.state.batcher.batches < 16  # some requests were decoded together
+
+
+def test_a_client_that_disconnects_costs_nothing(ckpt):
+    app = create_app(ckpt, LIMITS, device="cpu")
+    batcher, gate, decoded = app.state.batcher, threading.Event(), []
+    run_batch = batcher.run_batch
+    holding = threading.Event()
+    batcher.run_one = lambda item: holding.set() or gate.wait(10)  # holds the worker until the gate opens
+    batcher.run_batch = lambda key, texts: decoded.extend(texts) or run_batch(key, texts)
+    with serving(app) as url:
+        held = batcher.submit(None, ["hold"])
+        assert holding.wait(5)
+        port = int(url.rsplit(":", 1)[1])
+        body = json.dumps({"texts": ["left early"]}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST /api/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            for _ in range(100):  # until its job waits in the queue
+                if batcher.jobs.qsize():
+                    break
+                time.sleep(0.02)
+        time.sleep(0.3)  # the server sees the disconnect and cancels the job
+        gate.set()
+        held.result(5)
+        r = httpx.post(f"{url}/api/translate", json={"texts": ["still here"]}, timeout=30)
+        assert r.status_code == 200
+    assert "left early" not in decoded and "still here" in decoded
+
+
+# ---- the command ----
+
+def test_cli_serve_help_and_errors(tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(cli, ["serve", "--help"]).output
+    assert "--port" in out and "--max-texts" in out and "127.0.0.1" in out
+    r = runner.invoke(cli, ["serve", "--checkpoint", str(tmp_path / "none.pt")])
+    assert r.exit_code == 1 and "checkpoint not found" in r.output and "Traceback" not in r.output
+    assert runner.invoke(cli, ["serve", "--checkpoint", "x.pt", "--port", "0"]).exit_code == 2
