@@ -1,0 +1,127 @@
+"""Translating with an exported model (`attn-mt export`) through CTranslate2, returning the same
+`Translation` objects as `decode.translate_nbest`, so the CLI prints both the same way.
+
+How our decode settings map (docs/export.md):
+    beam_size 1     CTranslate2 greedy search; the same tokens as ours on the same weights.
+    alpha           CTranslate2's `length_penalty` divides by |Y| ** alpha, ours (GNMT) by ((5 + |Y|) / 6) ** alpha.
+                    We pass length_penalty=alpha, ask for all `beam_size` finished hypotheses with eos kept
+                    (so |Y| counts eos, as in ours), recover log P = score * |Y| ** alpha, and rank them by
+                    our GNMT score. What differs: CTranslate2 stops a sentence once `beam_size` hypotheses
+                    have finished; ours searches on until no active beam can still beat the n-best.
+    max_len_a, _b   CTranslate2 has one `max_decoding_length` per call: we pass the batch's largest limit
+                    a * |src| + b and cut each output at its own limit, where ours forces eos. For greedy
+                    search the cut gives our tokens exactly; only the log P of a cut output differs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .beam import Hypothesis, length_penalty
+from .config import ConfigError, DecodeConfig
+from .decode import Translation, max_lengths, prepare_sources
+from .export import META, ExportError, require_ctranslate2
+from .tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Exported:
+    """A loaded export: the CTranslate2 translator, our tokenizer and the decode defaults (`.decode`)."""
+
+    translator: Any
+    tok: Tokenizer
+    decode: DecodeConfig
+    max_positions: int
+
+
+def is_export(path: Path | str) -> bool:
+    """True for a directory (an export, or something that should have been one)."""
+    return Path(path).is_dir()
+
+
+def pick_device(name: str) -> str:
+    """CTranslate2 runs on "cpu" or "cuda"; "auto" picks CUDA when CTranslate2 sees a GPU."""
+    if name not in ("auto", "cpu", "cuda"):
+        raise ExportError(f"device {name!r}: CTranslate2 runs on cpu or cuda")
+    gpus = require_ctranslate2().get_cuda_device_count()
+    if name == "cuda" and not gpus:
+        raise ExportError("device cuda: CTranslate2 sees no CUDA device")
+    return "cuda" if name != "cpu" and gpus else "cpu"
+
+
+def _read_meta(path: Path) -> dict:
+    try:
+        meta = json.loads((path / META).read_text())
+        return {**meta, "decode": DecodeConfig(**meta["decode"])}
+    except FileNotFoundError:
+        raise ExportError(f"{path}: not an attn-mt export (no {META}; write one with attn-mt export)") from None
+    except (ValueError, KeyError, TypeError, ConfigError) as e:
+        raise ExportError(f"{path / META}: unreadable ({type(e).__name__}: {e})") from None
+
+
+def load_exported(path: Path | str, device: str = "cpu", *, compute_type: str = "default",
+                  threads: int = 0) -> Exported:
+    """Open an export for translation; `threads` is CTranslate2's intra_threads (0: its default)."""
+    path = Path(path)
+    meta = _read_meta(path)
+    ct2 = require_ctranslate2()
+    protos = [(path / name).read_bytes() for name in meta["sentencepiece"]]
+    tok = Tokenizer(protos[0], protos[1] if len(protos) > 1 else None)
+    try:
+        translator = ct2.Translator(str(path), device=device, compute_type=compute_type,
+                                    inter_threads=1, intra_threads=threads)
+    except (RuntimeError, ValueError) as e:
+        raise ExportError(f"{path}: CTranslate2 cannot load it: {str(e).splitlines()[0]}") from None
+    return Exported(translator, tok, meta["decode"], meta["max_positions"])
+
+
+def search_options(cfg: DecodeConfig) -> dict:
+    """CTranslate2 `translate_batch` options for our decode settings (see the module docstring)."""
+    beam = cfg.beam_size > 1
+    return dict(beam_size=cfg.beam_size, num_hypotheses=cfg.beam_size if beam else 1,
+                length_penalty=cfg.alpha if beam else 0.0, return_scores=True, return_end_token=True,
+                min_decoding_length=0, max_input_length=0)
+
+
+def _hypotheses(result, limit: int, cfg: DecodeConfig, tok: Tokenizer) -> list[Hypothesis]:
+    """One CTranslate2 result -> our n-best: eos removed, cut at `limit`, GNMT-scored, best first."""
+    lp_ct2 = cfg.alpha if cfg.beam_size > 1 else 0.0
+    out = []
+    for pieces, score in zip(result.hypotheses, result.scores, strict=True):
+        ids = [tok.tgt.piece_to_id(p) for p in pieces]
+        log_prob = score * len(ids) ** lp_ct2 if ids else score
+        if ids and ids[-1] == tok.eos_id:
+            ids = ids[:-1]
+        ids = ids[: limit - 1]  # ours forces eos at the limit
+        out.append(Hypothesis(ids, log_prob, log_prob / length_penalty(len(ids) + 1, cfg.alpha)))
+    return sorted(out, key=lambda h: -h.score)[: cfg.nbest]
+
+
+def translate_nbest(exp: Exported, texts: list[str], cfg: DecodeConfig) -> list[list[Translation]]:
+    """The `cfg.nbest` best translations of each text, best first, in input order (as decode.translate_nbest)."""
+    tok = exp.tok
+    out: list[list[Translation]] = [[Translation("", 0.0, 0.0)] for _ in texts]
+    todo = [i for i, t in enumerate(texts) if t.strip()]
+    srcs = prepare_sources(tok, [texts[i].strip() for i in todo], exp.max_positions) if todo else []
+    order = sorted(range(len(todo)), key=lambda j: len(srcs[j]))
+    options = search_options(cfg)
+    for start in range(0, len(order), cfg.batch_size):
+        chunk = order[start : start + cfg.batch_size]
+        limits = max_lengths(torch.tensor([len(srcs[j]) for j in chunk]), cfg, exp.max_positions).tolist()
+        pieces = [[tok.src.id_to_piece(i) for i in srcs[j]] for j in chunk]
+        results = exp.translator.translate_batch(pieces, max_decoding_length=max(limits), **options)
+        for j, limit, result in zip(chunk, limits, results, strict=True):
+            nbest = _hypotheses(result, limit, cfg, tok)
+            texts_j = tok.decode_tgt([h.tokens for h in nbest])
+            out[todo[j]] = [Translation(t, h.log_prob, h.score) for t, h in zip(texts_j, nbest, strict=True)]
+    return out
+
+
+def translate(exp: Exported, texts: list[str], cfg: DecodeConfig) -> list[str]:
+    """The best translation of each text, in input order."""
+    return [n[0].text for n in translate_nbest(exp, texts, cfg)]

@@ -1,0 +1,161 @@
+"""Export a Transformer checkpoint to CTranslate2: its weights in CTranslate2's layout, the
+SentencePiece model(s), and our decode defaults, in one directory that `translate` and `evaluate` read.
+
+What maps onto what (ours -> CTranslate2's `TransformerSpec`):
+    src_embed, tgt_embed            encoder.embeddings[0], decoder.embeddings (times sqrt(D): scale_embeddings)
+    PositionalEncoding.pe           {encoder,decoder}.position_encodings, passed explicitly: ours puts sin in
+                                    the even and cos in the odd dims, CTranslate2's built-in table is [sin | cos]
+    self_attn.qkv_proj [Wq; Wk; Wv] self_attention.linear[0] (the same fused layout), out_proj -> linear[1]
+    cross_attn.q_proj, kv_proj      attention.linear[0], attention.linear[1] ([Wk; Wv]), out_proj -> linear[2]
+    sub.{j}.norm                    the LayerNorm of sublayer j (self_attention, attention, ffn): before the
+                                    sublayer with pre-norm, after the residual sum with post-norm
+    ff.0, ff.3                      ffn.linear_0, ffn.linear_1 (ReLU between)
+    enc_norm, dec_norm              {encoder,decoder}.layer_norm (pre-norm only)
+    out_proj                        decoder.projection (no bias; tied weights are stored once)
+Token ids become token strings: the vocabularies are the SentencePiece pieces in id order, so the
+ids agree (pad 0, unk 1, bos 2, eos 3), and the special tokens are configured by their pieces.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint import CheckpointError, load
+from .config import ConfigError, from_dict
+from .models.transformer import PositionalEncoding
+from .tokenizer import Tokenizer
+
+META = "attn_mt.json"  # our decode defaults and what the directory holds
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16")
+INSTALL = "pip install 'attn-mt[export]'"
+
+
+class ExportError(CheckpointError):
+    """A checkpoint that cannot be exported, or an export that cannot be read; one line says why."""
+
+
+def require_ctranslate2():
+    """The ctranslate2 module, or one line saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ExportError(f"CTranslate2 is not installed; install it with: {INSTALL}") from None
+    return ctranslate2
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().float().contiguous().numpy()
+
+
+def _linear(spec, weights: dict, name: str) -> None:
+    spec.weight = _np(weights[f"{name}.weight"])
+    if f"{name}.bias" in weights:
+        spec.bias = _np(weights[f"{name}.bias"])
+
+
+def _norm(spec, weights: dict, name: str) -> None:
+    spec.gamma, spec.beta = _np(weights[f"{name}.weight"]), _np(weights[f"{name}.bias"])
+
+
+def _encoder_layer(spec, w: dict, p: str) -> None:
+    _linear(spec.self_attention.linear[0], w, f"{p}.self_attn.qkv_proj")
+    _linear(spec.self_attention.linear[1], w, f"{p}.self_attn.out_proj")
+    _norm(spec.self_attention.layer_norm, w, f"{p}.sub.0.norm")
+    _linear(spec.ffn.linear_0, w, f"{p}.ff.0")
+    _linear(spec.ffn.linear_1, w, f"{p}.ff.3")
+    _norm(spec.ffn.layer_norm, w, f"{p}.sub.1.norm")
+
+
+def _decoder_layer(spec, w: dict, p: str) -> None:
+    _linear(spec.self_attention.linear[0], w, f"{p}.self_attn.qkv_proj")
+    _linear(spec.self_attention.linear[1], w, f"{p}.self_attn.out_proj")
+    _norm(spec.self_attention.layer_norm, w, f"{p}.sub.0.norm")
+    _linear(spec.attention.linear[0], w, f"{p}.cross_attn.q_proj")
+    _linear(spec.attention.linear[1], w, f"{p}.cross_attn.kv_proj")
+    _linear(spec.attention.linear[2], w, f"{p}.cross_attn.out_proj")
+    _norm(spec.attention.layer_norm, w, f"{p}.sub.1.norm")
+    _linear(spec.ffn.linear_0, w, f"{p}.ff.0")
+    _linear(spec.ffn.linear_1, w, f"{p}.ff.3")
+    _norm(spec.ffn.layer_norm, w, f"{p}.sub.2.norm")
+
+
+def _pieces(sp) -> list[str]:
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+
+
+def build_spec(weights: dict, mcfg, tok: Tokenizer):
+    """A filled, validated `ctranslate2.specs.TransformerSpec` for our Transformer's state_dict."""
+    specs = require_ctranslate2().specs
+    spec = specs.TransformerSpec.from_config(mcfg.n_layers, mcfg.n_heads, pre_norm=mcfg.norm_first,
+                                             activation=specs.Activation.RELU)
+    pe = _np(PositionalEncoding(mcfg.d_model, mcfg.max_positions).pe)  # (L, D), our sin/cos layout
+    for stack in (spec.encoder, spec.decoder):
+        stack.scale_embeddings = True  # x * sqrt(D) before adding positions, as Transformer._embed does
+        stack.position_encodings.encodings = pe
+    spec.encoder.embeddings[0].weight = _np(weights["src_embed.weight"])
+    spec.decoder.embeddings.weight = _np(weights["tgt_embed.weight"])
+    spec.decoder.projection.weight = _np(weights["out_proj.weight"])
+    for i, layer in enumerate(spec.encoder.layer):
+        _encoder_layer(layer, weights, f"encoder.{i}")
+    for i, layer in enumerate(spec.decoder.layer):
+        _decoder_layer(layer, weights, f"decoder.{i}")
+    if mcfg.norm_first:
+        _norm(spec.encoder.layer_norm, weights, "enc_norm")
+        _norm(spec.decoder.layer_norm, weights, "dec_norm")
+    spec.register_source_vocabulary(_pieces(tok.src))
+    spec.register_target_vocabulary(_pieces(tok.tgt))
+    cfg = spec.config
+    cfg.unk_token, cfg.bos_token, cfg.eos_token = (tok.tgt.id_to_piece(i) for i in (tok.unk_id, tok.bos_id, tok.eos_id))
+    cfg.decoder_start_token = cfg.bos_token  # ours starts from bos; sources get eos from us (prepare_sources)
+    cfg.layer_norm_epsilon = 1e-5  # nn.LayerNorm's default
+    spec.validate()
+    return spec
+
+
+def _prepare_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / META).exists():
+        raise ExportError(f"{out}: exists, is not empty and is not an attn-mt export; choose another --out")
+    if out.is_dir():
+        shutil.rmtree(out)  # an earlier export: replace it whole
+    out.mkdir(parents=True)
+
+
+def export_ct2(checkpoint: Path, out: Path, quantization: str = "float32") -> list[Path]:
+    """Write CTranslate2 model.bin, config.json, vocabularies, SentencePiece model(s) and META to `out`."""
+    if quantization not in QUANTIZATIONS:
+        raise ExportError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+    require_ctranslate2()
+    state = load(checkpoint)
+    try:
+        cfg = from_dict(state["config"])
+    except ConfigError as e:
+        raise ExportError(f"{checkpoint}: config is not valid for this attn-mt: {e}") from None
+    if cfg.model.kind != "transformer":
+        raise ExportError(f"{checkpoint}: is an {cfg.model.kind.upper()} model; only Transformer "
+                          "checkpoints can be exported to CTranslate2")
+    tok = Tokenizer.from_state(state["tokenizer"])
+    try:
+        spec = build_spec(state["model"], cfg.model, tok)
+    except ExportError:
+        raise
+    except (KeyError, ValueError) as e:
+        raise ExportError(f"{checkpoint}: weights do not fit a CTranslate2 Transformer: {e}") from None
+    spec.optimize(quantization=quantization)
+    _prepare_out(out)
+    spec.save(str(out))
+    names = ["spm.model"] if tok.joint else ["spm.src.model", "spm.tgt.model"]
+    for name, proto in zip(names, [tok.src_proto, tok.tgt_proto], strict=False):
+        (out / name).write_bytes(proto)
+    meta = {"format": "attn-mt-ctranslate2", "version": 1, "quantization": quantization,
+            "sentencepiece": names, "max_positions": cfg.model.max_positions,
+            "decode": asdict(cfg.decode), "checkpoint": Path(checkpoint).name, "step": state.get("step", 0)}
+    (out / META).write_text(json.dumps(meta, indent=2) + "\n")
+    return sorted(out.iterdir())

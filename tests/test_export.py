@@ -1,0 +1,137 @@
+"""attn-mt export: CTranslate2 gives our log-probabilities and our translations; errors are one line."""
+
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attn_mt import checkpoint
+from attn_mt.cli import app
+from attn_mt.config import to_dict
+from attn_mt.decode import prepare_sources, translate_nbest
+from attn_mt.export import export_ct2
+from attn_mt.models import build_model
+from attn_mt.tokenizer import Tokenizer
+from attn_mt.toy import make_toy_corpus
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def toy_test() -> list[tuple[str, str]]:
+    return make_toy_corpus(300)["test"]  # the tiny run's corpus (data.toy_size=300)
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_run, tmp_path_factory):
+    pytest.importorskip("ctranslate2")
+    out = tmp_path_factory.mktemp("ct2") / "tiny"
+    export_ct2(tiny_run / "checkpoint_best.pt", out)
+    return out
+
+
+def _random_checkpoint(tiny_cfg, tiny_run, path, *overrides):
+    """A checkpoint of an untrained model with noisy weights (every LayerNorm and bias matters)."""
+    cfg = tiny_cfg("model.n_layers=2", *overrides)
+    tok = Tokenizer.from_state(checkpoint.load(tiny_run / "checkpoint_best.pt")["tokenizer"])
+    if not cfg.tokenizer.joint:  # separate vocabularies: the same pieces, but two embedding tables
+        tok = Tokenizer(tok.src_proto, tok.src_proto)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size,
+                        pad_id=tok.pad_id, shared_vocab=tok.joint)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    checkpoint.save({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tok.state()}, path)
+    return model.eval(), tok
+
+
+@pytest.mark.parametrize("overrides", [(), ("model.norm_first=false",),
+                                       ("tokenizer.joint=false", "model.tie_embeddings=false")],
+                         ids=["pre-norm", "post-norm", "separate-vocab"])
+def test_teacher_forced_log_probs_match(tiny_cfg, tiny_run, toy_test, tmp_path, overrides):
+    ct2 = pytest.importorskip("ctranslate2")
+    model, tok = _random_checkpoint(tiny_cfg, tiny_run, tmp_path / "random.pt", *overrides)
+    export_ct2(tmp_path / "random.pt", tmp_path / "ct2")
+    translator = ct2.Translator(str(tmp_path / "ct2"), intra_threads=1)
+    pairs = toy_test[:8]
+    srcs = prepare_sources(tok, [s for s, _ in pairs], model.max_positions)
+    tgts = tok.encode_tgt([t for _, t in pairs])
+    results = translator.score_batch([[tok.src.id_to_piece(i) for i in s] for s in srcs],
+                                     [[tok.tgt.id_to_piece(i) for i in t] for t in tgts])
+    for src, tgt, result in zip(srcs, tgts, results, strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([src]), torch.tensor([[tok.bos_id, *tgt]]))  # (1, T, V)
+        ours = logits.log_softmax(-1)[0].gather(1, torch.tensor([*tgt, tok.eos_id])[:, None])[:, 0]
+        assert result.tokens[-1] == tok.tgt.id_to_piece(tok.eos_id)
+        torch.testing.assert_close(torch.tensor(result.log_probs), ours, atol=1e-4, rtol=1e-4)
+
+
+def test_greedy_and_beam_give_our_translations(tiny_run, exported, toy_test):
+    from attn_mt import ct2
+
+    model, cfg, tok = checkpoint.load_model(tiny_run / "checkpoint_best.pt")
+    exp = ct2.load_exported(exported, threads=1)
+    texts = [s for s, _ in toy_test] + ["", "   "]
+    for beam, nbest in ((1, 1), (4, 2)):
+        dcfg = replace(cfg.decode, beam_size=beam, nbest=nbest, batch_size=16)
+        ours, theirs = translate_nbest(model, tok, texts, dcfg), ct2.translate_nbest(exp, texts, dcfg)
+        best = [(a[0].text, b[0].text) for a, b in zip(ours, theirs, strict=True)]
+        same = sum(a == b for a, b in best)
+        # greedy: the same tokens by construction; beam: CTranslate2 stops after beam_size finished hypotheses
+        assert same == len(texts) if beam == 1 else same >= 0.95 * len(texts), [p for p in best if p[0] != p[1]]
+        assert all(len(b) == (nbest if t.strip() else 1) for t, b in zip(texts, theirs, strict=True))
+        assert theirs[-1][0].text == "" and all(h.score >= b[-1].score for b in theirs for h in b[:1])
+
+
+def test_cli_export_translate_evaluate(tiny_run, tmp_path, toy_test):
+    pytest.importorskip("ctranslate2")
+    ckpt, out = str(tiny_run / "checkpoint_best.pt"), tmp_path / "ct2"
+    for quantization in ("int8", "float32"):  # a second export replaces the first
+        result = runner.invoke(app, ["export", "--checkpoint", ckpt, "--out", str(out),
+                                     "--quantization", quantization])
+        assert result.exit_code == 0, result.output
+    assert {"model.bin", "config.json", "spm.model", "attn_mt.json"} <= {p.name for p in out.iterdir()}
+    src = "\n".join(s for s, _ in toy_test[:5]) + "\n"
+    ours = runner.invoke(app, ["translate", "--checkpoint", ckpt, "--beam", "1"], input=src)
+    theirs = runner.invoke(app, ["translate", "--checkpoint", str(out), "--beam", "1"], input=src)
+    assert theirs.exit_code == 0 and theirs.stdout == ours.stdout and theirs.stdout.count("\n") == 5
+    jsonl = runner.invoke(app, ["translate", "--checkpoint", str(out), "--format", "jsonl", "--beam", "3",
+                                "--nbest", "2", toy_test[0][0]])
+    assert jsonl.exit_code == 0 and jsonl.stdout.count('"text"') == 2
+    (tmp_path / "src.txt").write_text(src)
+    (tmp_path / "ref.txt").write_text("\n".join(t for _, t in toy_test[:5]) + "\n")
+    result = runner.invoke(app, ["evaluate", "--checkpoint", str(out), "--src", str(tmp_path / "src.txt"),
+                                 "--ref", str(tmp_path / "ref.txt"), "--json"])
+    assert result.exit_code == 0 and '"bleu"' in result.stdout
+
+
+def _one_line_error(result, *needles):
+    assert result.exit_code != 0
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_rnn_and_other_inputs_are_refused_in_one_line(tiny_run, tmp_path):
+    state = checkpoint.load(tiny_run / "checkpoint_best.pt")
+    checkpoint.save({**state, "config": {**state["config"], "model": {"kind": "rnn"}}}, tmp_path / "rnn.pt")
+    pytest.importorskip("ctranslate2")
+    _one_line_error(runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "rnn.pt"), "--out",
+                                        str(tmp_path / "out")]), "RNN", "only Transformer")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    _one_line_error(runner.invoke(app, ["export", "--checkpoint", str(tiny_run / "checkpoint_best.pt"), "--out",
+                                        str(tmp_path / "other")]), "not an attn-mt export")
+    _one_line_error(runner.invoke(app, ["translate", "--checkpoint", str(tmp_path / "other"), "hello"]),
+                    "no attn_mt.json")
+
+
+def test_missing_ctranslate2_says_what_to_install(tiny_run, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
+    result = runner.invoke(app, ["export", "--checkpoint", str(tiny_run / "checkpoint_best.pt"),
+                                 "--out", str(tmp_path / "out")])
+    _one_line_error(result, "pip install 'attn-mt[export]'")
