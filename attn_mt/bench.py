@@ -172,6 +172,20 @@ def translate_fns(checkpoint: Path, texts: list[str], device: torch.device, prec
     return fns
 
 
+def _train_row(v: Variant, rounds: list[float], median: float, tokens: int, flops: float, steps: int,
+               peak: dict) -> dict:
+    """Throughput, FLOP rate and MFU of one variant from its median round."""
+    row = {"model": v.name, "precision": v.precision, "params": v.params,
+           "round_s": rounds,  # every round's seconds, the warm-up first
+           "tokens_per_s": tokens / median, "step_s": median / steps,
+           "gflops": flops / median / 1e9, "mfu": flops / median / 1e9 / peak[v.precision]}
+    if v.name == "ours_compiled":
+        row["compile_s"] = rounds[0] - median  # the warm-up round's extra time
+    if v.device.type == "cuda":
+        row["peak_mem_mb"] = v.peak_mem / 2**20
+    return row
+
+
 def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats: int = 5, steps: int = 2,
               compile: bool = False, sentences: int = 100) -> dict:
     """Measure everything in one run (see the module docstring); returns JSON-ready figures."""
@@ -210,17 +224,7 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
     med = {name: statistics.median(t[1:]) for name, t in times.items()}
 
     peak = {p: peak_flops[p] / med[f"matmul/{p}"] / 1e9 for p in precisions}
-    train = []
-    for name, tr in trainers.items():
-        row = {"model": tr.name, "precision": tr.precision, "params": tr.params,
-               "round_s": times[name],  # every round's seconds, the warm-up first
-               "tokens_per_s": tokens / med[name], "step_s": med[name] / steps,
-               "gflops": flops / med[name] / 1e9, "mfu": flops / med[name] / 1e9 / peak[tr.precision]}
-        if tr.name == "ours_compiled":
-            row["compile_s"] = times[name][0] - med[name]  # the warm-up round's extra time
-        if device.type == "cuda":
-            row["peak_mem_mb"] = tr.peak_mem / 2**20
-        train.append(row)
+    train = [_train_row(tr, times[name], med[name], tokens, flops, steps, peak) for name, tr in trainers.items()]
     by = {(r["model"], r["precision"]): r for r in train}
     ours = {p: by["ours", p]["tokens_per_s"] for p in precisions}
     ref = {p: by["torch", p]["tokens_per_s"] for p in precisions}

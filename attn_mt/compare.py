@@ -174,88 +174,109 @@ def _compare(setup: CompareSetup, out_dir: Path) -> dict:
     device = pick_device(base.train.device)
     precision = pick_precision(base.train.precision, device)
     corpus = load_corpus(base, out_dir, min(c.model.max_positions for c in cfgs.values()))
-    tok = corpus.tok
     contestants = []
     for name, cfg in cfgs.items():
         torch.manual_seed(cfg.train.seed)
-        model = build_model(cfg.model, **tok.sizes()).to(device)
+        model = build_model(cfg.model, **corpus.tok.sizes()).to(device)
         contestants.append(Contestant(name, cfg, Trainer(model, cfg, corpus, device, precision)))
     params = {c.name: count_params(c.model) for c in contestants}
     _check_sizes(params, cmp.max_param_gap)
     where = machine(device, precision)
-    sizes = ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in params.items())
-    log.info("comparing %s on %s (%s, %d threads, %s)", sizes, where["device_name"], device,
-             where["threads"], precision)
-    amp = lambda: autocast(device, precision)  # noqa: E731
-    models = {c.name: c.model for c in contestants}
+    log.info("comparing %s on %s (%s, %d threads, %s)", ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in params.items()),
+             where["device_name"], device, where["threads"], precision)
+    load: dict = {}
     # cost against length first, on the fresh models: the timings do not depend on the weights,
     # and a process that has trained for half an hour gave noisier ones (a fragmented heap)
-    log.info("timing forward + backward at lengths %s, alternated", list(cmp.lengths))
-    bar = tqdm(total=len(cmp.lengths) * cmp.repeats * 2, desc="length scaling (alternated)",
-               disable=None, dynamic_ncols=True)
-    load = {"length_scaling": timing.LoadMeter().start()}
-    vocab = min(tok.src_vocab_size, tok.tgt_vocab_size)
-    scaling = timing.length_scaling(models, list(cmp.lengths), cmp.length_batch_tokens, vocab, cmp.repeats,
-                                    device, amp, bar)
-    load["length_scaling"] = load["length_scaling"].stop()
-    bar.close()
-    src_ids, tgt_ids = corpus.ids[base.data.splits.train]
-    first_epoch = token_batches(*corpus.lengths(base.data.splits.train), base.train.batch_tokens, base.train.seed, 0)
-    biggest = max(first_epoch, key=lambda b: len(b) * max(max(len(src_ids[i]), len(tgt_ids[i])) for i in b))
-    big = next(corpus.batches(base.data.splits.train, [biggest])).to(device)
-    activations = {k: timing.saved_activation_bytes(m, big.src, big.tgt_in, amp) for k, m in models.items()}
-
-    load["training"] = timing.LoadMeter().start()
-    race(contestants, corpus, cmp)
-    load["training"] = load["training"].stop()
+    with timing.metered(load, "length_scaling"):
+        scaling = _length_scaling(contestants, corpus, cmp)
+    activations, memory_method = _activations(contestants, corpus, base)
+    with timing.metered(load, "training"):
+        race(contestants, corpus, cmp)
+    tok = corpus.tok
     report: dict = {"machine": where, "budget_minutes": cmp.budget_minutes, "compare": asdict(cmp),
                     "data": asdict(base.data), "tokenizer": {**asdict(base.tokenizer),
                     "src_vocab": tok.src_vocab_size, "tgt_vocab": tok.tgt_vocab_size},
-                    "batch_tokens": base.train.batch_tokens, "models": {}, "length_scaling": scaling}
-    epoch_tokens = sum(len(t) + 1 for t in tgt_ids)
-    for c in contestants:
-        act = activations[c.name]
-        st = c.trainer.state
-        tokens_per_s = st.tokens / max(c.clock, 1e-9)
-        report["models"][c.name] = {
-            "kind": c.name, "params": params[c.name], "model_config": asdict(c.cfg.model),
+                    "batch_tokens": base.train.batch_tokens, "length_scaling": scaling,
+                    "models": {c.name: _training_row(c, activations[c.name], corpus) for c in contestants},
+                    "memory_method": memory_method}
+    for c in contestants:  # the rest uses each model's best checkpoint
+        c.model.load_state_dict(c.best_state)
+        c.model.eval()
+    with timing.metered(load, "decoding"):
+        _decoding(report, contestants, corpus, cmp)
+    _test_and_save(report, contestants, corpus, out_dir)
+    report["background_load"] = load
+    write_report(report, out_dir)
+    return report
+
+
+def _amp(c: Contestant):
+    return lambda: autocast(c.trainer.device, c.trainer.precision)
+
+
+def _length_scaling(contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig) -> list[dict]:
+    """Forward + backward time per batch against sentence length, the models alternated."""
+    log.info("timing forward + backward at lengths %s, alternated", list(cmp.lengths))
+    vocab = min(corpus.tok.src_vocab_size, corpus.tok.tgt_vocab_size)
+    first = contestants[0]
+    with tqdm(total=len(cmp.lengths) * cmp.repeats * 2, desc="length scaling (alternated)", disable=None,
+              dynamic_ncols=True) as bar:
+        return timing.length_scaling({c.name: c.model for c in contestants}, list(cmp.lengths),
+                                     cmp.length_batch_tokens, vocab, cmp.repeats, first.trainer.device,
+                                     _amp(first), bar)
+
+
+def _activations(contestants: list[Contestant], corpus: Corpus, base: ExperimentConfig) -> tuple[dict, str]:
+    """Bytes saved for backward by each model on the largest training batch, and how that was measured."""
+    split = base.data.splits.train
+    src_ids, tgt_ids = corpus.ids[split]
+    first_epoch = token_batches(*corpus.lengths(split), base.train.batch_tokens, base.train.seed, 0)
+    biggest = max(first_epoch, key=lambda b: len(b) * max(max(len(src_ids[i]), len(tgt_ids[i])) for i in b))
+    big = next(corpus.batches(split, [biggest])).to(contestants[0].trainer.device)
+    sizes = {c.name: timing.saved_activation_bytes(c.model, big.src, big.tgt_in, _amp(c)) for c in contestants}
+    return sizes, ("16 bytes per parameter (fp32 weights, gradients, Adam moments) plus the tensors saved for "
+                   f"backward on the largest training batch ({len(biggest)} sentences x {big.src.size(1)} "
+                   "source tokens)")
+
+
+def _training_row(c: Contestant, activation: int, corpus: Corpus) -> dict:
+    """What the race measured of one model."""
+    st, params = c.trainer.state, count_params(c.model)
+    epoch_tokens = sum(len(t) + 1 for t in corpus.ids[c.cfg.data.splits.train][1])
+    tokens_per_s = st.tokens / max(c.clock, 1e-9)
+    return {"kind": c.name, "params": params, "model_config": asdict(c.cfg.model),
             "lr": c.cfg.train.lr, "steps": st.step, "epochs": round(st.tokens / epoch_tokens, 2),
             "train_seconds": round(c.clock, 1), "eval_seconds": round(c.eval_s, 1),
             "train_tokens_per_s": round(tokens_per_s, 1),
             "seconds_per_epoch": round(epoch_tokens / max(tokens_per_s, 1e-9), 1),
-            "activation_mb": round(act / 2**20, 1),
-            "peak_memory_mb": round((16 * params[c.name] + act) / 2**20, 1),
+            "activation_mb": round(activation / 2**20, 1),
+            "peak_memory_mb": round((16 * params + activation) / 2**20, 1),
             "best_valid_bleu": c.best_bleu, "curve": c.curve,
             "encoder_sequential_steps_per_layer": "1" if c.name == "transformer" else "source length"}
-    report["memory_method"] = ("16 bytes per parameter (fp32 weights, gradients, Adam moments) plus the "
-                               "tensors saved for backward on the largest training batch "
-                               f"({len(biggest)} sentences x {big.src.size(1)} source tokens)")
 
-    for c in contestants:  # the rest uses each model's best checkpoint
-        c.model.load_state_dict(c.best_state)
-        c.model.eval()
+
+def _decoding(report: dict, contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig) -> None:
+    """Greedy and beam decoding speed of the best checkpoints, alternated, into the report."""
+    base, first = contestants[0].cfg, contestants[0]
     texts = corpus.text[base.data.splits.test][0][: cmp.decode_sentences]
     log.info("timing greedy and beam-%d decoding of %d sentences, alternated", cmp.beam_size, len(texts))
-    bar = tqdm(total=4 * cmp.decode_repeats, desc="decoding (alternated)", disable=None, dynamic_ncols=True)
-    load["decoding"] = timing.LoadMeter().start()
-    speed = timing.decode_speed(models, tok, texts, base.decode, cmp.beam_size, cmp.decode_repeats,
-                                device, amp, bar)
-    load["decoding"] = load["decoding"].stop()
-    bar.close()
-    report["decode"] = {"sentences": len(texts), "batch_size": base.decode.batch_size,
-                        "beam_size": cmp.beam_size}
-
-    test_src, test_ref = corpus.text[base.data.splits.test]
+    with tqdm(total=4 * cmp.decode_repeats, desc="decoding (alternated)", disable=None, dynamic_ncols=True) as bar:
+        speed = timing.decode_speed({c.name: c.model for c in contestants}, corpus.tok, texts, base.decode,
+                                    cmp.beam_size, cmp.decode_repeats, first.trainer.device, _amp(first), bar)
     for c in contestants:
-        with autocast(device, precision):
-            hyps = translate(c.model, tok, test_src, c.cfg.decode, device)
+        report["models"][c.name].update(speed[c.name], decode_sentences_per_s=speed[c.name]["greedy_sentences_per_s"])
+    report["decode"] = {"sentences": len(texts), "batch_size": base.decode.batch_size, "beam_size": cmp.beam_size}
+
+
+def _test_and_save(report: dict, contestants: list[Contestant], corpus: Corpus, out_dir: Path) -> None:
+    """Test BLEU of each best checkpoint with its decode settings; the checkpoints into out_dir."""
+    for c in contestants:
+        tr = c.trainer
+        test_src, test_ref = corpus.text[c.cfg.data.splits.test]
+        with autocast(tr.device, tr.precision):
+            hyps = translate(c.model, corpus.tok, test_src, c.cfg.decode, tr.device)
         s = score(hyps, test_ref)
-        report["models"][c.name].update(speed[c.name], test_bleu=s["bleu"], test_chrf=s["chrf"],
-                                        decode_sentences_per_s=speed[c.name]["greedy_sentences_per_s"],
-                                        test_beam_size=c.cfg.decode.beam_size)
+        report["models"][c.name].update(test_bleu=s["bleu"], test_chrf=s["chrf"], test_beam_size=c.cfg.decode.beam_size)
         report["sacrebleu_signature"] = s["bleu_signature"]
-        checkpoint.save({"model": c.best_state, "config": to_dict(c.cfg), "tokenizer": tok.state(),
-                         "step": c.trainer.state.step, "best_bleu": c.best_bleu}, out_dir / f"{c.name}.pt")
-    report["background_load"] = load
-    write_report(report, out_dir)
-    return report
+        checkpoint.save({"model": c.best_state, "config": to_dict(c.cfg), "tokenizer": corpus.tok.state(),
+                         "step": tr.state.step, "best_bleu": c.best_bleu}, out_dir / f"{c.name}.pt")

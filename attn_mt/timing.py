@@ -53,6 +53,16 @@ class LoadMeter:
                 "loadavg_1min_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
+@contextmanager
+def metered(load: dict, name: str):
+    """Record in load[name] the background load (LoadMeter) while the block runs."""
+    meter = LoadMeter().start()
+    try:
+        yield
+    finally:
+        load[name] = meter.stop()
+
+
 def _own_cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system

@@ -60,7 +60,7 @@ class TrainStep:
 
     def __init__(self, model: Seq2Seq, cfg: TrainConfig, device: torch.device, precision: str, *,
                  net: nn.Module | None = None, world: World = World()) -> None:
-        self.model, self.net, self.cfg = model, net or model, cfg
+        self.model, self.net, self.cfg = model, (model if net is None else net), cfg
         self.device, self.precision, self.world = device, precision, world
         self.opt = make_optimizer(model, cfg)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")

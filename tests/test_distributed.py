@@ -13,7 +13,10 @@ import pytest
 import yaml
 from conftest import TINY
 
-TORCHRUN = shutil.which("torchrun") or pytest.skip("torchrun not found", allow_module_level=True)
+# the venv's torchrun (pytest may run as .venv/bin/python without the venv on PATH), else PATH's
+_VENV_TORCHRUN = Path(sys.executable).parent / "torchrun"
+TORCHRUN = (str(_VENV_TORCHRUN) if _VENV_TORCHRUN.exists() else shutil.which("torchrun")) or pytest.skip(
+    "torchrun not found", allow_module_level=True)
 pytestmark = pytest.mark.slow
 
 
