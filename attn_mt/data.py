@@ -65,10 +65,12 @@ def _from_jsonl(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
         try:
             pair = json.loads(line)["translation"]
             s, t = pair[cfg.src_lang], pair[cfg.tgt_lang]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
+        except RecursionError:
+            raise DataError(f"{path}:{i}: JSON nested too deeply") from None
+        except (ValueError, KeyError, TypeError, IndexError) as e:  # ValueError: bad JSON, huge numbers
             raise DataError(
                 f"{path}:{i}: expected {{\"translation\": {{\"{cfg.src_lang}\": ..., "
-                f"\"{cfg.tgt_lang}\": ...}}}} ({e.__class__.__name__}: {e})"
+                f"\"{cfg.tgt_lang}\": ...}}}} ({e.__class__.__name__}: {str(e)[:200]})"
             ) from None
         if not isinstance(s, str) or not isinstance(t, str):
             raise DataError(f"{path}:{i}: translations must be strings")
@@ -95,16 +97,22 @@ def _from_hf(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
         raise DataError(f"{where}: cannot load Hugging Face dataset split {split!r}: {first}") from None
     if "translation" in ds.column_names:
         rows = list(ds["translation"])
-        src = [r[cfg.src_lang] for r in rows]
-        tgt = [r[cfg.tgt_lang] for r in rows]
     elif cfg.src_lang in ds.column_names and cfg.tgt_lang in ds.column_names:
-        src, tgt = list(ds[cfg.src_lang]), list(ds[cfg.tgt_lang])
+        rows = [{cfg.src_lang: s, cfg.tgt_lang: t} for s, t in zip(ds[cfg.src_lang], ds[cfg.tgt_lang], strict=True)]
     else:
         raise DataError(
             f"{where}: split {split!r} has columns {ds.column_names}; expected 'translation' "
             f"or '{cfg.src_lang}' and '{cfg.tgt_lang}'"
         )
-    return [s.strip() for s in src], [t.strip() for t in tgt]
+    src, tgt = [], []
+    for i, row in enumerate(rows):
+        for lang, out in ((cfg.src_lang, src), (cfg.tgt_lang, tgt)):
+            value = row.get(lang) if isinstance(row, dict) else None
+            if not isinstance(value, str):
+                what = "missing" if not isinstance(row, dict) or lang not in row else f"{type(value).__name__}"
+                raise DataError(f"{where}: split {split!r} row {i}: {lang!r} is {what}, expected a string")
+            out.append(value.strip())
+    return src, tgt
 
 
 def _from_toy(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
