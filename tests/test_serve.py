@@ -29,7 +29,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from attn_mt.serve import Limits, create_app  # noqa: E402
 from attn_mt.serve.batcher import Batcher  # noqa: E402
 
-LIMITS = Limits(max_texts=4, max_chars=200, max_beam=6)
+LIMITS = Limits(max_texts=4, max_chars=200, max_attention_chars=100, max_beam=6)
 SENTENCES = ["the old man sees a small dog.", "", "yesterday the big cat runs.", "a dog"]
 
 
@@ -184,7 +184,7 @@ BAD_ATTENTION = [
     ('{"text": "   "}', 422, "text"),
     ('{"text": ["a"]}', 422, "text"),
     ('{"texts": ["a"]}', 422, "text"),
-    (json.dumps({"text": "x" * 201}), 413, "text"),
+    (json.dumps({"text": "x" * 101}), 413, "text"),
     ('{"text": "a", "beam": 99}', 422, "beam"),
     ('{"text": "a", "beam": -1}', 422, "beam"),
 ]

@@ -14,11 +14,12 @@ class Limits:
 
     max_texts: int = 64  # sentences per /api/translate request
     max_chars: int = 10_000  # characters per request, all sentences together
+    max_attention_chars: int = 1000  # an /api/attention sentence: the maps grow with its length squared
     max_beam: int = 16
     max_wait_ms: float = 5.0  # how long the first request of a batch waits for others
 
     def __post_init__(self) -> None:
-        for key in ("max_texts", "max_chars", "max_beam"):
+        for key in ("max_texts", "max_chars", "max_attention_chars", "max_beam"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)}: must be >= 1")
         if self.max_wait_ms < 0:
@@ -70,7 +71,7 @@ class TranslateRequest(BaseModel):
         """Refuse what the limits do not allow, naming the field."""
         if len(self.texts) > limits.max_texts:
             raise ApiError(413, "texts", f"{len(self.texts)} sentences; at most {limits.max_texts} per request")
-        _check_chars("texts", sum(map(len, self.texts)), limits)
+        _check_chars("texts", sum(map(len, self.texts)), limits.max_chars)
         _check_beam(self.beam, limits)
 
 
@@ -88,7 +89,7 @@ class AttentionRequest(BaseModel):
         return _clean(text)
 
     def check(self, limits: Limits) -> None:
-        _check_chars("text", len(self.text), limits)
+        _check_chars("text", len(self.text), min(limits.max_chars, limits.max_attention_chars))
         _check_beam(self.beam, limits)
 
 
@@ -120,9 +121,9 @@ class AttentionResponse(BaseModel):
     cross: Maps = Field(description="[layer][head][target][source]; an RNN has one layer, one head.")
 
 
-def _check_chars(field: str, n: int, limits: Limits) -> None:
-    if n > limits.max_chars:
-        raise ApiError(413, field, f"{n} characters; at most {limits.max_chars} per request")
+def _check_chars(field: str, n: int, most: int) -> None:
+    if n > most:
+        raise ApiError(413, field, f"{n} characters; at most {most} per request")
 
 
 def _check_beam(beam: int | None, limits: Limits) -> None:

@@ -12,6 +12,7 @@ const EXPLAIN = {
   decoder_self: "Rows: the target token being predicted. Columns: the target tokens already there (<s> first).",
   cross: "Rows: the target token being predicted. Columns: the source tokens it attends to.",
 };
+const SHAPE_KEYS = ["n_layers", "d_model", "n_heads", "d_ff", "cell", "d_embed", "d_hidden", "d_attn"];
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 const state = {info: null, att: null, hover: null, request: 0, translations: 0};
 
@@ -54,20 +55,21 @@ function count(n) {
 
 function showFacts(info) {
   const {architecture: arch, languages: lang, vocabulary: vocab} = info;
-  const shape = Object.entries(arch).filter(([k]) => k !== "kind").map(([k, v]) => `${k} ${v}`).join(" · ");
+  const shape = Object.entries(arch).filter(([k]) => SHAPE_KEYS.includes(k)).map(([k, v]) => `${k} ${v}`).join(", ");
   const rows = [
     ["checkpoint", info.checkpoint],
     ["languages", `${lang.source} → ${lang.target}`],
     ["architecture", `${arch.kind}: ${shape}`],
     ["parameters", `${count(info.parameters)} (${info.parameters.toLocaleString("en")})`],
     ["vocabulary", vocab.joint ? `${vocab.source} subwords, joint` : `${vocab.source} source, ${vocab.target} target`],
-    ["training step", info.step === null ? "–" : info.epoch === null ? info.step : `${info.step} (epoch ${info.epoch})`],
+    ["training step", info.step === null ? "–" : info.step + (info.epoch === null ? "" : ` (epoch ${info.epoch})`)],
     ["validation BLEU", info.valid_bleu === null ? "–" : info.valid_bleu.toFixed(2)],
     ["decoding", `beam ${info.decode.beam}, length penalty alpha ${info.decode.alpha}`],
     ["attention", info.attention.map((k) => KIND_NAMES[k]).join(", ")],
     ["device", info.device],
   ];
-  $("facts-list").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {textContent: k}), el("dd", {textContent: v})]));
+  const items = rows.flatMap(([k, v]) => [el("dt", {textContent: k}), el("dd", {textContent: v})]);
+  $("facts-list").replaceChildren(...items);
   $("model-line").textContent = `${arch.kind}, ${lang.source} → ${lang.target}, ${count(info.parameters)} parameters`;
 }
 
@@ -84,9 +86,10 @@ async function init() {
   }
   showFacts(state.info);
   const params = new URLSearchParams(location.search);
-  fillSelect($("beam"), range(1, Math.min(state.info.limits.max_beam, 12)), params.get("beam") || state.info.decode.beam);
+  const beams = range(1, Math.min(state.info.limits.max_beam, 12));
+  fillSelect($("beam"), beams, params.get("beam") || state.info.decode.beam);
   fillNbest();
-  $("text").maxLength = state.info.limits.max_chars;
+  $("text").maxLength = Math.min(state.info.limits.max_chars, state.info.limits.max_attention_chars);
   $("beam").addEventListener("change", fillNbest);
   $("form").addEventListener("submit", (e) => { e.preventDefault(); translate(); });
   $("text").addEventListener("keydown", (e) => {
