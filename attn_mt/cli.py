@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import json
 import logging
 import os
@@ -55,6 +56,12 @@ def _user_errors(fn):
                 raise
             typer.echo("interrupted", err=True)
             raise typer.Exit(130) from None
+        except OSError as e:  # a full disk or a vanished directory while writing, anywhere
+            if _debug:
+                raise
+            where = f"{e.filename}: " if e.filename else ""
+            typer.echo(f"error: {where}{e.strerror or e}", err=True)
+            raise typer.Exit(1) from None
 
     return wrapper
 
@@ -70,6 +77,7 @@ DeviceOpt = Annotated[str, typer.Option(help="cpu, cuda, mps or auto.")]
 def train(config: ConfigOpt, overrides: SetOpt = None,
           out: Annotated[Path | None, typer.Option(help="Run directory [default: runs/<name>].")] = None,
           resume: Annotated[bool, typer.Option(help="Continue from OUT/checkpoint_last.pt.")] = False,
+          overwrite: Annotated[bool, typer.Option(help="Delete the earlier run in OUT and start afresh.")] = False,
           ) -> None:
     """Train a model from a YAML config; writes checkpoints, metrics and results into the run directory.
 
@@ -80,7 +88,9 @@ def train(config: ConfigOpt, overrides: SetOpt = None,
 
     cfg = load_config(config, overrides or [])
     run_dir = out or Path("runs") / cfg.name
-    best = run_training(cfg, run_dir, resume=resume)
+    if resume and overwrite:
+        raise typer.BadParameter("give one of --resume and --overwrite", param_hint="--overwrite")
+    best = run_training(cfg, run_dir, resume=resume, overwrite=overwrite)
     if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 reports
         return
     results = json.loads((run_dir / "results.json").read_text())
@@ -89,8 +99,9 @@ def train(config: ConfigOpt, overrides: SetOpt = None,
                f"({results['test_split']}, {results['sacrebleu_signature']})")
 
 
-def _lines(texts: list[str] | None, input: Path | None):
-    """Input lines from arguments, a file, or stdin, without their newlines."""
+def _lines(texts: list[str] | None, input: Path | None, prompt: str = ""):
+    """Input lines from arguments, a file, or stdin, without their newlines; `prompt` goes to stderr
+    before each stdin line is read (interactive use)."""
     if texts:
         yield from texts
     elif input is not None:
@@ -98,9 +109,33 @@ def _lines(texts: list[str] | None, input: Path | None):
 
         yield from read_lines(input)
     else:  # bytes that are not UTF-8 become U+FFFD instead of ending the run
-        stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace")
-        for line in stdin:
-            yield line.rstrip("\n")
+        # lines end at "\n" only (a lone "\r" inside a line is text, as with --input); "\r\n" is stripped
+        stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
+        while True:  # readline, not iteration: each line is handed on as soon as it arrives
+            typer.echo(prompt, nl=False, err=True)
+            line = stdin.readline()
+            if not line:
+                break
+            yield line.removesuffix("\n").removesuffix("\r")
+        if prompt:
+            typer.echo(err=True)  # end the prompt line at EOF
+
+
+def _translator(checkpoint: Path, device: str):
+    """(holder of the decode defaults in `.decode`, fn(texts, dcfg) -> n-best lists) for a checkpoint
+    file (PyTorch) or a directory written by `attn-mt export` (CTranslate2)."""
+    from . import ct2
+
+    if ct2.is_export(checkpoint):
+        exported = ct2.load_exported(checkpoint, ct2.pick_device(device))
+        return exported, functools.partial(ct2.translate_nbest, exported)
+    from .checkpoint import load_model
+    from .decode import translate_nbest
+    from .device import pick_device
+
+    dev = pick_device(device)
+    model, cfg, tok = load_model(checkpoint, dev)
+    return cfg, lambda texts, dcfg: translate_nbest(model, tok, texts, dcfg, dev)
 
 
 _CKPT = "(default: the checkpoint's decode section)"
@@ -135,25 +170,24 @@ def translate(checkpoint: CkptOpt,
               beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None,
               nbest: Annotated[int | None, typer.Option(help="Hypotheses per sentence (<= beam).")] = None,
               fmt: Annotated[str, typer.Option("--format", help="text, or jsonl with scores.")] = "text",
+              stream: Annotated[bool, typer.Option(help="Write each line's translation as soon as it is "
+                                                        "done (else large inputs go in pieces of 1000).")] = False,
               device: DeviceOpt = "auto") -> None:
-    """Translate text from arguments, --input FILE or stdin, in input order, one result per line."""
-    from .checkpoint import load_model
-    from .decode import translate_nbest
-    from .device import pick_device
+    """Translate text from arguments, --input FILE or stdin, in input order, one result per line.
 
+    A terminal on stdin gets a prompt, and each line is translated as it is entered. --checkpoint may
+    also be a directory written by `attn-mt export`, which decodes with CTranslate2.
+    """
     if fmt not in ("text", "jsonl"):
         raise typer.BadParameter(f"{fmt!r} is not one of 'text', 'jsonl'", param_hint="--format")
-    dev = pick_device(device)
-    model, cfg, tok = load_model(checkpoint, dev)
-    dcfg = _decode_cfg(cfg, beam_size=beam, alpha=alpha, nbest=nbest, batch_size=batch_size)
-    chunk, done = [], 0
-    for i, line in enumerate(_lines(texts, input), 1):
-        chunk.append(line)
-        if i % max(1000, dcfg.batch_size) == 0:  # stream: large inputs are written piece by piece
-            typer.echo(_format(chunk, translate_nbest(model, tok, chunk, dcfg, dev), fmt, done))
-            chunk, done = [], i
-    if chunk:
-        typer.echo(_format(chunk, translate_nbest(model, tok, chunk, dcfg, dev), fmt, done))
+    defaults, run = _translator(checkpoint, device)
+    dcfg = _decode_cfg(defaults, beam_size=beam, alpha=alpha, nbest=nbest, batch_size=batch_size)
+    interactive = not texts and input is None and sys.stdin.isatty()
+    size = 1 if stream or interactive else max(1000, dcfg.batch_size)  # batches of dcfg.batch_size inside
+    lines, done = _lines(texts, input, prompt="> " if interactive else ""), 0
+    while chunk := list(itertools.islice(lines, size)):
+        typer.echo(_format(chunk, run(chunk, dcfg), fmt, done))  # click.echo flushes
+        done += len(chunk)
 
 
 @app.command()
@@ -164,20 +198,16 @@ def evaluate(checkpoint: CkptOpt,
              beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None,
              as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
              device: DeviceOpt = "auto") -> None:
-    """Translate --src and score it against --ref with sacrebleu BLEU and chrF."""
-    from .checkpoint import load_model
+    """Translate --src and score it against --ref with sacrebleu BLEU and chrF (--checkpoint: file or export)."""
     from .data import DataError, read_lines
-    from .decode import translate as run_translate
     from .evaluate import score
-    from .device import pick_device
 
     sources, refs = read_lines(src), read_lines(ref)
     if len(sources) != len(refs):
         raise DataError(f"line counts differ: {src} has {len(sources)} lines, {ref} has {len(refs)}")
-    dev = pick_device(device)
-    model, cfg, tok = load_model(checkpoint, dev)
-    dcfg = _decode_cfg(cfg, beam_size=beam, alpha=alpha, batch_size=batch_size, nbest=1)
-    result = score(run_translate(model, tok, sources, dcfg, dev), refs)
+    defaults, run = _translator(checkpoint, device)
+    dcfg = _decode_cfg(defaults, beam_size=beam, alpha=alpha, batch_size=batch_size, nbest=1)
+    result = score([n[0].text for n in run(sources, dcfg)], refs)
     result["decode"] = {"beam_size": dcfg.beam_size, "alpha": dcfg.alpha}
     if as_json:
         typer.echo(json.dumps(result, indent=2))
@@ -231,6 +261,40 @@ def attention(checkpoint: CkptOpt, text: Annotated[str, typer.Argument(help="A s
     translation, paths = write_attention_maps(model, tok, text, dcfg, out, dev)
     typer.echo(translation)
     for path in paths:
+        typer.echo(str(path))
+
+
+@app.command()
+@_user_errors
+def serve(checkpoint: CkptOpt,
+          host: Annotated[str, typer.Option(help="Interface to bind; any other than 127.0.0.1 exposes the "
+                                                 "server to the network.")] = "127.0.0.1",
+          port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+          max_texts: Annotated[int, typer.Option(min=1, help="Most sentences per request.")] = 64,
+          max_chars: Annotated[int, typer.Option(min=1, help="Most characters per request.")] = 10_000,
+          device: DeviceOpt = "auto") -> None:
+    """Serve a checkpoint: a web page (translations, attention of every head) and a JSON API (docs at /docs)."""
+    from .serve import Limits, create_app, run
+
+    server = create_app(checkpoint, Limits(max_texts=max_texts, max_chars=max_chars), device=device)
+    typer.echo(f"attn-mt serve: http://{host}:{port}/  (API docs /docs; Ctrl-C stops)")
+    run(server, host, port)
+
+
+@app.command()
+@_user_errors
+def export(checkpoint: CkptOpt,
+           out: Annotated[Path, typer.Option(help="Directory for the CTranslate2 model (replaced if an export).")],
+           quantization: Annotated[str, typer.Option(help="float32, int8, int8_float32 or bfloat16.")] = "float32",
+           ) -> None:
+    """Write a Transformer checkpoint as a CTranslate2 model, with its SentencePiece model(s) and decode
+    defaults; `translate` and `evaluate` take the directory as --checkpoint. Needs CTranslate2 (the export extra)."""
+    from .export import QUANTIZATIONS, export_ct2
+
+    if quantization not in QUANTIZATIONS:
+        raise typer.BadParameter(f"{quantization!r} is not one of {', '.join(QUANTIZATIONS)}",
+                                 param_hint="--quantization")
+    for path in export_ct2(checkpoint, out, quantization):
         typer.echo(str(path))
 
 

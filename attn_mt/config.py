@@ -6,13 +6,46 @@ field below, and every field is checked for its type and range when the config i
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from .yamlconf import ConfigError, build, read_yaml, set_overrides
+
+# Upper bounds far above any sensible value: an impossible size fails when the config is built,
+# before any data is read, not later as a traceback or out of memory. (Lower bounds: __post_init__.)
+MOST: dict[str, dict[str, float]] = {
+    "data": {"max_len": 100_000, "toy_size": 100_000_000, "toy_seed": 2**32 - 1},
+    "tokenizer": {"vocab_size": 1_000_000},
+    "model": {"d_model": 16_384, "n_heads": 1024, "n_layers": 256, "d_ff": 131_072, "max_positions": 1_000_000,
+              "d_embed": 16_384, "d_hidden": 16_384, "d_attn": 16_384},
+    "train": {"lr": 10.0, "warmup_steps": 1e9, "weight_decay": 10.0, "batch_tokens": 10_000_000,
+              "accum_steps": 100_000, "clip_norm": 1e6, "max_epochs": 1_000_000, "max_steps": 1e12,
+              "max_minutes": 1e7, "eval_every": 1e12, "bleu_sentences": 10_000_000, "patience": 1e6,
+              "checkpoint_every": 1e12, "keep_last": 1000, "max_bad_steps": 1e6, "log_every": 1e12,
+              "threads": 4096, "seed": 2**32 - 1},
+    "decode": {"beam_size": 1000, "nbest": 1000, "alpha": 100.0, "max_len_a": 1000.0, "max_len_b": 1_000_000,
+               "batch_size": 1_000_000},
+    "compare": {"budget_minutes": 1e6, "eval_every_minutes": 1e6, "lengths": 1_000_000,
+                "length_batch_tokens": 10_000_000, "repeats": 10_000, "decode_sentences": 10_000_000,
+                "decode_repeats": 10_000, "beam_size": 1000},
+}
+
+
+def check_limits(section: str, cfg: Any) -> None:
+    """Every number of a section finite and at most its bound in MOST."""
+    most = MOST.get(section, {})
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        numbers = value if isinstance(value, tuple) else (value,)
+        for x in numbers:
+            if isinstance(x, float) and not math.isfinite(x):
+                raise ConfigError(f"{section}.{f.name}={x}: must be a finite number")
+            if f.name in most and isinstance(x, (int, float)) and x > most[f.name]:
+                raise ConfigError(f"{section}.{f.name}={x}: must be at most {most[f.name]:g}")
 
 
 @dataclass(frozen=True)
@@ -34,8 +67,14 @@ class DataConfig:
     max_len: int = 100  # training pairs with more tokens on either side are dropped
     toy_size: int = 12000  # toy: number of training pairs
     toy_seed: int = 0
+    cache_dir: str = ""  # tokenized training data, keyed by a fingerprint of data and tokenizer, shared by runs
+    #                      and `attn-mt prepare`; "": $ATTN_MT_CACHE, else ~/.cache/attn_mt (docs/data.md)
+    num_proc: int = 0  # processes that tokenize the training split into the cache; 0: one per core
 
     def __post_init__(self) -> None:
+        check_limits("data", self)
+        if not 0 <= self.num_proc <= 1024:
+            raise ConfigError(f"data.num_proc={self.num_proc}: must be in [0, 1024]")
         if self.max_len < 1:
             raise ConfigError(f"data.max_len={self.max_len}: must be >= 1")
         if self.source in ("files", "jsonl") and not self.dir:
@@ -44,6 +83,8 @@ class DataConfig:
             raise ConfigError("data.name or data.dir: one is required when data.source=hf")
         if self.src_lang == self.tgt_lang:
             raise ConfigError(f"data.src_lang and data.tgt_lang are both {self.src_lang!r}")
+        if self.toy_seed < 0:
+            raise ConfigError(f"data.toy_seed={self.toy_seed}: must be >= 0")
         if self.toy_size < 10:
             raise ConfigError(f"data.toy_size={self.toy_size}: must be >= 10")
 
@@ -54,8 +95,13 @@ class TokenizerConfig:
     vocab_size: int = 8000
     joint: bool = True  # one vocabulary for both languages (allows full embedding tying)
     character_coverage: float = 1.0
+    sample_sentences: int = 1_000_000  # SentencePiece trains on at most this many sentences per model (a fixed
+    #                                    random sample of the training pairs; all of them in a smaller corpus)
 
     def __post_init__(self) -> None:
+        check_limits("tokenizer", self)
+        if not 1_000 <= self.sample_sentences <= 100_000_000:
+            raise ConfigError(f"tokenizer.sample_sentences={self.sample_sentences}: must be in [1000, 1e8]")
         if self.vocab_size < 16:
             raise ConfigError(f"tokenizer.vocab_size={self.vocab_size}: must be >= 16")
         if not 0.9 <= self.character_coverage <= 1.0:
@@ -76,6 +122,7 @@ class TransformerConfig:
     attention: Literal["sdpa", "reference"] = "sdpa"
 
     def __post_init__(self) -> None:
+        check_limits("model", self)
         for key in ("d_model", "n_heads", "n_layers", "d_ff", "max_positions"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"model.{key}={getattr(self, key)}: must be >= 1")
@@ -102,6 +149,7 @@ class RNNConfig:
     max_positions: int = 256  # longest source / output in tokens (the RNN itself has no limit)
 
     def __post_init__(self) -> None:
+        check_limits("model", self)
         for key in ("d_embed", "d_hidden", "d_attn", "n_layers", "max_positions"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"model.{key}={getattr(self, key)}: must be >= 1")
@@ -118,6 +166,8 @@ class TrainConfig:
     warmup_steps: int = 1000
     schedule: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"  # after warmup: lr * sqrt(warmup / step),
     #     or linear decay to 0 at the end of the budget (max_steps, max_minutes or max_epochs, the first to end)
+    warmup_fraction: float = 0.1  # linear: warmup ends after warmup_steps or this fraction of the budget,
+    #     whichever comes first, so a short budget still gets a whole schedule; 0: warmup_steps alone
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.98)
     label_smoothing: float = 0.1
@@ -143,15 +193,18 @@ class TrainConfig:
     #                        measures whether it pays: on the 2-core CPU it did not, README Performance)
 
     def __post_init__(self) -> None:
+        check_limits("train", self)
         positive = ("lr", "batch_tokens", "accum_steps", "max_epochs", "bleu_sentences")
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)}: must be > 0")
         nonneg = ("warmup_steps", "weight_decay", "clip_norm", "max_steps", "max_minutes",
-                  "eval_every", "patience", "checkpoint_every", "keep_last", "threads")
+                  "eval_every", "patience", "checkpoint_every", "keep_last", "threads", "seed")
         for key in nonneg:
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)}: must be >= 0")
+        if not 0.0 <= self.warmup_fraction <= 1.0:
+            raise ConfigError(f"train.warmup_fraction={self.warmup_fraction}: must be in [0, 1]")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"train.label_smoothing={self.label_smoothing}: must be in [0, 1)")
         if self.log_every < 1:
@@ -170,6 +223,7 @@ class DecodeConfig:
     batch_size: int = 64
 
     def __post_init__(self) -> None:
+        check_limits("decode", self)
         for key in ("beam_size", "nbest", "batch_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"decode.{key}={getattr(self, key)}: must be >= 1")
@@ -194,6 +248,7 @@ class CompareConfig:
     max_param_gap: float = 0.15  # refuse models whose parameter counts differ by more (fairness)
 
     def __post_init__(self) -> None:
+        check_limits("compare", self)
         for key in ("budget_minutes", "eval_every_minutes", "length_batch_tokens", "repeats",
                     "decode_sentences", "decode_repeats", "beam_size", "max_param_gap"):
             if getattr(self, key) <= 0:

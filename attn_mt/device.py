@@ -17,7 +17,13 @@ class DeviceError(RuntimeError):
 
 
 def pick_device(name: str) -> torch.device:
-    """"auto" picks CUDA, then MPS, then the CPU; an explicit name must exist on this machine."""
+    """"auto" picks CUDA, then MPS, then the CPU; an explicit name must exist on this machine.
+
+    On CUDA, fp32 matmuls and convolutions may use TF32 tensor cores (10-bit mantissa inputs,
+    fp32 accumulation): several times faster on Ampere and later, well within training noise.
+    """
+    if name in ("auto", "cuda") and torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -99,6 +105,8 @@ def rng_state(device: torch.device) -> dict:
 
 
 def set_rng_state(rng: dict, device: torch.device) -> None:
+    """Restore `rng_state`'s result; CUDA states only for the GPUs this machine has (it may have fewer)."""
     torch.set_rng_state(rng["torch"])
-    if device.type == "cuda" and rng.get("cuda") is not None:
-        torch.cuda.set_rng_state_all(rng["cuda"])
+    if device.type == "cuda" and rng.get("cuda"):
+        for i, state in enumerate(rng["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, i)

@@ -42,8 +42,10 @@ def init(device: torch.device) -> tuple[World, torch.device]:
         device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        # the others wait while rank 0 evaluates; ATTN_MT_DIST_TIMEOUT_S overrides the 30 minutes
+        timeout = float(os.environ.get("ATTN_MT_DIST_TIMEOUT_S", 1800))
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=datetime.timedelta(minutes=30))  # rank 0 evaluates meanwhile
+                                timeout=datetime.timedelta(seconds=timeout))
     return world, device
 
 

@@ -9,7 +9,7 @@ import torch
 from sacrebleu.metrics import BLEU, CHRF
 
 from .config import ExperimentConfig
-from .data import Corpus, token_batches
+from .data import Batch, Corpus, token_batches
 from .decode import translate
 from .device import autocast, rng_state, set_rng_state
 from .models import Seq2Seq
@@ -39,12 +39,20 @@ def evaluate_loss(model: Seq2Seq, corpus: Corpus, split: str, batch_tokens: int,
     model.eval()
     index = token_batches(*corpus.lengths(split), batch_tokens, 0, 0, shuffle=False)
     total, n = torch.zeros((), device=device), 0
-    for batch in corpus.batches(split, index):
-        batch = batch.to(device)
+    for batch in corpus.batches(split, index):  # pairs longer than the model allows are cut, not a crash
+        batch = _fit(batch, model.max_positions, corpus.tok.pad_id).to(device)
         with autocast(device, precision):
             total += loss_sum(model, batch, 0.0, corpus.tok.pad_id)
         n += batch.n_tokens
     return total.item() / max(n, 1)
+
+
+def _fit(batch: Batch, length: int, pad_id: int) -> Batch:
+    """At most `length` positions per side (the model's position limit); n_tokens recounted."""
+    if max(batch.src.size(1), batch.tgt_in.size(1)) <= length:
+        return batch
+    tgt_out = batch.tgt_out[:, :length]
+    return Batch(batch.src[:, :length], batch.tgt_in[:, :length], tgt_out, int((tgt_out != pad_id).sum()))
 
 
 def validate(model: Seq2Seq, corpus: Corpus, cfg: ExperimentConfig, device: torch.device,

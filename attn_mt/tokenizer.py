@@ -11,7 +11,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from .config import TokenizerConfig
+from .config import ConfigError, TokenizerConfig
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,17 @@ class Tokenizer:
 
 def _train_one(texts: list[str], cfg: TokenizerConfig) -> bytes:
     model = io.BytesIO()
+    try:
+        _spm_train(texts, cfg, model)
+    except RuntimeError as e:  # e.g. "Vocabulary size is smaller than required_chars. 16 vs 38."
+        reason = str(e).split("]")[-1].strip().split(". Increase")[0]
+        raise ConfigError(f"tokenizer.vocab_size={cfg.vocab_size}: SentencePiece cannot train on this corpus "
+                          f"({reason[:200]}); raise tokenizer.vocab_size or lower tokenizer.character_coverage"
+                          ) from None
+    return model.getvalue()
+
+
+def _spm_train(texts: list[str], cfg: TokenizerConfig, model: io.BytesIO) -> None:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(texts), model_writer=model,
         model_type=cfg.type, vocab_size=cfg.vocab_size,
@@ -80,7 +91,6 @@ def _train_one(texts: list[str], cfg: TokenizerConfig) -> bytes:
         input_sentence_size=2_000_000, shuffle_input_sentence=True,
         num_threads=2, minloglevel=2,
     )
-    return model.getvalue()
 
 
 def _fingerprint(cfg: TokenizerConfig, src: list[str], tgt: list[str]) -> str:

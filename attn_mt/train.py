@@ -12,11 +12,12 @@ the same parameters, bit for bit, as one that was never stopped.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,12 +27,12 @@ from tqdm import tqdm
 from . import checkpoint, distributed
 from .config import ExperimentConfig, save_config, to_dict
 from .data import Corpus, load_corpus
-from .device import pick_device, pick_precision, rng_state, set_rng_state
+from .device import pick_device, pick_precision, rng_state
 from .evaluate import score_test_split, validate
 from .models import build_model, count_params
+from .resume import check_config, finished, restore
 from .rundir import RunDir
 from .schedule import limit_reached
-from .tokenizer import Tokenizer
 from .trainer import Trainer, TrainError, TrainInterrupted, TrainState
 
 __all__ = ["TrainError", "TrainInterrupted", "train"]
@@ -82,24 +83,38 @@ class Run:
         return time.perf_counter() - self.start
 
 
-def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False) -> Path:
-    """Train the configured model; returns the path of the checkpoint that was tested."""
-    run = setup(cfg, RunDir(run_dir), resume)
-    with StopOnInterrupt() as interrupt:
-        reason = run_epochs(run, interrupt)
-    log.info("stopped: %s", reason)
-    return finish(run)
+def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite: bool = False) -> Path:
+    """Train the configured model; returns the path of the checkpoint that was tested.
+
+    A fresh run refuses a directory that holds an earlier run unless `overwrite`; `resume`
+    continues one, and a run that had already finished is not trained further.
+    """
+    run = setup(cfg, RunDir(run_dir), resume, overwrite)
+    done = finished(run.state, cfg.train) if resume else None
+    if done and run.files.results.exists():
+        log.info("the run had already finished (%s): nothing to do", done)
+        distributed.close(run.world)
+        return run.files.path / json.loads(run.files.results.read_text()).get("tested", run.files.best.name)
+    if not done:
+        with StopOnInterrupt() as interrupt:
+            done = run_epochs(run, interrupt)
+    log.info("stopped: %s", done)
+    distributed.close(run.world)  # every rank is past its last collective; rank 0 tests alone, nothing to time out
+    return finish(run) if run.world.main else run.files.best
 
 
-def setup(cfg: ExperimentConfig, files: RunDir, resume: bool) -> Run:
+def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = False) -> Run:
     """Join the process group, read and tokenize the data, build model and optimizer, restore a resumed run."""
     tc = cfg.train
     world, device = distributed.init(pick_device(tc.device))
     if world.main:
+        files.claim(resume, overwrite)
         files.check_writable()
     else:
         logging.getLogger("attn_mt").setLevel(logging.WARNING)  # rank 0 reports
     resumed = checkpoint.load(files.last) if resume else None
+    if resumed is not None:
+        check_config(resumed["config"], cfg)
     if tc.threads:
         torch.set_num_threads(tc.threads)
     precision = pick_precision(tc.precision, device)
@@ -112,7 +127,7 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool) -> Run:
         corpus = load_corpus(cfg, files.path, cfg.model.max_positions)
     model = build_model(cfg.model, **corpus.tok.sizes()).to(device)
     if world.main:
-        files.check_space(model)
+        files.check_space(model, tc.keep_last)
     if world.enabled:
         torch.manual_seed(tc.seed + world.rank)  # same initial weights, different dropout per rank
     trainer = Trainer(model, cfg, corpus, device, precision, net=wrap(model, cfg, world, device), world=world)
@@ -140,25 +155,6 @@ def wrap(model: nn.Module, cfg: ExperimentConfig, world: distributed.World, devi
     return torch.compile(net) if cfg.train.compile else net  # evaluation and decoding stay eager
 
 
-def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConfig,
-            world: distributed.World) -> TrainState:
-    """Load a checkpoint_last.pt dict into model, optimizer and RNG; returns where the run stood."""
-    if resumed["tokenizer"] != tok.state():
-        raise TrainError("--resume: the tokenizer differs from the checkpoint's (the data or tokenizer "
-                         "settings changed); start a new run instead")
-    saved, now = resumed["config"]["model"], to_dict(cfg)["model"]
-    for key in sorted(set(saved) | set(now)):
-        if saved.get(key) != now.get(key):
-            raise TrainError(f"--resume: model.{key} is {now.get(key)!r}, the checkpoint was trained "
-                             f"with {saved.get(key)!r}")
-    trainer.model.load_state_dict(resumed["model"])
-    trainer.opt.load_state_dict(resumed["optimizer"])
-    set_rng_state(resumed["rng"], trainer.device)
-    if len(resumed.get("rng_ranks") or []) == world.size:
-        set_rng_state(resumed["rng_ranks"][world.rank], trainer.device)
-    return TrainState(**{f.name: resumed[f.name] for f in fields(TrainState) if f.name in resumed})
-
-
 def run_epochs(run: Run, interrupt: StopOnInterrupt) -> str:
     """Train until a limit, early stopping or the last epoch; returns why it stopped."""
     st, tc = run.state, run.cfg.train
@@ -168,8 +164,9 @@ def run_epochs(run: Run, interrupt: StopOnInterrupt) -> str:
         if reason:
             return reason
         run.trainer.next_epoch()
-        if not tc.eval_every or st.epoch == tc.max_epochs:
-            reason = evaluate(run)
+        last = f"reached train.max_epochs={tc.max_epochs}" if st.epoch == tc.max_epochs else None
+        if not tc.eval_every or last:
+            reason = evaluate(run, last)
             if reason:
                 return reason
     return f"reached train.max_epochs={tc.max_epochs}"
@@ -215,7 +212,7 @@ def checkpoint_state(run: Run, rngs: list[dict]) -> dict:
     st.elapsed_s = run.elapsed()
     return {"model": tr.model.state_dict(), "optimizer": tr.opt.state_dict(), "config": to_dict(run.cfg),
             "tokenizer": run.corpus.tok.state(), "rng": rngs[0], "rng_ranks": rngs if run.world.enabled else None,
-            **asdict(st)}
+            "scaler": tr.scaler.state_dict() if tr.scaler.is_enabled() else None, **asdict(st)}
 
 
 def save_last(run: Run) -> None:
@@ -230,13 +227,15 @@ def evaluate(run: Run, reason: str | None = None) -> str | None:
     st = run.state
     rngs = distributed.gather(rng_state(run.trainer.device), run.world)
     if run.world.main:
-        reason = evaluate_and_save(run, rngs) or reason
-    reason, st.best_bleu, st.bad_evals = distributed.broadcast((reason, st.best_bleu, st.bad_evals), run.world)
+        reason = evaluate_and_save(run, rngs, reason)
+    reason, st.best_bleu, st.bad_evals, st.stopped = distributed.broadcast(
+        (reason, st.best_bleu, st.bad_evals, st.stopped), run.world)
     return reason
 
 
-def evaluate_and_save(run: Run, rngs: list[dict]) -> str | None:
-    """Validation loss and BLEU into metrics.jsonl; checkpoint_best/last and the kept snapshots."""
+def evaluate_and_save(run: Run, rngs: list[dict], reason: str | None) -> str | None:
+    """Validation loss and BLEU into metrics.jsonl; checkpoint_best/last and the kept snapshots.
+    Returns `reason` or early stopping's, recorded in the checkpoints (`TrainState.stopped`)."""
     st, tc, tr = run.state, run.cfg.train, run.trainer
     valid_loss, valid_bleu = validate(tr.model, run.corpus, run.cfg, tr.device, tr.precision)
     run.files.append_metrics({
@@ -246,25 +245,24 @@ def evaluate_and_save(run: Run, rngs: list[dict]) -> str | None:
     tqdm.write(f"step {st.step} epoch {st.epoch}: valid loss {valid_loss:.3f}, valid BLEU {valid_bleu:.2f}")
     if valid_bleu > st.best_bleu:
         st.best_bleu, st.bad_evals = valid_bleu, 0
-        checkpoint.save(checkpoint_state(run, rngs), run.files.best)  # before last: a kill in between loses nothing
     else:
         st.bad_evals += 1
+    if tc.patience and st.bad_evals >= tc.patience:
+        reason = f"no BLEU improvement in {tc.patience} evaluations"
+    st.stopped = reason or ""
     state = checkpoint_state(run, rngs)
+    if st.bad_evals == 0:
+        checkpoint.save(state, run.files.best)  # before last: a kill in between loses nothing
     checkpoint.save(state, run.files.last)
     if tc.keep_last:
         run.files.keep_weights(state, tc.keep_last)
-    if tc.patience and st.bad_evals >= tc.patience:
-        return f"no BLEU improvement in {tc.patience} evaluations"
-    return None
+    return reason
 
 
 def finish(run: Run) -> Path:
     """Rank 0: average the kept snapshots (if any), score the better checkpoint on test, write results.json."""
     st, tc, tr, files = run.state, run.cfg.train, run.trainer, run.files
     train_seconds = run.elapsed()
-    if not run.world.main:
-        distributed.close(run.world)
-        return files.best
     test_path, extra = files.best, {}
     if tc.keep_last >= 2 and len(files.snapshots()) >= 2:
         test_path, extra = average_snapshots(run)
@@ -279,7 +277,6 @@ def finish(run: Run) -> Path:
                "params": count_params(tr.model), "device": str(tr.device), "precision": tr.precision,
                "threads": torch.get_num_threads(), "torch": torch.__version__}
     files.write_results(results, hyps)
-    distributed.close(run.world)
     return test_path
 
 

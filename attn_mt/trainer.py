@@ -45,8 +45,11 @@ def loss_sum(model: nn.Module, batch: Batch, label_smoothing: float, pad_id: int
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW with the configured betas and weight decay; the rate is set at every step."""
-    return torch.optim.AdamW(model.parameters(), lr=lr_at(1, cfg), betas=cfg.betas, weight_decay=cfg.weight_decay)
+    """AdamW with the configured betas and weight decay; the rate is set at every step. On CUDA the
+    fused implementation: one kernel for all parameters instead of several per tensor."""
+    fused = all(p.is_cuda for p in model.parameters())
+    return torch.optim.AdamW(model.parameters(), lr=lr_at(1, cfg), betas=cfg.betas, weight_decay=cfg.weight_decay,
+                             fused=fused or None)
 
 
 class TrainStep:
@@ -116,6 +119,7 @@ class TrainState:
     train_loss: float = math.nan  # mean loss per token over the last full window
     elapsed_s: float = 0.0  # training seconds, over all processes of the run
     tokens: int = 0  # target tokens trained on, in all
+    stopped: str = ""  # why the run ended itself at this point (a limit, early stopping); "" while it goes on
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,10 @@ dataclasses (e.g. the model section) takes the member whose `kind` default match
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import reprlib
 import types
 import typing
 from dataclasses import MISSING, fields, is_dataclass
@@ -21,6 +23,15 @@ import yaml
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the key and what is allowed."""
+
+
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxlist, _repr.maxdict, _repr.maxstring, _repr.maxother, _repr.maxlong = 2, 4, 4, 60, 60, 40
+
+
+def show(value: Any) -> str:
+    """A short repr for messages: a YAML alias bomb or a huge value never expands into them."""
+    return _repr.repr(value)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -37,6 +48,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: line {line}: invalid UTF-8 (byte {data[e.start]:#04x})") from None
     try:
         raw = yaml.safe_load(text) or {}
+    except (ValueError, RecursionError, OverflowError) as e:  # e.g. a 5000-digit number, nesting 100k deep
+        raise ConfigError(f"{path}: unreadable YAML value ({e.__class__.__name__}: {str(e)[:100]})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -52,7 +65,7 @@ def set_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected section.key=value")
+            raise ConfigError(f"--set {show(item)}: expected section.key=value")
         node = raw
         parts = key.strip().split(".")
         for part in parts[:-1]:
@@ -61,7 +74,7 @@ def set_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -
                 raise ConfigError(f"--set {key}: {part} is not a section")
         try:
             node[parts[-1]] = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError, RecursionError, OverflowError):
             node[parts[-1]] = value
     return raw
 
@@ -69,13 +82,13 @@ def set_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -
 def build(cls: type, raw: Any, prefix: str = "") -> Any:
     """An instance of dataclass `cls` from the nested dict `raw`; ConfigError names the bad key."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {raw!r}")
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {show(raw)}")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in fields(cls)]
     for key in raw:
         if key not in names:
             section = prefix.rstrip(".") or "top level"
-            raise ConfigError(f"unknown key {f'{prefix}{key}'!r}; allowed in {section}: {', '.join(names)}")
+            raise ConfigError(f"unknown key {show(f'{prefix}{key}')}; allowed in {section}: {', '.join(names)}")
     kwargs = {f.name: _check(hints[f.name], raw[f.name], f"{prefix}{f.name}") for f in fields(cls)
               if f.name in raw}
     try:
@@ -83,7 +96,7 @@ def build(cls: type, raw: Any, prefix: str = "") -> Any:
     except ConfigError:
         raise
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{prefix.rstrip('.')}: {e}") from None
+        raise ConfigError(f"{prefix.rstrip('.')}: {str(e)[:300]}") from None
 
 
 def _kind(cls: type) -> Any:
@@ -101,19 +114,19 @@ def _check(tp: Any, value: Any, key: str) -> Any:
         kinds = {_kind(a): a for a in args}  # a union of sections: chosen by their `kind`
         kind = value.get("kind", next(iter(kinds))) if isinstance(value, dict) else next(iter(kinds))
         if kind not in kinds:
-            raise ConfigError(f"{key}.kind={kind!r}: allowed: {', '.join(map(str, kinds))}")
+            raise ConfigError(f"{key}.kind={show(kind)}: allowed: {', '.join(map(str, kinds))}")
         return build(kinds[kind], value, key + ".")
     if origin is Literal:
         if value not in args:
-            raise ConfigError(f"{key}={value!r}: allowed: {', '.join(map(str, args))}")
+            raise ConfigError(f"{key}={show(value)}: allowed: {', '.join(map(str, args))}")
         return value
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             if not isinstance(value, (list, tuple)):
-                raise ConfigError(f"{key}={value!r}: expected a list")
+                raise ConfigError(f"{key}={show(value)}: expected a list")
             return tuple(_check(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise ConfigError(f"{key}={value!r}: expected a list of {len(args)} values")
+            raise ConfigError(f"{key}={show(value)}: expected a list of {len(args)} values")
         return tuple(_check(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -130,17 +143,21 @@ def _scalar(tp: type, value: Any, key: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML reads "5e-4" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
+        try:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = float(value)
+            elif isinstance(value, str):  # YAML reads "5e-4" as a string
+                value = float(value)
+        except (ValueError, OverflowError):
+            pass
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise ConfigError(f"{key}={value}: must be a finite number")
+            return value
     elif tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return _expand_env(str(value))
-    raise ConfigError(f"{key}={value!r}: expected {tp.__name__}, got {type(value).__name__}")
+    raise ConfigError(f"{key}={show(value)}: expected {tp.__name__}, got {type(value).__name__}")
 
 
 _ENV = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")

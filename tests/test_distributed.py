@@ -99,3 +99,13 @@ def _is_rank(proc: Path, root_pid: int, rank: str) -> bool:
     except (OSError, ValueError, IndexError):
         return False
     return parent == root_pid and f"RANK={rank}".encode() in environ
+
+
+def test_rank0_tests_alone_without_a_barrier_to_time_out(tmp_path):
+    """The other ranks leave when training ends; rank 0's slow test decoding outlasts the group timeout."""
+    cfg = tiny_yaml(tmp_path, "train.max_steps=4", "train.eval_every=4", "decode.beam_size=8",
+                    "decode.max_len_a=8.0", "decode.max_len_b=100", "decode.batch_size=4")
+    job = subprocess.run(torchrun("train", "--config", str(cfg), "--out", str(tmp_path / "run")),
+                         capture_output=True, text=True, env={**env(), "ATTN_MT_DIST_TIMEOUT_S": "2"}, timeout=600)
+    assert job.returncode == 0, job.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["steps"] == 4
