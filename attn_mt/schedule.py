@@ -9,10 +9,16 @@ from .config import TrainConfig
 
 def lr_at(step: int, cfg: TrainConfig, progress: float = 0.0) -> float:
     """Linear warmup to cfg.lr over warmup_steps (step >= 1), then cfg.schedule: inverse-square-root
-    decay, or linear decay to 0 as `progress` (the spent fraction of the budget) goes from 0 to 1."""
+    decay, or linear decay to 0 as `progress` (the spent fraction of the budget) goes from 0 to 1.
+
+    With the linear schedule the warmup also follows the budget: it ends at the latest when
+    `progress` reaches train.warmup_fraction, so 5 minutes or 100 steps get warmup and decay too.
+    """
     step = max(step, 1)
     warm = min(step / cfg.warmup_steps, 1.0) if cfg.warmup_steps else 1.0
     if cfg.schedule == "linear":
+        if cfg.warmup_fraction:
+            warm = max(warm, min(progress / cfg.warmup_fraction, 1.0))
         return cfg.lr * warm * max(0.0, 1.0 - progress)
     decay = math.sqrt(cfg.warmup_steps / step) if cfg.warmup_steps and step > cfg.warmup_steps else 1.0
     return cfg.lr * warm * decay

@@ -1,5 +1,6 @@
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -25,6 +26,18 @@ def test_lr_linear_decay_to_zero_over_the_budget():
     assert lr_at(100, cfg, 0.0) == pytest.approx(1e-3)
     assert lr_at(5000, cfg, 0.25) == pytest.approx(7.5e-4)
     assert lr_at(5000, cfg, 1.0) == 0.0
+
+
+def test_linear_warmup_never_outlasts_its_share_of_a_short_budget():
+    cfg = TrainConfig(lr=1e-3, warmup_steps=500, schedule="linear", warmup_fraction=0.1, max_steps=300)
+    lrs = [lr_at(s, cfg, budget_spent(cfg, s - 1, 0.0, 0.0)) for s in range(1, 301)]
+    peak = max(range(300), key=lambda i: lrs[i])
+    assert 25 <= peak <= 35  # the warmup ends at 10% of 300 steps, not at step 500
+    assert lrs[peak] == pytest.approx(1e-3 * (1 - peak / 300), rel=1e-6)
+    assert lrs[-1] < 1e-5 and all(a >= b for a, b in zip(lrs[peak:], lrs[peak + 1 :], strict=False))
+    long = TrainConfig(lr=1e-3, warmup_steps=500, schedule="linear", warmup_fraction=0.1, max_steps=10_000)
+    assert lr_at(250, long, 0.025) == pytest.approx(5e-4 * 0.975)  # a long budget: warmup_steps decide
+    assert lr_at(250, replace(cfg, warmup_fraction=0.0), 0.5) == pytest.approx(5e-4 * 0.5)
 
 
 def test_budget_spent_is_the_first_limit_to_end():
