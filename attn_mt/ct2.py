@@ -4,10 +4,10 @@
 How our decode settings map (docs/export.md):
     beam_size 1     CTranslate2 greedy search; the same tokens as ours on the same weights.
     alpha           CTranslate2's `length_penalty` divides by |Y| ** alpha, ours (GNMT) by ((5 + |Y|) / 6) ** alpha.
-                    We pass length_penalty=alpha, ask for all `beam_size` finished hypotheses with eos kept
-                    (so |Y| counts eos, as in ours), recover log P = score * |Y| ** alpha, and rank them by
-                    our GNMT score. What differs: CTranslate2 stops a sentence once `beam_size` hypotheses
-                    have finished; ours searches on until no active beam can still beat the n-best.
+                    We pass length_penalty=alpha, ask for every finished hypothesis with eos kept (so |Y|
+                    counts eos, as in ours), recover log P = score * |Y| ** alpha, and rank them by our
+                    GNMT score. What differs: CTranslate2 stops a sentence once PATIENCE * beam_size
+                    hypotheses have finished; ours searches on until no active beam can beat the n-best.
     max_len_a, _b   CTranslate2 has one `max_decoding_length` per call: we pass the batch's largest limit
                     a * |src| + b and cut each output at its own limit, where ours forces eos. For greedy
                     search the cut gives our tokens exactly; only the log P of a cut output differs.
@@ -27,6 +27,8 @@ from .config import ConfigError, DecodeConfig
 from .decode import Translation, max_lengths, prepare_sources
 from .export import META, ExportError, require_ctranslate2
 from .tokenizer import Tokenizer
+
+PATIENCE = 2.0  # beam search collects 2k finished hypotheses before it stops (docs/export.md: why 2)
 
 
 @dataclass(frozen=True)
@@ -80,10 +82,11 @@ def load_exported(path: Path | str, device: str = "cpu", *, compute_type: str = 
     return Exported(translator, tok, meta["decode"], meta["max_positions"])
 
 
-def search_options(cfg: DecodeConfig) -> dict:
+def search_options(cfg: DecodeConfig, patience: float = PATIENCE) -> dict:
     """CTranslate2 `translate_batch` options for our decode settings (see the module docstring)."""
     beam = cfg.beam_size > 1
-    return dict(beam_size=cfg.beam_size, num_hypotheses=cfg.beam_size if beam else 1,
+    return dict(beam_size=cfg.beam_size, patience=patience if beam else 1.0,
+                num_hypotheses=round(cfg.beam_size * patience) if beam else 1,  # all finished ones, for rescoring
                 length_penalty=cfg.alpha if beam else 0.0, return_scores=True, return_end_token=True,
                 min_decoding_length=0, max_input_length=0)
 

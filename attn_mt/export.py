@@ -4,7 +4,7 @@ SentencePiece model(s), and our decode defaults, in one directory that `translat
 What maps onto what (ours -> CTranslate2's `TransformerSpec`):
     src_embed, tgt_embed            encoder.embeddings[0], decoder.embeddings (times sqrt(D): scale_embeddings)
     PositionalEncoding.pe           {encoder,decoder}.position_encodings, passed explicitly: ours puts sin in
-                                    the even and cos in the odd dims, CTranslate2's built-in table is [sin | cos]
+                                    the even and cos in the odd dims; CTranslate2's built-in table differs
     self_attn.qkv_proj [Wq; Wk; Wv] self_attention.linear[0] (the same fused layout), out_proj -> linear[1]
     cross_attn.q_proj, kv_proj      attention.linear[0], attention.linear[1] ([Wk; Wv]), out_proj -> linear[2]
     sub.{j}.norm                    the LayerNorm of sublayer j (self_attention, attention, ffn): before the
