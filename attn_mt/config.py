@@ -189,6 +189,7 @@ class TrainConfig:
     max_bad_steps: int = 5  # non-finite losses are skipped; this many in a row stop the run
     log_every: int = 20  # steps between progress-bar updates (each one syncs the device)
     threads: int = 0  # torch intra-op threads on CPU; 0: torch's default
+    tensorboard: bool = False  # TensorBoard events under <run_dir>/tensorboard (needs the `tb` extra)
     compile: bool = False  # torch.compile the training forward/backward (`attn-mt bench --compile`
     #                        measures whether it pays: on the 2-core CPU it did not, README Performance)
 

@@ -38,7 +38,7 @@ def finished(st: TrainState, tc: TrainConfig) -> str | None:
 RESUMABLE = {"name", "data.dir", "data.name", "train.max_steps", "train.max_minutes", "train.max_epochs",
              "train.patience", "train.eval_every", "train.bleu_sentences", "train.checkpoint_every",
              "train.keep_last", "train.max_bad_steps", "train.log_every", "train.threads", "train.device",
-             "train.compile"}
+             "train.compile", "train.tensorboard"}
 
 
 def check_config(saved: dict, cfg: ExperimentConfig) -> None:

@@ -25,6 +25,7 @@ from torch import nn
 from tqdm import tqdm
 
 from . import checkpoint, distributed
+from .board import Board
 from .config import ExperimentConfig, save_config, to_dict
 from .data import Corpus, load_corpus
 from .device import pick_device, pick_precision, rng_state
@@ -71,6 +72,7 @@ class Run:
     world: distributed.World
     corpus: Corpus
     trainer: Trainer
+    board: Board
     start: float = field(default_factory=time.perf_counter)  # the clock's zero (earlier when resumed)
     tokens_per_s: float = 0.0
     window_t0: float = field(default_factory=time.perf_counter)
@@ -93,12 +95,14 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite:
     done = finished(run.state, cfg.train) if resume else None
     if done and run.files.results.exists():
         log.info("the run had already finished (%s): nothing to do", done)
+        run.board.close()
         distributed.close(run.world)
         return run.files.path / json.loads(run.files.results.read_text()).get("tested", run.files.best.name)
     if not done:
         with StopOnInterrupt() as interrupt:
             done = run_epochs(run, interrupt)
     log.info("stopped: %s", done)
+    run.board.close()
     distributed.close(run.world)  # every rank is past its last collective; rank 0 tests alone, nothing to time out
     return finish(run) if run.world.main else run.files.best
 
@@ -141,7 +145,8 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         files.metrics.unlink(missing_ok=True)  # a fresh run starts a fresh log
     log.info("model %s: %.2fM parameters; device %s, precision %s", cfg.model.kind, count_params(model) / 1e6,
              device, precision)
-    return Run(cfg, files, world, corpus, trainer, start=time.perf_counter() - trainer.state.elapsed_s)
+    board = Board(files.path, tc.tensorboard and world.main, trainer.state.step)
+    return Run(cfg, files, world, corpus, trainer, board, start=time.perf_counter() - trainer.state.elapsed_s)
 
 
 def wrap(model: nn.Module, cfg: ExperimentConfig, world: distributed.World, device: torch.device) -> nn.Module:
@@ -203,6 +208,8 @@ def report_progress(run: Run, bar: tqdm, lr: float) -> None:
     st.train_loss = st.window_loss / st.window_tokens
     run.tokens_per_s = st.window_tokens / max(now - run.window_t0, 1e-9)
     bar.set_postfix(loss=f"{st.train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{run.tokens_per_s:,.0f}")
+    run.board.scalars(st.step, "train", {"loss": st.train_loss, "lr": lr, "tokens_per_s": run.tokens_per_s,
+                                         "grad_norm": run.trainer.grad_norm})
     st.window_loss, st.window_tokens, run.window_t0 = 0.0, 0, now
 
 
@@ -243,6 +250,9 @@ def evaluate_and_save(run: Run, rngs: list[dict], reason: str | None) -> str | N
         "valid_bleu": valid_bleu, "lr": tr.opt.param_groups[0]["lr"], "skipped_steps": st.skipped_steps,
         "tokens_per_s": round(run.tokens_per_s, 1), "elapsed_s": round(run.elapsed(), 1)})
     tqdm.write(f"step {st.step} epoch {st.epoch}: valid loss {valid_loss:.3f}, valid BLEU {valid_bleu:.2f}")
+    run.board.scalars(st.step, "valid", {"loss": valid_loss, "bleu": valid_bleu})
+    run.board.attention(st.step, tr.model, run.corpus.tok, run.corpus.text[run.cfg.data.splits.valid][0][0],
+                        run.cfg.decode, tr.device)
     if valid_bleu > st.best_bleu:
         st.best_bleu, st.bad_evals = valid_bleu, 0
     else:

@@ -67,6 +67,7 @@ class TrainStep:
         self.device, self.precision, self.world = device, precision, world
         self.opt = make_optimizer(model, cfg)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        self.grad_norm: float | None = None  # of the last step, before clipping (when train.clip_norm is set)
 
     def backward(self, batches: Iterable[Batch], n_tokens: int, weights: list[float] | None = None) -> torch.Tensor:
         """Accumulate the gradient of the mean token loss over `batches`; returns their summed loss."""
@@ -95,6 +96,7 @@ class TrainStep:
             if not self.scaler.is_enabled():  # with fp16 the scaler itself skips steps with inf gradients
                 checks.append(norm)
         values = torch.stack(checks).tolist()  # the one host sync of a step
+        self.grad_norm = values[1] if len(values) > 1 else None
         finite = all(math.isfinite(v) for v in values)
         if finite:
             self.scaler.step(self.opt)
