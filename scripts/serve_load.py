@@ -124,7 +124,11 @@ def run(args: argparse.Namespace) -> dict:
                     runs[name] = {"seconds": round(wall, 3), "sentences_per_s": round(len(sentences) / wall, 2)}
                 else:
                     n, texts = (args.clients, sentences) if name == "server" else (1, single)
+                    served = httpx.get(f"{url}/api/info").json()["served"]
                     runs[name] = clients(url, texts, n, args.beam, args.timeout)
+                    after = httpx.get(f"{url}/api/info").json()["served"]
+                    runs[name]["mean_batch"] = round((after["sentences"] - served["sentences"])
+                                                     / max(1, after["batches"] - served["batches"]), 2)
                 runs[name]["loadavg_1min"] = [before, load1()]
             answers = runs["server"].pop("answers")
             runs["single"].pop("answers")
@@ -147,11 +151,14 @@ def summary(args: argparse.Namespace, rounds: list[dict], n_sentences: int) -> d
 
     server, batch = med("server", "sentences_per_s"), med("batch", "sentences_per_s")
     return {
-        "command": "python scripts/serve_load.py " + " ".join(sys.argv[1:]),
+        "command": "python scripts/serve_load.py --checkpoint CHECKPOINT --src SRC " + " ".join(
+            f"--{k} {getattr(args, k)}" for k in ("sentences", "single", "clients", "beam", "rounds", "threads",
+                                                   "timeout")),
         "checkpoint": Path(args.checkpoint).name, "src": Path(args.src).name, "sentences": n_sentences,
         "beam": args.beam, "clients": args.clients, "rounds": args.rounds, "timeout_s": args.timeout,
         "server_sentences_per_s": server, "batch_sentences_per_s": batch, "ratio": round(server / batch, 3),
         "server_p50_ms": med("server", "p50_ms"), "server_p95_ms": med("server", "p95_ms"),
+        "server_mean_batch": med("server", "mean_batch"),
         "single_client_p50_ms": med("single", "p50_ms"), "single_client_p95_ms": med("single", "p95_ms"),
         "single_client_sentences": args.single,
         "all_answered": all(r[k]["answered"] == (n_sentences if k == "server" else args.single) and
@@ -176,7 +183,8 @@ def main() -> None:
     args = p.parse_args()
     report = run(args)
     print(f"{report['clients']} clients: {report['server_sentences_per_s']} sentences/s "
-          f"(p50 {report['server_p50_ms']} ms, p95 {report['server_p95_ms']} ms); batch translate "
+          f"(p50 {report['server_p50_ms']} ms, p95 {report['server_p95_ms']} ms, mean batch "
+          f"{report['server_mean_batch']}); batch translate "
           f"{report['batch_sentences_per_s']} sentences/s; ratio {report['ratio']}; one client: "
           f"p50 {report['single_client_p50_ms']} ms, p95 {report['single_client_p95_ms']} ms; "
           f"all answered: {report['all_answered']}; load average {report['loadavg_1min']}")

@@ -305,6 +305,7 @@ def test_concurrent_clients_share_batches(ckpt):
         assert all(r and len(r["results"]) == 1 for r in threads_out)
         assert threads_out[0]["results"][0]["source"] == SENTENCES[0]
         assert app.state.batcher.batches < 16  # some requests were decoded together
+        assert c.get("/api/info").json()["served"] == {"batches": app.state.batcher.batches, "sentences": 16}
 
 
 def test_a_client_that_disconnects_costs_nothing(ckpt):

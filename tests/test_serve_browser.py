@@ -115,7 +115,8 @@ def test_page_translates_switches_maps_and_hovers(browser, two_layer_ckpt, tmp_p
             "return [...document.querySelectorAll('#src-tokens .tok')].map(t => t.style.getPropertyValue('--to'))")
         assert any(float(x or 0) == 1.0 for x in tinted)  # the source token it attends to most
         shot.parent.mkdir(parents=True, exist_ok=True)
-        browser.set_window_size(1360, browser.execute_script("return document.body.scrollHeight") + 40)
+        height = browser.execute_script("return document.documentElement.scrollHeight")
+        browser.set_window_size(1360, height + 140)  # the whole page; the window frame takes some
         browser.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
 

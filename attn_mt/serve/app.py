@@ -66,8 +66,9 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
 
     @app.get("/api/info")
     def info() -> dict:
-        """Architecture, parameters, vocabulary, training step, validation BLEU, decoding defaults, limits."""
-        return facts
+        """Architecture, parameters, vocabulary, training step, validation BLEU, decoding defaults, limits;
+        `served`: model calls so far and the sentences they decoded (their ratio is the mean batch)."""
+        return {**facts, "served": {"batches": batcher.batches, "sentences": batcher.items}}
 
     return app
 

@@ -46,7 +46,7 @@ class Batcher:
         self.run_batch, self.run_one = run_batch, run_one
         self.max_batch, self.max_wait_s = max_batch, max_wait_s
         self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self.batches = 0  # batches run, for /api/info and tests
+        self.batches = self.items = 0  # model calls and the items they took, for /api/info
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -114,6 +114,7 @@ class Batcher:
     def _settle(self, jobs: list[Job], compute: Callable[..., list], *args: Any) -> None:
         """Run `compute(*args)`; hand each job its slice of the results, or the exception to all of them."""
         self.batches += 1
+        self.items += sum(len(job.items) for job in jobs)
         try:
             results = compute(*args)
         except Exception as e:  # noqa: BLE001 - the worker must outlive any request
