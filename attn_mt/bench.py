@@ -198,7 +198,7 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = load_corpus(cfg, Path(tmp), cfg.model.max_positions)
     tok, split, tc = corpus.tok, cfg.data.splits.train, cfg.train
-    lens = [[len(x) for x in side] for side in corpus.ids[split]]
+    lens = corpus.lengths(split)
     index = token_batches(*lens, tc.batch_tokens, tc.seed, 0)
     batches = [b.to(device) for b in corpus.batches(split, index[:steps])]
     tokens = sum(b.n_tokens for b in batches)

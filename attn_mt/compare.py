@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -128,7 +129,7 @@ def _evaluate(c: Contestant, corpus: Corpus, epoch_tokens: int) -> None:
 def race(contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig) -> None:
     """Train all models in lockstep, always stepping the one whose clock is behind."""
     budget, every = cmp.budget_minutes * 60, cmp.eval_every_minutes * 60
-    epoch_tokens = sum(len(t) + 1 for t in corpus.ids[contestants[0].cfg.data.splits.train][1])
+    epoch_tokens = _epoch_tokens(corpus, contestants[0].cfg.data.splits.train)
     for c in contestants:
         c.next_eval = every
         c.model.train()
@@ -229,9 +230,9 @@ def _length_scaling(contestants: list[Contestant], corpus: Corpus, cmp: CompareC
 def _activations(contestants: list[Contestant], corpus: Corpus, base: ExperimentConfig) -> tuple[dict, str]:
     """Bytes saved for backward by each model on the largest training batch, and how that was measured."""
     split = base.data.splits.train
-    src_ids, tgt_ids = corpus.ids[split]
-    first_epoch = token_batches(*corpus.lengths(split), base.train.batch_tokens, base.train.seed, 0)
-    biggest = max(first_epoch, key=lambda b: len(b) * max(max(len(src_ids[i]), len(tgt_ids[i])) for i in b))
+    src_lens, tgt_lens = corpus.lengths(split)
+    first_epoch = token_batches(src_lens, tgt_lens, base.train.batch_tokens, base.train.seed, 0)
+    biggest = max(first_epoch, key=lambda b: len(b) * max(max(src_lens[i], tgt_lens[i]) for i in b))
     big = next(corpus.batches(split, [biggest])).to(contestants[0].trainer.device)
     sizes = {c.name: timing.saved_activation_bytes(c.model, big.src, big.tgt_in, _amp(c)) for c in contestants}
     return sizes, ("16 bytes per parameter (fp32 weights, gradients, Adam moments) plus the tensors saved for "
@@ -239,10 +240,16 @@ def _activations(contestants: list[Contestant], corpus: Corpus, base: Experiment
                    "source tokens)")
 
 
+def _epoch_tokens(corpus: Corpus, split: str) -> int:
+    """Target tokens (with eos) in one epoch of a split."""
+    tgt_lens = corpus.lengths(split)[1]
+    return int(np.asarray(tgt_lens).sum()) + len(tgt_lens)
+
+
 def _training_row(c: Contestant, activation: int, corpus: Corpus) -> dict:
     """What the race measured of one model."""
     st, params = c.trainer.state, count_params(c.model)
-    epoch_tokens = sum(len(t) + 1 for t in corpus.ids[c.cfg.data.splits.train][1])
+    epoch_tokens = _epoch_tokens(corpus, c.cfg.data.splits.train)
     tokens_per_s = st.tokens / max(c.clock, 1e-9)
     return {"kind": c.name, "params": params, "model_config": asdict(c.cfg.model),
             "lr": c.cfg.train.lr, "steps": st.step, "epochs": round(st.tokens / epoch_tokens, 2),

@@ -1,23 +1,27 @@
-"""Parallel data: local files, JSONL or Hugging Face datasets -> (src, tgt) pairs -> a tokenized
-`Corpus` -> token batches.
+"""Parallel data: local files, JSONL or Hugging Face datasets -> (src, tgt) pairs -> `Batch`es.
 
-Every source ends as a `datasets.Dataset` with string columns `src` and `tgt`; training
-batches are built by token count from length-sorted buckets, so padding stays small.
+Every source is read in chunks (`iter_pairs`): a small split into memory (`load_pairs`), the training
+split into an Arrow file (`write_pairs`) that the data cache (datacache.py) tokenizes. Training
+batches are built by token count from length-sorted buckets, so padding stays small (`token_batches`).
+The tokenized `Corpus` and `load_corpus` live in corpus.py.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
-from .config import DataConfig, ExperimentConfig
-from .tokenizer import Tokenizer, train_or_load
+from .config import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -26,60 +30,85 @@ class DataError(ValueError):
     """Unusable data; the message names the file, line or split."""
 
 
-def read_lines(path: Path) -> list[str]:
-    """The lines of a UTF-8 text file, stripped; DataError names the file and line of bad bytes."""
+CHUNK = 100_000  # lines (or rows) read, checked and converted at a time: memory stays flat for any corpus size
+
+
+def _open(path: Path) -> BinaryIO:
     try:
-        raw = path.read_bytes()
+        return path.open("rb")
     except FileNotFoundError:
         raise DataError(f"{path}: data file not found") from None
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise DataError(f"{path}:{line}: invalid UTF-8 (byte {raw[e.start]:#04x})") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.strip() for line in lines]
 
 
-def _from_files(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
+def line_chunks(path: Path, size: int = CHUNK) -> Iterator[list[str]]:
+    """The lines of a UTF-8 text file, stripped, `size` at a time; DataError names the file and line of bad bytes."""
+    with _open(path) as f:
+        done = 0
+        while chunk := list(itertools.islice(f, size)):  # binary lines end at b"\n" only, like str.split("\n")
+            raw = b"".join(chunk)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                line = done + raw.count(b"\n", 0, e.start) + 1
+                raise DataError(f"{path}:{line}: invalid UTF-8 (byte {raw[e.start]:#04x})") from None
+            lines = text.split("\n")
+            if raw.endswith(b"\n"):
+                lines.pop()
+            done += len(chunk)
+            yield [line.strip() for line in lines]
+
+
+def read_lines(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file, stripped; DataError names the file and line of bad bytes."""
+    return [line for chunk in line_chunks(path) for line in chunk]
+
+
+Chunks = Iterator[tuple[list[str], list[str]]]  # (src texts, tgt texts), a few thousand pairs at a time
+
+
+def _from_files(cfg: DataConfig, split: str) -> Chunks:
     src_path = Path(cfg.dir) / f"{split}.{cfg.src_lang}"
     tgt_path = Path(cfg.dir) / f"{split}.{cfg.tgt_lang}"
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(
-            f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has {len(tgt)}"
-        )
-    return src, tgt
+    src_chunks, tgt_chunks = line_chunks(src_path), line_chunks(tgt_path)
+    n_src = n_tgt = 0
+    for src, tgt in itertools.zip_longest(src_chunks, tgt_chunks, fillvalue=[]):
+        n_src, n_tgt = n_src + len(src), n_tgt + len(tgt)
+        if len(src) != len(tgt):
+            n_src, n_tgt = n_src + sum(map(len, src_chunks)), n_tgt + sum(map(len, tgt_chunks))
+            raise DataError(f"line counts differ: {src_path} has {n_src} lines, {tgt_path} has {n_tgt}")
+        yield src, tgt
 
 
-def _from_jsonl(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
+def _from_jsonl(cfg: DataConfig, split: str) -> Chunks:
     path = Path(cfg.dir) / f"{split}.jsonl"
-    src, tgt = [], []
-    for i, line in enumerate(read_lines(path), 1):
-        if not line:
-            continue
-        try:
-            pair = json.loads(line)["translation"]
-            s, t = pair[cfg.src_lang], pair[cfg.tgt_lang]
-        except RecursionError:
-            raise DataError(f"{path}:{i}: JSON nested too deeply") from None
-        except (ValueError, KeyError, TypeError, IndexError) as e:  # ValueError: bad JSON, huge numbers
-            raise DataError(
-                f"{path}:{i}: expected {{\"translation\": {{\"{cfg.src_lang}\": ..., "
-                f"\"{cfg.tgt_lang}\": ...}}}} ({e.__class__.__name__}: {str(e)[:200]})"
-            ) from None
-        if not isinstance(s, str) or not isinstance(t, str):
-            raise DataError(f"{path}:{i}: translations must be strings")
-        src.append(s.strip())
-        tgt.append(t.strip())
-    return src, tgt
+    i = 0
+    for lines in line_chunks(path):
+        src, tgt = [], []
+        for line in lines:
+            i += 1
+            if not line:
+                continue
+            try:
+                pair = json.loads(line)["translation"]
+                s, t = pair[cfg.src_lang], pair[cfg.tgt_lang]
+            except RecursionError:
+                raise DataError(f"{path}:{i}: JSON nested too deeply") from None
+            except (ValueError, KeyError, TypeError, IndexError) as e:  # ValueError: bad JSON, huge numbers
+                raise DataError(
+                    f"{path}:{i}: expected {{\"translation\": {{\"{cfg.src_lang}\": ..., "
+                    f"\"{cfg.tgt_lang}\": ...}}}} ({e.__class__.__name__}: {str(e)[:200]})"
+                ) from None
+            if not isinstance(s, str) or not isinstance(t, str):
+                raise DataError(f"{path}:{i}: translations must be strings")
+            src.append(s.strip())
+            tgt.append(t.strip())
+        yield src, tgt
 
 
-def _from_hf(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
+def load_hf(cfg: DataConfig, split: str):
+    """The split as a (memory-mapped) `datasets.Dataset`, as stored: local dir, else the hub."""
     import datasets
 
     where = cfg.dir or cfg.name
@@ -95,50 +124,89 @@ def _from_hf(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
     except Exception as e:  # datasets raises many types for offline / missing hub data
         first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
         raise DataError(f"{where}: cannot load Hugging Face dataset split {split!r}: {first}") from None
-    if "translation" in ds.column_names:
-        rows = list(ds["translation"])
-    elif cfg.src_lang in ds.column_names and cfg.tgt_lang in ds.column_names:
-        rows = [{cfg.src_lang: s, cfg.tgt_lang: t} for s, t in zip(ds[cfg.src_lang], ds[cfg.tgt_lang], strict=True)]
-    else:
+    if "translation" not in ds.column_names and not {cfg.src_lang, cfg.tgt_lang} <= set(ds.column_names):
         raise DataError(
             f"{where}: split {split!r} has columns {ds.column_names}; expected 'translation' "
             f"or '{cfg.src_lang}' and '{cfg.tgt_lang}'"
         )
-    src, tgt = [], []
-    for i, row in enumerate(rows):
-        for lang, out in ((cfg.src_lang, src), (cfg.tgt_lang, tgt)):
-            value = row.get(lang) if isinstance(row, dict) else None
-            if not isinstance(value, str):
-                what = "missing" if not isinstance(row, dict) or lang not in row else f"{type(value).__name__}"
-                raise DataError(f"{where}: split {split!r} row {i}: {lang!r} is {what}, expected a string")
-            out.append(value.strip())
-    return src, tgt
+    return ds
 
 
-def _from_toy(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
+def _from_hf(cfg: DataConfig, split: str) -> Chunks:
+    ds, where, first = load_hf(cfg, split), cfg.dir or cfg.name, 0
+    for batch in ds.iter(batch_size=CHUNK):
+        if "translation" in batch:
+            rows = batch["translation"]
+        else:
+            rows = [{cfg.src_lang: s, cfg.tgt_lang: t}
+                    for s, t in zip(batch[cfg.src_lang], batch[cfg.tgt_lang], strict=True)]
+        src, tgt = [], []
+        for i, row in enumerate(rows, first):
+            for lang, out in ((cfg.src_lang, src), (cfg.tgt_lang, tgt)):
+                value = row.get(lang) if isinstance(row, dict) else None
+                if not isinstance(value, str):
+                    what = "missing" if not isinstance(row, dict) or lang not in row else f"{type(value).__name__}"
+                    raise DataError(f"{where}: split {split!r} row {i}: {lang!r} is {what}, expected a string")
+                out.append(value.strip())
+        first += len(rows)
+        yield src, tgt
+
+
+def _from_toy(cfg: DataConfig, split: str) -> Chunks:
     from .toy import make_toy_corpus
 
     corpus = make_toy_corpus(cfg.toy_size, cfg.toy_seed)
     if split not in corpus:
         raise DataError(f"data.splits: the toy corpus has splits train, valid, test, not {split!r}")
     pairs = corpus[split]
-    return [s for s, _ in pairs], [t for _, t in pairs]
+    yield [s for s, _ in pairs], [t for _, t in pairs]
 
 
 _READERS = {"files": _from_files, "jsonl": _from_jsonl, "hf": _from_hf, "toy": _from_toy}
 
 
+def iter_pairs(cfg: DataConfig, split: str) -> Chunks:
+    """The named split in chunks of (src, tgt) texts, empty pairs dropped; DataError if none is left."""
+    kept = dropped = 0
+    for src, tgt in _READERS[cfg.source](cfg, split):
+        keep = [i for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s and t]
+        if len(keep) < len(src):
+            dropped += len(src) - len(keep)
+            src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
+        kept += len(src)
+        if src:
+            yield src, tgt
+    if not kept:
+        raise DataError(f"split {split!r} ({cfg.source} {cfg.dir or cfg.name}) has no non-empty pairs")
+    if dropped:
+        log.info("split %s: dropped %d empty pairs", split, dropped)
+
+
 def load_pairs(cfg: DataConfig, split: str):
-    """The named split as a `datasets.Dataset` with columns `src` and `tgt`, empty pairs dropped."""
+    """The named split in memory as a `datasets.Dataset` with columns `src` and `tgt`, empty pairs dropped."""
     import datasets
 
-    src, tgt = _READERS[cfg.source](cfg, split)
-    keep = [i for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s and t]
-    if not keep:
-        raise DataError(f"split {split!r} ({cfg.source} {cfg.dir or cfg.name}) has no non-empty pairs")
-    if len(keep) < len(src):
-        log.info("split %s: dropped %d empty pairs", split, len(src) - len(keep))
-    return datasets.Dataset.from_dict({"src": [src[i] for i in keep], "tgt": [tgt[i] for i in keep]})
+    src, tgt = [], []
+    for s, t in iter_pairs(cfg, split):
+        src += s
+        tgt += t
+    return datasets.Dataset.from_dict({"src": src, "tgt": tgt})
+
+
+def write_pairs(cfg: DataConfig, split: str, path: Path) -> int:
+    """Stream the split into an Arrow file with columns `src` and `tgt` (for `datasets.Dataset.from_file`,
+    which maps it); returns the number of pairs."""
+    import pyarrow as pa
+
+    schema = pa.schema([("src", pa.string()), ("tgt", pa.string())])
+    n = 0
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer, \
+            tqdm(desc=f"reading {split}", unit=" pairs", disable=None, leave=False) as bar:
+        for src, tgt in iter_pairs(cfg, split):
+            writer.write_batch(pa.record_batch([pa.array(src, pa.string()), pa.array(tgt, pa.string())], schema))
+            n += len(src)
+            bar.update(len(src))
+    return n
 
 
 @dataclass
@@ -172,8 +240,29 @@ def collate(src: list[list[int]], tgt: list[list[int]], pad_id: int, bos_id: int
     return Batch(src_t, tgt_in, tgt_out, sum(len(t) + 1 for t in tgt))
 
 
-def token_batches(src_lens: list[int], tgt_lens: list[int], batch_tokens: int,
-                  seed: int, epoch: int, shuffle: bool = True) -> list[list[int]]:
+class Batches(Sequence[list[int]]):
+    """Index batches held as one array: batch k is `order[starts[k]:ends[k]]`, read as a list of ints.
+
+    A whole epoch's plan costs 4 bytes per sentence, not a Python int (about 36 bytes) per index.
+    """
+
+    def __init__(self, order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.order, self.starts, self.ends = order, starts, ends  # (N,) pair indices; (n_batches,) bounds
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        return self.order[self.starts[k] : self.ends[k]].tolist()
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other)
+
+
+def token_batches(src_lens: Sequence[int], tgt_lens: Sequence[int], batch_tokens: int,
+                  seed: int, epoch: int, shuffle: bool = True) -> Batches:
     """Index batches of at most `batch_tokens` padded tokens (longest side x sentences).
 
     Sentences are sorted by length (ties broken randomly), cut into batches, and the batch
@@ -183,61 +272,28 @@ def token_batches(src_lens: list[int], tgt_lens: list[int], batch_tokens: int,
     rng = np.random.default_rng([seed, epoch])
     n = len(src_lens)
     order = rng.permutation(n) if shuffle else np.arange(n)
-    lens = np.maximum(np.asarray(src_lens), np.asarray(tgt_lens)) + 1  # + bos/eos
-    order = order[np.argsort(lens[order], kind="stable")]
-    batches, current, longest = [], [], 0
-    for i in order.tolist():
-        longest_if_added = max(longest, int(lens[i]))
-        if current and longest_if_added * (len(current) + 1) > batch_tokens:
-            batches.append(current)
-            current, longest_if_added = [], int(lens[i])
-        current.append(i)
-        longest = longest_if_added
-    if current:
-        batches.append(current)
+    lens = np.maximum(np.asarray(src_lens), np.asarray(tgt_lens)) + 1  # (N,) + bos/eos
+    key = lens[order].astype(np.uint16) if n and lens.max() < 2**16 else lens[order]  # radix sort, same order
+    order = order[np.argsort(key, kind="stable")].astype(np.int32 if n < 2**31 else np.int64)  # kept all epoch
+    # In length order, a batch starting at position s takes position k while (k - s + 1) * lens[k] <= batch_tokens,
+    # i.e. while first_start[k] <= s below; first_start rises with k, so each batch end is one binary search.
+    first_start = np.arange(n) - batch_tokens // lens[order] + 1  # (N,)
+    starts, s = [], 0
+    while s < n:
+        starts.append(s)
+        s = max(s + 1, int(np.searchsorted(first_start, s, side="right")))  # a too-long pair goes alone
+    starts = np.array(starts, dtype=np.int64)
+    ends = np.append(starts[1:], n)
     if shuffle:
-        batches = [batches[i] for i in rng.permutation(len(batches))]
-    return batches
+        perm = rng.permutation(len(starts))
+        starts, ends = starts[perm], ends[perm]
+    return Batches(order, starts, ends)
 
 
-@dataclass
-class Corpus:
-    """Tokenized splits: for each split, the raw texts and their token ids."""
+def __getattr__(name: str):
+    """`Corpus` and `load_corpus` live in corpus.py (which imports this module); importable from here too."""
+    if name in ("Corpus", "load_corpus"):
+        from . import corpus
 
-    tok: Tokenizer
-    text: dict[str, tuple[list[str], list[str]]]  # split -> (src texts, tgt texts)
-    ids: dict[str, tuple[list[list[int]], list[list[int]]]]  # split -> (src ids, tgt ids)
-
-    def lengths(self, split: str) -> tuple[list[int], list[int]]:
-        """Token counts (src, tgt) of each pair of a split, without bos/eos."""
-        src, tgt = self.ids[split]
-        return [len(s) for s in src], [len(t) for t in tgt]
-
-    def batches(self, split: str, index: list[list[int]]):
-        """Collated `Batch`es of the pairs in each index batch."""
-        src, tgt = self.ids[split]
-        for b in index:
-            yield collate([src[i] for i in b], [tgt[i] for i in b], self.tok.pad_id, self.tok.bos_id,
-                          self.tok.eos_id)
-
-
-def load_corpus(cfg: ExperimentConfig, run_dir: Path, max_positions: int) -> Corpus:
-    """Read the three splits, train or reuse the tokenizer, encode, filter training pairs by length."""
-    splits = cfg.data.splits
-    text = {}
-    for name in (splits.train, splits.valid, splits.test):
-        cols = load_pairs(cfg.data, name).to_dict()
-        text[name] = (cols["src"], cols["tgt"])
-    tok = train_or_load(cfg.tokenizer, *text[splits.train], run_dir)
-    ids = {name: (tok.encode_src(s), tok.encode_tgt(t)) for name, (s, t) in text.items()}
-    limit = min(cfg.data.max_len, max_positions - 1)
-    src, tgt = ids[splits.train]
-    keep = [i for i in range(len(src)) if len(src[i]) <= limit and len(tgt[i]) <= limit]
-    if not keep:
-        raise DataError(f"split {splits.train!r}: no pair has at most {limit} tokens per side "
-                        "(data.max_len / model.max_positions)")
-    if len(keep) < len(src):
-        log.info("dropped %d of %d training pairs longer than %d tokens", len(src) - len(keep), len(src),
-                 limit)
-    ids[splits.train] = ([src[i] for i in keep], [tgt[i] for i in keep])
-    return Corpus(tok, text, ids)
+        return getattr(corpus, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -69,7 +71,7 @@ class Tokenizer:
         return cls(state["src_proto"], state["tgt_proto"])
 
 
-def _train_one(texts: list[str], cfg: TokenizerConfig) -> bytes:
+def _train_one(texts: Iterable[str], cfg: TokenizerConfig) -> bytes:
     model = io.BytesIO()
     try:
         _spm_train(texts, cfg, model)
@@ -81,19 +83,20 @@ def _train_one(texts: list[str], cfg: TokenizerConfig) -> bytes:
     return model.getvalue()
 
 
-def _spm_train(texts: list[str], cfg: TokenizerConfig, model: io.BytesIO) -> None:
+def _spm_train(texts: Iterable[str], cfg: TokenizerConfig, model: io.BytesIO) -> None:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(texts), model_writer=model,
         model_type=cfg.type, vocab_size=cfg.vocab_size,
         character_coverage=cfg.character_coverage,
         pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
         hard_vocab_limit=False,  # small corpora may not support the requested size
-        input_sentence_size=2_000_000, shuffle_input_sentence=True,
+        input_sentence_size=max(2_000_000, cfg.sample_sentences),  # recorded in the model: 2M as it always was;
+        shuffle_input_sentence=True,  # the data cache already passes at most sample_sentences
         num_threads=2, minloglevel=2,
     )
 
 
-def _fingerprint(cfg: TokenizerConfig, src: list[str], tgt: list[str]) -> str:
+def _fingerprint(cfg: TokenizerConfig, src: Sequence[str], tgt: Sequence[str]) -> str:
     h = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
     for texts in (src, tgt):
         h.update(b"\x00".join(t.encode() for t in texts))
@@ -101,11 +104,16 @@ def _fingerprint(cfg: TokenizerConfig, src: list[str], tgt: list[str]) -> str:
     return h.hexdigest()
 
 
-def train_or_load(cfg: TokenizerConfig, src: list[str], tgt: list[str], run_dir: Path) -> Tokenizer:
-    """Reuse `run_dir`'s SentencePiece model(s) when data and settings match, else train anew."""
+def train_or_load(cfg: TokenizerConfig, src: Iterable[str], tgt: Iterable[str], run_dir: Path,
+                  fingerprint: str | None = None) -> Tokenizer:
+    """Reuse `run_dir`'s SentencePiece model(s) when data and settings match, else train anew.
+
+    `src` and `tgt` are read only to train (the data cache passes a sample streamed from disk, with the
+    `fingerprint` of the data and settings); without a fingerprint they are lists, and hashed.
+    """
     meta_path = run_dir / "tokenizer.json"
     names = ["spm.model"] if cfg.joint else ["spm.src.model", "spm.tgt.model"]
-    fingerprint = _fingerprint(cfg, src, tgt)
+    fingerprint = fingerprint or _fingerprint(cfg, src, tgt)
     if meta_path.exists() and all((run_dir / n).exists() for n in names):
         try:
             same = json.loads(meta_path.read_text())["fingerprint"] == fingerprint
@@ -118,7 +126,7 @@ def train_or_load(cfg: TokenizerConfig, src: list[str], tgt: list[str], run_dir:
     log.info("training %s tokenizer (%s, vocab %d)", "joint" if cfg.joint else "separate",
              cfg.type, cfg.vocab_size)
     if cfg.joint:
-        protos = [_train_one(src + tgt, cfg)]
+        protos = [_train_one(itertools.chain(src, tgt), cfg)]
     else:
         protos = [_train_one(src, cfg), _train_one(tgt, cfg)]
     for name, proto in zip(names, protos, strict=True):

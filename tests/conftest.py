@@ -27,6 +27,18 @@ TINY = [
 ]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def data_cache(tmp_path_factory):
+    """Tests keep the data cache (attn_mt/datacache.py) in a temporary directory, not ~/.cache/attn_mt."""
+    before = os.environ.get("ATTN_MT_CACHE")
+    os.environ["ATTN_MT_CACHE"] = str(tmp_path_factory.mktemp("data_cache"))
+    yield
+    if before is None:
+        os.environ.pop("ATTN_MT_CACHE")
+    else:
+        os.environ["ATTN_MT_CACHE"] = before
+
+
 @pytest.fixture
 def tiny_cfg():
     """Build a tiny config, with extra `section.key=value` overrides."""

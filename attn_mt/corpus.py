@@ -1,0 +1,134 @@
+"""The tokenized corpus every consumer reads: the training split memory-mapped from the data cache
+(datacache.py), validation and test small and in memory, and their batches.
+
+Memory does not grow with the training split: its token ids stay on disk (the page cache, shared by
+every process that maps them), and what a process holds per pair is a few bytes of lengths and batch
+plan (data.token_batches). `prepare(cfg)` builds the cache ahead of a job (`attn-mt prepare`);
+`load_corpus` builds it on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .config import ExperimentConfig
+from .data import Batch, DataError, collate, iter_pairs
+from .datacache import DataCache, Entry
+from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """Token id sequences end to end: sequence i is `ids[offsets[i]:offsets[i + 1]]`."""
+
+    ids: np.ndarray  # (tokens,) uint16 or int32
+    offsets: np.ndarray  # (n + 1,) int64
+    lengths: np.ndarray  # (n,) int32
+
+    @classmethod
+    def from_lists(cls, seqs: list[list[int]]) -> Ragged:
+        lengths = np.fromiter(map(len, seqs), np.int32, len(seqs))
+        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(np.fromiter((i for s in seqs for i in s), np.int32, int(offsets[-1])), offsets, lengths)
+
+    @classmethod
+    def mapped(cls, entry: Entry, side: str) -> Ragged:
+        return cls(*(entry.array(f"{side}.{kind}") for kind in ("ids", "offsets", "lengths")))
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def get(self, rows: Iterable[int]) -> list[list[int]]:
+        return [self.ids[self.offsets[r] : self.offsets[r + 1]].tolist() for r in rows]
+
+
+class Lengths(Sequence[int]):
+    """Token counts of a split's pairs: `np.asarray` gives the array (no copy), indexing gives Python ints
+    (which the trainer sums into counters that go into checkpoints and JSON)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array  # (n,)
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, i):
+        return Lengths(self.array[i]) if isinstance(i, slice) else int(self.array[i])
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self.array if dtype is None else self.array.astype(dtype)
+
+
+@dataclass
+class Corpus:
+    """Tokenized splits: token ids of every split, texts of validation and test (not of training)."""
+
+    tok: Tokenizer
+    text: dict[str, tuple[list[str], list[str]]]  # valid/test split -> (src texts, tgt texts)
+    ids: dict[str, tuple[Ragged, Ragged]]  # split -> (src ids, tgt ids); the training split memory-mapped
+    rows: dict[str, np.ndarray] = field(default_factory=dict)  # split -> (n,) rows in use, where not all
+    _lengths: dict = field(default_factory=dict, repr=False)
+
+    def lengths(self, split: str) -> tuple[Lengths, Lengths]:
+        """Token counts (src, tgt) of each pair of a split in use, without bos/eos."""
+        if split not in self._lengths:
+            rows, (src, tgt) = self.rows.get(split), self.ids[split]
+            pick = (lambda a: a) if rows is None else (lambda a: a[rows])
+            self._lengths[split] = (Lengths(pick(src.lengths)), Lengths(pick(tgt.lengths)))
+        return self._lengths[split]
+
+    def batches(self, split: str, index: Iterable[Sequence[int]]) -> Iterator[Batch]:
+        """Collated `Batch`es of the pairs in each index batch."""
+        rows, (src, tgt) = self.rows.get(split), self.ids[split]
+        for b in index:
+            b = b if rows is None else rows[np.asarray(b, dtype=np.int64)]
+            yield collate(src.get(b), tgt.get(b), self.tok.pad_id, self.tok.bos_id, self.tok.eos_id)
+
+
+def _texts(cfg: ExperimentConfig, split: str) -> tuple[list[str], list[str]]:
+    src, tgt = [], []
+    for s, t in iter_pairs(cfg.data, split):
+        src += s
+        tgt += t
+    return src, tgt
+
+
+def load_corpus(cfg: ExperimentConfig, run_dir: Path, max_positions: int) -> Corpus:
+    """Read validation and test, map the training split from the data cache (built on first use; the
+    tokenizer copied into `run_dir`), keep the training pairs within the length limit."""
+    cache = DataCache(cfg)  # hashes the training data; an unwritable cache fails here, before any work
+    splits = cfg.data.splits
+    text = {name: _texts(cfg, name) for name in dict.fromkeys((splits.valid, splits.test))}
+    entry = cache.entry(run_dir)
+    entry.install_tokenizer(run_dir)
+    tok = entry.tokenizer()
+    ids = {name: (Ragged.from_lists(tok.encode_src(s)), Ragged.from_lists(tok.encode_tgt(t)))
+           for name, (s, t) in text.items()}
+    src, tgt = ids[splits.train] = (Ragged.mapped(entry, "src"), Ragged.mapped(entry, "tgt"))
+    limit = min(cfg.data.max_len, max_positions - 1)
+    corpus = Corpus(tok, text, ids)
+    if max(src.lengths.max(), tgt.lengths.max()) > limit:
+        rows = np.flatnonzero((src.lengths <= limit) & (tgt.lengths <= limit))
+        if not len(rows):
+            raise DataError(f"split {splits.train!r}: no pair has at most {limit} tokens per side "
+                            "(data.max_len / model.max_positions)")
+        log.info("dropped %d of %d training pairs longer than %d tokens", len(src) - len(rows), len(src), limit)
+        corpus.rows[splits.train] = rows
+    return corpus
+
+
+def prepare(cfg: ExperimentConfig) -> Entry:
+    """Check validation and test, then build (or find) the training split's cache entry: `attn-mt prepare`."""
+    cache = DataCache(cfg)
+    for split in dict.fromkeys((cfg.data.splits.valid, cfg.data.splits.test)):
+        for _ in iter_pairs(cfg.data, split):
+            pass
+    return cache.entry()
