@@ -298,6 +298,19 @@ def export(checkpoint: CkptOpt,
         typer.echo(str(path))
 
 
+@app.command()
+@_user_errors
+def prepare(config: ConfigOpt, overrides: SetOpt = None) -> None:
+    """Train the tokenizer and tokenize the training split into the data cache (data.cache_dir), ahead of
+    `train`: a cluster job, its ranks and later runs of the same data then start from it."""
+    from .config import load_config
+    from .corpus import prepare as run_prepare
+
+    entry = run_prepare(load_config(config, overrides or []))
+    typer.echo(f"data cache: {entry.path}")
+    typer.echo(f"{entry.pairs} training pairs, {entry.tokens['src']} + {entry.tokens['tgt']} tokens")
+
+
 @app.command("compare-rnn")
 @_user_errors
 def compare_rnn(config: ConfigOpt, overrides: SetOpt = None,
