@@ -18,6 +18,7 @@ is missing or does not match its files is rebuilt, never read.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import itertools
@@ -224,10 +225,11 @@ def _fill(cfg: ExperimentConfig, tmp: Path, run_dir: Path | None, key: str) -> d
             shutil.copyfile(tok_dir / name, tmp / name)
     dtype = np.uint16 if max(tok.src_vocab_size, tok.tgt_vocab_size) <= 2**16 else np.int32
     procs = cfg.data.num_proc or len(os.sched_getaffinity(0))
-    encoded = text.with_format("arrow").map(
-        _Encode(tok.state(), dtype), batched=True, batch_size=2000, num_proc=procs if n >= BIG and procs > 1 else None,
-        remove_columns=["src", "tgt"], cache_file_name=str(tmp / "encoded.arrow"), new_fingerprint=key,
-        desc="tokenizing")
+    with _progress(n >= BIG and log.isEnabledFor(logging.INFO)):  # a bar for big corpora, none with --quiet
+        encoded = text.with_format("arrow").map(
+            _Encode(tok.state(), dtype), batched=True, batch_size=2000,
+            num_proc=procs if n >= BIG and procs > 1 else None, remove_columns=["src", "tgt"],
+            cache_file_name=str(tmp / "encoded.arrow"), new_fingerprint=key, desc="tokenizing")
     tokens = _write_flat(encoded, tmp, dtype)
     log.info("tokenized %d sentences in %.1f s (%d processes)", 2 * n, time.perf_counter() - t2,
              procs if n >= BIG else 1)
@@ -328,3 +330,16 @@ def _fsync(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _progress(show: bool):
+    """datasets' own progress bars on or off for the block; their previous state after it."""
+    import datasets
+
+    was_off = datasets.utils.logging.is_progress_bar_enabled() is False
+    (datasets.enable_progress_bars if show else datasets.disable_progress_bars)()
+    try:
+        yield
+    finally:
+        (datasets.disable_progress_bars if was_off else datasets.enable_progress_bars)()

@@ -186,7 +186,7 @@ def test_hostile_jsonl_lines_are_one_line_errors(line, text, tmp_path):
     for split in ("train", "valid", "test"):
         (data / f"{split}.jsonl").write_text(line + "\n")
     config = tiny_yaml(tmp_path / "c.yaml", "data.source=jsonl", f"data.dir={data}")
-    one_line_error(cli("train", "-c", config, "--out", tmp_path / "run"), 1, "train.jsonl", text)
+    one_line_error(cli("train", "-c", config, "--out", tmp_path / "run"), 1, ".jsonl:1", text)
 
 
 # 7. errors that used to escape as tracebacks
