@@ -3,6 +3,8 @@
 import json
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -51,7 +53,8 @@ def test_keep_last_keeps_n_and_tests_the_better_of_average_and_best(tmp_path, ti
 
 
 def test_average_command(tmp_path, tiny_run):
-    exe = shutil.which("attn-mt") or pytest.skip("attn-mt is not installed")
+    venv = Path(sys.executable).parent / "attn-mt"  # pytest may run without the venv on PATH
+    exe = str(venv) if venv.exists() else shutil.which("attn-mt") or pytest.skip("attn-mt is not installed")
     ckpt = tiny_run / "checkpoint_best.pt"
     out = subprocess.run([exe, "average", str(ckpt), str(tiny_run / "checkpoint_last.pt"), "--out",
                           str(tmp_path / "avg.pt")], capture_output=True, text=True, timeout=300)

@@ -4,12 +4,16 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 from conftest import TINY
 
-ATTN_MT = shutil.which("attn-mt") or pytest.skip("attn-mt is not installed", allow_module_level=True)
+# the venv's command (pytest may run as .venv/bin/python without the venv on PATH), else PATH's
+_VENV_CMD = Path(sys.executable).parent / "attn-mt"
+ATTN_MT = (str(_VENV_CMD) if _VENV_CMD.exists() else shutil.which("attn-mt")) or pytest.skip(
+    "attn-mt is not installed", allow_module_level=True)
 
 
 def run(*args, stdin=None):
