@@ -139,6 +139,10 @@ def test_page_static_files_and_openapi(client):
     assert "http" not in client.get("/static/app.js").text.replace("HTTP ", "")  # nothing fetched from elsewhere
     schema = client.get("/openapi.json").json()
     assert {"/api/translate", "/api/attention", "/api/info"} <= set(schema["paths"])
+    docs = client.get("/docs")  # the API reference, rendered from /openapi.json without a CDN
+    assert docs.status_code == 200 and "/static/docs.js" in docs.text and "http" not in docs.text
+    assert "/openapi.json" in client.get("/static/docs.js").text
+    assert "http" not in client.get("/static/docs.js").text
 
 
 def test_rnn_checkpoint_translation_and_cross_attention_only(rnn_ckpt):

@@ -41,7 +41,8 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
         yield
         batcher.close()  # finishes the queued jobs, then the worker thread ends
 
-    app = FastAPI(title="attn-mt", description=DESCRIPTION, lifespan=lifespan)
+    # docs_url=None: FastAPI's Swagger page loads its scripts from a CDN; ours renders /openapi.json offline
+    app = FastAPI(title="attn-mt", description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.batcher = batcher
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     _error_handlers(app)
@@ -50,6 +51,10 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
     @app.get("/", include_in_schema=False)
     def page() -> FileResponse:
         return FileResponse(STATIC / "index.html", headers={"Content-Security-Policy": CSP})
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> FileResponse:
+        return FileResponse(STATIC / "docs.html", headers={"Content-Security-Policy": CSP})
 
     @app.post("/api/translate", response_model=TranslateResponse, responses=_ERRORS)
     async def translate(body: TranslateRequest, request: Request):
