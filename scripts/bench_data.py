@@ -25,6 +25,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -298,7 +299,8 @@ def main() -> None:
     ap.add_argument("--two-ranks", default="1,40,138", help="repeats also measured under torchrun, 2 ranks")
     ap.add_argument("--baseline", type=Path, help="a checkout (attn_mt/, configs/) of the code before, measured alike")
     ap.add_argument("--baseline-repeats", default="1,10,40")
-    ap.add_argument("--work", type=Path, default=Path("/tmp/attn_mt_bench_data"))
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "attn_mt_bench_data",
+                    help="where the generated corpora and caches go (several GB for 4M pairs)")
     ap.add_argument("--plot", type=Path, help="only draw the plot and print the table of this JSON")
     ap.add_argument("--probes", type=Path, help="only rerun the data-memory probes of this JSON's rows")
     args = ap.parse_args()

@@ -5,9 +5,8 @@ in a rotating order; each speed is the median over the rounds. BLEU and chrF (sa
 from the first round's outputs, and later rounds must reproduce them exactly. The background
 load (os.getloadavg) is recorded before and after every timed run.
 
-    flock /tmp/attn-mt-heavy.lock python scripts/bench_decode.py \\
-        --checkpoint runs/multi30k/checkpoint_best.pt \\
-        --src ../shared/data/multi30k/test2016.de --ref ../shared/data/multi30k/test2016.en \\
+    python scripts/bench_decode.py --checkpoint /path/to/checkpoint_best.pt \\
+        --src /path/to/multi30k/test2016.de --ref /path/to/multi30k/test2016.en \\
         --out-json docs/bench_decode.json --out-md docs/bench_decode.md
 """
 

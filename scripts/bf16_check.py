@@ -5,8 +5,8 @@ shapes), take train.py's own steps, and evaluate the validation loss every --eva
 each in its own precision, as `attn-mt train` would. Prints both curves, the largest relative
 difference, and the training seconds of each run.
 
-    flock /tmp/attn-mt-heavy.lock python scripts/bf16_check.py --config configs/multi30k.yaml \\
-        --set data.dir=/work/shared/data/multi30k --steps 300 --eval-every 25 --json runs/bf16_check.json
+    python scripts/bf16_check.py --config configs/multi30k.yaml \\
+        --set data.dir=/path/to/multi30k --steps 300 --eval-every 25 --json runs/bf16_check.json
 """
 
 from __future__ import annotations

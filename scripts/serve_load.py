@@ -7,7 +7,7 @@ Starts `attn-mt serve` on 127.0.0.1 (a free port) and, round after round, takes 
 Every request has a timeout and the request count is fixed; any error or timeout is counted and
 reported. Medians over the rounds; the background load (os.getloadavg) is recorded around every run.
 
-    flock /tmp/attn-mt-heavy.lock python scripts/serve_load.py --checkpoint /path/to/checkpoint.pt \\
+    python scripts/serve_load.py --checkpoint /path/to/checkpoint.pt \\
         --src /path/to/multi30k/test2016.de --out-json docs/serve_load.json
 """
 
