@@ -39,7 +39,8 @@ from torch import Tensor, nn
 
 from .checkpoint import load_model
 from .config import ConfigError, ExperimentConfig, TransformerConfig
-from .data import load_corpus, token_batches
+from .corpus import load_corpus
+from .data import token_batches
 from .decode import translate
 from .device import autocast, describe, pick_device, pick_precision, precisions_for, sync
 from .models import build_model, count_params

@@ -22,7 +22,8 @@ from tqdm import tqdm
 from . import checkpoint, timing
 from .compare_report import write_report
 from .config import CompareConfig, ConfigError, ExperimentConfig, from_dict, to_dict
-from .data import Corpus, load_corpus, token_batches
+from .corpus import Corpus, load_corpus
+from .data import token_batches
 from .decode import translate
 from .device import autocast, machine, pick_device, pick_precision, sync
 from .evaluate import bleu, score

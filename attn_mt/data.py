@@ -288,12 +288,3 @@ def token_batches(src_lens: Sequence[int], tgt_lens: Sequence[int], batch_tokens
         perm = rng.permutation(len(starts))
         starts, ends = starts[perm], ends[perm]
     return Batches(order, starts, ends)
-
-
-def __getattr__(name: str):
-    """`Corpus` and `load_corpus` live in corpus.py (which imports this module); importable from here too."""
-    if name in ("Corpus", "load_corpus"):
-        from . import corpus
-
-        return getattr(corpus, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

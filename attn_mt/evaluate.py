@@ -9,7 +9,8 @@ import torch
 from sacrebleu.metrics import BLEU, CHRF
 
 from .config import ExperimentConfig
-from .data import Batch, Corpus, token_batches
+from .corpus import Corpus
+from .data import Batch, token_batches
 from .decode import translate
 from .device import autocast, rng_state, set_rng_state
 from .models import Seq2Seq

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from . import checkpoint, distributed
 from .board import Board
 from .config import ExperimentConfig, save_config, to_dict
-from .data import Corpus, load_corpus
+from .corpus import Corpus, load_corpus
 from .device import pick_device, pick_precision, rng_state
 from .evaluate import score_test_split, validate
 from .models import build_model, count_params

@@ -20,7 +20,8 @@ from torch import nn
 
 from . import distributed
 from .config import ExperimentConfig, TrainConfig
-from .data import Batch, Corpus, token_batches
+from .corpus import Corpus
+from .data import Batch, token_batches
 from .device import autocast
 from .distributed import World
 from .models import Seq2Seq

@@ -79,7 +79,11 @@ sys.path.insert(0, os.environ["BENCH_CODE"])
 import torch.distributed as dist
 from pathlib import Path
 from attn_mt.config import load_config
-from attn_mt.data import load_corpus, token_batches
+try:
+    from attn_mt.corpus import load_corpus
+except ImportError:  # the baseline's code: load_corpus in data.py
+    from attn_mt.data import load_corpus
+from attn_mt.data import token_batches
 def pss_kb():
     return next(int(line.split()[1]) for line in open("/proc/self/smaps_rollup") if line.startswith("Pss:"))
 def rss_kb(key="VmRSS:"):

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from attn_mt.config import load_config
-from attn_mt.data import load_corpus, token_batches
+from attn_mt.corpus import load_corpus
+from attn_mt.data import token_batches
 from attn_mt.device import pick_device
 from attn_mt.evaluate import evaluate_loss
 from attn_mt.models import build_model

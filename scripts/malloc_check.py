@@ -26,7 +26,8 @@ def child(args) -> None:
     import torch
 
     from attn_mt.config import load_config
-    from attn_mt.data import load_corpus, token_batches
+    from attn_mt.corpus import load_corpus
+    from attn_mt.data import token_batches
     from attn_mt.device import pick_precision
     from attn_mt.memory import reuse_freed_memory
     from attn_mt.models import build_model
