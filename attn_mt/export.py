@@ -63,26 +63,26 @@ def _norm(spec, weights: dict, name: str) -> None:
     spec.gamma, spec.beta = _np(weights[f"{name}.weight"]), _np(weights[f"{name}.bias"])
 
 
-def _encoder_layer(spec, w: dict, p: str) -> None:
+def _self_attention_and_ffn(spec, w: dict, p: str, ffn_sub: int) -> None:
+    """What encoder and decoder layers share: fused-QKV self-attention in sublayer 0, the FFN in `ffn_sub`."""
     _linear(spec.self_attention.linear[0], w, f"{p}.self_attn.qkv_proj")
     _linear(spec.self_attention.linear[1], w, f"{p}.self_attn.out_proj")
     _norm(spec.self_attention.layer_norm, w, f"{p}.sub.0.norm")
     _linear(spec.ffn.linear_0, w, f"{p}.ff.0")
     _linear(spec.ffn.linear_1, w, f"{p}.ff.3")
-    _norm(spec.ffn.layer_norm, w, f"{p}.sub.1.norm")
+    _norm(spec.ffn.layer_norm, w, f"{p}.sub.{ffn_sub}.norm")
+
+
+def _encoder_layer(spec, w: dict, p: str) -> None:
+    _self_attention_and_ffn(spec, w, p, ffn_sub=1)
 
 
 def _decoder_layer(spec, w: dict, p: str) -> None:
-    _linear(spec.self_attention.linear[0], w, f"{p}.self_attn.qkv_proj")
-    _linear(spec.self_attention.linear[1], w, f"{p}.self_attn.out_proj")
-    _norm(spec.self_attention.layer_norm, w, f"{p}.sub.0.norm")
+    _self_attention_and_ffn(spec, w, p, ffn_sub=2)
     _linear(spec.attention.linear[0], w, f"{p}.cross_attn.q_proj")
     _linear(spec.attention.linear[1], w, f"{p}.cross_attn.kv_proj")
     _linear(spec.attention.linear[2], w, f"{p}.cross_attn.out_proj")
     _norm(spec.attention.layer_norm, w, f"{p}.sub.1.norm")
-    _linear(spec.ffn.linear_0, w, f"{p}.ff.0")
-    _linear(spec.ffn.linear_1, w, f"{p}.ff.3")
-    _norm(spec.ffn.layer_norm, w, f"{p}.sub.2.norm")
 
 
 def _pieces(sp) -> list[str]:
