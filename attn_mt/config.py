@@ -115,7 +115,9 @@ class TransformerConfig:
     n_heads: int = 4
     n_layers: int = 3  # encoder and decoder layers each
     d_ff: int = 1024
-    dropout: float = 0.1
+    dropout: float = 0.1  # on embeddings and on each sublayer's output before the residual sum
+    attention_dropout: float | None = None  # on attention weights; None: same as dropout
+    activation_dropout: float | None = None  # after the feed-forward ReLU; None: same as dropout
     norm_first: bool = True  # pre-norm (True) or post-norm as in the original paper
     tie_embeddings: bool = True
     max_positions: int = 256
@@ -130,8 +132,16 @@ class TransformerConfig:
             raise ConfigError(
                 f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout={self.dropout}: must be in [0, 1)")
+        for key in ("dropout", "attention_dropout", "activation_dropout"):
+            p = getattr(self, key)
+            if p is not None and not 0.0 <= p < 1.0:
+                raise ConfigError(f"model.{key}={p}: must be in [0, 1)")
+
+    @property
+    def dropouts(self) -> tuple[float, float, float]:
+        """(residual and embedding, attention weights, feed-forward activation) dropout rates."""
+        pick = lambda p: self.dropout if p is None else p  # noqa: E731
+        return self.dropout, pick(self.attention_dropout), pick(self.activation_dropout)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ def test_defaults_and_yaml_override(tmp_path):
 
 def test_set_overrides_are_typed(tmp_path):
     cfg = load_config(write(tmp_path, "{}"), ["train.lr=5e-4", "model.n_layers=4", "data.splits.test=test2017",
-                                             "model.norm_first=false"])
+                                             "model.norm_first=false", "model.attention_dropout=0"])
+    assert cfg.model.attention_dropout == 0.0 and cfg.model.activation_dropout is None
     assert cfg.train.lr == 5e-4 and cfg.model.n_layers == 4 and cfg.data.splits.test == "test2017"
     assert cfg.model.norm_first is False
 
@@ -39,6 +40,8 @@ def test_set_overrides_are_typed(tmp_path):
     (["decode.nbest=3", "decode.beam_size=2"], ["decode.nbest"]),
     (["data.source=files"], ["data.dir"]),
     (["bogus=1"], ["bogus", "allowed"]),
+    (["model.attention_dropout=1.0"], ["model.attention_dropout", "[0, 1)"]),
+    (["model.activation_dropout=-0.1"], ["model.activation_dropout"]),
 ])
 def test_bad_values_name_the_key(overrides, words):
     with pytest.raises(ConfigError) as e:

@@ -63,3 +63,23 @@ def test_dropout_only_in_training():
     torch.testing.assert_close(model(src, tgt), model(src, tgt))
     model.train()
     assert not torch.allclose(model(src, tgt), model(src, tgt))
+
+
+def test_separate_attention_and_activation_dropout():
+    src, tgt = torch.randint(4, 40, (2, 5)), torch.randint(4, 40, (2, 4))
+
+    def varies(**kw):
+        model = make(**kw).train()
+        return not torch.allclose(model(src, tgt), model(src, tgt))
+
+    # each rate alone reaches the model; 0 turns its site off while the others stay on
+    assert not varies(dropout=0.0)
+    assert varies(dropout=0.0, attention_dropout=0.5)
+    assert varies(dropout=0.0, activation_dropout=0.5)
+    assert not varies(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    model = make(dropout=0.3, attention_dropout=0.0, activation_dropout=0.1)
+    layer = model.decoder[0]
+    assert layer.self_attn.dropout == layer.cross_attn.dropout == 0.0
+    assert layer.ff[2].p == 0.1 and layer.sub[0].dropout.p == 0.3 and model.dropout.p == 0.3
+    inherit = make(dropout=0.2).encoder[0]  # unset: the general rate
+    assert inherit.self_attn.dropout == 0.2 and inherit.ff[2].p == 0.2

@@ -61,9 +61,9 @@ def _keep(out: tuple[Tensor, Tensor | None], weights: list[Tensor] | None) -> Te
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        d, h, p = cfg.d_model, cfg.n_heads, cfg.dropout
-        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p, impl=cfg.attention)
-        self.ff = FeedForward(d, cfg.d_ff, p)
+        d, h, (p, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
+        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention)
+        self.ff = FeedForward(d, cfg.d_ff, p_act)
         self.sub = nn.ModuleList(Sublayer(d, p, cfg.norm_first) for _ in range(2))
 
     def forward(self, x: Tensor, src_mask: Tensor, weights: AttentionWeights | None = None) -> Tensor:
@@ -97,10 +97,10 @@ class DecoderCache:
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        d, h, p = cfg.d_model, cfg.n_heads, cfg.dropout
-        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p, impl=cfg.attention)
-        self.cross_attn = CrossAttention(d_model=d, n_heads=h, dropout=p, impl=cfg.attention)
-        self.ff = FeedForward(d, cfg.d_ff, p)
+        d, h, (p, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
+        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention)
+        self.cross_attn = CrossAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention)
+        self.ff = FeedForward(d, cfg.d_ff, p_act)
         self.sub = nn.ModuleList(Sublayer(d, p, cfg.norm_first) for _ in range(3))
 
     def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, self_kv: KV | None = None,
