@@ -6,7 +6,7 @@ over the rounds after a warm-up round. Training uses the trainer's own step (tra
 
 Models:
     ours          our Transformer on its fast path (fused QKV projection, SDPA; in CPU training
-                  with dropout, the explicit formula and our cheaper dropout: see attention.py)
+                  the explicit formula and our cheaper dropout: see attention.py)
     ours_refattn  our Transformer on the reference attention path (explicit softmax(QK^T)V)
     torch         REFERENCE: torch.nn.Transformer with our embeddings, positions and tied output
                   layer (`TorchTransformer` below), so the parameter counts match

@@ -121,9 +121,10 @@ class MultiHeadAttention(nn.Module):
         """Heads (B, H, T, Dh) and keys/values (B, H, S, Dh) -> output (B, T, D), weights or None."""
         p = self.dropout if self.training else 0.0
         t, s = q.size(2), k.size(2)
-        # PyTorch's SDPA on CPU has no fused kernel with dropout: it falls back to the same math
-        # with a slow Bernoulli mask, so there the explicit formula with our Dropout is faster.
-        explicit = need_weights or self.impl == "reference" or (p > 0 and q.device.type == "cpu")
+        # CPU training takes the explicit formula: SDPA has no fused CPU kernel with dropout (it
+        # falls back to the same math with a slow Bernoulli mask), and without dropout its fused
+        # kernel trained Multi30k batches 1.5x slower in bf16 (docs/performance.md).
+        explicit = need_weights or self.impl == "reference" or (self.training and q.device.type == "cpu")
         weights = None
         if causal and mask is None and t == s and not explicit:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
