@@ -140,8 +140,8 @@ class TransformerConfig:
     @property
     def dropouts(self) -> tuple[float, float, float]:
         """(residual and embedding, attention weights, feed-forward activation) dropout rates."""
-        pick = lambda p: self.dropout if p is None else p  # noqa: E731
-        return self.dropout, pick(self.attention_dropout), pick(self.activation_dropout)
+        attn, act = self.attention_dropout, self.activation_dropout
+        return self.dropout, self.dropout if attn is None else attn, self.dropout if act is None else act
 
 
 @dataclass(frozen=True)
