@@ -90,12 +90,12 @@ def main() -> None:
     parser.add_argument("--debs", type=Path, help="a folder of .deb files (default: apt-get download them)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        debs = args.debs
-        if debs is None:
-            debs = Path(tmp)
-            download([p.format(lang=args.lang) for p in PACKAGES], debs)
-        counts = build(debs, args.lang, args.out, args.seed)
+    if args.debs is not None:
+        counts = build(args.debs, args.lang, args.out, args.seed)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            download([p.format(lang=args.lang) for p in PACKAGES], Path(tmp))
+            counts = build(Path(tmp), args.lang, args.out, args.seed)
     print(f"{args.out}: {counts}", file=sys.stderr)
 
 
