@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from .config import ConfigError, ExperimentConfig, from_dict
-from .models import Seq2Seq, build_model
-from .tokenizer import Tokenizer
+from attn_mt.config import ConfigError, ExperimentConfig, from_dict
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.models import Seq2Seq, build_model
 
 FORMAT_VERSION = 1
 

@@ -24,9 +24,9 @@ def main(debug: Annotated[bool, typer.Option(help="Show tracebacks on errors.")]
          quiet: Annotated[bool, typer.Option(help="Only warnings and errors on stderr.")] = False) -> None:
     global _debug
     _debug = debug
-    from .memory import reuse_freed_memory
+    from attn_mt.training.memory import reuse_freed_memory
 
-    reuse_freed_memory()  # ~20-30% faster CPU training steps (attn_mt/memory.py)
+    reuse_freed_memory()  # ~20-30% faster CPU training steps (attn_mt/training/memory.py)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s",
                         stream=sys.stderr, force=True)
 
@@ -36,12 +36,12 @@ def _user_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from .checkpoint import CheckpointError
-        from .config import ConfigError
-        from .data import DataError
-        from .device import DeviceError
-        from .download import DownloadError
-        from .trainer import TrainError, TrainInterrupted
+        from attn_mt.checkpoint import CheckpointError
+        from attn_mt.config import ConfigError
+        from attn_mt.data.download import DownloadError
+        from attn_mt.data.sources import DataError
+        from attn_mt.device import DeviceError
+        from attn_mt.training.trainer import TrainError, TrainInterrupted
 
         try:
             return fn(*args, **kwargs)
@@ -83,8 +83,8 @@ def train(config: ConfigOpt, overrides: SetOpt = None,
 
     Under `torchrun --nproc-per-node N -m attn_mt train ...` it trains with DistributedDataParallel.
     """
-    from .config import load_config
-    from .train import train as run_training
+    from attn_mt.config import load_config
+    from attn_mt.training.run import train as run_training
 
     cfg = load_config(config, overrides or [])
     run_dir = out or Path("runs") / cfg.name
@@ -105,7 +105,7 @@ def _lines(texts: list[str] | None, input: Path | None, prompt: str = ""):
     if texts:
         yield from texts
     elif input is not None:
-        from .data import read_lines
+        from attn_mt.data.sources import read_lines
 
         yield from read_lines(input)
     else:  # bytes that are not UTF-8 become U+FFFD instead of ending the run
@@ -124,14 +124,14 @@ def _lines(texts: list[str] | None, input: Path | None, prompt: str = ""):
 def _translator(checkpoint: Path, device: str):
     """(holder of the decode defaults in `.decode`, fn(texts, dcfg) -> n-best lists) for a checkpoint
     file (PyTorch) or a directory written by `attn-mt export` (CTranslate2)."""
-    from . import ct2
+    from attn_mt.export import ct2_translator as ct2
 
     if ct2.is_export(checkpoint):
         exported = ct2.load_exported(checkpoint, ct2.pick_device(device))
         return exported, functools.partial(ct2.translate_nbest, exported)
-    from .checkpoint import load_model
-    from .decode import translate_nbest
-    from .device import pick_device
+    from attn_mt.checkpoint import load_model
+    from attn_mt.decoding.search import translate_nbest
+    from attn_mt.device import pick_device
 
     dev = pick_device(device)
     model, cfg, tok = load_model(checkpoint, dev)
@@ -199,8 +199,8 @@ def evaluate(checkpoint: CkptOpt,
              as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
              device: DeviceOpt = "auto") -> None:
     """Translate --src and score it against --ref with sacrebleu BLEU and chrF (--checkpoint: file or export)."""
-    from .data import DataError, read_lines
-    from .evaluate import score
+    from attn_mt.data.sources import DataError, read_lines
+    from attn_mt.decoding.metrics import score
 
     sources, refs = read_lines(src), read_lines(ref)
     if len(sources) != len(refs):
@@ -223,7 +223,7 @@ def average(checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints 
                                                                "RUN/checkpoint_step*.pt.")],
             out: Annotated[Path, typer.Option(help="Where to write the averaged checkpoint.")]) -> None:
     """Average the weights of several checkpoints of one model into one checkpoint for translate/evaluate."""
-    from . import checkpoint
+    from attn_mt import checkpoint
 
     checkpoint.save(checkpoint.average(checkpoints), out)
     typer.echo(f"averaged {len(checkpoints)} checkpoints into {out}")
@@ -235,7 +235,7 @@ def download(dataset: Annotated[str, typer.Argument(help="Dataset name: multi30k
              out: Annotated[Path, typer.Option(help="Directory for {split}.{lang} files.")] = Path("data/multi30k"),
              ) -> None:
     """Fetch a corpus (Hugging Face hub, else its original URL) into line-aligned text files."""
-    from .download import download as run_download
+    from attn_mt.data.download import download as run_download
 
     for path in run_download(dataset, out):
         typer.echo(str(path))
@@ -247,9 +247,9 @@ def attention(checkpoint: CkptOpt, text: Annotated[str, typer.Argument(help="A s
               out: Annotated[Path, typer.Option(help="Directory for the PNG figures.")],
               beam: BeamOpt = None, device: DeviceOpt = "auto") -> None:
     """Translate one sentence and draw every attention head of every layer as PNGs in --out."""
-    from .attention_maps import write_attention_maps
-    from .checkpoint import CheckpointError, load_model
-    from .device import pick_device
+    from attn_mt.checkpoint import CheckpointError, load_model
+    from attn_mt.decoding.attention_maps import write_attention_maps
+    from attn_mt.device import pick_device
 
     if not text.strip():
         raise typer.BadParameter("the sentence is empty", param_hint="TEXT")
@@ -274,7 +274,7 @@ def serve(checkpoint: CkptOpt,
           max_chars: Annotated[int, typer.Option(min=1, help="Most characters per request.")] = 10_000,
           device: DeviceOpt = "auto") -> None:
     """Serve a checkpoint: a web page (translations, attention of every head) and a JSON API (docs at /docs)."""
-    from .serve import Limits, create_app, run
+    from attn_mt.serve import Limits, create_app, run
 
     server = create_app(checkpoint, Limits(max_texts=max_texts, max_chars=max_chars), device=device)
     typer.echo(f"attn-mt serve: http://{host}:{port}/  (API docs /docs; Ctrl-C stops)")
@@ -289,7 +289,7 @@ def export(checkpoint: CkptOpt,
            ) -> None:
     """Write a Transformer checkpoint as a CTranslate2 model, with its SentencePiece model(s) and decode
     defaults; `translate` and `evaluate` take the directory as --checkpoint. Needs CTranslate2 (the export extra)."""
-    from .export import QUANTIZATIONS, export_ct2
+    from attn_mt.export.ctranslate2 import QUANTIZATIONS, export_ct2
 
     if quantization not in QUANTIZATIONS:
         raise typer.BadParameter(f"{quantization!r} is not one of {', '.join(QUANTIZATIONS)}",
@@ -303,8 +303,8 @@ def export(checkpoint: CkptOpt,
 def prepare(config: ConfigOpt, overrides: SetOpt = None) -> None:
     """Train the tokenizer and tokenize the training split into the data cache (data.cache_dir), ahead of
     `train`: a cluster job, its ranks and later runs of the same data then start from it."""
-    from .config import load_config
-    from .corpus import prepare as run_prepare
+    from attn_mt.config import load_config
+    from attn_mt.data.corpus import prepare as run_prepare
 
     entry = run_prepare(load_config(config, overrides or []))
     typer.echo(f"data cache: {entry.path}")
@@ -317,9 +317,9 @@ def compare_rnn(config: ConfigOpt, overrides: SetOpt = None,
                 out: Annotated[Path | None, typer.Option(help="Report directory (runs/compare).")] = None,
                 quick: Annotated[bool, typer.Option(help="Toy corpus, small models.")] = False) -> None:
     """Train the Transformer and the RNN on the same data and clock; report speed, BLEU, length scaling."""
-    from .compare import compare_rnn as run_compare
-    from .compare import load_compare_config
-    from .compare_report import summary
+    from attn_mt.measure.compare import compare_rnn as run_compare
+    from attn_mt.measure.compare import load_compare_config
+    from attn_mt.measure.report import summary
 
     setup = load_compare_config(config, overrides or [], quick=quick)
     out = out or Path("runs") / ("compare_quick" if quick else "compare")
@@ -338,8 +338,8 @@ def bench(config: ConfigOpt, overrides: SetOpt = None,
           json_out: Annotated[Path | None, typer.Option("--json", help="Write every figure to this file.")] = None,
           ) -> None:
     """Training tokens/s against torch.nn.Transformer, MFU against the matmul peak, translation speed."""
-    from .bench import format_report, run_bench
-    from .config import load_config
+    from attn_mt.config import load_config
+    from attn_mt.measure.bench import format_report, run_bench
 
     result = run_bench(load_config(config, overrides or []), checkpoint=checkpoint, repeats=repeats,
                        steps=steps, compile=compiled, sentences=sentences)

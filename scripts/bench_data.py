@@ -38,7 +38,7 @@ DRIVER = r"""
 import json, os, resource, sys, time
 sys.path.insert(0, os.environ["BENCH_CODE"])
 import datasets
-import attn_mt.data, attn_mt.tokenizer, attn_mt.trainer
+import attn_mt.data.sources, attn_mt.data.tokenizer, attn_mt.training.trainer
 from attn_mt.cli import app
 t0, clock = float(os.environ["BENCH_T0"]), {"encode_s": 0.0, "prepare_s": 0.0}
 def timed(key, fn, train_only=False):
@@ -50,19 +50,19 @@ def timed(key, fn, train_only=False):
         return out
     return wrapper
 if os.path.exists(os.path.join(os.environ["BENCH_CODE"], "attn_mt", "corpus.py")):  # after: the data cache
-    import attn_mt.corpus as mod
+    import attn_mt.data.corpus as mod
     datasets.Dataset.map = timed("encode_s", datasets.Dataset.map)
 else:  # before: lists, encoded in this process
-    mod = attn_mt.data
+    mod = attn_mt.data.sources
     for name in ("encode_src", "encode_tgt"):
-        setattr(attn_mt.tokenizer.Tokenizer, name, timed("encode_s", getattr(attn_mt.tokenizer.Tokenizer, name), True))
+        setattr(attn_mt.data.tokenizer.Tokenizer, name, timed("encode_s", getattr(attn_mt.data.tokenizer.Tokenizer, name), True))
 mod.load_corpus = timed("prepare_s", mod.load_corpus)
-step = attn_mt.trainer.Trainer.step
+step = attn_mt.training.trainer.Trainer.step
 def first_step(self, *args, **kwargs):
     out = step(self, *args, **kwargs)
     clock.setdefault("first_step_s", time.time() - t0)
     return out
-attn_mt.trainer.Trainer.step = first_step
+attn_mt.training.trainer.Trainer.step = first_step
 try:
     app(sys.argv[1:], standalone_mode=False)
 finally:
@@ -80,10 +80,10 @@ import torch.distributed as dist
 from pathlib import Path
 from attn_mt.config import load_config
 try:
-    from attn_mt.corpus import load_corpus
+    from attn_mt.data.corpus import load_corpus
 except ImportError:  # the baseline's code: load_corpus in data.py
-    from attn_mt.data import load_corpus
-from attn_mt.data import token_batches
+    from attn_mt.data.sources import load_corpus
+from attn_mt.data.sources import token_batches
 def pss_kb():
     return next(int(line.split()[1]) for line in open("/proc/self/smaps_rollup") if line.startswith("Pss:"))
 def rss_kb(key="VmRSS:"):
@@ -91,7 +91,7 @@ def rss_kb(key="VmRSS:"):
 rank, size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 if size > 1:
     dist.init_process_group("gloo")
-from attn_mt.data import collate
+from attn_mt.data.sources import collate
 cfg = load_config(sys.argv[1], sys.argv[3:])
 collate([[4]], [[4]], 0, 2, 3), token_batches([1, 2], [1, 2], 10, 0, 0)  # torch's first use is not data
 pss0, rss0, anon0 = pss_kb(), rss_kb(), rss_kb("RssAnon:")

@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from attn_mt.checkpoint import load_model
-from attn_mt.data import read_lines
-from attn_mt.decode import translate
-from attn_mt.evaluate import score
+from attn_mt.data.sources import read_lines
+from attn_mt.decoding.metrics import score
+from attn_mt.decoding.search import translate
 
 VARIANTS = {  # name: (beam size, use the cache)
     "greedy, cache": (1, True),

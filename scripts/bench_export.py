@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
-from attn_mt import ct2
 from attn_mt.checkpoint import load_model
-from attn_mt.data import read_lines
-from attn_mt.decode import translate
+from attn_mt.data.sources import read_lines
+from attn_mt.decoding.metrics import bleu
+from attn_mt.decoding.search import translate
 from attn_mt.device import autocast, describe, machine
-from attn_mt.evaluate import bleu
-from attn_mt.export import export_ct2
+from attn_mt.export import ct2_translator as ct2
+from attn_mt.export.ctranslate2 import export_ct2
 
 
 def decoders(checkpoint: Path, tmp: Path, threads: int) -> tuple[dict, object]:

@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 
 from attn_mt.config import load_config
-from attn_mt.corpus import load_corpus
-from attn_mt.data import token_batches
+from attn_mt.data.corpus import load_corpus
+from attn_mt.data.sources import token_batches
+from attn_mt.decoding.metrics import evaluate_loss
 from attn_mt.device import pick_device
-from attn_mt.evaluate import evaluate_loss
 from attn_mt.models import build_model
-from attn_mt.schedule import lr_at
-from attn_mt.trainer import TrainStep
+from attn_mt.training.schedule import lr_at
+from attn_mt.training.trainer import TrainStep
 
 
 def curve(cfg, corpus, device: torch.device, precision: str, steps: int, every: int) -> dict:

@@ -1,4 +1,4 @@
-"""Does keeping freed memory in the heap (attn_mt/memory.py) speed up training? Measure it.
+"""Does keeping freed memory in the heap (attn_mt/training/memory.py) speed up training? Measure it.
 
 Runs the same 25 bf16 training steps on the first Multi30k batches in fresh processes, alternating
 glibc's default allocator settings (ATTN_MT_MALLOC=system) with attn-mt's, and prints tokens/s and
@@ -26,12 +26,12 @@ def child(args) -> None:
     import torch
 
     from attn_mt.config import load_config
-    from attn_mt.corpus import load_corpus
-    from attn_mt.data import token_batches
+    from attn_mt.data.corpus import load_corpus
+    from attn_mt.data.sources import token_batches
     from attn_mt.device import pick_precision
-    from attn_mt.memory import reuse_freed_memory
     from attn_mt.models import build_model
-    from attn_mt.trainer import TrainStep
+    from attn_mt.training.memory import reuse_freed_memory
+    from attn_mt.training.trainer import TrainStep
 
     applied = reuse_freed_memory()
     cfg = load_config(args.config, args.overrides)

@@ -29,8 +29,8 @@ import httpx
 import torch
 
 from attn_mt.checkpoint import load_model
-from attn_mt.data import read_lines
-from attn_mt.decode import translate_nbest
+from attn_mt.data.sources import read_lines
+from attn_mt.decoding.search import translate_nbest
 from attn_mt.device import machine
 
 

@@ -29,7 +29,7 @@ TINY = [
 
 @pytest.fixture(scope="session", autouse=True)
 def data_cache(tmp_path_factory):
-    """Tests keep the data cache (attn_mt/datacache.py) in a temporary directory, not ~/.cache/attn_mt."""
+    """Tests keep the data cache (attn_mt/data/cache.py) in a temporary directory, not ~/.cache/attn_mt."""
     before = os.environ.get("ATTN_MT_CACHE")
     os.environ["ATTN_MT_CACHE"] = str(tmp_path_factory.mktemp("data_cache"))
     yield
@@ -52,7 +52,7 @@ def tiny_cfg():
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     """Run directory of a tiny model trained for two epochs on 300 toy pairs (a few seconds)."""
-    from attn_mt.train import train
+    from attn_mt.training.run import train
 
     run_dir = tmp_path_factory.mktemp("tiny_run")
     train(load_config(None, TINY), run_dir)

@@ -6,10 +6,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attn_mt.attention_maps import attention_maps
 from attn_mt.checkpoint import load_model
 from attn_mt.cli import app
 from attn_mt.config import DecodeConfig
+from attn_mt.decoding.attention_maps import attention_maps
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import torch
 
 from attn_mt import checkpoint
 from attn_mt.checkpoint import CheckpointError, average, load_model, save
-from attn_mt.train import train
+from attn_mt.training.run import train
 
 
 def test_average_is_the_elementwise_mean(tmp_path, tiny_run):

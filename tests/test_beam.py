@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attn_mt.beam import beam_search, length_penalty
 from attn_mt.config import TransformerConfig
-from attn_mt.data import pad
-from attn_mt.decode import greedy_search
+from attn_mt.data.sources import pad
+from attn_mt.decoding.beam import beam_search, length_penalty
+from attn_mt.decoding.search import greedy_search
 from attn_mt.models import build_model
 
 PAD, BOS, EOS, V = 0, 2, 3, 16

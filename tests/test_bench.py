@@ -10,9 +10,9 @@ from conftest import TINY
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
-from attn_mt.bench import TorchTransformer, train_flops
 from attn_mt.cli import app
 from attn_mt.config import TransformerConfig
+from attn_mt.measure.bench import TorchTransformer, train_flops
 from attn_mt.models import build_model, count_params
 from attn_mt.models.attention import Dropout
 
@@ -57,7 +57,7 @@ def test_reference_has_our_parameter_count(norm_first, shared):
 
 
 def test_train_flops_by_hand():
-    # D=4, F=8, one layer, V=10, S=2, T=3; see the formula in attn_mt/bench.py
+    # D=4, F=8, one layer, V=10, S=2, T=3; see the formula in attn_mt/measure/bench.py
     cfg = TransformerConfig(d_model=4, n_heads=1, n_layers=1, d_ff=8)
     enc = 2 * 2 * (4 * 16 + 2 * 32) + 4 * 2 * 2 * 4  # 576
     dec = 2 * 3 * (6 * 16 + 2 * 32) + 2 * 2 * 2 * 16 + 4 * 3 * 3 * 4 + 4 * 3 * 2 * 4  # 1328

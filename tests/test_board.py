@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attn_mt.train import train
+from attn_mt.training.run import train
 
 
 def test_tensorboard_events_for_a_run(tiny_cfg, tmp_path):

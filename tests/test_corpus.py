@@ -13,15 +13,15 @@ import torch
 from conftest import TINY
 from typer.testing import CliRunner
 
-from attn_mt import datacache
 from attn_mt.cli import app
 from attn_mt.config import load_config
-from attn_mt.corpus import load_corpus, prepare
-from attn_mt.data import DataError, collate, line_chunks, read_lines, token_batches
+from attn_mt.data import cache as datacache
+from attn_mt.data.corpus import load_corpus, prepare
+from attn_mt.data.sources import DataError, collate, line_chunks, read_lines, token_batches
+from attn_mt.data.tokenizer import train_or_load
+from attn_mt.data.toy import make_toy_corpus
 from attn_mt.models import build_model
-from attn_mt.tokenizer import train_or_load
-from attn_mt.toy import make_toy_corpus
-from attn_mt.trainer import Trainer
+from attn_mt.training.trainer import Trainer
 
 
 @pytest.fixture
@@ -216,10 +216,10 @@ RANK_SCRIPT = """
 import json, sys
 from pathlib import Path
 import torch.distributed as dist
-from attn_mt import datacache
+from attn_mt.data import cache as datacache
 from attn_mt.config import load_config
-from attn_mt.corpus import load_corpus
-from attn_mt.data import token_batches
+from attn_mt.data.corpus import load_corpus
+from attn_mt.data.sources import token_batches
 
 dist.init_process_group("gloo")
 real, built = datacache._fill, []

@@ -4,7 +4,7 @@ import datasets
 import pytest
 
 from attn_mt.config import load_config
-from attn_mt.data import DataError, collate, load_pairs, token_batches
+from attn_mt.data.sources import DataError, collate, load_pairs, token_batches
 
 
 def write_files(d, split, src, tgt):

@@ -10,11 +10,11 @@ from typer.testing import CliRunner
 from attn_mt import checkpoint
 from attn_mt.cli import app
 from attn_mt.config import to_dict
-from attn_mt.decode import prepare_sources, translate_nbest
-from attn_mt.export import export_ct2
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.data.toy import make_toy_corpus
+from attn_mt.decoding.search import prepare_sources, translate_nbest
+from attn_mt.export.ctranslate2 import export_ct2
 from attn_mt.models import build_model
-from attn_mt.tokenizer import Tokenizer
-from attn_mt.toy import make_toy_corpus
 
 runner = CliRunner()
 
@@ -70,7 +70,7 @@ def test_teacher_forced_log_probs_match(tiny_cfg, tiny_run, toy_test, tmp_path, 
 
 
 def test_greedy_and_beam_give_our_translations(tiny_run, exported, toy_test):
-    from attn_mt import ct2
+    from attn_mt.export import ct2_translator as ct2
 
     model, cfg, tok = checkpoint.load_model(tiny_run / "checkpoint_best.pt")
     exp = ct2.load_exported(exported, threads=1)

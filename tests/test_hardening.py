@@ -15,12 +15,12 @@ import torch
 from conftest import TINY
 from typer.testing import CliRunner
 
-from attn_mt import rundir
 from attn_mt.cli import app
 from attn_mt.device import rng_state, set_rng_state
-from attn_mt.distributed import World
-from attn_mt.rundir import RunDir
-from attn_mt.train import checkpoint_state, restore, setup, train
+from attn_mt.training import rundir
+from attn_mt.training.distributed import World
+from attn_mt.training.run import checkpoint_state, restore, setup, train
+from attn_mt.training.rundir import RunDir
 
 ATTN_MT = str(Path(sys.executable).parent / "attn-mt")
 SHORT = ("train.max_epochs=1", "train.bleu_sentences=5")

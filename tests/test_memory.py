@@ -1,4 +1,4 @@
-"""attn_mt.memory: with heap reuse, a step that makes and frees large tensors stops faulting in pages."""
+"""attn_mt.training.memory: with heap reuse, a step that makes and frees large tensors stops faulting in pages."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import pytest
 
 PROBE = """
 import json, resource, statistics, torch
-from attn_mt.memory import reuse_freed_memory
+from attn_mt.training.memory import reuse_freed_memory
 applied = reuse_freed_memory()
 w = torch.randn(256, 4000)
 faults = []

@@ -17,11 +17,12 @@ import yaml
 from conftest import TINY
 from typer.testing import CliRunner
 
-from attn_mt import checkpoint, rundir
+from attn_mt import checkpoint
 from attn_mt.cli import app
 from attn_mt.config import load_config
-from attn_mt.decode import translate
-from attn_mt.toy import make_toy_corpus
+from attn_mt.data.toy import make_toy_corpus
+from attn_mt.decoding.search import translate
+from attn_mt.training import rundir
 
 ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
 

@@ -20,11 +20,11 @@ from torch import nn
 from typer.testing import CliRunner
 
 from attn_mt import checkpoint
-from attn_mt import trainer as trainer_mod
 from attn_mt.cli import app
 from attn_mt.config import TrainConfig
-from attn_mt.train import TrainError, train
-from attn_mt.trainer import TrainStep
+from attn_mt.training import trainer as trainer_mod
+from attn_mt.training.run import TrainError, train
+from attn_mt.training.trainer import TrainStep
 
 ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
 

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 from attn_mt import checkpoint
 from attn_mt.config import DecodeConfig, RNNConfig, to_dict
-from attn_mt.decode import greedy, translate
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.decoding.search import greedy, translate
 from attn_mt.models import AttentionWeights, build_model
 from attn_mt.models.rnn import RNNCache, RNNSeq2Seq
-from attn_mt.tokenizer import Tokenizer
 
 PAD, BOS, EOS, V = 0, 2, 3, 40
 
@@ -126,7 +126,7 @@ def rnn_run(tmp_path_factory):
     from conftest import TINY
 
     from attn_mt.config import load_config
-    from attn_mt.train import train
+    from attn_mt.training.run import train
 
     cfg = load_config(None, [o for o in TINY if not o.startswith("model.")])
     cfg = replace(cfg, model=RNNConfig(d_embed=32, d_hidden=32, d_attn=32, dropout=0.0))

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from attn_mt import checkpoint
 from attn_mt.cli import app as cli
 from attn_mt.config import load_config
-from attn_mt.decode import translate_nbest
+from attn_mt.decoding.search import translate_nbest
 from attn_mt.models import count_params
 
 pytest.importorskip("fastapi")  # the serve extra
@@ -47,7 +47,7 @@ def client(ckpt):
 @pytest.fixture(scope="module")
 def rnn_ckpt(tmp_path_factory):
     """A tiny RNN run (a few seconds): the page and API must work with its additive attention."""
-    from attn_mt.train import train
+    from attn_mt.training.run import train
 
     cfg = load_config(None, [o for o in TINY if not o.startswith("model.")] + [
         "model.kind=rnn", "model.d_embed=16", "model.d_hidden=16", "model.d_attn=16", "model.dropout=0.0",

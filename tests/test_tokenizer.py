@@ -1,6 +1,6 @@
 from attn_mt.config import TokenizerConfig
-from attn_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_or_load
-from attn_mt.toy import make_toy_corpus
+from attn_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_or_load
+from attn_mt.data.toy import make_toy_corpus
 
 PAIRS = make_toy_corpus(300)["train"]
 SRC, TGT = [s for s, _ in PAIRS], [t for _, t in PAIRS]

@@ -1,4 +1,4 @@
-from attn_mt.toy import make_toy_corpus
+from attn_mt.data.toy import make_toy_corpus
 
 
 def test_splits_are_disjoint_seeded_and_sized():

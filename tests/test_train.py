@@ -7,8 +7,8 @@ import torch
 
 from attn_mt.config import TrainConfig
 from attn_mt.device import pick_precision
-from attn_mt.schedule import budget_spent, lr_at
-from attn_mt.train import train
+from attn_mt.training.run import train
+from attn_mt.training.schedule import budget_spent, lr_at
 
 
 def test_lr_warmup_then_inverse_sqrt():

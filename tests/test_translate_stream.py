@@ -46,7 +46,7 @@ def _expected(checkpoint: Path) -> list[str]:
 def _exported_or_checkpoint(tiny_run: Path, tmp_path: Path) -> Path:
     """The CTranslate2 export of the tiny run where ctranslate2 is installed, else its checkpoint."""
     try:
-        from attn_mt.export import export_ct2
+        from attn_mt.export.ctranslate2 import export_ct2
 
         export_ct2(tiny_run / "checkpoint_best.pt", tmp_path / "ct2")
         return tmp_path / "ct2"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..config import ModelConfig
+from attn_mt.config import ModelConfig
+
 from .attention import AttentionWeights
 from .rnn import RNNSeq2Seq
 from .seq2seq import DecoderCache, Seq2Seq

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from ..config import RNNConfig
+from attn_mt.config import RNNConfig
+
 from .attention import AttentionWeights
 from .seq2seq import Seq2Seq, init_embeddings, make_embeddings
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..config import TransformerConfig
+from attn_mt.config import TransformerConfig
+
 from .attention import KV, AttentionWeights, CrossAttention, Dropout, MultiHeadAttention, SelfAttention
 from .seq2seq import Seq2Seq, init_embeddings, make_embeddings
 

@@ -21,7 +21,7 @@ from .batcher import Batcher
 from .engine import Engine
 
 log = logging.getLogger(__name__)
-STATIC = Path(__file__).resolve().parent.parent / "static"
+STATIC = Path(__file__).resolve().parent / "static"
 # the page loads nothing from elsewhere; this keeps it so (and keeps injected markup inert)
 CSP = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; object-src 'none'"
 DESCRIPTION = """Translate with an attn-mt checkpoint and look at its attention.

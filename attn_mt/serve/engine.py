@@ -7,12 +7,13 @@ from pathlib import Path
 
 import torch
 
-from .. import checkpoint
-from ..attention_maps import attention_maps
-from ..config import ConfigError, DecodeConfig
-from ..decode import translate_nbest
-from ..device import pick_device
-from ..models import count_params
+from attn_mt import checkpoint
+from attn_mt.config import ConfigError, DecodeConfig
+from attn_mt.decoding.attention_maps import attention_maps
+from attn_mt.decoding.search import translate_nbest
+from attn_mt.device import pick_device
+from attn_mt.models import count_params
+
 from .api import ApiError
 
 KINDS = ("encoder_self", "decoder_self", "cross")

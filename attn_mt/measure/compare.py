@@ -19,17 +19,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from . import checkpoint, timing
-from .compare_report import write_report
-from .config import CompareConfig, ConfigError, ExperimentConfig, from_dict, to_dict
-from .corpus import Corpus, load_corpus
-from .data import token_batches
-from .decode import translate
-from .device import autocast, machine, pick_device, pick_precision, sync
-from .evaluate import bleu, score
-from .models import build_model, count_params
-from .trainer import Trainer
-from .yamlconf import build, read_yaml, set_overrides
+from attn_mt import checkpoint
+from attn_mt.config import CompareConfig, ConfigError, ExperimentConfig, from_dict, to_dict
+from attn_mt.config.yamlconf import build, read_yaml, set_overrides
+from attn_mt.data.corpus import Corpus, load_corpus
+from attn_mt.data.sources import token_batches
+from attn_mt.decoding.metrics import bleu, score
+from attn_mt.decoding.search import translate
+from attn_mt.device import autocast, machine, pick_device, pick_precision, sync
+from attn_mt.measure import timing
+from attn_mt.measure.report import write_report
+from attn_mt.models import build_model, count_params
+from attn_mt.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 MODELS = ("transformer", "rnn")

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from .config import DataConfig
+from attn_mt.config import DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ def _from_hf(cfg: DataConfig, split: str) -> Chunks:
 
 
 def _from_toy(cfg: DataConfig, split: str) -> Chunks:
-    from .toy import make_toy_corpus
+    from attn_mt.data.toy import make_toy_corpus
 
     corpus = make_toy_corpus(cfg.toy_size, cfg.toy_seed)
     if split not in corpus:

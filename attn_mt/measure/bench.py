@@ -37,16 +37,16 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .checkpoint import load_model
-from .config import ConfigError, ExperimentConfig, TransformerConfig
-from .corpus import load_corpus
-from .data import token_batches
-from .decode import translate
-from .device import autocast, describe, pick_device, pick_precision, precisions_for, sync
-from .models import build_model, count_params
-from .models.seq2seq import init_embeddings, make_embeddings
-from .models.transformer import PositionalEncoding
-from .trainer import TrainStep
+from attn_mt.checkpoint import load_model
+from attn_mt.config import ConfigError, ExperimentConfig, TransformerConfig
+from attn_mt.data.corpus import load_corpus
+from attn_mt.data.sources import token_batches
+from attn_mt.decoding.search import translate
+from attn_mt.device import autocast, describe, pick_device, pick_precision, precisions_for, sync
+from attn_mt.models import build_model, count_params
+from attn_mt.models.seq2seq import init_embeddings, make_embeddings
+from attn_mt.models.transformer import PositionalEncoding
+from attn_mt.training.trainer import TrainStep
 
 log = logging.getLogger(__name__)
 MODELS = ("ours", "ours_refattn", "torch")

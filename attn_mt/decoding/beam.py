@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .models import Seq2Seq
+from attn_mt.models import Seq2Seq
 
 
 @dataclass(frozen=True)

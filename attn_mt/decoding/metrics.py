@@ -8,13 +8,13 @@ from dataclasses import replace
 import torch
 from sacrebleu.metrics import BLEU, CHRF
 
-from .config import ExperimentConfig
-from .corpus import Corpus
-from .data import Batch, token_batches
-from .decode import translate
-from .device import autocast, rng_state, set_rng_state
-from .models import Seq2Seq
-from .trainer import loss_sum
+from attn_mt.config import ExperimentConfig
+from attn_mt.data.corpus import Corpus
+from attn_mt.data.sources import Batch, token_batches
+from attn_mt.decoding.search import translate
+from attn_mt.device import autocast, rng_state, set_rng_state
+from attn_mt.models import Seq2Seq
+from attn_mt.training.trainer import loss_sum
 
 
 def score(hyps: list[str], refs: list[str]) -> dict:

@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from .beam import Hypothesis, length_penalty
-from .config import ConfigError, DecodeConfig
-from .decode import Translation, max_lengths, prepare_sources
-from .export import META, ExportError, require_ctranslate2
-from .tokenizer import Tokenizer
+from attn_mt.config import ConfigError, DecodeConfig
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.decoding.beam import Hypothesis, length_penalty
+from attn_mt.decoding.search import Translation, max_lengths, prepare_sources
+from attn_mt.export.ctranslate2 import META, ExportError, require_ctranslate2
 
 PATIENCE = 2.0  # beam search collects 2k finished hypotheses before it stops (docs/export.md: why 2)
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import ExperimentConfig
-from .data import Batch, DataError, collate, iter_pairs
-from .datacache import DataCache, Entry
-from .tokenizer import Tokenizer
+from attn_mt.config import ExperimentConfig
+from attn_mt.data.sources import Batch, DataError, collate, iter_pairs
+from attn_mt.data.cache import DataCache, Entry
+from attn_mt.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

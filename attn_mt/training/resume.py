@@ -8,13 +8,13 @@ from dataclasses import fields
 
 import torch
 
-from . import distributed
-from .config import ConfigError, ExperimentConfig, TrainConfig, from_dict, to_dict
-from .device import set_rng_state
-from .schedule import limit_reached
-from .tokenizer import Tokenizer
-from .trainer import Trainer, TrainError, TrainState
-from .yamlconf import show
+from attn_mt.config import ConfigError, ExperimentConfig, TrainConfig, from_dict, to_dict
+from attn_mt.config.yamlconf import show
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.device import set_rng_state
+from attn_mt.training import distributed
+from attn_mt.training.schedule import limit_reached
+from attn_mt.training.trainer import Trainer, TrainError, TrainState
 
 log = logging.getLogger(__name__)
 

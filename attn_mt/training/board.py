@@ -15,10 +15,10 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from .attention_maps import attention_maps
-from .config import ConfigError, DecodeConfig
-from .models import Seq2Seq
-from .tokenizer import Tokenizer
+from attn_mt.config import ConfigError, DecodeConfig
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.decoding.attention_maps import attention_maps
+from attn_mt.models import Seq2Seq
 
 
 class Board:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from .config import ConfigError, TokenizerConfig
+from attn_mt.config import ConfigError, TokenizerConfig
 
 log = logging.getLogger(__name__)
 

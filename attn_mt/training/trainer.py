@@ -18,14 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import distributed
-from .config import ExperimentConfig, TrainConfig
-from .corpus import Corpus
-from .data import Batch, token_batches
-from .device import autocast
-from .distributed import World
-from .models import Seq2Seq
-from .schedule import budget_spent, lr_at
+from attn_mt.config import ExperimentConfig, TrainConfig
+from attn_mt.data.corpus import Corpus
+from attn_mt.data.sources import Batch, token_batches
+from attn_mt.device import autocast
+from attn_mt.models import Seq2Seq
+from attn_mt.training import distributed
+from attn_mt.training.distributed import World
+from attn_mt.training.schedule import budget_spent, lr_at
 
 log = logging.getLogger(__name__)
 

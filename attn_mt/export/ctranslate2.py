@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import CheckpointError, load
-from .config import ConfigError, from_dict
-from .models.transformer import PositionalEncoding
-from .tokenizer import Tokenizer
+from attn_mt.checkpoint import CheckpointError, load
+from attn_mt.config import ConfigError, from_dict
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.models.transformer import PositionalEncoding
 
 META = "attn_mt.json"  # our decode defaults and what the directory holds
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16")

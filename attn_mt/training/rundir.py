@@ -16,8 +16,8 @@ from pathlib import Path
 
 from torch import nn
 
-from . import checkpoint
-from .trainer import TrainError
+from attn_mt import checkpoint
+from attn_mt.training.trainer import TrainError
 
 # what a run writes once it trains: an earlier run's files that a fresh run must not overwrite
 RUN_FILES = ("checkpoint_*.pt", "metrics.jsonl", "results.json", "test_hyps.txt")

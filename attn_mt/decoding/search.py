@@ -8,11 +8,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .beam import Hypothesis, beam_search, length_penalty
-from .config import DecodeConfig
-from .data import pad
-from .models import Seq2Seq
-from .tokenizer import Tokenizer
+from attn_mt.config import DecodeConfig
+from attn_mt.data.sources import pad
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.decoding.beam import Hypothesis, beam_search, length_penalty
+from attn_mt.models import Seq2Seq
 
 log = logging.getLogger(__name__)
 

@@ -24,17 +24,18 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from . import checkpoint, distributed
-from .board import Board
-from .config import ExperimentConfig, save_config, to_dict
-from .corpus import Corpus, load_corpus
-from .device import pick_device, pick_precision, rng_state
-from .evaluate import score_test_split, validate
-from .models import build_model, count_params
-from .resume import check_config, finished, restore
-from .rundir import RunDir
-from .schedule import limit_reached
-from .trainer import Trainer, TrainError, TrainInterrupted, TrainState
+from attn_mt import checkpoint
+from attn_mt.config import ExperimentConfig, save_config, to_dict
+from attn_mt.data.corpus import Corpus, load_corpus
+from attn_mt.decoding.metrics import score_test_split, validate
+from attn_mt.device import pick_device, pick_precision, rng_state
+from attn_mt.models import build_model, count_params
+from attn_mt.training import distributed
+from attn_mt.training.board import Board
+from attn_mt.training.resume import check_config, finished, restore
+from attn_mt.training.rundir import RunDir
+from attn_mt.training.schedule import limit_reached
+from attn_mt.training.trainer import Trainer, TrainError, TrainInterrupted, TrainState
 
 __all__ = ["TrainError", "TrainInterrupted", "train"]
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .yamlconf import ConfigError, build, read_yaml, set_overrides
+from attn_mt.config.yamlconf import ConfigError, build, read_yaml, set_overrides
 
 # Upper bounds far above any sensible value: an impossible size fails when the config is built,
 # before any data is read, not later as a traceback or out of memory. (Lower bounds: __post_init__.)

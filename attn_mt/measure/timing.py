@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DecodeConfig
-from .decode import translate
-from .device import sync
+from attn_mt.config import DecodeConfig
+from attn_mt.decoding.search import translate
+from attn_mt.device import sync
 
 
 def _busy_cpu_seconds() -> float | None:

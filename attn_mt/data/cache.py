@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import DataConfig, ExperimentConfig, TokenizerConfig
-from .data import DataError, _open, load_hf, write_pairs
-from .tokenizer import Tokenizer, train_or_load
+from attn_mt.config import DataConfig, ExperimentConfig, TokenizerConfig
+from attn_mt.data.sources import DataError, _open, load_hf, write_pairs
+from attn_mt.data.tokenizer import Tokenizer, train_or_load
 
 log = logging.getLogger(__name__)
 

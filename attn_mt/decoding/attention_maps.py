@@ -16,10 +16,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from .config import DecodeConfig
-from .decode import max_lengths, prepare_sources, search
-from .models import AttentionWeights, Seq2Seq
-from .tokenizer import Tokenizer
+from attn_mt.config import DecodeConfig
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.decoding.search import max_lengths, prepare_sources, search
+from attn_mt.models import AttentionWeights, Seq2Seq
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .config import TrainConfig
+from attn_mt.config import TrainConfig
 
 
 def lr_at(step: int, cfg: TrainConfig, progress: float = 0.0) -> float:

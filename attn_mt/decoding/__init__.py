@@ -1,0 +1,5 @@
+"""Decoding: greedy and beam search over any `Seq2Seq`, attention maps, and the metrics that
+score translations (sacrebleu).
+
+May import config, checkpoint, device, data (the tokenizer) and models; never training.
+"""
