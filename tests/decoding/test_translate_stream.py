@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from attn_mt.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # a tiny model; the 2 cores are shared
 LINES = ["the dog sees a cat.", "a woman says that the men find a book."]
 runner = CliRunner()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 polib = pytest.importorskip("polib")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
 
 

@@ -13,7 +13,7 @@ from attn_mt.config import ConfigError
 from attn_mt.measure.compare import load_compare_config
 from attn_mt.models import build_model, count_params
 
-CONFIG = Path(__file__).resolve().parents[1] / "configs" / "compare.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "compare.yaml"
 
 # --quick, made smaller still: 300 toy pairs, tiny models, 4 s of training each
 SMALL = [
