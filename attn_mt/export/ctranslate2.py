@@ -19,7 +19,6 @@ ids agree (pad 0, unk 1, bos 2, eos 3), and the special tokens are configured by
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import torch
 from attn_mt.checkpoint import CheckpointError, load
 from attn_mt.config import ConfigError, from_dict
 from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.export.folder import FolderError, publish
 from attn_mt.models.transformer import PositionalEncoding
 
 META = "attn_mt.json"  # our decode defaults and what the directory holds
@@ -118,16 +118,6 @@ def build_spec(weights: dict, mcfg, tok: Tokenizer):
     return spec
 
 
-def _prepare_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (out / META).exists():
-        raise ExportError(f"{out}: exists, is not empty and is not an attn-mt export; choose another --out")
-    if out.is_dir():
-        shutil.rmtree(out)  # an earlier export: replace it whole
-    out.mkdir(parents=True)
-
-
 def export_ct2(checkpoint: Path, out: Path, quantization: str = "float32") -> list[Path]:
     """Write CTranslate2 model.bin, config.json, vocabularies, SentencePiece model(s) and META to `out`."""
     if quantization not in QUANTIZATIONS:
@@ -149,13 +139,19 @@ def export_ct2(checkpoint: Path, out: Path, quantization: str = "float32") -> li
     except (KeyError, ValueError) as e:
         raise ExportError(f"{checkpoint}: weights do not fit a CTranslate2 Transformer: {e}") from None
     spec.optimize(quantization=quantization)
-    _prepare_out(out)
-    spec.save(str(out))
     names = ["spm.model"] if tok.joint else ["spm.src.model", "spm.tgt.model"]
-    for name, proto in zip(names, [tok.src_proto, tok.tgt_proto], strict=False):
-        (out / name).write_bytes(proto)
     meta = {"format": "attn-mt-ctranslate2", "version": 1, "quantization": quantization,
             "sentencepiece": names, "max_positions": cfg.model.max_positions,
             "decode": asdict(cfg.decode), "checkpoint": Path(checkpoint).name, "step": state.get("step", 0)}
-    (out / META).write_text(json.dumps(meta, indent=2) + "\n")
+
+    def write(folder: Path) -> None:
+        spec.save(str(folder))
+        for name, proto in zip(names, [tok.src_proto, tok.tgt_proto], strict=False):
+            (folder / name).write_bytes(proto)
+        (folder / META).write_text(json.dumps(meta, indent=2) + "\n")
+
+    try:
+        publish(out, write, reads=[Path(checkpoint)])
+    except FolderError as e:
+        raise ExportError(str(e)) from None
     return sorted(out.iterdir())

@@ -125,7 +125,7 @@ def test_rnn_and_other_inputs_are_refused_in_one_line(tiny_run, tmp_path):
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     _one_line_error(runner.invoke(app, ["export", "--checkpoint", str(tiny_run / "checkpoint_best.pt"), "--out",
-                                        str(tmp_path / "other")]), "not an attn-mt export")
+                                        str(tmp_path / "other")]), "other: is not empty", "notes.txt")
     _one_line_error(runner.invoke(app, ["translate", "--checkpoint", str(tmp_path / "other"), "hello"]),
                     "no attn_mt.json")
 
@@ -135,3 +135,28 @@ def test_missing_ctranslate2_says_what_to_install(tiny_run, tmp_path, monkeypatc
     result = runner.invoke(app, ["export", "--checkpoint", str(tiny_run / "checkpoint_best.pt"),
                                  "--out", str(tmp_path / "out")])
     _one_line_error(result, "pip install 'attn-mt[export]'")
+
+
+def test_reexport_never_deletes_the_checkpoint_or_user_files(tiny_run, tmp_path, monkeypatch):
+    ct2 = pytest.importorskip("ctranslate2")
+    out, ckpt = tmp_path / "ex1", tmp_path / "ex1" / "my.pt"
+    export_ct2(tiny_run / "checkpoint_best.pt", out)
+    first = sorted(p.name for p in out.iterdir())
+    ckpt.write_bytes((tiny_run / "checkpoint_best.pt").read_bytes())
+    _one_line_error(runner.invoke(app, ["export", "--checkpoint", str(ckpt), "--out", str(out)]),
+                    "ex1: holds", "my.pt", "which this export reads")
+    (tmp_path / "elsewhere.pt").write_bytes(ckpt.read_bytes())
+    _one_line_error(runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "elsewhere.pt"), "--out",
+                                        str(out)]), "ex1: holds files an earlier export did not write: my.pt")
+    assert sorted(p.name for p in out.iterdir()) == sorted([*first, "my.pt"])
+    ckpt.unlink()
+    model_bin = (out / "model.bin").read_bytes()
+
+    def fails(self, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ct2.specs.TransformerSpec, "save", fails)
+    _one_line_error(runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "elsewhere.pt"), "--out",
+                                        str(out), "--quantization", "int8"]), "No space left on device")
+    assert sorted(p.name for p in out.iterdir()) == first and (out / "model.bin").read_bytes() == model_bin
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere.pt", "ex1"]  # no temporary folder left
