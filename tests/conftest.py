@@ -25,6 +25,7 @@ TINY = [
     "train.batch_tokens=600", "train.max_epochs=2", "train.bleu_sentences=20", "train.device=cpu",
     "train.precision=fp32", "train.log_every=5",
 ]
+SHORT = ("train.max_epochs=1", "train.bleu_sentences=5")  # one epoch and a quick BLEU
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -65,3 +66,55 @@ def multi30k() -> Path:
     if not (MULTI30K / "train.de").exists():
         pytest.skip(f"Multi30k not found at {MULTI30K} (set MULTI30K_DIR)")
     return MULTI30K
+
+
+def cli(*args, input: str | bytes | None = None):
+    """Run the CLI in this process with --quiet (no 2-second start): click's Result, stderr only the error line."""
+    import logging
+
+    from typer.testing import CliRunner
+
+    from attn_mt.cli import app
+
+    handlers = logging.getLogger().handlers[:]
+    try:
+        return CliRunner().invoke(app, ["--quiet", *map(str, args)], input=input)
+    finally:
+        logging.getLogger().handlers[:] = handlers  # the CLI pointed logging at the runner's stream
+
+
+def write_config(path: Path, *overrides: str) -> Path:
+    """The tiny config as a YAML file, with extra `section.key=value` overrides."""
+    import yaml
+
+    raw: dict = {}
+    for item in [*TINY, *overrides]:
+        key, value = item.split("=", 1)
+        section, name = key.split(".")
+        raw.setdefault(section, {})[name] = yaml.safe_load(value)
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def one_line_error(result, status: int, *texts: str) -> None:
+    """The CLI ended by its error handler with `status` and one stderr line holding every text."""
+    assert result.exit_code == status, result.output
+    assert isinstance(result.exception, SystemExit)  # not an escaped exception
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    for text in texts:
+        assert text in result.stderr, result.stderr
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    """The bytes of every file in a run directory, to show that nothing was touched."""
+    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir()) if p.is_file()}
+
+
+class Evil:
+    """Unpickling this creates a file: what a crafted checkpoint would do with os.system."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")

@@ -1,4 +1,6 @@
+import pytest
 import torch
+from conftest import Evil
 
 from attn_mt import checkpoint
 from attn_mt.checkpoint import CheckpointError, load, load_model, save
@@ -52,3 +54,22 @@ def test_bad_checkpoints_raise_one_line_errors(tmp_path, tiny_run):
         assert "format 0" in str(e)
     else:
         raise AssertionError("old format loaded")
+
+
+def test_checkpoints_are_plain_data_and_crafted_ones_are_refused(tiny_run, tmp_path):
+    def walk(x):
+        if isinstance(x, dict):
+            assert all(isinstance(k, (str, int)) for k in x)
+            x = list(x.values())
+        if isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        else:
+            assert x is None or isinstance(x, (torch.Tensor, str, bytes, int, float, bool)), type(x)
+
+    for name in ("checkpoint_last.pt", "checkpoint_best.pt"):
+        walk(torch.load(tiny_run / name, weights_only=True))
+    torch.save({"model": Evil(tmp_path / "PWNED"), "config": {}, "format_version": 1}, tmp_path / "evil.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="refused"):
+        checkpoint.load(tmp_path / "evil.pt")
+    assert not (tmp_path / "PWNED").exists()

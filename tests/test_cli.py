@@ -1,4 +1,5 @@
-"""The installed `attn-mt` command end to end: train, translate, evaluate on a tiny config."""
+"""The `attn-mt` command end to end: train, translate, evaluate on a tiny config; bad input of every kind
+(config, data, checkpoint, run directory) ends in one clear line on stderr, a non-zero status and no traceback."""
 
 import json
 import shutil
@@ -7,8 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
-from conftest import TINY
+from conftest import TINY, Evil, cli, write_config
+
+from attn_mt.data.toy import make_toy_corpus
 
 # the venv's command (pytest may run as .venv/bin/python without the venv on PATH), else PATH's
 _VENV_CMD = Path(sys.executable).parent / "attn-mt"
@@ -83,3 +87,143 @@ def test_download_offline_fails_with_one_line(tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip().startswith("error: cannot download multi30k")
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+
+
+def write_corpus(d: Path) -> list[str]:
+    """Toy pairs as {split}.en / {split}.de files in `d`; returns the overrides that read them."""
+    d.mkdir()
+    for split, pairs in make_toy_corpus(20, 0).items():
+        for i, lang in enumerate(("en", "de")):
+            (d / f"{split}.{lang}").write_text("".join(pair[i] + "\n" for pair in pairs))
+    return ["data.source=files", f"data.dir={d}"]
+
+
+def copy_run(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for name in ("checkpoint_last.pt", "spm.model", "tokenizer.json"):
+        shutil.copy(src / name, dst / name)
+    return dst / "checkpoint_last.pt"
+
+
+def _yaml(text: str | bytes, name: str = "bad.yaml"):
+    def setup(tmp, run):
+        path = tmp / name
+        path.write_bytes(text if isinstance(text, bytes) else text.format(tmp=tmp).encode())
+        return ["train", "-c", path, "--out", tmp / "run"]
+    return setup
+
+
+def _data(edit, *overrides: str):
+    def setup(tmp, run):
+        sets = write_corpus(tmp / "data")
+        edit(tmp / "data")
+        return ["train", "-c", write_config(tmp / "c.yaml", *sets, *overrides), "--out", tmp / "run"]
+    return setup
+
+
+def _resume(edit, *overrides: str):
+    def setup(tmp, run):
+        out = tmp / "run"
+        if edit is not None:
+            edit(copy_run(run, out))
+        return ["train", "-c", write_config(tmp / "c.yaml", *overrides), "--out", out, "--resume"]
+    return setup
+
+
+def _with_version(path: Path, version: int) -> None:
+    state = torch.load(path, weights_only=True)
+    state["format_version"] = version
+    torch.save(state, path)
+
+
+def _unwritable_out(tmp, run):
+    (tmp / "file").write_text("a file, not a directory")
+    return ["train", "-c", write_config(tmp / "c.yaml"), "--out", tmp / "file" / "run"]
+
+
+def _evil_checkpoint(tmp, run):
+    torch.save({"model": Evil(tmp / "PWNED"), "config": {}, "format_version": 1}, tmp / "evil.pt")
+    return ["translate", "--checkpoint", tmp / "evil.pt", "hello"]
+
+
+CASES = {
+    "missing config": (lambda tmp, run: ["train", "-c", tmp / "nope.yaml"], 2,
+                       ["nope.yaml: config file not found"]),
+    "config is a directory": (lambda tmp, run: ["train", "-c", tmp], 2, ["cannot read config"]),
+    "yaml syntax": (_yaml("train:\n  lr: 0.1\n  betas: [0.9, 0.98\n  seed: 2\n"), 2,
+                    ["bad.yaml: line 4, column 7: YAML syntax error"]),
+    "yaml tab": (_yaml("train:\n\tlr: 0.1\n"), 2,
+                 ["bad.yaml: line 2, column 1: YAML syntax error"]),
+    "config not utf-8": (_yaml(b"train:\n  device: cpu\n  # caf\xe9\n"), 2,
+                         ["bad.yaml: line 3: invalid UTF-8"]),
+    "unknown key": (_yaml("train:\n  lrr: 0.1\n"), 2,
+                    ["bad.yaml: unknown key 'train.lrr'; allowed in train: lr,"]),
+    "unknown section": (_yaml("trian:\n  lr: 0.1\n"), 2, ["unknown key 'trian'"]),
+    "wrong type": (_yaml("train:\n  max_epochs: two\n"), 2,
+                   ["train.max_epochs='two': expected int, got str"]),
+    "section not a mapping": (_yaml("train: 5\n"), 2, ["bad.yaml: train: expected a mapping"]),
+    "bad override": (lambda tmp, run: ["train", "-c", write_config(tmp / "c.yaml"), "--set", "train.lr=-1"],
+                     2, ["train.lr=-1.0: must be > 0"]),
+    "python tag": (_yaml("train: !!python/object/apply:os.system ['touch {tmp}/PWNED']\n"), 2,
+                   ["bad.yaml: line 1, column 8: YAML syntax error", "python/object/apply:os.system"]),
+    "missing data file": (_data(lambda d: (d / "valid.de").unlink()), 1, ["valid.de: data file not found"]),
+    "line counts differ": (_data(lambda d: (d / "train.de").open("a").write("one more\n")), 1,
+                           ["line counts differ", "train.en has 20 lines", "train.de has 21"]),
+    "empty corpus": (_data(lambda d: [(d / f"train.{lang}").write_text("") for lang in ("en", "de")]), 1,
+                     ["split 'train'", "has no non-empty pairs"]),
+    "blank valid split": (_data(lambda d: [(d / f"valid.{la}").write_text("\n \n\n") for la in ("en", "de")]),
+                          1, ["split 'valid'", "has no non-empty pairs"]),
+    "filtering empties the split": (_data(lambda d: None, "data.max_len=1"), 1,
+                                    ["split 'train': no pair has at most 1 tokens"]),
+    "data not utf-8": (_data(lambda d: (d / "train.en").write_bytes(b"ok\nok\nbad \xff\n" + b"ok\n" * 17)),
+                       1, ["train.en:3: invalid UTF-8 (byte 0xff)"]),
+    "resume without checkpoint": (_resume(None), 1, ["checkpoint_last.pt: checkpoint not found"]),
+    "truncated checkpoint": (_resume(lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])), 1,
+                             ["checkpoint_last.pt: not a readable checkpoint (truncated or corrupt"]),
+    "checkpoint of another version": (_resume(lambda p: _with_version(p, 99)), 1,
+                                      ["checkpoint_last.pt: written by checkpoint format 99"]),
+    "resume another model": (_resume(lambda p: None, "model.d_model=64"), 1,
+                             ["--resume: model.d_model is 64, the checkpoint was trained with 32"]),
+    "translate without checkpoint": (lambda tmp, run: ["translate", "--checkpoint", tmp / "nope.pt", "hi"], 1,
+                                     ["nope.pt: checkpoint not found"]),
+    "crafted checkpoint": (_evil_checkpoint, 1,
+                           ["evil.pt: refused: holds objects other than tensors"]),
+    "unwritable run directory": (_unwritable_out, 1,
+                                 ["run: run directory is not writable (Not a directory)"]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_gives_one_clear_line(case, tmp_path, tiny_run):
+    setup, status, texts = CASES[case]
+    result = cli(*setup(tmp_path, tiny_run))
+    assert result.exit_code == status, result.output
+    assert isinstance(result.exception, SystemExit)  # ended by the error handler, not an exception
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    for text in texts:
+        assert text in result.stderr
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_debug_shows_the_exception(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  lrr: 1\n")
+    result = cli("--debug", "train", "-c", path)
+    assert type(result.exception).__name__ == "ConfigError" and "train.lrr" in str(result.exception)
+
+
+@pytest.mark.parametrize("case", ["yaml syntax", "data not utf-8", "truncated checkpoint"])
+def test_installed_command_prints_no_traceback(case, tmp_path, tiny_run):
+    setup, status, texts = CASES[case]
+    out = subprocess.run([ATTN_MT, "--quiet", *map(str, setup(tmp_path, tiny_run))], capture_output=True,
+                         text=True)
+    assert out.returncode == status and "Traceback" not in out.stderr
+    assert len(out.stderr.splitlines()) == 1 and all(t in out.stderr for t in texts)
+    assert out.stderr.startswith(("error: ", "config error: "))
+
+
+def test_stdin_lines_end_at_newline_only(tiny_run):
+    out = subprocess.run([ATTN_MT, "--quiet", "translate", "--checkpoint", str(tiny_run / "checkpoint_best.pt"),
+                          "--device", "cpu"], input=b"the dog\rsees a cat.\r\nthe old man.\n", capture_output=True)
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.decode().splitlines()) == 2

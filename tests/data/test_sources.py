@@ -2,6 +2,7 @@ import json
 
 import datasets
 import pytest
+from conftest import cli, one_line_error, write_config
 
 from attn_mt.config import load_config
 from attn_mt.data.sources import DataError, collate, load_pairs, token_batches
@@ -101,3 +102,29 @@ def test_collate_shifts_target():
     assert b.tgt_in.tolist() == [[2, 8, 9, 10], [2, 11, 0, 0]]
     assert b.tgt_out.tolist() == [[8, 9, 10, 3], [11, 3, 0, 0]]
     assert b.n_tokens == 6
+
+
+@pytest.mark.parametrize("line,text", [("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+                                       ('{"translation": {"en": 1' + "0" * 5000 + ', "de": "x"}}', ":1: expected")])
+def test_hostile_jsonl_lines_are_one_line_errors(line, text, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "valid", "test"):
+        (data / f"{split}.jsonl").write_text(line + "\n")
+    config = write_config(tmp_path / "c.yaml", "data.source=jsonl", f"data.dir={data}")
+    one_line_error(cli("train", "-c", config, "--out", tmp_path / "run"), 1, ".jsonl:1", text)
+
+
+@pytest.mark.parametrize("rows,text", [
+    ({"translation": [{"en": "a b", "fr": "x"}]}, "'de' is missing"),
+    ({"en": ["a b"], "de": [None]}, "'de' is NoneType"),
+])
+def test_hf_rows_without_a_language_are_one_line_errors(rows, text, tmp_path):
+    import datasets
+
+    for split in ("train", "valid", "test"):
+        datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "ds" / split))
+    datasets.DatasetDict({s: datasets.load_from_disk(str(tmp_path / "ds" / s)) for s in ("train", "valid", "test")}
+                         ).save_to_disk(str(tmp_path / "hf"))
+    config = write_config(tmp_path / "c.yaml", "data.source=hf", f"data.dir={tmp_path / 'hf'}")
+    one_line_error(cli("train", "-c", config, "--out", tmp_path / "run"), 1, "row 0", text)

@@ -1,3 +1,5 @@
+from conftest import cli, one_line_error, write_config
+
 from attn_mt.config import TokenizerConfig
 from attn_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_or_load
 from attn_mt.data.toy import make_toy_corpus
@@ -35,3 +37,8 @@ def test_separate_vocabularies_and_state(tmp_path):
     again = Tokenizer.from_state(tok.state())
     assert again.encode_src(SRC[:3]) == tok.encode_src(SRC[:3])
     assert again.decode_tgt(tok.encode_tgt(TGT[:3])) == TGT[:3]
+
+
+def test_a_vocabulary_too_small_for_the_characters_is_a_config_error(tmp_path):
+    config = write_config(tmp_path / "c.yaml", "tokenizer.vocab_size=16")
+    one_line_error(cli("train", "-c", config, "--out", tmp_path / "run"), 2, "tokenizer.vocab_size=16")

@@ -7,9 +7,11 @@ import logging
 
 import pytest
 import torch
+from conftest import cli
 from test_beam import BOS, EOS, batch, sources, train_reverser
 from typer.testing import CliRunner
 
+from attn_mt import checkpoint
 from attn_mt.checkpoint import load_model
 from attn_mt.cli import app
 from attn_mt.config import DecodeConfig
@@ -138,3 +140,25 @@ def test_cli_evaluate_takes_decoding_flags(tiny_run, tmp_path):
     report = json.loads(result.stdout)
     assert report["decode"] == {"beam_size": 2, "alpha": 0.8}
     assert "bleu" in report and report["bleu_signature"].startswith("nrefs:1")
+
+
+WEIRD = [
+    "", "   ", "\t", "a", ".", "hello world",
+    "the cat " * 3000,  # far past the model's position limit
+    "\x00\x01\x02 control \x1b[31m red \x7f", "zero\u200bwidth\u200djoiner\ufeff", "emoji 😀🎉👩‍👩‍👧",
+    "日本語のテキスト", "Ελληνικά και русский", "עברית والعربية", "देवनागरी ไทย", "\u0301\u0301 combining",
+    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 math", "\u2028line\u2029separators\x85", "\ufffd replacement", "a" * 20000,
+]
+
+
+def test_translate_takes_any_line(tiny_run, tmp_path):
+    model, cfg, tok = checkpoint.load_model(tiny_run / "checkpoint_best.pt")
+    out = translate(model, tok, WEIRD, cfg.decode)
+    assert len(out) == len(WEIRD) and all(isinstance(t, str) for t in out) and out[0] == ""
+    assert translate(model, tok, [], cfg.decode) == []
+    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", input="\n".join(WEIRD) + "\n")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("\n") == len(WEIRD)
+    (tmp_path / "in.txt").write_text("\n".join(WEIRD) + "\n", encoding="utf-8")
+    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "-i", tmp_path / "in.txt")
+    assert result.exit_code == 0, result.output

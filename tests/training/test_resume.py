@@ -15,15 +15,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import SHORT, TINY, cli, one_line_error, snapshot, write_config
 from torch import nn
 from typer.testing import CliRunner
 
 from attn_mt import checkpoint
 from attn_mt.cli import app
 from attn_mt.config import TrainConfig
+from attn_mt.device import rng_state
 from attn_mt.training import trainer as trainer_mod
-from attn_mt.training.run import TrainError, train
+from attn_mt.training.distributed import World
+from attn_mt.training.run import TrainError, checkpoint_state, restore, setup, train
+from attn_mt.training.rundir import RunDir
 from attn_mt.training.trainer import TrainStep
 
 ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
@@ -264,3 +267,60 @@ def test_non_finite_gradient_skips_the_step():
     layer.weight.grad, layer.bias.grad = torch.ones(2, 2), torch.ones(2)
     assert step.apply(torch.tensor(1.0), lr=1e-3) == 1.0
     assert not torch.equal(before[0], layer.weight)
+
+
+@pytest.mark.parametrize("change", ["train.batch_tokens=500", "train.seed=7", "train.accum_steps=2",
+                                    "data.max_len=30", "train.lr=1e-3", "tokenizer.vocab_size=100"])
+def test_resume_refuses_changes_that_alter_the_run(change, tmp_path):
+    config = write_config(tmp_path / "c.yaml", "train.max_steps=3", "train.bleu_sentences=5")
+    run = tmp_path / "run"
+    assert cli("train", "-c", config, "--out", run).exit_code == 0
+    before = snapshot(run)
+    result = cli("train", "-c", config, "--out", run, "--resume", "--set", "train.max_steps=6", "--set", change)
+    one_line_error(result, 1, f"--resume: {change.split('=')[0]} is")
+    assert snapshot(run) == before
+
+
+def test_resuming_a_finished_run_trains_nothing_and_a_larger_budget_goes_on(tmp_path):
+    config = write_config(tmp_path / "c.yaml", "train.max_steps=3", "train.bleu_sentences=5")
+    run = tmp_path / "run"
+    assert cli("train", "-c", config, "--out", run).exit_code == 0
+    before = snapshot(run)
+    again = cli("train", "-c", config, "--out", run, "--resume")
+    assert again.exit_code == 0 and "test BLEU" in again.stdout
+    assert {k: v for k, v in snapshot(run).items() if k != "config.yaml"} == \
+        {k: v for k, v in before.items() if k != "config.yaml"}
+    more = cli("train", "-c", config, "--out", run, "--resume", "--set", "train.max_steps=5")
+    assert more.exit_code == 0, more.output
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [3, 5]
+
+
+def test_resuming_after_early_stopping_does_not_train_again(tiny_cfg, tmp_path):
+    cfg = tiny_cfg("train.max_epochs=50", "train.eval_every=2", "train.patience=1", "train.bleu_sentences=5")
+    train(cfg, tmp_path)
+    records = (tmp_path / "metrics.jsonl").read_text()
+    assert len(records.splitlines()) < 25  # it stopped early
+    train(cfg, tmp_path, resume=True)
+    assert (tmp_path / "metrics.jsonl").read_text() == records
+
+
+def test_gradient_scaler_state_is_saved_and_restored(tiny_cfg, tmp_path):
+    cfg = tiny_cfg(*SHORT)
+    run = setup(cfg, RunDir(tmp_path), resume=False)
+    run.trainer.scaler = torch.amp.GradScaler("cpu", enabled=True, init_scale=1234.0)
+    state = checkpoint_state(run, [rng_state(torch.device("cpu"))])
+    other = setup(cfg, RunDir(tmp_path), resume=False)
+    other.trainer.scaler = torch.amp.GradScaler("cpu", enabled=True)
+    restore(state, other.trainer, other.corpus.tok, cfg, World())
+    assert other.trainer.scaler.get_scale() == 1234.0
+
+
+def test_another_world_size_gives_every_rank_its_own_random_stream(tiny_cfg, tmp_path):
+    cfg = tiny_cfg(*SHORT)
+    run = setup(cfg, RunDir(tmp_path), resume=False)
+    state = checkpoint_state(run, [rng_state(torch.device("cpu"))])  # written by one process
+    draws = []
+    for rank in (0, 1):
+        restore(state, run.trainer, run.corpus.tok, cfg, World(rank=rank, size=2))
+        draws.append(torch.rand(4))
+    assert not torch.equal(draws[0], draws[1])

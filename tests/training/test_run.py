@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import SHORT
 
 from attn_mt.config import TrainConfig
 from attn_mt.device import pick_precision
@@ -107,3 +108,9 @@ def test_compiled_training_matches_eager(tiny_cfg, tmp_path):
         losses[flag] = [r["valid_loss"] for r in records]
     assert len(losses["true"]) == 2
     assert losses["true"] == pytest.approx(losses["false"], rel=1e-3)
+
+
+def test_validation_longer_than_the_position_table_is_cut_not_a_crash(tiny_cfg, tmp_path):
+    cfg = tiny_cfg("model.max_positions=12", *SHORT)
+    train(cfg, tmp_path)
+    assert json.loads((tmp_path / "results.json").read_text())["steps"] > 0

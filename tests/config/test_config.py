@@ -2,6 +2,7 @@ import dataclasses
 
 import pytest
 import yaml
+from conftest import cli, one_line_error, write_config
 
 from attn_mt.config import ConfigError, ExperimentConfig, from_dict, load_config, save_config, to_dict
 
@@ -83,7 +84,29 @@ def test_env_expansion(tmp_path, monkeypatch):
 def test_shipped_configs_load(name):
     from pathlib import Path
 
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / name, [])
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / name, [])
     assert cfg.data.src_lang != cfg.data.tgt_lang
     if name.startswith("multi30k"):
         assert cfg.decode.beam_size > 1 and cfg.data.dir.endswith("multi30k")
+
+
+@pytest.mark.parametrize("override,text", [
+    ("train.lr=nan", "train.lr=nan: must be a finite number"),
+    ("decode.max_len_a=nan", "decode.max_len_a=nan: must be a finite number"),
+    ("train.lr=inf", "must be a finite number"),
+    ("model.d_model=1000000000", "model.d_model=1000000000: must be at most"),
+    ("train.batch_tokens=1000000000000", "train.batch_tokens=1000000000000: must be at most"),
+    ("train.seed=-3", "train.seed=-3: must be >= 0"),
+])
+def test_impossible_numbers_fail_before_any_data_is_read(override, text, tmp_path):
+    result = cli("train", "-c", write_config(tmp_path / "c.yaml"), "--out", tmp_path / "run", "--set", override)
+    one_line_error(result, 2, text)
+    assert not (tmp_path / "run").exists()
+
+
+def test_config_reader_is_safe(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"name: !!python/object/apply:os.system ['touch {tmp_path}/PWNED']\n")
+    with pytest.raises(ValueError, match="line 1"):
+        load_config(path)
+    assert not (tmp_path / "PWNED").exists()

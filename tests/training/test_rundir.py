@@ -1,0 +1,81 @@
+"""The run directory: an earlier run is never overwritten by accident, writes are atomic, and a
+full disk is found before training and reported in one line."""
+
+from __future__ import annotations
+
+import errno
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import SHORT, cli, one_line_error, snapshot, write_config
+
+from attn_mt.training import rundir
+
+ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
+
+
+def test_fresh_run_into_an_earlier_run_is_refused_and_overwrite_clears_it(tmp_path):
+    config = write_config(tmp_path / "c.yaml", "train.max_epochs=2", "train.keep_last=2", "train.bleu_sentences=5")
+    run = tmp_path / "run"
+    assert cli("train", "-c", config, "--out", run).exit_code == 0
+    before = snapshot(run)
+    again = cli("train", "-c", config, "--out", run, "--set", "train.max_epochs=1")
+    one_line_error(again, 1, "holds an earlier run", "--resume", "--overwrite")
+    assert snapshot(run) == before  # nothing touched
+    assert cli("train", "-c", config, "--out", run, "--set", "train.max_epochs=1", "--overwrite").exit_code == 0
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    snaps = sorted(p.name for p in run.glob("checkpoint_step*.pt"))
+    assert len(steps) == 1 and snaps == [f"checkpoint_step{steps[0]:07d}.pt"]  # none of the old run's left
+    assert json.loads((run / "results.json").read_text())["steps"] == steps[0]
+    both = cli("train", "-c", config, "--out", run, "--resume", "--overwrite")
+    assert both.exit_code == 2 and "one of --resume and --overwrite" in both.output
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "results.json", "test_hyps.txt", "spm.model"])
+def test_a_full_disk_while_writing_is_one_line(name, tmp_path, monkeypatch):
+    real_open, real_write = open, Path.write_bytes
+
+    def full(path):
+        if Path(path).name in (name, f".{name}.tmp"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: full(p) or real_open(p, *a, **k))
+    monkeypatch.setattr(Path, "write_bytes", lambda self, data: full(self) or real_write(self, data))
+    monkeypatch.setattr(Path, "write_text", lambda self, text, **k: full(self) or real_open(
+        self, "w", **k).write(text))
+    result = cli("train", "-c", write_config(tmp_path / "c.yaml", *SHORT), "--out", tmp_path / "run")
+    one_line_error(result, 1, name, "No space left on device")
+
+
+def test_free_space_check_counts_kept_snapshots(tmp_path, monkeypatch):
+    config = write_config(tmp_path / "c.yaml", *SHORT)
+    size = 50_000 * 4  # about the tiny model's weights in bytes, well above
+    monkeypatch.setattr(rundir.shutil, "disk_usage", lambda path: SimpleNamespace(free=12 * size))
+    refused = cli("train", "-c", config, "--out", tmp_path / "a", "--set", "train.keep_last=20")
+    one_line_error(refused, 1, "free on disk")
+    assert cli("train", "-c", config, "--out", tmp_path / "b", "--set", "train.keep_last=0").exit_code == 0
+
+
+def test_nearly_full_disk_is_refused_before_training(tmp_path, monkeypatch):
+    monkeypatch.setattr(rundir.shutil, "disk_usage", lambda path: SimpleNamespace(free=100 << 10))
+    result = cli("train", "-c", write_config(tmp_path / "c.yaml"), "--out", tmp_path / "run")
+    assert result.exit_code == 1 and "run: 0.1 MiB free on disk, checkpoints need about" in result.stderr
+    assert not list((tmp_path / "run").glob("*.pt")) and not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_full_disk_is_detected_before_training(tmp_path):
+    """A run directory that takes no more than 256 KiB a file (RLIMIT_FSIZE) fails before any training."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, resource.RLIM_INFINITY))
+
+    cfg = write_config(tmp_path / "c.yaml")
+    out = subprocess.run([ATTN_MT, "--quiet", "train", "-c", str(cfg), "--out", str(tmp_path / "run")],
+                         capture_output=True, text=True, preexec_fn=limit)
+    assert out.returncode == 1 and out.stderr.startswith("error: ") and len(out.stderr.splitlines()) == 1
+    assert "run: run directory is not writable (File too large)" in out.stderr
+    assert [p.name for p in (tmp_path / "run").iterdir()] == []
