@@ -14,7 +14,8 @@ const EXPLAIN = {
 };
 const SHAPE_KEYS = ["n_layers", "d_model", "n_heads", "d_ff", "cell", "d_embed", "d_hidden", "d_attn"];
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
-const state = {info: null, att: null, hover: null, request: 0, translations: 0};
+// shown: the sentence, beam and n-best of the translation on the page (the share link names them)
+const state = {info: null, att: null, shown: null, hover: null, request: 0, translations: 0};
 
 function el(tag, props = {}, children = []) {
   const node = Object.assign(document.createElement(tag), props);
@@ -26,8 +27,8 @@ function range(from, to) {
   return Array.from({length: to - from + 1}, (_, i) => from + i);
 }
 
-function fillSelect(select, values, selected, label = String) {
-  const keep = values.map(String).includes(String(selected)) ? String(selected) : String(values[0]);
+function fillSelect(select, values, selected, label = String, fallback = values[0]) {
+  const keep = values.map(String).includes(String(selected)) ? String(selected) : String(fallback);
   select.replaceChildren(...values.map((v) => el("option", {value: v, textContent: label(v)})));
   select.value = keep;
 }
@@ -73,8 +74,20 @@ function showFacts(info) {
   $("model-line").textContent = `${arch.kind}, ${lang.source} → ${lang.target}, ${count(info.parameters)} parameters`;
 }
 
-function fillNbest() {
-  fillSelect($("nbest"), range(1, Number($("beam").value)), $("nbest").value || 1);
+function fillNbest(nbest = $("nbest").value) {
+  fillSelect($("nbest"), range(1, Number($("beam").value)), nbest);
+}
+
+// Before the first translation: a sentence (the example, or a share link's) ready to translate, and what to do.
+function showEmptyState(text) {
+  const {source, target} = state.info.languages;
+  const [from, to] = [languageName(source), languageName(target)];
+  $("text").placeholder = `Type or paste a sentence in ${from}, then Enter`;
+  $("text").value = text;
+  $("text").select();  // typing replaces it
+  $("hint").textContent = text
+    ? `Press Translate (or Enter) to translate the sentence above into ${to}, or type your own in ${from}.`
+    : `Type a sentence in ${from} above, then press Translate (or Enter) to translate it into ${to}.`;
 }
 
 async function init() {
@@ -85,24 +98,25 @@ async function init() {
     return;
   }
   showFacts(state.info);
-  const params = new URLSearchParams(location.search);
-  const beams = range(1, Math.min(state.info.limits.max_beam, 12));
-  fillSelect($("beam"), beams, params.get("beam") || state.info.decode.beam);
-  fillNbest();
+  const params = new URLSearchParams(location.search);  // a share link: every setting of the page
+  const {limits, decode} = state.info;
+  fillSelect($("beam"), range(1, Math.min(limits.max_beam, Math.max(12, decode.beam))), params.get("beam"), String,
+             decode.beam);
+  fillNbest(params.get("nbest"));
+  fillView({kind: params.get("kind"), layer: params.get("layer"), head: params.get("head")});
+  drawMaps();
   $("text").maxLength = Math.min(state.info.limits.max_chars, state.info.limits.max_attention_chars);
-  $("beam").addEventListener("change", fillNbest);
+  $("beam").addEventListener("change", () => fillNbest());
   $("form").addEventListener("submit", (e) => { e.preventDefault(); translate(); });
   $("text").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); translate(); }
   });
-  $("kind").addEventListener("change", () => { fillLayers(); drawMaps(); });
-  $("layer").addEventListener("change", () => { fillHeads(); drawMaps(); });
-  $("head").addEventListener("change", drawMaps);
+  $("kind").addEventListener("change", () => { fillView(); drawMaps(); });
+  for (const id of ["layer", "head"]) $(id).addEventListener("change", drawMaps);
   document.addEventListener("mouseover", onHover);
-  if (params.get("text")) {
-    $("text").value = params.get("text");
-    translate();
-  }
+  showEmptyState(params.get("text") || exampleSentence(state.info));
+  document.body.dataset.ready = "";  // for tests: the controls are filled
+  if (params.get("text")) translate();
 }
 
 // ---- translation ----
@@ -121,12 +135,10 @@ async function translate() {
     showNbest(tr.results[0].hypotheses);
     state.att = att;
     state.hover = null;
+    state.shown = {text, beam, nbest};
     showTokens();
-    fillKinds();
+    fillView();
     drawMaps();
-    const link = `?text=${encodeURIComponent(text)}` + (beam === state.info.decode.beam ? "" : `&beam=${beam}`);
-    history.replaceState(null, "", link);
-    $("share").href = link;
     setStatus("");
     document.body.dataset.translations = String(++state.translations);  // for tests: a render finished
   } catch (e) {
@@ -156,20 +168,32 @@ function showTokens() {
 
 // ---- attention maps ----
 
-function fillKinds() {
-  const kinds = Object.keys(KIND_NAMES).filter((k) => state.att[k].length);
-  fillSelect($("kind"), kinds, $("kind").value || "cross", (k) => KIND_NAMES[k]);
-  fillLayers();
+// The layers and heads of a kind: from the maps once there are some, before that from the model's shape.
+function shapeOf(kind) {
+  if (state.att) return {layers: state.att[kind].length, heads: state.att[kind][0].length};
+  const arch = state.info.architecture;
+  return arch.kind === "transformer" ? {layers: arch.n_layers, heads: arch.n_heads} : {layers: 1, heads: 1};
 }
 
-function fillLayers() {
-  fillSelect($("layer"), range(1, state.att[$("kind").value].length), $("layer").value);
-  fillHeads();
+// The kind, layer and head menus; `view` (from a share link) picks values, else the current ones stay.
+function fillView(view = {}) {
+  const kinds = state.att ? Object.keys(KIND_NAMES).filter((k) => state.att[k].length) : state.info.attention;
+  fillSelect($("kind"), kinds, view.kind || $("kind").value, (k) => KIND_NAMES[k], "cross");
+  const {layers, heads} = shapeOf($("kind").value);
+  fillSelect($("layer"), range(1, layers), view.layer || $("layer").value);
+  fillSelect($("head"), [...range(1, heads), "all"], view.head || $("head").value,
+             (h) => (h === "all" ? "all (grid)" : h));
 }
 
-function fillHeads() {
-  const heads = state.att[$("kind").value][Number($("layer").value) - 1].length;
-  fillSelect($("head"), [...range(1, heads), "all"], $("head").value, (h) => (h === "all" ? "all (grid)" : h));
+// A link that opens the page as it is: the sentence and search translated, the map chosen.
+function updateLink() {
+  if (!state.shown) return;
+  const {text, beam, nbest} = state.shown;
+  const link = "?" + new URLSearchParams({text, beam, nbest, kind: $("kind").value, layer: $("layer").value,
+                                          head: $("head").value});
+  history.replaceState(null, "", link);
+  $("share").href = link;
+  $("share").hidden = false;
 }
 
 // The tokens on each axis of a kind, and how a position maps to a token: decoder self-attention's
@@ -197,6 +221,8 @@ function color(x) {
 }
 
 function drawMaps() {
+  $("explain").textContent = EXPLAIN[$("kind").value];
+  updateLink();
   if (!state.att) return;
   const sel = selection();
   let max = 1e-9;
@@ -207,7 +233,6 @@ function drawMaps() {
   $("heatmaps").dataset.map = `${sel.kind}/${sel.layer}/${sel.head}`;
   $("legend").replaceChildren(el("span", {textContent: "0"}), el("span", {className: "ramp"}),
                               el("span", {textContent: max.toFixed(2)}));
-  $("explain").textContent = EXPLAIN[sel.kind];
   applyHover();
 }
 
