@@ -1,18 +1,23 @@
-"""attn-mt serve in a real browser: headless Chromium loads the page, translates, switches maps, hovers.
+"""attn-mt serve as a user sees it: headless Chromium opens the page before and after a translation,
+follows a share link, switches maps, hovers, and reads /docs at a desktop and a phone width.
 
-Skipped where there is no Chromium, chromedriver or selenium. ATTN_MT_SERVE_CHECKPOINT and
-ATTN_MT_SERVE_TEXT run it on another model and sentence; ATTN_MT_SCREENSHOT says where the
-screenshot goes (docs/serve.png was taken with the Multi30k model that way).
+One browser and one server for the module; screenshots go to each test's tmp_path. Skipped where
+there is no Chromium, chromedriver or selenium (Debian: `apt-get install chromium chromium-driver`).
+ATTN_MT_SERVE_CHECKPOINT and ATTN_MT_SERVE_TEXT run it on another model and sentence;
+ATTN_MT_SCREENSHOT says where the translated page's screenshot goes (docs/serve.png was taken
+with the Multi30k model that way).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
+from urllib.request import urlopen
 
 import pytest
 
@@ -25,6 +30,7 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
 
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 from test_serve import serving  # noqa: E402
 
@@ -33,6 +39,7 @@ from attn_mt.config import to_dict  # noqa: E402
 from attn_mt.models import build_model  # noqa: E402
 from attn_mt.serve import create_app  # noqa: E402
 
+LANGUAGES = {"en": ("English", "the old man sees a small dog."), "de": ("German", "Ein Hund rennt über die Wiese.")}
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--window-size=1360,1250"]
@@ -58,7 +65,7 @@ def two_layer_ckpt(tiny_run, tmp_path_factory):
     return path
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def browser():
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
@@ -74,52 +81,155 @@ def browser():
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def test_page_translates_switches_maps_and_hovers(browser, two_layer_ckpt, tmp_path):
-    ckpt = os.environ.get("ATTN_MT_SERVE_CHECKPOINT", str(two_layer_ckpt))
+@pytest.fixture(scope="module")
+def url(two_layer_ckpt):
+    with serving(create_app(os.environ.get("ATTN_MT_SERVE_CHECKPOINT", str(two_layer_ckpt)), device="cpu")) as url:
+        yield url
+
+
+def open_page(browser, url: str, width: int = 1360, height: int = 1250) -> WebDriverWait:
+    browser.set_window_size(width, height)
+    browser.get(url)
+    wait = WebDriverWait(browser, 30)
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") is not None)
+    return wait
+
+
+def translated(n: int):
+    return lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-translations") == str(n)
+
+
+def screenshot(browser, path: Path, width: int) -> None:
+    """The whole page at `width`: the window grows to the page's height (its frame takes some)."""
+    browser.set_window_size(width, browser.execute_script("return document.documentElement.scrollHeight") + 140)
+    browser.save_screenshot(str(path))
+    assert path.stat().st_size > 10_000
+
+
+def overflow(browser) -> tuple[int, int]:
+    return tuple(browser.execute_script("return [document.documentElement.scrollWidth, innerWidth]"))
+
+
+def options(browser, select_id: str) -> list[str]:
+    return [o.get_attribute("value") for o in Select(browser.find_element(By.ID, select_id)).options]
+
+
+def test_empty_state_says_what_to_do_with_the_example_ready(browser, url, tmp_path):
+    info = json.load(urlopen(f"{url}/api/info"))
+    source, target, arch = info["languages"]["source"], info["languages"]["target"], info["architecture"]
+    example = info.get("example") or LANGUAGES[source][1]  # the server's, else the page's for the language
+    open_page(browser, f"{url}/")
+    assert browser.find_element(By.ID, "text").get_attribute("value") == example
+    hint = browser.find_element(By.ID, "hint")
+    assert "Press Translate" in hint.text
+    assert LANGUAGES[source][0] in hint.text and LANGUAGES[target][0] in hint.text  # "... into German ... English"
+    assert not browser.find_element(By.ID, "share").is_displayed()  # nothing to share yet
+    assert not browser.find_elements(By.CSS_SELECTOR, "#nbest-list li")
+    # the map menus show the model's shape before there are maps, not blanks
+    assert options(browser, "kind") == info["attention"]
+    assert Select(browser.find_element(By.ID, "kind")).first_selected_option.text == "cross-attention"
+    assert options(browser, "layer") == [str(i + 1) for i in range(arch["n_layers"])]
+    assert options(browser, "head") == [*(str(i + 1) for i in range(arch["n_heads"])), "all"]
+    assert "source tokens it attends to" in browser.find_element(By.ID, "explain").text
+    screenshot(browser, tmp_path / "empty.png", 1280)
+    browser.set_window_size(390, 900)
+    assert overflow(browser)[0] <= overflow(browser)[1]
+    screenshot(browser, tmp_path / "empty_390.png", 390)
+
+    browser.set_window_size(1280, 900)
+    browser.find_element(By.ID, "text").send_keys(Keys.ENTER)  # the example, as it stands
+    WebDriverWait(browser, 30).until(translated(1))
+    assert not hint.is_displayed() and len(browser.find_elements(By.CSS_SELECTOR, "#nbest-list li")) == 1
+    query = parse_qs(urlsplit(browser.current_url).query)
+    assert query == {"text": [example], "beam": [str(info["decode"]["beam"])], "nbest": ["1"], "kind": ["cross"],
+                     "layer": ["1"], "head": ["1"]}
+
+
+def test_share_link_keeps_every_setting(browser, url):
+    settings = {"text": "the old man sees a small dog.", "beam": "3", "nbest": "2", "kind": "encoder_self",
+                "layer": "2", "head": "all"}
+    wait = open_page(browser, f"{url}/?{urlencode(settings)}")
+    wait.until(translated(1))
+    for control in ("beam", "nbest", "kind", "layer", "head"):
+        assert browser.find_element(By.ID, control).get_attribute("value") == settings[control], control
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#nbest-list li")) == 2  # n-best 2, honoured
+    assert browser.find_element(By.ID, "heatmaps").get_attribute("data-map") == "encoder_self/2/all"
+    share = browser.find_element(By.ID, "share")
+    assert share.is_displayed()
+    assert parse_qs(urlsplit(share.get_attribute("href")).query) == {k: [v] for k, v in settings.items()}
+
+    Select(browser.find_element(By.ID, "head")).select_by_value("2")  # the link follows the map shown
+    assert parse_qs(urlsplit(share.get_attribute("href")).query)["head"] == ["2"]
+    assert parse_qs(urlsplit(browser.current_url).query)["head"] == ["2"]
+
+
+def test_page_translates_switches_maps_and_hovers(browser, url, tmp_path):
     text = os.environ.get("ATTN_MT_SERVE_TEXT", "the old man sees a small dog.")
     shot = Path(os.environ.get("ATTN_MT_SCREENSHOT", tmp_path / "serve.png"))
-    with serving(create_app(ckpt, device="cpu")) as url:
-        browser.get(f"{url}/?text={quote(text)}&beam=1")  # a shared link translates on load
-        wait = WebDriverWait(browser, 30)
-        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-translations") == "1")
-        assert browser.find_element(By.ID, "text").get_attribute("value") == text
-        assert browser.find_element(By.CSS_SELECTOR, "#nbest-list li .hyp").text
-        assert "parameters" in browser.find_element(By.ID, "facts-list").text
-        src = browser.find_elements(By.CSS_SELECTOR, "#src-tokens .tok")
-        assert len(src) >= 2 and src[-1].text == "</s>"
+    wait = open_page(browser, f"{url}/?text={quote(text)}&beam=1")  # a shared link translates on load
+    wait.until(translated(1))
+    assert browser.find_element(By.ID, "text").get_attribute("value") == text
+    assert browser.find_element(By.CSS_SELECTOR, "#nbest-list li .hyp").text
+    assert "parameters" in browser.find_element(By.ID, "facts-list").text
+    src = browser.find_elements(By.CSS_SELECTOR, "#src-tokens .tok")
+    assert len(src) >= 2 and src[-1].text == "</s>"
 
-        def signature():
-            return browser.execute_script(SIGNATURE)
+    def signature():
+        return browser.execute_script(SIGNATURE)
 
-        seen = [signature()]
-        assert seen[0].startswith("cross/1/1|")
-        for control, value in [("kind", "encoder_self"), ("layer", "2"), ("head", "2"), ("kind", "decoder_self")]:
-            Select(browser.find_element(By.ID, control)).select_by_value(value)
-            seen.append(signature())
-        assert [s.split("|")[0] for s in seen] == ["cross/1/1", "encoder_self/1/1", "encoder_self/2/1",
-                                                   "encoder_self/2/2", "decoder_self/2/2"]
-        assert len(set(seen)) == len(seen)  # each switch redrew the heatmap
+    seen = [signature()]
+    assert seen[0].startswith("cross/1/1|")
+    for control, value in [("kind", "encoder_self"), ("layer", "2"), ("head", "2"), ("kind", "decoder_self")]:
+        Select(browser.find_element(By.ID, control)).select_by_value(value)
+        seen.append(signature())
+    assert [s.split("|")[0] for s in seen] == ["cross/1/1", "encoder_self/1/1", "encoder_self/2/1",
+                                               "encoder_self/2/2", "decoder_self/2/2"]
+    assert len(set(seen)) == len(seen)  # each switch redrew the heatmap
 
-        heads = Select(browser.find_element(By.ID, "head"))
-        heads.select_by_value("all")
-        assert len(browser.find_elements(By.CSS_SELECTOR, "#heatmaps table")) == len(heads.options) - 1
+    heads = Select(browser.find_element(By.ID, "head"))
+    heads.select_by_value("all")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#heatmaps table")) == len(heads.options) - 1
 
-        Select(browser.find_element(By.ID, "kind")).select_by_value("cross")
-        Select(browser.find_element(By.ID, "head")).select_by_value("1")
-        before = signature()
-        targets = browser.find_elements(By.CSS_SELECTOR, "#tgt-tokens .tok")
-        ActionChains(browser).move_to_element(targets[min(2, len(targets) - 1)]).perform()
-        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmaps tr.hl-row"))
-        assert signature() != before  # the row of the hovered token stands out
-        tinted = browser.execute_script(
-            "return [...document.querySelectorAll('#src-tokens .tok')].map(t => t.style.getPropertyValue('--to'))")
-        assert any(float(x or 0) == 1.0 for x in tinted)  # the source token it attends to most
-        shot.parent.mkdir(parents=True, exist_ok=True)
-        height = browser.execute_script("return document.documentElement.scrollHeight")
-        browser.set_window_size(1360, height + 140)  # the whole page; the window frame takes some
-        browser.save_screenshot(str(shot))
-        assert shot.stat().st_size > 10_000
+    Select(browser.find_element(By.ID, "kind")).select_by_value("cross")
+    Select(browser.find_element(By.ID, "head")).select_by_value("1")
+    before = signature()
+    targets = browser.find_elements(By.CSS_SELECTOR, "#tgt-tokens .tok")
+    ActionChains(browser).move_to_element(targets[min(2, len(targets) - 1)]).perform()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmaps tr.hl-row"))
+    assert signature() != before  # the row of the hovered token stands out
+    tinted = browser.execute_script(
+        "return [...document.querySelectorAll('#src-tokens .tok')].map(t => t.style.getPropertyValue('--to'))")
+    assert any(float(x or 0) == 1.0 for x in tinted)  # the source token it attends to most
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    screenshot(browser, shot, 1360)
 
-        browser.execute_script("document.getElementById('text').value = ''")
-        browser.find_element(By.ID, "go").click()
-        assert "Type a sentence" in browser.find_element(By.ID, "status").text
+    browser.execute_script("document.getElementById('text').value = ''")
+    browser.find_element(By.ID, "go").click()
+    assert "Type a sentence" in browser.find_element(By.ID, "status").text
+
+
+# for each endpoint and the intro: content wider than its box (a <pre> scrolls inside, which is fine)
+SPILLS = "return [...document.querySelectorAll('#api > section')].filter(s => s.scrollWidth > s.clientWidth).length"
+GAP = """const [intro, first] = document.querySelectorAll('#api > section');
+const a = intro.getBoundingClientRect(), b = first.getBoundingClientRect();
+return [b.top - a.bottom, Math.abs(a.width - b.width)];"""
+
+
+def test_docs_read_well_at_desktop_and_phone_width(browser, url, tmp_path):
+    browser.set_window_size(1280, 900)
+    browser.get(f"{url}/docs")
+    WebDriverWait(browser, 30).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "section.endpoint")) == 3)
+    browser.execute_script("document.querySelectorAll('details').forEach(d => d.open = true)")
+    assert browser.find_elements(By.CSS_SELECTOR, ".intro p code")  # `...` in a description is code
+    fields = browser.find_element(By.CSS_SELECTOR, "#post--api-translate .fields").text
+    assert "texts" in fields and "nbest" in fields and "optional" in fields
+    assert "results[].hypotheses[].log_prob" in browser.find_element(By.ID, "post--api-translate").text
+    for width in (1280, 390):
+        browser.set_window_size(width, 900)
+        assert "`" not in browser.find_element(By.TAG_NAME, "body").text
+        scroll_width, inner_width = overflow(browser)
+        assert scroll_width <= inner_width, f"{width} px: the page is {scroll_width} px wide"
+        assert browser.execute_script(SPILLS) == 0, f"{width} px: a section's content spills sideways"
+        gap, widths = browser.execute_script(GAP)
+        assert gap < 40 and widths < 1, f"{width} px: the intro and the endpoints are not one column"
+        screenshot(browser, tmp_path / f"docs_{width}.png", width)
