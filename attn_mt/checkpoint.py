@@ -4,21 +4,26 @@ A checkpoint is a dict of tensors and plain data only (it loads with
 `torch.load(..., weights_only=True)`, so a crafted file cannot run code):
     format_version, model (state_dict), optimizer, step, epoch, batch_in_epoch,
     config (nested dict), tokenizer (SentencePiece model bytes), rng, best_bleu, ...
+Format 2 (this one) names the optimizer's parameters (`param_groups[i]["param_names"]`); format 1 did
+not, and its files still load (translate, evaluate, and resume through training/resume.py).
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import socket
 from pathlib import Path
 
 import torch
 
-from attn_mt.config import ConfigError, ExperimentConfig, from_dict
+from attn_mt.config import ConfigError, ExperimentConfig, from_dict, to_dict
+from attn_mt.config.yamlconf import show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.models import Seq2Seq, build_model
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE = (1, 2)  # formats this attn-mt loads
 
 
 class CheckpointError(ValueError):
@@ -32,7 +37,7 @@ def save(state: dict, path: Path) -> None:
     Raises CheckpointError when the file cannot be written (e.g. a full disk).
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{_HOST}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
             torch.save({"format_version": FORMAT_VERSION, **state}, f)
@@ -48,8 +53,26 @@ def save(state: dict, path: Path) -> None:
         raise CheckpointError(f"{path}: cannot write checkpoint ({e.strerror or e})") from None
     finally:
         tmp.unlink(missing_ok=True)
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a process killed while saving
-        stale.unlink(missing_ok=True)
+    for stale in path.parent.glob(f".{path.name}.{_HOST}.*.tmp"):
+        if _writer_gone(stale):  # left by a process of this machine killed while saving
+            stale.unlink(missing_ok=True)
+
+
+_HOST = socket.gethostname().replace("/", "_")  # temp names say which machine's process writes them
+
+
+def _writer_gone(tmp: Path) -> bool:
+    """True when the process of this machine whose pid the temp file's name holds no longer runs."""
+    pid = tmp.name.removesuffix(".tmp").rpartition(".")[2]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, but another user's
+        return False
+    return False
 
 
 def load(path: Path | str, map_location: str | torch.device = "cpu") -> dict:
@@ -70,10 +93,9 @@ def load(path: Path | str, map_location: str | torch.device = "cpu") -> dict:
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise CheckpointError(f"{path}: not an attn-mt checkpoint")
     version = state.get("format_version")
-    if version != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path}: written by checkpoint format {version}, this attn-mt reads format {FORMAT_VERSION}"
-        )
+    if version not in READABLE:
+        raise CheckpointError(f"{path}: written by checkpoint format {version}, this attn-mt reads formats "
+                              f"{', '.join(map(str, READABLE))}")
     return state
 
 
@@ -88,13 +110,53 @@ def model_from_state(state: dict, device: torch.device | str = "cpu",
         cfg = from_dict(state["config"])
     except ConfigError as e:
         raise CheckpointError(f"checkpoint config is not valid for this attn-mt: {e}") from None
-    tok = Tokenizer.from_state(state["tokenizer"])
+    tok = tokenizer_from_state(state.get("tokenizer"))
+    weights = state["model"]
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise CheckpointError(f"checkpoint weights are a {type(weights).__name__}, not a dict of tensors")
     model = build_model(cfg.model, **tok.sizes())
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        raise CheckpointError(f"checkpoint weights do not fit the model: {str(e).splitlines()[0]}") from None
+    check_weights(weights, model.state_dict())
+    broken = next((k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
+    if broken:
+        raise CheckpointError(f"checkpoint weights are not finite ({broken} holds NaN or inf)")
+    model.load_state_dict(weights)
     return model.to(device).eval(), cfg, tok
+
+
+def tokenizer_from_state(tok: object) -> Tokenizer:
+    """The checkpoint's SentencePiece model(s), or CheckpointError saying what is wrong with them."""
+    if not isinstance(tok, dict):
+        raise CheckpointError("checkpoint holds no tokenizer" if tok is None else
+                              f"checkpoint tokenizer is a {type(tok).__name__}, not SentencePiece models")
+    protos = tok.get("src_proto"), tok.get("tgt_proto")
+    if not isinstance(protos[0], bytes) or not isinstance(protos[1], bytes | None):
+        raise CheckpointError("checkpoint tokenizer lacks its SentencePiece model bytes")
+    return tokenizer_from_protos(*protos, what="checkpoint tokenizer")
+
+
+def tokenizer_from_protos(src: bytes, tgt: bytes | None, what: str) -> Tokenizer:
+    """A Tokenizer of SentencePiece model bytes, or CheckpointError naming `what` holds damaged ones."""
+    if not src or tgt == b"":
+        raise CheckpointError(f"{what}: empty SentencePiece model")
+    try:
+        tok = Tokenizer(src, tgt)
+    except (RuntimeError, TypeError) as e:
+        raise CheckpointError(f"{what}: not a SentencePiece model ({_first_line(e)[:80]})") from None
+    if min(tok.src_vocab_size, tok.tgt_vocab_size) <= tok.eos_id:
+        raise CheckpointError(f"{what}: SentencePiece model without the special pieces (pad, unk, bos, eos)")
+    return tok
+
+
+def check_weights(weights: dict, expected: dict) -> None:
+    """CheckpointError naming the missing, unexpected or misshapen weights, if any."""
+    missing, unexpected = expected.keys() - weights.keys(), weights.keys() - expected.keys()
+    misshapen = [f"{k} {tuple(weights[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
+                 if k in weights and weights[k].shape != v.shape]
+    problems = [f"{label}: {', '.join(sorted(keys)[:4])}{' ...' if len(keys) > 4 else ''}"
+                for label, keys in (("missing", missing), ("unexpected", unexpected), ("shapes differ", misshapen))
+                if keys]
+    if problems:
+        raise CheckpointError(f"checkpoint weights do not fit the model ({'; '.join(problems)})")
 
 
 def load_model(path: Path | str, device: torch.device | str = "cpu",
@@ -108,13 +170,49 @@ def load_model(path: Path | str, device: torch.device | str = "cpu",
         raise CheckpointError(f"{path}: {e}") from None
 
 
-def average(paths: list[Path | str]) -> dict:
+# settings that may change within one run (on --resume): the budget, how often to report and save, where
+# the data lives, and decoding; any other change alters the data order or the optimisation
+RESUMABLE = {"name", "data.dir", "data.name", "train.max_steps", "train.max_minutes", "train.max_epochs",
+             "train.patience", "train.eval_every", "train.bleu_sentences", "train.checkpoint_every",
+             "train.keep_last", "train.max_bad_steps", "train.log_every", "train.threads", "train.device",
+             "train.compile", "train.tensorboard"}
+
+
+def config_changes(before: dict, after: dict) -> list[tuple[str, object, object]]:
+    """(dotted key, before, after) for each setting that differs between two configs (checkpoint dicts,
+    defaults filled in), apart from RESUMABLE ones and decoding. Raises ConfigError for an invalid one."""
+    a, b = (_flat(to_dict(from_dict(c))) for c in (before, after))
+    return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())
+            if a.get(k) != b.get(k) and k not in RESUMABLE and not k.startswith("decode.")]
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _same_run(path: Path, state: dict, first_path: Path, first: dict) -> None:
+    try:
+        changed = config_changes(first["config"], state["config"])
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: config is not valid for this attn-mt: {e}") from None
+    if changed:
+        what = "; ".join(f"{k} is {show(new)} there, {show(old)} in {first_path.name}" for k, old, new in changed[:4])
+        raise CheckpointError(f"{path}: not of the same run as {first_path} ({what}); averaging checkpoints of "
+                              "different runs gives a broken model (--force averages them anyway)")
+
+
+def average(paths: list[Path | str], force: bool = False) -> dict:
     """One checkpoint whose weights are the element-wise mean of several checkpoints of one run.
 
     Averaging the last few checkpoints of a run smooths the noise of the final updates and
     usually gains BLEU at no training cost. All files must hold the same model (same parameter
     names and shapes) and the same tokenizer; config, tokenizer and step come from the last.
-    The result holds weights only (no optimizer): it translates and evaluates, it does not resume.
+    They must also come from one run: the same config apart from the budget (RESUMABLE), so the same
+    seed, unless `force`. The result holds weights only (no optimizer): it translates and evaluates,
+    it does not resume.
     """
     if not paths:
         raise CheckpointError("nothing to average: give at least one checkpoint")
@@ -122,6 +220,8 @@ def average(paths: list[Path | str]) -> dict:
     first_path, first = states[0]
     total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
     for path, state in states[1:]:
+        if not force:
+            _same_run(path, state, first_path, first)
         weights = state["model"]
         if weights.keys() != total.keys():
             raise CheckpointError(f"{path}: has other parameters than {first_path}; "

@@ -1,9 +1,18 @@
+"""Checkpoints: round trip, atomic saves, formats 1 and 2 (optimizer state by name), crafted files refused."""
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+
 import pytest
 import torch
-from conftest import Evil
+from conftest import Evil, cli, one_line_error, write_config
 
 from attn_mt import checkpoint
 from attn_mt.checkpoint import CheckpointError, load, load_model, save
+from attn_mt.training.run import TrainError, train
 
 
 def test_round_trip_gives_identical_logits(tiny_run):
@@ -73,3 +82,125 @@ def test_checkpoints_are_plain_data_and_crafted_ones_are_refused(tiny_run, tmp_p
     with pytest.raises(checkpoint.CheckpointError, match="refused"):
         checkpoint.load(tmp_path / "evil.pt")
     assert not (tmp_path / "PWNED").exists()
+
+
+def _pre_redesign_order(names):
+    """Registration order before the attention redesign: an attention module's input projections
+    (qkv_proj, or q_proj and kv_proj) before its out_proj."""
+    out = []
+    for prefix, block in itertools.groupby(names, key=lambda n: n.rsplit(".", 2)[0] if "_attn." in n else None):
+        block = list(block)
+        out += sorted(block, key=lambda n: ".out_proj." in n) if prefix else block
+    return out
+
+
+def format_1(path) -> dict:
+    """The checkpoint at `path` as a run written before the redesign saved it: weights in the old
+    registration order, optimizer moments by position in that order, no parameter names, format 1."""
+    state = load(path)
+    model = {k: state["model"][k] for k in _pre_redesign_order(list(state["model"]))}
+    old = {**state, "model": model, "format_version": 1}
+    if "optimizer" in state:
+        (group,) = state["optimizer"]["param_groups"]
+        now = [n for n, _ in load_model(path)[0].named_parameters()]  # the order the run saved them in
+        ids = dict(zip(now, group["params"], strict=True))
+        names = _pre_redesign_order(now)
+        assert names != now  # the orders do differ
+        old["optimizer"] = {"state": {j: state["optimizer"]["state"][ids[n]] for j, n in enumerate(names)},
+                            "param_groups": [{**{k: v for k, v in group.items() if k != "param_names"},
+                                              "params": list(range(len(names)))}]}
+    return old
+
+
+def test_format_1_checkpoints_translate_and_evaluate(tiny_run, tmp_path):
+    new = tiny_run / "checkpoint_best.pt"
+    torch.save(format_1(new), tmp_path / "old.pt")
+    src = "the dog sees a cat.\na man walks.\n"
+    (tmp_path / "src.txt").write_text(src)
+    (tmp_path / "ref.txt").write_text("der Hund sieht eine Katze.\nein Mann geht.\n")
+    for command in (["translate", "--beam", "2"], ["evaluate", "--src", tmp_path / "src.txt",
+                                                   "--ref", tmp_path / "ref.txt"]):
+        ours, old = (cli(*command, "--checkpoint", path, input=src) for path in (new, tmp_path / "old.pt"))
+        assert old.exit_code == 0 and old.stdout == ours.stdout and old.stdout.count("\n") >= 2, old.output
+
+
+def test_resuming_a_format_1_run_restores_the_moments_by_name(tiny_run, tiny_cfg, tmp_path):
+    cfg = tiny_cfg("train.max_epochs=3")
+    runs = {}
+    for name in ("new", "old"):
+        runs[name] = shutil.copytree(tiny_run, tmp_path / name)
+    torch.save(format_1(tiny_run / "checkpoint_last.pt"), runs["old"] / "checkpoint_last.pt")
+    for run_dir in runs.values():
+        train(cfg, run_dir, resume=True)  # before format 2: a size mismatch inside Adam
+    records = [[{k: v for k, v in json.loads(line).items() if k not in ("tokens_per_s", "elapsed_s")}
+                for line in (r / "metrics.jsonl").read_text().splitlines()] for r in runs.values()]
+    assert records[0] == records[1] and len(records[0]) == 3  # the same losses and BLEU, step for step
+    assert checkpoint.load(runs["old"] / "checkpoint_last.pt")["format_version"] == checkpoint.FORMAT_VERSION
+
+
+def test_optimizer_state_that_fits_no_parameter_is_refused_in_one_line(tiny_run, tiny_cfg, tmp_path):
+    state = load(tiny_run / "checkpoint_last.pt")
+    group = state["optimizer"]["param_groups"][0]
+    group["param_names"] = [n.replace("qkv_proj", "qkv") for n in group["param_names"]]
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    save(state, run_dir / "checkpoint_last.pt")
+    with pytest.raises(TrainError, match=r"checkpoint format 2\): .*names the model does not have: .*\.qkv\."):
+        train(tiny_cfg("train.max_epochs=3"), run_dir, resume=True)
+    torch.save({**state, "format_version": 3}, run_dir / "checkpoint_last.pt")
+    with pytest.raises(CheckpointError, match="written by checkpoint format 3, this attn-mt reads formats 1, 2"):
+        train(tiny_cfg("train.max_epochs=3"), run_dir, resume=True)
+
+
+def test_resume_from_weights_only_says_so(tiny_run, tmp_path):
+    run_dir = shutil.copytree(tiny_run, tmp_path / "run")
+    config = write_config(tmp_path / "c.yaml", "train.max_epochs=3")
+    assert cli("average", tiny_run / "checkpoint_best.pt", "--out", run_dir / "checkpoint_last.pt").exit_code == 0
+    one_line_error(cli("train", "-c", config, "--out", run_dir, "--resume"), 1,
+                   f"--resume: {run_dir / 'checkpoint_last.pt'}: holds weights only", "attn-mt average")
+
+
+def _crafted(tiny_run, tmp_path, name, **changes):
+    state = load(tiny_run / "checkpoint_best.pt")
+    for key, value in changes.items():
+        if value is DROP:
+            del state[key]
+        else:
+            state[key] = value
+    save(state, tmp_path / name)
+    return tmp_path / name
+
+
+DROP = object()
+
+
+def test_crafted_checkpoints_fail_in_one_line_naming_the_file(tiny_run, tmp_path):
+    weights = load(tiny_run / "checkpoint_best.pt")["model"]
+    key = next(iter(weights))
+    cases = {
+        "no-tokenizer.pt": ({"tokenizer": DROP}, "holds no tokenizer"),
+        "garbage-tokenizer.pt": ({"tokenizer": {"src_proto": b"\x08garbage", "tgt_proto": None}},
+                                 "not a SentencePiece model"),
+        "string-tokenizer.pt": ({"tokenizer": "spm"}, "tokenizer is a str"),
+        "list-model.pt": ({"model": [1, 2]}, "weights are a list"),
+        "missing-key.pt": ({"model": {k: v for k, v in weights.items() if k != key}}, f"missing: {key}"),
+        "extra-key.pt": ({"model": {**weights, "extra.weight": torch.ones(1)}}, "unexpected: extra.weight"),
+        "reshaped.pt": ({"model": {**weights, key: torch.ones(2, 2)}}, f"shapes differ: {key} (2, 2)"),
+        "nan.pt": ({"model": {**weights, key: weights[key] * float("nan")}}, f"not finite ({key}"),
+    }
+    for name, (changes, message) in cases.items():
+        path = _crafted(tiny_run, tmp_path, name, **changes)
+        one_line_error(cli("translate", "--checkpoint", path, "hello"), 1, f"error: {path}: ", message)
+
+
+def test_save_removes_only_temp_files_whose_writer_is_gone(tmp_path):
+    path = tmp_path / "c.pt"
+    host = checkpoint._HOST
+    live = tmp_path / f".c.pt.{host}.{os.getppid()}.tmp"  # a process that is writing (our parent)
+    other_host = tmp_path / f".c.pt.elsewhere.{2**22 + 7}.tmp"  # another machine's writer on a shared disk
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    gone = tmp_path / f".c.pt.{host}.{dead.pid}.tmp"
+    for tmp in (live, other_host, gone):
+        tmp.write_bytes(b"half a checkpoint")
+    save({"model": {}, "config": {}}, path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["c.pt", live.name, other_host.name])

@@ -1,14 +1,24 @@
 """What `--resume` must match and what it restores: the config (only budget, reporting and decoding
-may change), model, optimizer, gradient scaler and RNG state, and whether the run had finished."""
+may change), model, optimizer, gradient scaler and RNG state, and whether the run had finished.
+
+The optimizer's moments are restored by parameter name, never by position: checkpoint format 2 saves
+each group's `param_names` (torch's key) beside the positional state; format 1 saved none, so its
+positions are named by the checkpoint's own weights (the optimizer was built from `model.parameters()`,
+which follow the state_dict's order: that is how a run written before the attention modules changed
+their registration order, `out_proj` after the input projections, is restored correctly).
+"""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import fields
+from pathlib import Path
 
 import torch
+from torch import nn
 
-from attn_mt.config import ConfigError, ExperimentConfig, TrainConfig, from_dict, to_dict
+from attn_mt.checkpoint import FORMAT_VERSION, config_changes
+from attn_mt.config import ConfigError, ExperimentConfig, TrainConfig, to_dict
 from attn_mt.config.yamlconf import show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.device import set_rng_state
@@ -33,27 +43,26 @@ def finished(st: TrainState, tc: TrainConfig) -> str | None:
     return limit_reached(tc, st.step, st.elapsed_s)
 
 
-# settings --resume may change: the budget, how often to report and save, where the data lives, and
-# decoding; any other change would alter the data order or the optimisation of the run
-RESUMABLE = {"name", "data.dir", "data.name", "train.max_steps", "train.max_minutes", "train.max_epochs",
-             "train.patience", "train.eval_every", "train.bleu_sentences", "train.checkpoint_every",
-             "train.keep_last", "train.max_bad_steps", "train.log_every", "train.threads", "train.device",
-             "train.compile", "train.tensorboard"}
+def check_resumable(resumed: dict, path: Path, cfg: ExperimentConfig) -> None:
+    """Refuse, before any data is read, a checkpoint that cannot continue a run: weights only (as
+    `attn-mt average` writes), or a config that changes the data order or the optimisation."""
+    missing = [k for k in ("optimizer", "rng", "tokenizer", "step") if k not in resumed]
+    if missing:
+        raise TrainError(f"--resume: {path}: holds weights only (no {', '.join(missing)}; e.g. written by "
+                         "attn-mt average): it translates and evaluates but cannot continue a run")
+    check_config(resumed["config"], cfg)
 
 
 def check_config(saved: dict, cfg: ExperimentConfig) -> None:
     """Refuse to resume with settings that change the data order or the optimisation, naming the keys;
     called before any data is read."""
     try:
-        before = _flat(to_dict(from_dict(saved)))
+        changed = config_changes(saved, to_dict(cfg))
     except ConfigError as e:
         raise TrainError(f"--resume: the checkpoint's config is not valid for this attn-mt: {e}") from None
-    now = _flat(to_dict(cfg))
-    changed = [k for k in sorted(set(before) | set(now))
-               if before.get(k) != now.get(k) and k not in RESUMABLE and not k.startswith("decode.")]
     if changed:
-        what = "; ".join(f"{k} is {show(now.get(k))}, the checkpoint was trained with {show(before.get(k))}"
-                         for k in changed[:5])
+        what = "; ".join(f"{k} is {show(now)}, the checkpoint was trained with {show(before)}"
+                         for k, before, now in changed[:5])
         raise TrainError(f"--resume: {what} (it would change the data order or the optimisation; "
                          "start a new run with --overwrite or another --out)")
 
@@ -64,20 +73,14 @@ def check_tokenizer(tokenizer: dict, tok: Tokenizer) -> None:
                          "settings changed); start a new run instead")
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConfig,
             world: distributed.World) -> TrainState:
     """Load a checkpoint_last.pt dict into model, optimizer, scaler and RNG; returns where the run stood."""
     check_config(resumed["config"], cfg)
     check_tokenizer(resumed["tokenizer"], tok)
     trainer.model.load_state_dict(resumed["model"])
-    trainer.opt.load_state_dict(resumed["optimizer"])
+    load_optimizer(trainer.opt, trainer.model, resumed["optimizer"], resumed.get("format_version", FORMAT_VERSION),
+                   resumed["model"])
     if resumed.get("scaler") and trainer.scaler.is_enabled():
         trainer.scaler.load_state_dict(resumed["scaler"])
     st = TrainState(**{f.name: resumed[f.name] for f in fields(TrainState) if f.name in resumed})
@@ -91,3 +94,69 @@ def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConf
                     max(len(ranks), 1))
         torch.manual_seed((cfg.train.seed * 1_000_003 + world.rank * 10_007 + st.step) % 2**63)
     return st
+
+
+def optimizer_state(opt: torch.optim.Optimizer, model: nn.Module) -> dict:
+    """`opt.state_dict()` with each group's parameter names, so that --resume restores the moments by name."""
+    state = opt.state_dict()
+    names = {id(p): n for n, p in model.named_parameters()}
+    for saved, group in zip(state["param_groups"], opt.param_groups, strict=True):
+        saved["param_names"] = [names[id(p)] for p in group["params"]]
+    return state
+
+
+def _names_by_position(saved: dict, version: int, model: nn.Module, weights: dict) -> list[list[str]]:
+    """The parameter name of every position of each saved group."""
+    if version >= 2:
+        return [g["param_names"] for g in saved["param_groups"]]
+    # format 1: positions follow model.parameters() of the model that saved it, i.e. the saved weights'
+    # order with buffers and the second name of a tied weight left out
+    params = dict(model.named_parameters(remove_duplicate=False))
+    order, seen = [], set()
+    for name in weights:
+        if name in params and id(params[name]) not in seen:
+            seen.add(id(params[name]))
+            order.append(name)
+    sizes = [len(g["params"]) for g in saved["param_groups"]]
+    if sum(sizes) != len(order):
+        raise TrainError(f"--resume: checkpoint_last.pt (checkpoint format {version}) has optimizer state for "
+                         f"{sum(sizes)} parameters, its weights have {len(order)}; start a new run")
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [order[a : a + n] for a, n in zip(starts, sizes, strict=True)]
+
+
+def load_optimizer(opt: torch.optim.Optimizer, model: nn.Module, saved: dict, version: int, weights: dict) -> None:
+    """Load `saved` (an optimizer state_dict of checkpoint format `version`) into `opt` by parameter name.
+
+    torch's `load_state_dict` pairs saved and current parameters by position; the saved groups' id lists
+    are reordered here so that each position holds the id saved for the same name, shapes checked.
+    """
+    try:
+        names = _names_by_position(saved, version, model, weights)
+        groups = saved["param_groups"]
+        if len(groups) != len(opt.param_groups):
+            raise ValueError(f"{len(groups)} parameter groups, the optimizer has {len(opt.param_groups)}")
+        params = dict(model.named_parameters(remove_duplicate=False))
+        current = {id(p): n for n, p in model.named_parameters()}
+        regrouped = []
+        for group, saved_names, now in zip(groups, names, opt.param_groups, strict=True):
+            unknown = [n for n in saved_names if n not in params]
+            if unknown:
+                raise ValueError(f"names the model does not have: {', '.join(unknown[:3])}")
+            ids = {current[id(params[n])]: i for n, i in zip(saved_names, group["params"], strict=True)}
+            want = [current[id(p)] for p in now["params"]]
+            if ids.keys() != set(want):
+                lost = sorted(set(want) - ids.keys()) or sorted(ids.keys() - set(want))
+                raise ValueError(f"parameter names differ from the model's ({', '.join(lost[:3])})")
+            for name in want:
+                moments = saved["state"].get(ids[name], {})
+                avg = moments.get("exp_avg")
+                if avg is not None and avg.shape != params[name].shape:
+                    raise ValueError(f"{name}: moments of shape {tuple(avg.shape)}, the weight has "
+                                     f"{tuple(params[name].shape)}")
+            regrouped.append({**{k: v for k, v in group.items() if k != "param_names"},
+                              "params": [ids[n] for n in want]})
+        opt.load_state_dict({"state": saved["state"], "param_groups": regrouped})
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise TrainError(f"--resume: checkpoint_last.pt (checkpoint format {version}): optimizer state does not "
+                         f"fit this model: {e}; start a new run") from None

@@ -32,7 +32,7 @@ from attn_mt.device import pick_device, pick_precision, rng_state
 from attn_mt.models import build_model, count_params
 from attn_mt.training import distributed
 from attn_mt.training.board import Board
-from attn_mt.training.resume import check_config, finished, restore
+from attn_mt.training.resume import check_resumable, finished, optimizer_state, restore
 from attn_mt.training.rundir import RunDir
 from attn_mt.training.schedule import limit_reached
 from attn_mt.training.trainer import Trainer, TrainError, TrainInterrupted, TrainState
@@ -119,7 +119,7 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         logging.getLogger("attn_mt").setLevel(logging.WARNING)  # rank 0 reports
     resumed = checkpoint.load(files.last) if resume else None
     if resumed is not None:
-        check_config(resumed["config"], cfg)
+        check_resumable(resumed, files.last, cfg)
     if tc.threads:
         torch.set_num_threads(tc.threads)
     precision = pick_precision(tc.precision, device)
@@ -218,8 +218,9 @@ def checkpoint_state(run: Run, rngs: list[dict]) -> dict:
     """What checkpoint_last.pt holds: weights, optimizer, config, tokenizer, every rank's RNG, TrainState."""
     st, tr = run.state, run.trainer
     st.elapsed_s = run.elapsed()
-    return {"model": tr.model.state_dict(), "optimizer": tr.opt.state_dict(), "config": to_dict(run.cfg),
-            "tokenizer": run.corpus.tok.state(), "rng": rngs[0], "rng_ranks": rngs if run.world.enabled else None,
+    return {"model": tr.model.state_dict(), "optimizer": optimizer_state(tr.opt, tr.model),
+            "config": to_dict(run.cfg), "tokenizer": run.corpus.tok.state(), "rng": rngs[0],
+            "rng_ranks": rngs if run.world.enabled else None,
             "scaler": tr.scaler.state_dict() if tr.scaler.is_enabled() else None, **asdict(st)}
 
 
