@@ -208,6 +208,22 @@ def test_page_translates_switches_maps_and_hovers(browser, url, tmp_path):
     assert "Type a sentence" in browser.find_element(By.ID, "status").text
 
 
+def test_an_export_translates_and_says_why_there_are_no_maps(browser, tiny_run, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from attn_mt.export.ctranslate2 import export_ct2
+
+    export_ct2(tiny_run / "checkpoint_best.pt", tmp_path / "ct2")
+    with serving(create_app(tmp_path / "ct2", device="cpu")) as url:
+        settings = {"text": "the old man sees a small dog.", "beam": "2", "nbest": "2"}
+        open_page(browser, f"{url}/?{urlencode(settings)}").until(translated(1))
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#nbest-list li")) == 2
+        assert "PyTorch checkpoint" in browser.find_element(By.ID, "no-maps").text
+        assert not browser.find_element(By.ID, "tokens").is_displayed()
+        assert not browser.find_element(By.ID, "kind").is_displayed()
+        share = browser.find_element(By.ID, "share").get_attribute("href")
+        assert parse_qs(urlsplit(share).query) == {k: [v] for k, v in settings.items()}  # no map to name
+
+
 # for each endpoint and the intro: content wider than its box (a <pre> scrolls inside, which is fine)
 SPILLS = "return [...document.querySelectorAll('#api > section')].filter(s => s.scrollWidth > s.clientWidth).length"
 GAP = """const [intro, first] = document.querySelectorAll('#api > section');

@@ -54,24 +54,27 @@ function count(n) {
   return n >= 1e6 ? `${(n / 1e6).toFixed(1)}M` : n >= 1e3 ? `${(n / 1e3).toFixed(1)}k` : String(n);
 }
 
+// The facts of /api/info; an export may not know its languages or parameter count (null: shown as –).
 function showFacts(info) {
   const {architecture: arch, languages: lang, vocabulary: vocab} = info;
   const shape = Object.entries(arch).filter(([k]) => SHAPE_KEYS.includes(k)).map(([k, v]) => `${k} ${v}`).join(", ");
+  const languages = lang.source && `${lang.source} → ${lang.target}`;
+  const params = info.parameters && count(info.parameters);
   const rows = [
     ["checkpoint", info.checkpoint],
-    ["languages", `${lang.source} → ${lang.target}`],
-    ["architecture", `${arch.kind}: ${shape}`],
-    ["parameters", `${count(info.parameters)} (${info.parameters.toLocaleString("en")})`],
+    ["languages", languages],
+    ["architecture", shape ? `${arch.kind}: ${shape}` : arch.kind],
+    ["parameters", params && `${params} (${info.parameters.toLocaleString("en")})`],
     ["vocabulary", vocab.joint ? `${vocab.source} subwords, joint` : `${vocab.source} source, ${vocab.target} target`],
-    ["training step", info.step === null ? "–" : info.step + (info.epoch === null ? "" : ` (epoch ${info.epoch})`)],
-    ["validation BLEU", info.valid_bleu === null ? "–" : info.valid_bleu.toFixed(2)],
+    ["training step", info.step === null ? null : info.step + (info.epoch === null ? "" : ` (epoch ${info.epoch})`)],
+    ["validation BLEU", info.valid_bleu === null ? null : info.valid_bleu.toFixed(2)],
     ["decoding", `beam ${info.decode.beam}, length penalty alpha ${info.decode.alpha}`],
-    ["attention", info.attention.map((k) => KIND_NAMES[k]).join(", ")],
+    ["attention", info.attention.map((k) => KIND_NAMES[k]).join(", ") || "none (an export has no maps)"],
     ["device", info.device],
   ];
-  const items = rows.flatMap(([k, v]) => [el("dt", {textContent: k}), el("dd", {textContent: v})]);
+  const items = rows.flatMap(([k, v]) => [el("dt", {textContent: k}), el("dd", {textContent: v ?? "–"})]);
   $("facts-list").replaceChildren(...items);
-  $("model-line").textContent = `${arch.kind}, ${lang.source} → ${lang.target}, ${count(info.parameters)} parameters`;
+  $("model-line").textContent = [arch.kind, languages, params && `${params} parameters`].filter(Boolean).join(", ");
 }
 
 function fillNbest(nbest = $("nbest").value) {
@@ -81,7 +84,7 @@ function fillNbest(nbest = $("nbest").value) {
 // Before the first translation: a sentence (the example, or a share link's) ready to translate, and what to do.
 function showEmptyState(text) {
   const {source, target} = state.info.languages;
-  const [from, to] = [languageName(source), languageName(target)];
+  const [from, to] = source ? [languageName(source), languageName(target)] : ["the source language", "the target language"];
   $("text").placeholder = `Type or paste a sentence in ${from}, then Enter`;
   $("text").value = text;
   $("text").select();  // typing replaces it
@@ -98,6 +101,7 @@ async function init() {
     return;
   }
   showFacts(state.info);
+  document.body.classList.toggle("no-maps", !state.info.attention.length);  // an export: translations only
   const params = new URLSearchParams(location.search);  // a share link: every setting of the page
   const {limits, decode} = state.info;
   fillSelect($("beam"), range(1, Math.min(limits.max_beam, Math.max(12, decode.beam))), params.get("beam"), String,
@@ -129,15 +133,18 @@ async function translate() {
   setStatus("translating…");
   $("go").disabled = true;
   try {
+    const maps = state.info.attention.length > 0;
     const [tr, att] = await Promise.all([
-      api("/api/translate", {texts: [text], beam, nbest}), api("/api/attention", {text, beam})]);
+      api("/api/translate", {texts: [text], beam, nbest}), maps ? api("/api/attention", {text, beam}) : null]);
     if (id !== state.request) return;  // a newer request is on its way
     showNbest(tr.results[0].hypotheses);
-    state.att = att;
-    state.hover = null;
     state.shown = {text, beam, nbest};
-    showTokens();
-    fillView();
+    if (maps) {
+      state.att = att;
+      state.hover = null;
+      showTokens();
+      fillView();
+    }
     drawMaps();
     setStatus("");
     document.body.dataset.translations = String(++state.translations);  // for tests: a render finished
@@ -189,8 +196,9 @@ function fillView(view = {}) {
 function updateLink() {
   if (!state.shown) return;
   const {text, beam, nbest} = state.shown;
-  const link = "?" + new URLSearchParams({text, beam, nbest, kind: $("kind").value, layer: $("layer").value,
-                                          head: $("head").value});
+  const view = state.info.attention.length ? {kind: $("kind").value, layer: $("layer").value, head: $("head").value}
+    : {};
+  const link = "?" + new URLSearchParams({text, beam, nbest, ...view});
   history.replaceState(null, "", link);
   $("share").href = link;
   $("share").hidden = false;
