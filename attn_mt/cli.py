@@ -221,11 +221,13 @@ def evaluate(checkpoint: CkptOpt,
 @_user_errors
 def average(checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints of one run, e.g. "
                                                                "RUN/checkpoint_step*.pt.")],
-            out: Annotated[Path, typer.Option(help="Where to write the averaged checkpoint.")]) -> None:
-    """Average the weights of several checkpoints of one model into one checkpoint for translate/evaluate."""
+            out: Annotated[Path, typer.Option(help="Where to write the averaged checkpoint.")],
+            force: Annotated[bool, typer.Option(help="Average checkpoints of different runs (other config "
+                                                     "or seed) too.")] = False) -> None:
+    """Average the weights of several checkpoints of one run into one checkpoint for translate/evaluate."""
     from attn_mt import checkpoint
 
-    checkpoint.save(checkpoint.average(checkpoints), out)
+    checkpoint.save(checkpoint.average(checkpoints, force=force), out)
     typer.echo(f"averaged {len(checkpoints)} checkpoints into {out}")
 
 

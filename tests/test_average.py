@@ -63,3 +63,35 @@ def test_average_command(tmp_path, tiny_run):
     bad = subprocess.run([exe, "average", str(ckpt), str(tmp_path / "missing.pt"), "--out",
                           str(tmp_path / "x.pt")], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and bad.stderr.strip() == f"error: {tmp_path / 'missing.pt'}: checkpoint not found"
+
+
+def _with_config(state: dict, path: Path, **changes) -> Path:
+    config = {section: dict(values) if isinstance(values, dict) else values
+              for section, values in state["config"].items()}
+    for key, value in changes.items():
+        section, name = key.split("__")
+        config[section][name] = value
+    save({**state, "config": config}, path)
+    return path
+
+
+def test_average_refuses_checkpoints_of_different_runs_unless_forced(tmp_path, tiny_run):
+    from conftest import cli, one_line_error
+
+    best = tiny_run / "checkpoint_best.pt"
+    state = checkpoint.load(best)
+    seeded = _with_config(state, tmp_path / "seed7.pt", train__seed=7)
+    wider = _with_config(state, tmp_path / "wider.pt", train__seed=7, model__dropout=0.3, data__max_len=9)
+    longer = _with_config(state, tmp_path / "longer.pt", train__max_steps=500, train__max_epochs=9,
+                          train__eval_every=3, decode__beam_size=2)
+    with pytest.raises(CheckpointError, match=r"seed7\.pt: not of the same run as .*checkpoint_best\.pt "
+                                              r"\(train\.seed is 7 there, 1 in checkpoint_best\.pt\)"):
+        average([best, seeded])
+    with pytest.raises(CheckpointError, match="data.max_len is 9 there.*model.dropout is 0.3 there.*train.seed"):
+        average([best, wider])
+    assert average([best, longer])["model"].keys() == state["model"].keys()  # a longer budget: the same run
+    one_line_error(cli("average", best, seeded, "--out", tmp_path / "avg.pt"), 1, "not of the same run",
+                   "--force")
+    assert not (tmp_path / "avg.pt").exists()
+    assert cli("average", best, seeded, "--out", tmp_path / "avg.pt", "--force").exit_code == 0
+    assert checkpoint.load(tmp_path / "avg.pt")["averaged"] == [str(best), str(seeded)]
