@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from attn_mt.checkpoint import tokenizer_from_protos
 from attn_mt.config import ConfigError, DecodeConfig
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.beam import Hypothesis, length_penalty
@@ -57,13 +58,24 @@ def pick_device(name: str) -> str:
 
 
 def _read_meta(path: Path) -> dict:
+    """META, checked: SentencePiece file names inside the export, max_positions >= 1, a valid decode section."""
     try:
         meta = json.loads((path / META).read_text())
-        return {**meta, "decode": DecodeConfig(**meta["decode"])}
+        if not isinstance(meta, dict):
+            raise TypeError(f"a JSON {type(meta).__name__}, not an object")
+        meta = {**meta, "decode": DecodeConfig(**meta["decode"])}
     except FileNotFoundError:
         raise ExportError(f"{path}: not an attn-mt export (no {META}; write one with attn-mt export)") from None
-    except (ValueError, KeyError, TypeError, ConfigError) as e:
-        raise ExportError(f"{path / META}: unreadable ({type(e).__name__}: {e})") from None
+    except (ValueError, KeyError, TypeError, ConfigError, OSError) as e:
+        raise ExportError(f"{path / META}: unreadable ({type(e).__name__}: {str(e)[:200]})") from None
+    names, positions = meta.get("sentencepiece"), meta.get("max_positions")
+    if not (isinstance(names, list) and len(names) in (1, 2)
+            and all(isinstance(n, str) and n and Path(n).name == n and n != ".." for n in names)):
+        raise ExportError(f"{path / META}: sentencepiece must list 1 or 2 file names in the export, "
+                          f"not {str(names)[:80]}")
+    if type(positions) is not int or positions < 1:
+        raise ExportError(f"{path / META}: max_positions must be a positive integer, not {str(positions)[:40]}")
+    return meta
 
 
 def load_exported(path: Path | str, device: str = "cpu", *, compute_type: str = "default",
@@ -72,7 +84,13 @@ def load_exported(path: Path | str, device: str = "cpu", *, compute_type: str = 
     path = Path(path)
     meta = _read_meta(path)
     ct2 = require_ctranslate2()
-    protos = [(path / name).read_bytes() for name in meta["sentencepiece"]]
+    protos = []
+    for name in meta["sentencepiece"]:
+        try:
+            protos.append((path / name).read_bytes())
+        except OSError as e:
+            raise ExportError(f"{path / name}: cannot read it ({e.strerror or e})") from None
+        tokenizer_from_protos(protos[-1], None, what=str(path / name))  # one line naming a damaged file
     tok = Tokenizer(protos[0], protos[1] if len(protos) > 1 else None)
     try:
         translator = ct2.Translator(str(path), device=device, compute_type=compute_type,

@@ -1,5 +1,7 @@
 """attn-mt export: CTranslate2 gives our log-probabilities and our translations; errors are one line."""
 
+import json
+import shutil
 import sys
 from dataclasses import replace
 
@@ -160,3 +162,25 @@ def test_reexport_never_deletes_the_checkpoint_or_user_files(tiny_run, tmp_path,
                                         str(out), "--quantization", "int8"]), "No space left on device")
     assert sorted(p.name for p in out.iterdir()) == first and (out / "model.bin").read_bytes() == model_bin
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere.pt", "ex1"]  # no temporary folder left
+
+
+def test_damaged_exports_fail_in_one_line_naming_the_file(exported, tmp_path):
+    meta = json.loads((exported / "attn_mt.json").read_text())
+    cases = {
+        "corrupt-spm": ("spm.model", b"\x0agarbage", "spm.model: not a SentencePiece model"),
+        "empty-spm": ("spm.model", b"", "spm.model: empty SentencePiece model"),
+        "no-max-positions": ("attn_mt.json", {k: v for k, v in meta.items() if k != "max_positions"},
+                             "attn_mt.json: max_positions must be a positive integer, not None"),
+        "negative-max-positions": ("attn_mt.json", {**meta, "max_positions": -5}, "not -5"),
+        "no-sentencepiece": ("attn_mt.json", {**meta, "sentencepiece": []}, "sentencepiece must list 1 or 2"),
+        "outside": ("attn_mt.json", {**meta, "sentencepiece": ["../spm.model"]}, "file names in the export"),
+        "list": ("attn_mt.json", [], "attn_mt.json: unreadable"),
+        "bad-decode": ("attn_mt.json", {**meta, "decode": {"beam_size": "x"}}, "attn_mt.json: unreadable"),
+    }
+    for name, (file, content, message) in cases.items():
+        out = shutil.copytree(exported, tmp_path / name)
+        data = content if isinstance(content, bytes) else json.dumps(content).encode()
+        (out / file).write_bytes(data)
+        result = runner.invoke(app, ["translate", "--checkpoint", str(out), "hello"])
+        _one_line_error(result, f"{out}", message)
+        assert result.exit_code == 1
