@@ -202,6 +202,8 @@ def test_page_translates_switches_maps_and_hovers(browser, url, tmp_path):
     assert any(float(x or 0) == 1.0 for x in tinted)  # the source token it attends to most
     shot.parent.mkdir(parents=True, exist_ok=True)
     screenshot(browser, shot, 1360)
+    browser.set_window_size(390, 900)  # a phone: the maps scroll inside their panel, the page does not
+    assert overflow(browser)[0] <= overflow(browser)[1]
 
     browser.execute_script("document.getElementById('text').value = ''")
     browser.find_element(By.ID, "go").click()
