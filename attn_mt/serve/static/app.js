@@ -84,7 +84,8 @@ function fillNbest(nbest = $("nbest").value) {
 // Before the first translation: a sentence (the example, or a share link's) ready to translate, and what to do.
 function showEmptyState(text) {
   const {source, target} = state.info.languages;
-  const [from, to] = source ? [languageName(source), languageName(target)] : ["the source language", "the target language"];
+  const [from, to] = source ? [languageName(source), languageName(target)]
+    : ["the source language", "the target language"];  // an export that does not name them
   $("text").placeholder = `Type or paste a sentence in ${from}, then Enter`;
   $("text").value = text;
   $("text").select();  // typing replaces it
@@ -229,7 +230,7 @@ function color(x) {
 }
 
 function drawMaps() {
-  $("explain").textContent = EXPLAIN[$("kind").value];
+  $("explain").textContent = EXPLAIN[$("kind").value] || "";
   updateLink();
   if (!state.att) return;
   const sel = selection();

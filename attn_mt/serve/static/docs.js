@@ -68,13 +68,17 @@ function curl(path, body) {  // POST where there is a body
   return `curl -s ${location.origin}${path}${data}`;
 }
 
+function title(method, path) {  // POST /api/translate
+  return [el("span", {className: `method ${method}`, textContent: method.toUpperCase()}), " ",
+          el("code", {textContent: path})];
+}
+
 // live: what the GET endpoints answer now (a free-form object is shown by this server's answer)
 function endpoint(method, path, op, spec, live) {
   const info = live["/api/info"];
   const id = `${method}-${path.replace(/\W+/g, "-")}`;
   const section = el("section", {className: "endpoint", id}, [
-    el("h2", {}, [el("span", {className: `method ${method}`, textContent: method.toUpperCase()}), " ",
-                  el("code", {textContent: path})]),
+    el("h2", {}, title(method, path)),
     el("p", {}, inline(op.description || op.summary)),
   ]);
   const request = op.requestBody && resolve(op.requestBody.content["application/json"].schema, spec);
@@ -110,10 +114,8 @@ async function render() {
     live[path] = await fetch(path).then((r) => r.json()).catch(() => null);
   }
   const sections = ops.map(({path, method, op}) => endpoint(method, path, op, spec, live));
-  const contents = el("ul", {className: "contents"}, ops.map(({path, method}, i) => el("li", {}, [
-    el("a", {href: `#${sections[i].id}`}, [el("span", {className: `method ${method}`, textContent: method.toUpperCase()}),
-                                           " ", el("code", {textContent: path})]),
-    " ", spec.paths[path][method].summary || ""])));
+  const contents = el("ul", {className: "contents"}, ops.map(({path, method, op}, i) => el("li", {}, [
+    el("a", {href: `#${sections[i].id}`}, title(method, path)), " ", op.summary || ""])));
   const intro = el("section", {className: "intro"}, [
     ...spec.info.description.split(/\n\s*\n/).map((line) => el("p", {}, inline(line))), contents]);
   document.getElementById("api").replaceChildren(intro, ...sections);
