@@ -1,25 +1,31 @@
 """`attn-mt serve`: a local web page and JSON API for translating with a checkpoint and seeing its attention.
 
     api.py      request/response models, limits, errors that name the field
-    batcher.py  dynamic batching: one model worker thread, requests of many clients in one batch
-    engine.py   the model: translate, attention maps, checkpoint facts
+    guards.py   ASGI middleware: Host allow-list, body limit and body read timeout
+    batcher.py  dynamic batching: one model worker thread, fair batches from every waiting request, a bounded queue
+    engine.py   the model (a checkpoint or an export folder): translate, attention maps, facts
     app.py      the FastAPI app: page, /api/translate, /api/attention, /api/info
+    server.py   uvicorn: our own socket, a header timeout, a quick Ctrl-C
+
+May import config, checkpoint, device, data, models, decoding and export; never training or measure.
 """
 
 from __future__ import annotations
 
 try:
     import fastapi  # noqa: F401
-    import uvicorn
+    import uvicorn  # noqa: F401
 except ImportError as e:  # the serve extra is optional
     raise ImportError(f"attn-mt serve needs FastAPI and uvicorn ({e}): pip install 'attn-mt[serve]'") from None
 
 from .api import Limits
 from .app import create_app
+from .guards import LOOPBACK
+from .server import listen, make_server
 
-__all__ = ["Limits", "create_app", "run"]
+__all__ = ["LOOPBACK", "Limits", "create_app", "listen", "run"]
 
 
-def run(app, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Serve `app` until Ctrl-C; one process, so one copy of the model."""
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+def run(app, sock, limits: Limits = Limits()) -> None:
+    """Serve `app` (from create_app) on the bound socket `sock` until Ctrl-C; one process, one copy of the model."""
+    make_server(app, limits.header_timeout_s).run(sockets=[sock])

@@ -10,24 +10,35 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may ask for; larger requests are answered 413, out-of-range values 422."""
+    """What one request may ask for, and what the server holds at once.
+
+    Larger requests are answered 413 and out-of-range values 422; a full queue 503 with Retry-After;
+    a client that has not sent its headers (or its body) within the timeout is disconnected (408 for a body).
+    """
 
     max_texts: int = 64  # sentences per /api/translate request
     max_chars: int = 10_000  # characters per request, all sentences together
     max_attention_chars: int = 1000  # an /api/attention sentence: the maps grow with its length squared
     max_beam: int = 16
+    max_work: int = 20_000  # per request: source subwords (with </s>) of all sentences x beam size
+    max_batch_work: int = 4096  # per model call: what a one-sentence request may wait behind
+    max_queue: int = 64  # requests waiting for or in decoding; more are answered 503
     max_wait_ms: float = 5.0  # how long the first request of a batch waits for others
+    header_timeout_s: float = 10.0  # from connecting (or the previous answer) to the end of the headers
+    body_timeout_s: float = 10.0  # from the end of the headers to the end of the body
 
     def __post_init__(self) -> None:
-        for key in ("max_texts", "max_chars", "max_attention_chars", "max_beam"):
+        for key in ("max_texts", "max_chars", "max_attention_chars", "max_beam", "max_work", "max_batch_work",
+                    "max_queue"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key}={getattr(self, key)}: must be >= 1")
-        if self.max_wait_ms < 0:
-            raise ValueError(f"max_wait_ms={self.max_wait_ms}: must be >= 0")
+        for key in ("max_wait_ms", "header_timeout_s", "body_timeout_s"):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"{key}={getattr(self, key)}: must be >= 0")
 
     @property
     def max_body_bytes(self) -> int:
-        """Request bodies above this are refused unread: 12 bytes a character covers JSON's \\u escapes."""
+        """Request bodies above this are refused: 12 bytes a character covers JSON's \\u escapes."""
         return 12 * self.max_chars + 16 * self.max_texts + 4096
 
 
@@ -73,6 +84,13 @@ class TranslateRequest(BaseModel):
             raise ApiError(413, "texts", f"{len(self.texts)} sentences; at most {limits.max_texts} per request")
         _check_chars("texts", sum(map(len, self.texts)), limits.max_chars)
         _check_beam(self.beam, limits)
+
+
+def check_work(field: str, costs: list[int], limits: Limits) -> None:
+    """Refuse a request whose work (source subwords x beam, see Limits.max_work) is over the limit."""
+    if sum(costs) > limits.max_work:
+        raise ApiError(413, field, f"{sum(costs)} units of work (source subwords x beam); at most max_work="
+                                   f"{limits.max_work} per request: send fewer or shorter sentences or a smaller beam")
 
 
 class AttentionRequest(BaseModel):

@@ -1,9 +1,8 @@
-"""The web app: the page, the JSON API, error answers that name the field, and the body-size guard."""
+"""The web app: the page, the JSON API, and error answers that name the field."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
@@ -16,9 +15,19 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
-from .api import ApiError, AttentionRequest, AttentionResponse, Limits, TranslateRequest, TranslateResponse, error_body
-from .batcher import Batcher
+from .api import (
+    ApiError,
+    AttentionRequest,
+    AttentionResponse,
+    Limits,
+    TranslateRequest,
+    TranslateResponse,
+    check_work,
+    error_body,
+)
+from .batcher import Batcher, QueueFull, Stopping
 from .engine import Engine
+from .guards import LOOPBACK, BodyLimit, HostCheck
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
@@ -29,22 +38,27 @@ Requests from concurrent clients are decoded together in batches by one model wo
 Errors are `{"error": "<field>: <why>", "field": "<field>"}` with a 4xx status."""
 
 
-def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto") -> FastAPI:
-    """The FastAPI app serving `checkpoint`: `/` (page), `/api/translate`, `/api/attention`, `/api/info`."""
+def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto",
+               allowed_hosts: tuple[str, ...] = LOOPBACK) -> FastAPI:
+    """The FastAPI app serving `checkpoint` (a checkpoint file or an export folder): `/` (page),
+    `/api/translate`, `/api/attention`, `/api/info`; requests whose Host is not in `allowed_hosts` get 400."""
     engine = Engine(checkpoint, device)
-    batcher = Batcher(engine.translate, engine.attention, max_batch=engine.cfg.decode.batch_size,
-                      max_wait_s=limits.max_wait_ms / 1000)
-    facts = {**engine.info(), "limits": asdict(limits)}
+    batcher = Batcher(engine.translate, engine.attention, max_batch=engine.decode.batch_size,
+                      max_batch_work=limits.max_batch_work, max_wait_s=limits.max_wait_ms / 1000,
+                      max_queue=limits.max_queue)
+    engine.interrupt = batcher.check  # a call whose clients all left stops at its next decoder step
+    facts = {**engine.info(), "limits": asdict(limits), "allowed_hosts": list(allowed_hosts)}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        batcher.close()  # finishes the queued jobs, then the worker thread ends
+        batcher.close()  # the running call stops at its next step, queued requests get 503
 
     # docs_url=None: FastAPI's Swagger page loads its scripts from a CDN; ours renders /openapi.json offline
     app = FastAPI(title="attn-mt", description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.batcher = batcher
-    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.state.batcher, app.state.engine = batcher, engine
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
+    app.add_middleware(HostCheck, allowed=allowed_hosts)  # the outermost: checked first
     _error_handlers(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -61,19 +75,28 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
         """Translate sentences; n-best lists with scores, in input order (`attn-mt translate --format jsonl`)."""
         body.check(limits)
         dcfg = engine.decode_config(body.beam, body.alpha, body.nbest)
-        return {"results": await _answer(request, batcher.submit(dcfg, body.texts))}
+        costs = engine.work(body.texts, dcfg.beam_size)
+        check_work("texts", costs, limits)
+        return {"results": await _answer(request, batcher.submit(dcfg, body.texts, costs))}
 
     @app.post("/api/attention", response_model=AttentionResponse, responses=_ERRORS)
     async def attention(body: AttentionRequest, request: Request):
         """Translate one sentence; every attention map of every layer and head, as [layer][head][query][key]."""
         body.check(limits)
-        return await _answer(request, batcher.submit(None, [(body.text, engine.decode_config(body.beam))]))
+        if engine.translator.model is None:
+            raise ApiError(404, "text", "attention maps need a PyTorch checkpoint; this server runs a CTranslate2 "
+                                        "export (serve RUN/checkpoint_best.pt to see them)")
+        dcfg = engine.decode_config(body.beam)
+        check_work("text", engine.work([body.text], dcfg.beam_size), limits)
+        return await _answer(request, batcher.submit(None, [(body.text, dcfg)]))
 
     @app.get("/api/info")
     def info() -> dict:
-        """Architecture, parameters, vocabulary, training step, validation BLEU, decoding defaults, limits;
-        `served`: model calls so far and the sentences they decoded (their ratio is the mean batch)."""
-        return {**facts, "served": {"batches": batcher.batches, "sentences": batcher.items}}
+        """What was loaded (`model`: checkpoint or export), architecture, parameters, vocabulary, training step,
+        validation BLEU, decoding defaults, limits, allowed hosts; `served`: model calls so far, the sentences
+        they decoded (their ratio is the mean batch) and the requests waiting now."""
+        return {**facts, "served": {"batches": batcher.batches, "sentences": batcher.items,
+                                    "waiting": len(batcher.pending)}}
 
     return app
 
@@ -105,8 +128,11 @@ async def _disconnect(request: Request) -> None:
 _ERRORS = {code: {"description": why, "content": {"application/json": {"example": error_body(field, msg)}}}
            for code, why, field, msg in [
                (400, "Malformed JSON", "body", "JSON decode error"),
-               (413, "Too many sentences or characters", "texts", "80 sentences; at most 64 per request"),
-               (422, "A field of the wrong type or out of range", "beam", "Input should be greater than 0")]}
+               (413, "Too many sentences, characters or units of work", "texts",
+                "80 sentences; at most 64 per request"),
+               (422, "A field of the wrong type or out of range", "beam", "Input should be greater than 0"),
+               (503, "The queue is full (retry after Retry-After seconds), or the server is stopping", "queue",
+                "64 requests are waiting; at most 64")]}
 
 
 def _error_handlers(app: FastAPI) -> None:
@@ -129,6 +155,11 @@ def _error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
         return JSONResponse({"error": str(e.detail), "field": None}, status_code=e.status_code, headers=e.headers)
 
+    @app.exception_handler(QueueFull)
+    @app.exception_handler(Stopping)
+    async def busy(request: Request, e: Exception) -> JSONResponse:
+        return JSONResponse(error_body("queue", str(e)), status_code=503, headers={"Retry-After": "1"})
+
     @app.exception_handler(ClientGone)
     async def gone(request: Request, e: ClientGone) -> Response:
         return Response(status_code=499)  # nobody reads it
@@ -137,41 +168,3 @@ def _error_handlers(app: FastAPI) -> None:
     async def failed(request: Request, e: Exception) -> JSONResponse:
         log.error("%s %s failed: %r", request.method, request.url.path, e)
         return JSONResponse({"error": f"internal error: {type(e).__name__}", "field": None}, status_code=500)
-
-
-class BodyLimit:
-    """ASGI middleware: refuse request bodies over `max_bytes` (413) before the app reads them."""
-
-    def __init__(self, app, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None:
-            if not length.isdigit() or int(length) > self.max_bytes:
-                return await self._refuse(send)
-            return await self.app(scope, receive, send)
-        body = b""  # chunked: read it here, up to the limit, and hand it on in one piece
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left
-            body += message.get("body", b"")
-            if len(body) > self.max_bytes:
-                return await self._refuse(send)
-            if not message.get("more_body"):
-                break
-        messages = [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def replay():
-            return messages.pop() if messages else await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _refuse(self, send) -> None:
-        body = json.dumps(error_body("body", f"request body over {self.max_bytes} bytes")).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})

@@ -1,131 +1,200 @@
 """Dynamic batching: one worker thread owns the model; requests from many clients share its batches.
 
-Each request becomes a `Job` with a `concurrent.futures.Future`. The worker takes the first job
-waiting, then keeps collecting for at most `max_wait_s` (or until `max_batch` sentences), and
-decodes all translation jobs with the same decoding settings in one `translate_nbest` call. While a
-batch runs, new requests queue up and form the next one, so under load the wait costs nothing and
-batches grow with the number of clients. A job whose client went away before the worker reached it
-is cancelled and never decoded.
+Each request becomes a `Job` with a `concurrent.futures.Future`. The worker builds each model call
+by taking one item (sentence) from every waiting job with the same decoding settings in turn, until
+the call holds `max_batch` items or `max_batch_work` units of work (source tokens x beam), and
+then moves the jobs it took from to the back of the queue. A huge request is so decoded in several
+calls between which everyone else gets a turn: a one-sentence request waits for at most one call,
+not for the whole of another client's work. The first job of a call waits up to `max_wait_s` for
+company; under load the queue is never empty, so the wait costs nothing.
+
+At most `max_queue` requests wait or decode at once (`QueueFull` beyond). A job whose client went away
+(its future cancelled) is dropped when the worker next looks at it, and a model call whose jobs
+are all gone stops at its next decoder step: the model calls `check()` at each step, which raises
+`Abandoned`. `stop()` (safe in a signal handler: it only sets a flag) makes the worker stop the
+running call at its next step and fail every waiting job with `Stopping`.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Hashable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
+class QueueFull(Exception):
+    """The queue already holds `max_queue` requests."""
+
+
+class Stopping(Exception):
+    """The server is shutting down."""
+
+
+class Abandoned(Exception):
+    """Raised inside a model call whose clients have all gone, or when the server stops."""
+
+
+@dataclass(eq=False)
 class Job:
-    """Work for the model. Jobs with equal `key` (not None) are batched: `run_batch` gets their `items`."""
+    """Work for the model. Jobs with equal `key` (not None) share calls: `run_batch` gets items of several."""
 
     key: Hashable | None  # decoding settings; None: run alone with `run_one`
     items: list[Any]
+    costs: list[int]  # work units of each item
     future: Future = field(default_factory=Future)
+    results: dict[int, Any] = field(default_factory=dict)
+    next: int = 0  # the first item not yet handed to the model
+
+    def settle(self, result: Any = None, error: BaseException | None = None) -> None:
+        if self.future.done():
+            return
+        try:  # the client may cancel between the check and here
+            self.future.set_exception(error) if error else self.future.set_result(result)
+        except InvalidStateError:
+            pass
 
 
 class Batcher:
-    """A queue of jobs in front of one worker thread that calls the model.
+    """A bounded, fair queue of jobs in front of one worker thread that calls the model.
 
     Args:
         run_batch: (key, items) -> one result per item, for jobs with a key (translation).
         run_one: (item) -> result, for jobs without a key (attention maps).
-        max_batch: sentences per batch; more waiting jobs go into the next batch.
-        max_wait_s: how long the first job of a batch waits for company.
+        max_batch: items per model call.
+        max_batch_work: work units per model call (a single larger item still runs, alone).
+        max_wait_s: how long the first job of a call waits for company.
+        max_queue: requests waiting or decoding; `submit` raises QueueFull beyond.
     """
 
     def __init__(self, run_batch: Callable[[Hashable, list], list], run_one: Callable[[Any], Any], *,
-                 max_batch: int = 64, max_wait_s: float = 0.005) -> None:
+                 max_batch: int = 64, max_batch_work: int = 1 << 62, max_wait_s: float = 0.005,
+                 max_queue: int = 64) -> None:
         self.run_batch, self.run_one = run_batch, run_one
-        self.max_batch, self.max_wait_s = max_batch, max_wait_s
-        self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.max_batch, self.max_batch_work, self.max_wait_s, self.max_queue = (
+            max_batch, max_batch_work, max_wait_s, max_queue)
+        self.waiting: deque[Job] = deque()  # jobs with items not yet handed to the model
+        self.pending: set[Job] = set()  # jobs without their answer: what max_queue bounds
         self.batches = self.items = 0  # model calls and the items they took, for /api/info
+        self._running: list[Job] = []
+        self._stopping = False
+        self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
 
-    def submit(self, key: Hashable | None, items: list) -> Future:
+    def submit(self, key: Hashable | None, items: list, costs: list[int] | None = None) -> Future:
         """Queue a job; its future gets the list of results (or the single result when key is None)."""
-        with self._lock:
+        job = Job(key, items, costs or [1] * len(items))
+        with self._cond:
+            if self._stopping:
+                raise Stopping("the server is shutting down")
+            if len(self.pending) >= self.max_queue:
+                raise QueueFull(f"{len(self.pending)} requests are waiting; at most {self.max_queue}")
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._work, name="attn-mt-model", daemon=True)
                 self._thread.start()
-        job = Job(key, items)
-        self.jobs.put(job)
+            self.waiting.append(job)
+            self.pending.add(job)
+            job.future.add_done_callback(lambda _: self.pending.discard(job))  # answered, failed or cancelled
+            self._cond.notify()
         return job.future
 
-    def close(self) -> None:
-        """Let the worker finish the jobs queued so far and stop."""
-        with self._lock:
-            if self._thread is not None:
-                self.jobs.put(None)
-                self._thread.join()
-                self._thread = None
+    def check(self) -> None:
+        """Called by the model at each decoder step: raise Abandoned if nobody waits for this call."""
+        if self._stopping or (self._running and all(job.future.cancelled() for job in self._running)):
+            raise Abandoned
+
+    def stop(self) -> None:
+        """Stop the running call at its next step and fail the waiting jobs; only sets a flag."""
+        self._stopping = True
+
+    def close(self, timeout: float = 5.0) -> None:
+        """stop(), then wait (at most `timeout` seconds) for the worker to end."""
+        self.stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def _work(self) -> None:
-        while True:
-            batch, stop = self._collect()
-            self._run(batch)
-            if stop:
-                return
+        while (call := self._next_call()) is not None:
+            self._run(*call)
+        with self._cond:
+            for job in self.waiting:
+                job.settle(error=Stopping("the server is shutting down"))
+            self.waiting.clear()
 
-    def _collect(self) -> tuple[list[Job], bool]:
-        """The first waiting job and those that arrive within max_wait_s, up to max_batch sentences."""
-        first = self.jobs.get()
-        if first is None:
-            return [], True
-        batch, size = [first], len(first.items)
-        deadline = time.monotonic() + self.max_wait_s
-        while size < self.max_batch:
-            try:  # take what is already queued without waiting, then wait out the deadline
-                job = self.jobs.get(timeout=max(0.0, deadline - time.monotonic())) \
-                    if self.jobs.empty() else self.jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is None:
-                return batch, True
-            batch.append(job)
-            size += len(job.items)
-        return batch, False
+    def _next_call(self) -> tuple[Hashable | None, list[tuple[Job, int]]] | None:
+        """(key, [(job, item index)]): items taken from every job of the first job's key in turn."""
+        with self._cond:
+            while True:  # wait for work; poll the stop flag, which a signal handler sets without the lock
+                for job in [j for j in self.waiting if j.future.done()]:  # cancelled by its client
+                    self.waiting.remove(job)
+                if self._stopping:
+                    return None
+                if self.waiting:
+                    break
+                self._cond.wait(0.1)
+            first = self.waiting[0]
+            if first.key is None:
+                self.waiting.popleft()
+                return None, [(first, 0)]
+            deadline = time.monotonic() + self.max_wait_s
+            while self._open(first.key) < self.max_batch and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)  # company: jobs that arrive within max_wait_s
+            jobs = [j for j in self.waiting if j.key == first.key and not j.future.done()]
+            picks: list[tuple[Job, int]] = []
+            work, taking = 0, True
+            while taking:  # one item of each job in turn
+                taking = False
+                for job in jobs:
+                    if job.next == len(job.items) or len(picks) == self.max_batch:
+                        continue
+                    cost = job.costs[job.next]
+                    if picks and work + cost > self.max_batch_work:
+                        continue
+                    picks.append((job, job.next))
+                    job.next, work, taking = job.next + 1, work + cost, True
+            for job in jobs:  # the jobs served go to the back of the queue; finished ones leave it
+                self.waiting.remove(job)
+                if job.next < len(job.items):
+                    self.waiting.append(job)
+            return first.key, picks
 
-    def _run(self, batch: list[Job]) -> None:
-        groups: dict[Hashable, list[Job]] = {}
-        for i, job in enumerate(batch):  # jobs without a key run alone
-            groups.setdefault(("alone", i) if job.key is None else job.key, []).append(job)
-        for key, jobs in groups.items():
-            # a cancelled future: its client left while the job waited; it is never decoded
-            jobs = [job for job in jobs if job.future.set_running_or_notify_cancel()]
-            if not jobs:
-                continue
-            if jobs[0].key is None:
-                self._settle(jobs, self._one, jobs[0].items[0])
-            else:
-                self._settle(jobs, self.run_batch, key, [item for job in jobs for item in job.items])
+    def _open(self, key: Hashable) -> int:
+        return sum(len(j.items) - j.next for j in self.waiting if j.key == key)
 
-    def _one(self, item: Any) -> list:
-        return [self.run_one(item)]
-
-    def _settle(self, jobs: list[Job], compute: Callable[..., list], *args: Any) -> None:
-        """Run `compute(*args)`; hand each job its slice of the results, or the exception to all of them."""
+    def _run(self, key: Hashable | None, picks: list[tuple[Job, int]]) -> None:
+        jobs = list(dict.fromkeys(job for job, _ in picks))
+        self._running = jobs
         self.batches += 1
-        self.items += sum(len(job.items) for job in jobs)
+        self.items += len(picks)
         try:
-            results = compute(*args)
+            if key is None:
+                results = [self.run_one(jobs[0].items[0])]
+            else:
+                results = self.run_batch(key, [job.items[i] for job, i in picks])
+        except Abandoned:  # every client of this call left, or the server stops
+            for job in jobs:
+                job.settle(error=Stopping("the server is shutting down"))
+            return
         except Exception as e:  # noqa: BLE001 - the worker must outlive any request
             log.exception("model call failed")
             for job in jobs:
-                job.future.set_exception(e)
+                job.settle(error=e)
+            with self._cond:
+                for job in jobs:
+                    if job in self.waiting:
+                        self.waiting.remove(job)
             return
-        start = 0
-        for job in jobs:
-            if job.key is None:
-                job.future.set_result(results[0])
-            else:
-                job.future.set_result(results[start : start + len(job.items)])
-                start += len(job.items)
+        finally:
+            self._running = []
+        for (job, i), result in zip(picks, results, strict=True):
+            job.results[i] = result
+            if key is None:
+                job.settle(result)
+            elif len(job.results) == len(job.items):
+                job.settle([job.results[k] for k in range(len(job.items))])

@@ -1,17 +1,16 @@
-"""What the model worker does: translate batches, draw attention maps, and describe the checkpoint."""
+"""What the model worker does: translate batches, draw attention maps, and describe the model it serves."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-from attn_mt import checkpoint
 from attn_mt.config import ConfigError, DecodeConfig
 from attn_mt.decoding.attention_maps import attention_maps
-from attn_mt.decoding.search import translate_nbest
-from attn_mt.device import pick_device
+from attn_mt.decoding.translator import hypotheses_json, open_translator
 from attn_mt.models import count_params
 
 from .api import ApiError
@@ -20,56 +19,81 @@ KINDS = ("encoder_self", "decoder_self", "cross")
 
 
 class Engine:
-    """One model with its tokenizer and config; every method but `decode_config` runs in the worker thread."""
+    """A checkpoint or an export folder, opened once; every method but `decode_config`, `work` and `info`
+    runs in the worker thread.
+
+    `interrupt` is called before each decoder step of a PyTorch model (the batcher's `check`, which
+    raises to abandon a call nobody waits for); CTranslate2 decodes a call to its end.
+    """
 
     def __init__(self, path: Path, device: str = "auto") -> None:
-        self.path, self.device = Path(path), pick_device(device)
-        self.model, self.cfg, self.tok = checkpoint.load_model(path, self.device)
-        self.state = {k: v for k, v in checkpoint.load(path).items() if k in ("step", "epoch", "best_bleu")}
+        self.translator = open_translator(path, device)
+        self.tok = self.translator.tok
+        self.interrupt: Callable[[], None] = lambda: None
+        model = self.translator.model
+        if model is not None:
+            decode = model.decode
+
+            def checked(*args, **kwargs):  # every decoder step of every search passes here
+                self.interrupt()
+                return decode(*args, **kwargs)
+
+            model.decode = checked  # an instance attribute: this model object only
+
+    @property
+    def decode(self) -> DecodeConfig:
+        return self.translator.decode
 
     def decode_config(self, beam: int | None, alpha: float | None = None, nbest: int | None = None,
                       ) -> DecodeConfig:
-        """The checkpoint's decode section with the request's values; nbest defaults to 1."""
-        beam = beam or self.cfg.decode.beam_size
+        """The model's decode defaults with the request's values; nbest defaults to 1."""
+        beam = beam or self.decode.beam_size
         try:
-            return replace(self.cfg.decode, beam_size=beam, nbest=nbest or 1,
-                           alpha=self.cfg.decode.alpha if alpha is None else alpha)
+            return replace(self.decode, beam_size=beam, nbest=nbest or 1,
+                           alpha=self.decode.alpha if alpha is None else alpha)
         except ConfigError:
             raise ApiError(422, "nbest", f"{nbest} exceeds the beam size {beam}") from None
 
+    def work(self, texts: list[str], beam: int) -> list[int]:
+        """Work units of each text: its source subwords (with </s>) times the beam size; 0 for an empty one."""
+        return [(len(ids) + 1) * beam if text.strip() else 0
+                for text, ids in zip(texts, self.tok.encode_src(texts), strict=True)]
+
     def translate(self, dcfg: DecodeConfig, texts: list[str]) -> list[dict]:
         """The objects of `attn-mt translate --format jsonl`, one per text, in order."""
-        nbests = translate_nbest(self.model, self.tok, texts, dcfg, self.device)
-        return [{"source": s, "hypotheses": [{"text": h.text, "score": round(h.score, 4),
-                                              "log_prob": round(h.log_prob, 4)} for h in n]}
-                for s, n in zip(texts, nbests, strict=True)]
+        nbests = self.translator.translate_nbest(texts, dcfg)
+        return [{"source": s, "hypotheses": hypotheses_json(n)} for s, n in zip(texts, nbests, strict=True)]
 
     def attention(self, item: tuple[str, DecodeConfig]) -> dict:
         """Translation, subword tokens and every attention map, weights as [layer][head][query][key]."""
         text, dcfg = item
-        translation, maps = attention_maps(self.model, self.tok, text, dcfg, self.device)
+        model, tok = self.translator.model, self.tok
+        translation, maps = attention_maps(model, tok, text, dcfg, self.translator.device)
         out: dict = {"translation": translation, **{kind: [] for kind in KINDS}}
-        for m in sorted(maps, key=lambda m: m.layer):
-            out[m.kind].append((torch.round(m.weights.float().cpu() * 1e4) / 1e4).tolist())  # (H, Tq, Tk)
+        for m in sorted(maps, key=lambda m: m.layer):  # in float64, 0.1234 prints as 0.1234, not 0.12340000271
+            out[m.kind].append((torch.round(m.weights.double().cpu() * 1e4) / 1e4).tolist())  # (H, Tq, Tk)
         cross = next(m for m in maps if m.kind == "cross")
-        bos = self.tok.tgt_pieces([self.tok.bos_id])
+        bos = tok.tgt_pieces([tok.bos_id])
         return {**out, "source_tokens": cross.keys, "target_tokens": cross.queries,
                 "target_input_tokens": bos + cross.queries[:-1]}
 
     def info(self) -> dict:
-        """Model facts for the page and /api/info."""
-        cfg, tok = self.cfg, self.tok
-        bleu = self.state.get("best_bleu")
+        """Model facts for the page and /api/info; `model` says what was loaded: "checkpoint" or "export"."""
+        t, tok = self.translator, self.tok
+        state = t.state or {}
+        bleu = state.get("best_bleu")
+        cfg = t.cfg
         return {
-            "checkpoint": self.path.name,
-            "architecture": asdict(cfg.model),
-            "parameters": count_params(self.model),
-            "languages": {"source": cfg.data.src_lang, "target": cfg.data.tgt_lang},
+            "model": t.kind,
+            "checkpoint": t.path.name,
+            "architecture": asdict(cfg.model) if cfg else {"kind": "transformer (CTranslate2)"},
+            "parameters": count_params(t.model) if t.model is not None else None,
+            "languages": {"source": cfg.data.src_lang if cfg else None, "target": cfg.data.tgt_lang if cfg else None},
             "vocabulary": {"source": tok.src_vocab_size, "target": tok.tgt_vocab_size, "joint": tok.joint},
-            "step": self.state.get("step"),
-            "epoch": self.state.get("epoch"),
+            "step": state.get("step"),
+            "epoch": state.get("epoch"),
             "valid_bleu": round(bleu, 2) if bleu is not None and bleu >= 0 else None,
-            "decode": {"beam": cfg.decode.beam_size, "alpha": cfg.decode.alpha},
-            "attention": list(KINDS) if cfg.model.kind == "transformer" else ["cross"],
-            "device": str(self.device),
+            "decode": {"beam": t.decode.beam_size, "alpha": t.decode.alpha},
+            "attention": [] if cfg is None else list(KINDS) if cfg.model.kind == "transformer" else ["cross"],
+            "device": t.device,
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -23,12 +24,13 @@ from attn_mt.models import count_params
 
 pytest.importorskip("fastapi")  # the serve extra
 httpx = pytest.importorskip("httpx")
-import uvicorn  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from attn_mt.serve import Limits, create_app  # noqa: E402
-from attn_mt.serve.batcher import Batcher  # noqa: E402
+from attn_mt.serve import Limits, create_app, listen  # noqa: E402
+from attn_mt.serve.batcher import Batcher, QueueFull  # noqa: E402
+from attn_mt.serve.server import make_server  # noqa: E402
 
+LOCAL = "http://localhost"  # the Host the server allows (TestClient sends "testserver" by default)
 LIMITS = Limits(max_texts=4, max_chars=200, max_attention_chars=100, max_beam=6)
 SENTENCES = ["the old man sees a small dog.", "", "yesterday the big cat runs.", "a dog"]
 
@@ -40,7 +42,7 @@ def ckpt(tiny_run):
 
 @pytest.fixture(scope="module")
 def client(ckpt):
-    with TestClient(create_app(ckpt, LIMITS, device="cpu")) as c:
+    with TestClient(create_app(ckpt, LIMITS, device="cpu"), base_url=LOCAL) as c:
         yield c
 
 
@@ -58,12 +60,12 @@ def rnn_ckpt(tmp_path_factory):
 
 
 @contextmanager
-def serving(app):
-    """`app` on a real uvicorn server in a thread, on a free port of 127.0.0.1; yields the base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+def serving(app, header_timeout_s: float = 10.0):
+    """`app` on a real server (as `attn-mt serve` runs it) in a thread, on a free port of 127.0.0.1;
+    yields the base URL; `app.state.server` is the uvicorn server, `app.state.thread` its thread."""
+    sock = listen("127.0.0.1", 0)
+    server = app.state.server = make_server(app, header_timeout_s)
+    thread = app.state.thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     for _ in range(200):
         if server.started:
@@ -146,7 +148,7 @@ def test_page_static_files_and_openapi(client):
 
 
 def test_rnn_checkpoint_translation_and_cross_attention_only(rnn_ckpt):
-    with TestClient(create_app(rnn_ckpt, device="cpu")) as c:
+    with TestClient(create_app(rnn_ckpt, device="cpu"), base_url=LOCAL) as c:
         assert c.get("/api/info").json()["attention"] == ["cross"]
         r = c.post("/api/translate", json={"texts": ["a dog", "the cat"], "beam": 2, "nbest": 2})
         assert r.status_code == 200 and [len(x["hypotheses"]) for x in r.json()["results"]] == [2, 2]
@@ -243,7 +245,7 @@ def test_no_request_body_makes_a_server_error(client, body):
 
 
 def test_custom_limits(ckpt):
-    with TestClient(create_app(ckpt, Limits(max_texts=1, max_chars=5), device="cpu")) as c:
+    with TestClient(create_app(ckpt, Limits(max_texts=1, max_chars=5), device="cpu"), base_url=LOCAL) as c:
         assert c.post("/api/translate", json={"texts": ["a", "b"]}).json()["field"] == "texts"
         assert c.post("/api/translate", json={"texts": ["abcdef"]}).status_code == 413
         assert c.post("/api/translate", json={"texts": ["abc"]}).status_code == 200
@@ -294,9 +296,75 @@ def test_batcher_skips_cancelled_jobs_and_survives_errors():
     b.close()
 
 
+def test_batcher_takes_from_every_waiting_request_in_turn():
+    gate, calls = threading.Event(), []
+
+    def run_batch(key, items):
+        calls.append(list(items))
+        gate.wait(5)
+        return items
+
+    b = Batcher(run_batch, lambda item: item, max_batch=4, max_batch_work=25, max_wait_s=0.0)
+    b.submit("k", ["hold"])
+    time.sleep(0.1)
+    huge = b.submit("k", [f"h{i}" for i in range(40)], costs=[10] * 40)  # one client's huge request
+    small = b.submit("k", ["small"], costs=[3])  # then a one-sentence request
+    gate.set()
+    assert small.result(5) == ["small"] and huge.result(5) == [f"h{i}" for i in range(40)]
+    before = next(i for i, call in enumerate(calls) if "small" in call)
+    assert sum(len(c) for c in calls[1:before]) == 0 and len(calls[before]) <= 4  # it waited for no huge call
+    assert all(sum(3 if x == "small" else 10 for x in c) <= 25 for c in calls[1:])  # calls bounded by work
+    b.close()
+
+
+def test_batcher_queue_is_bounded_and_stop_fails_the_waiting():
+    gate = threading.Event()
+    b = Batcher(lambda key, items: gate.wait(5) and items, lambda item: item, max_queue=2, max_wait_s=0.0)
+    first = b.submit("k", ["running"])
+    time.sleep(0.1)
+    waiting = b.submit("k", ["waiting"])
+    with pytest.raises(QueueFull):
+        b.submit("k", ["one too many"])
+    b.stop()
+    gate.set()
+    first.result(5)
+    with pytest.raises(Exception, match="shutting down"):
+        waiting.result(5)
+    b.close()
+
+
+def test_a_full_queue_is_answered_503_with_retry_after(ckpt):
+    app = create_app(ckpt, replace(LIMITS, max_queue=2), device="cpu")  # the held job and one more
+    gate, holding = threading.Event(), threading.Event()
+    app.state.batcher.run_one = lambda item: holding.set() or gate.wait(10)
+    with TestClient(app, base_url=LOCAL) as c:
+        held = app.state.batcher.submit(None, ["hold"])
+        assert holding.wait(5)
+        app.state.batcher.submit("k", ["fills the queue"])
+        r = c.post("/api/translate", json={"texts": ["a dog"]})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1" and r.json()["field"] == "queue"
+        gate.set()
+        held.result(5)
+
+
+def test_work_per_request_is_bounded_and_named(ckpt):
+    with TestClient(create_app(ckpt, replace(LIMITS, max_work=40), device="cpu"), base_url=LOCAL) as c:
+        assert c.get("/api/info").json()["limits"]["max_work"] == 40
+        r = c.post("/api/translate", json={"texts": ["the old man sees a small dog."], "beam": 6})
+        assert r.status_code == 413 and r.json()["field"] == "texts" and "max_work=40" in r.json()["error"]
+        assert c.post("/api/translate", json={"texts": ["the old man sees a small dog."], "beam": 1}).status_code == 200
+        r = c.post("/api/attention", json={"text": "the old man sees a small dog.", "beam": 6})
+        assert r.status_code == 413 and r.json()["field"] == "text"
+
+
+def test_attention_weights_are_sent_rounded(client):
+    r = client.post("/api/attention", json={"text": SENTENCES[0]})
+    assert r.status_code == 200 and not re.search(r"\d\.\d{5,}", r.text)  # 4 decimals at most
+
+
 def test_concurrent_clients_share_batches(ckpt):
     app = create_app(ckpt, LIMITS, device="cpu")
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL) as c:
         def ask(i):
             return c.post("/api/translate", json={"texts": [SENTENCES[i % 4] or "a cat"], "beam": 1}).json()
 
@@ -309,7 +377,8 @@ def test_concurrent_clients_share_batches(ckpt):
         assert all(r and len(r["results"]) == 1 for r in threads_out)
         assert threads_out[0]["results"][0]["source"] == SENTENCES[0]
         assert app.state.batcher.batches < 16  # some requests were decoded together
-        assert c.get("/api/info").json()["served"] == {"batches": app.state.batcher.batches, "sentences": 16}
+        assert c.get("/api/info").json()["served"] == {"batches": app.state.batcher.batches, "sentences": 16,
+                                                        "waiting": 0}
 
 
 def test_a_client_that_disconnects_costs_nothing(ckpt):
@@ -325,10 +394,10 @@ def test_a_client_that_disconnects_costs_nothing(ckpt):
         port = int(url.rsplit(":", 1)[1])
         body = json.dumps({"texts": ["left early"]}).encode()
         with socket.create_connection(("127.0.0.1", port)) as s:
-            s.sendall(b"POST /api/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(b"POST /api/translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
             for _ in range(100):  # until its job waits in the queue
-                if batcher.jobs.qsize():
+                if batcher.waiting:
                     break
                 time.sleep(0.02)
         time.sleep(0.3)  # the server sees the disconnect and cancels the job
@@ -348,3 +417,33 @@ def test_cli_serve_help_and_errors(tmp_path):
     r = runner.invoke(cli, ["serve", "--checkpoint", str(tmp_path / "none.pt")])
     assert r.exit_code == 1 and "checkpoint not found" in r.output and "Traceback" not in r.output
     assert runner.invoke(cli, ["serve", "--checkpoint", "x.pt", "--port", "0"]).exit_code == 2
+
+
+def test_cli_serve_on_a_busy_port_is_one_line_without_banner(ckpt):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = CliRunner().invoke(cli, ["serve", "--checkpoint", str(ckpt), "--port", str(port)])
+    assert r.exit_code == 1 and "serving" not in r.output and "http://" not in r.output
+    assert r.output.strip().count("\n") == 0 and f"127.0.0.1:{port}" in r.output and "in use" in r.output
+    assert "--allow-host" in CliRunner().invoke(cli, ["serve", "--help"]).output
+
+
+def test_an_export_folder_is_served_without_attention_maps(ckpt, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from attn_mt.decoding.translator import open_translator
+    from attn_mt.export.ctranslate2 import export_ct2
+
+    export_ct2(ckpt, tmp_path / "ct2")
+    with TestClient(create_app(tmp_path / "ct2", LIMITS, device="cpu"), base_url=LOCAL) as c:
+        info = c.get("/api/info").json()
+        assert info["model"] == "export" and info["attention"] == []
+        r = c.post("/api/translate", json={"texts": SENTENCES[:1], "beam": 2})
+        dcfg = replace(open_translator(tmp_path / "ct2", "cpu").decode, beam_size=2, nbest=1)
+        want = open_translator(tmp_path / "ct2", "cpu").translate_nbest(SENTENCES[:1], dcfg)[0][0].text
+        assert r.status_code == 200 and r.json()["results"][0]["hypotheses"][0]["text"] == want
+        r = c.post("/api/attention", json={"text": "a dog"})
+        assert r.status_code == 404 and "CTranslate2 export" in r.json()["error"]
+    with TestClient(create_app(ckpt, LIMITS, device="cpu"), base_url=LOCAL) as c:
+        assert c.get("/api/info").json()["model"] == "checkpoint"

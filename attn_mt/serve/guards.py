@@ -1,0 +1,89 @@
+"""ASGI middleware in front of the app: the Host allow-list, and the body limit with its read timeout.
+
+Both answer in JSON like the app (`{"error": "<field>: <why>", "field": "<field>"}`) and close the
+connection after refusing a body, so an unread rest is never parsed, buffered or waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from .api import error_body
+
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
+
+
+def host_name(header: str) -> str:
+    """The name in a Host header, without port or IPv6 brackets, lower-cased: "[::1]:8000" -> "::1"."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+async def _send_error(send, status: int, field: str, message: str, close: bool = False) -> None:
+    body = json.dumps(error_body(field, message)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status,
+                "headers": headers + ([(b"connection", b"close")] if close else [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+class HostCheck:
+    """Answer 400 unless the Host header names an allowed host: a web page on another site that
+    rebinds its DNS name to 127.0.0.1 still sends its own name, and so cannot drive the server."""
+
+    def __init__(self, app, allowed: tuple[str, ...] = LOOPBACK) -> None:
+        self.app, self.allowed = app, {host_name(h) for h in allowed}
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if host_name(host) not in self.allowed:
+                return await _send_error(send, 400, "host", f"{host or '(none)'!r} is not served here; "
+                                                            "start the server with --allow-host NAME to allow it")
+        await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """Read the whole request body here, counting the bytes as they arrive, chunked or not.
+
+    A body over `max_bytes` is refused (413) as soon as the count passes the limit, whatever its
+    Content-Length said; one not complete within `timeout_s` of the headers is refused with 408.
+    The app then gets the body in one message.
+    """
+
+    def __init__(self, app, max_bytes: int, timeout_s: float) -> None:
+        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            return await self._too_large(send)  # refused unread
+        parts, size, deadline = [], 0, time.monotonic() + self.timeout_s
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return await _send_error(send, 408, "body", f"not received within {self.timeout_s:g} s", close=True)
+            if message["type"] != "http.request":
+                return  # the client left
+            parts.append(message.get("body", b""))
+            size += len(parts[-1])
+            if size > self.max_bytes:
+                return await self._too_large(send)
+            if not message.get("more_body"):
+                break
+        messages = [{"type": "http.request", "body": b"".join(parts), "more_body": False}]
+
+        async def replay():
+            return messages.pop() if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send) -> None:
+        await _send_error(send, 413, "body", f"request body over {self.max_bytes} bytes", close=True)

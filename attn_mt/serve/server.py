@@ -1,0 +1,87 @@
+"""Running the app under uvicorn: our own listening socket, a header timeout, and a quick Ctrl-C.
+
+- `listen(host, port)` binds before anything is printed, so a busy port is one error line.
+- `HeaderTimeout` closes a connection whose request headers are not complete within the limit
+  (uvicorn times out only idle keep-alive connections, and every byte received restarts that clock).
+- `make_server` stops the model worker at the first SIGINT/SIGTERM: the running call ends at its next
+  decoder step and queued requests are answered 503, so the server exits within a few seconds.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+GRACE_S = 3.0  # after Ctrl-C, how long open requests may take before uvicorn cancels them
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (SO_REUSEADDR, as uvicorn's); OSError naming the address if taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        why = "in use (another server? pick another --port)" if e.errno == errno.EADDRINUSE else e.strerror
+        raise OSError(e.errno, f"cannot listen on {host}:{port}: {why}") from None
+    return sock
+
+
+class HeaderTimeout(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, closing connections that take over `timeout_s` to send their headers."""
+
+    timeout_s = 10.0
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not h11.IDLE and self._timer is not None:  # the headers are in
+            self._timer.cancel()
+            self._timer = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.IDLE:  # the next request's headers get the same time
+            self._arm()
+
+    def connection_lost(self, exc) -> None:
+        if getattr(self, "_timer", None) is not None:
+            self._timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if getattr(self, "_timer", None) is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(self.timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, on_exit) -> None:
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig, frame) -> None:
+        self.on_exit()  # only sets a flag: safe in a signal handler
+        super().handle_exit(sig, frame)
+
+
+def make_server(app, header_timeout_s: float = 10.0) -> uvicorn.Server:
+    """A uvicorn server for `app` (from create_app); serve it with `.run(sockets=[listen(...)])`."""
+    protocol = type("HeaderTimeout", (HeaderTimeout,), {"timeout_s": header_timeout_s})
+    config = uvicorn.Config(app, http=protocol, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=GRACE_S, timeout_keep_alive=5)
+    return _Server(config, app.state.batcher.stop)

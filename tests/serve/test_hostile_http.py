@@ -1,0 +1,280 @@
+"""attn-mt serve against hostile HTTP, over raw sockets to a real server on 127.0.0.1: lying lengths,
+chunked floods, slow clients, foreign Host headers, clients that leave mid-decode, Ctrl-C with a full queue."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("fastapi")  # the serve extra
+from test_serve import serving  # noqa: E402
+
+from attn_mt.serve import Limits, create_app  # noqa: E402
+from attn_mt.serve.guards import host_name  # noqa: E402
+
+LIMITS = Limits(max_texts=4, max_chars=200, max_beam=6, header_timeout_s=1.0, body_timeout_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_run):
+    """(app, port) of one real server for the module."""
+    app = create_app(tiny_run / "checkpoint_best.pt", LIMITS, device="cpu")
+    with serving(app, LIMITS.header_timeout_s) as url:
+        yield app, int(url.rsplit(":", 1)[1])
+
+
+def exchange(port: int, raw: bytes, *, wait: float = 5.0) -> bytes:
+    """Send `raw` and read the answer (see read_all)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
+        try:
+            s.sendall(raw)
+        except OSError:  # the server refused and closed before we were done: fine
+            pass
+        return read_all(s, wait)
+
+
+def read_all(s: socket.socket, wait: float) -> bytes:
+    """What the server sends until it closes, `wait` passes, or 0.3 s pass quietly after its first bytes."""
+    out, end = b"", time.monotonic() + wait
+    while time.monotonic() < end:
+        s.settimeout(0.3 if out else max(0.01, end - time.monotonic()))
+        try:
+            data = s.recv(65536)
+        except (TimeoutError, ConnectionResetError):
+            break
+        if not data:
+            break
+        out += data
+    return out
+
+
+def status(response: bytes) -> int | None:
+    m = re.match(rb"HTTP/1\.[01] (\d{3})", response)
+    return int(m.group(1)) if m else None
+
+
+def rss_mb() -> float:
+    return int(re.search(r"VmRSS:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
+
+
+def post(port: int, body: bytes, host: bytes = b"localhost", path: bytes = b"/api/translate") -> bytes:
+    return exchange(port, b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (path, host, len(body), body))
+
+
+# ---- the body limit counts bytes, whatever the headers say ----
+
+def test_a_chunked_body_behind_a_small_content_length_is_refused_early(server):
+    app, port = server
+    before = rss_mb()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"POST /api/translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n")
+        chunk, sent = b"%x\r\n%s\r\n" % (65536, b"x" * 65536), 0
+        try:
+            while sent < 200 * 65536:  # 13 MB, unless the server closes first
+                s.sendall(chunk)
+                sent += 65536
+        except OSError:
+            pass
+        response = read_all(s, 5)
+    assert status(response) == 413 and b'"field":"body"' in response.replace(b" ", b"")
+    assert sent < 200 * 65536  # closed long before the end
+    assert rss_mb() - before < 50
+
+
+# ---- Host allow-list ----
+
+def test_foreign_host_headers_are_refused(server, tiny_run):
+    app, port = server
+    for host in (b"evil.example", b"evil.example:%d" % port, b"127.0.0.1.nip.io", b""):
+        r = post(port, b'{"texts": ["a dog"]}', host=host)
+        assert status(r) == 400 and b'"field":"host"' in r.replace(b" ", b""), (host, r)
+    for host in (b"localhost", b"127.0.0.1:%d" % port, b"[::1]:%d" % port, b"LOCALHOST:1"):
+        assert status(post(port, b'{"texts": ["a dog"]}', host=host)) == 200, host
+    assert [host_name(h) for h in ("[::1]:80", "Example.org:8000", "::1", "[::1]")] == [
+        "::1", "example.org", "::1", "::1"]
+    from fastapi.testclient import TestClient
+
+    wide = create_app(tiny_run / "checkpoint_best.pt", LIMITS, device="cpu", allowed_hosts=("localhost", "mt.lan"))
+    with TestClient(wide, base_url="http://mt.lan:8000") as c:
+        assert c.post("/api/translate", json={"texts": ["a dog"]}).status_code == 200
+        assert c.get("/api/info").json()["allowed_hosts"] == ["localhost", "mt.lan"]
+    with TestClient(wide, base_url="http://127.0.0.1") as c:
+        assert c.get("/api/info").status_code == 400
+
+
+# ---- slow clients ----
+
+def test_slow_headers_and_slow_bodies_are_cut_off(server):
+    app, port = server
+    start = time.monotonic()
+    r = exchange(port, b"POST /api/translate HTTP/1.1\r\nHost: loc", wait=6)
+    assert r == b"" and time.monotonic() - start < 4  # closed after header_timeout_s=1
+    with socket.create_connection(("127.0.0.1", port), timeout=6) as s:  # one byte a 0.3 s: still cut off
+        start = time.monotonic()
+        try:
+            for byte in b"GET /api/info HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"y" * 30:
+                s.sendall(bytes([byte]))
+                time.sleep(0.3)
+        except OSError:
+            pass
+        assert read_all(s, 1) == b"" and time.monotonic() - start < 5
+    start = time.monotonic()
+    r = exchange(port, b"POST /api/translate HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{\"te",
+                 wait=6)
+    assert status(r) == 408 and time.monotonic() - start < 4
+
+
+# ---- a client that leaves mid-decode stops its decoding ----
+
+def test_a_client_leaving_mid_decode_stops_the_decoder(server):
+    app, port = server
+    batcher, engine, steps = app.state.batcher, app.state.engine, []
+
+    def slow_step():  # each decoder step: counted, slowed, then the batcher's check
+        steps.append(time.monotonic())
+        time.sleep(0.05)
+        batcher.check()
+
+    engine.interrupt = slow_step
+    try:
+        text = "yesterday the old man sees a small dog and the big cat runs to the house"
+        body = json.dumps({"texts": [text], "beam": 1}).encode()
+        r = post(port, body)
+        assert status(r) == 200
+        full = len(steps)
+        assert full >= 8, full
+        steps.clear()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST /api/translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            while len(steps) < 2:
+                time.sleep(0.01)
+        left = time.monotonic()
+        time.sleep(0.6)
+        assert len([t for t in steps if t > left]) <= 3 < full - 2, (len(steps), full)
+    finally:
+        engine.interrupt = batcher.check
+    assert status(post(port, b'{"texts": ["a dog"]}')) == 200
+
+
+# ---- no request makes a 5xx, kills the worker or grows memory ----
+
+METHODS = st.sampled_from([b"GET", b"POST", b"PUT", b"HEAD", b"OPTIONS", b"DELETE", b"PATCH", b"BREW", b"G\x00T"])
+PATHS = st.sampled_from([b"/", b"/api/translate", b"/api/attention", b"/api/info", b"/docs", b"/static/app.js",
+                         b"/static/../../etc/passwd", b"/%00", b"*", b"/api/translate?x=1"])
+JSONISH = st.sampled_from([b'{"texts": ["a dog"]}', b'{"text": "a dog", "beam": 2}', b'{"texts": ["a"',
+                           b'{"texts": ["a dog"], "beam": 6, "nbest": 6}', b"[]", b"null", b'{"texts": [1e999]}'])
+BODIES = JSONISH | st.binary(max_size=300) | st.builds(lambda n, b: b * n, st.integers(1, 3000), st.binary(min_size=1,
+                                                                                                        max_size=40))
+HEADER = st.tuples(st.sampled_from([b"X-A", b"Content-Type", b"Expect", b"Connection", b"Accept", b"Host",
+                                    b"Transfer-Encoding"]),
+                   st.sampled_from([b"application/json", b"100-continue", b"close", b"keep-alive", b"chunked",
+                                    b"gzip, chunked", b"\xff\xfe", b"a" * 2000, b""]))
+
+
+@st.composite
+def requests(draw) -> bytes:
+    method, path, body = draw(METHODS), draw(PATHS), draw(BODIES)
+    head = [b"%s %s HTTP/1.1" % (method, path)]
+    host = draw(st.sampled_from([b"localhost", b"127.0.0.1", b"evil.example", b"[::1]", None]))
+    head += [b"Host: " + host] if host is not None else []
+    head += [b"%s: %s" % h for h in draw(st.lists(HEADER, max_size=3))]
+    framing = draw(st.sampled_from(["length", "wrong length", "chunked", "length+chunked", "none", "bad length"]))
+    if framing in ("chunked", "length+chunked"):
+        cut = draw(st.integers(1, 64))
+        pieces = [body[i : i + cut] for i in range(0, len(body), cut)]
+        body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+        head.append(b"Transfer-Encoding: chunked")
+    if framing in ("length", "length+chunked"):
+        head.append(b"Content-Length: %d" % (len(body) if framing == "length" else 5))
+    elif framing == "wrong length":
+        head.append(b"Content-Length: %d" % draw(st.integers(0, 10**12)))
+    elif framing == "bad length":
+        head.append(b"Content-Length: " + draw(st.sampled_from([b"-1", b"1e3", b" 7", b"0x10", b"5, 6"])))
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+@pytest.fixture(scope="module")
+def cli_server(tiny_run):
+    """(process, port) of `attn-mt serve` in its own process (its memory is its own), 1 s read timeouts."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "attn_mt", "serve", "--checkpoint",
+                             str(tiny_run / "checkpoint_best.pt"), "--port", str(port), "--device", "cpu",
+                             "--max-texts", "4", "--max-chars", "200", "--read-timeout", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        for _ in range(600):
+            try:
+                if status(exchange(port, b"GET /api/info HTTP/1.1\r\nHost: localhost\r\n\r\n", wait=1)) == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, proc.stdout.read().decode()
+            time.sleep(0.1)
+        yield proc, port
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(10)
+
+
+def proc_rss_mb(proc) -> float:
+    return int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{proc.pid}/status").read_text()).group(1)) / 1024
+
+
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=requests())
+def test_hostile_requests_never_make_a_server_error(cli_server, raw):
+    proc, port = cli_server
+    before = proc_rss_mb(proc)
+    code = status(exchange(port, raw, wait=3))
+    assert code is None or code < 500, (code, raw[:300])  # None: closed without an answer
+    assert status(post(port, b'{"texts": ["a dog"]}')) == 200  # the worker lives, the server goes on
+    assert proc.poll() is None and proc_rss_mb(proc) - before < 30
+
+
+def test_ctrl_c_of_the_command_ends_it_at_once(cli_server):
+    proc, port = cli_server
+    proc.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    assert proc.wait(5) == 130 and time.monotonic() - start < 5
+    assert "serve: http://127.0.0.1" in proc.stdout.read().decode()
+
+
+# ---- Ctrl-C with a full queue ----
+
+def test_ctrl_c_ends_the_server_within_seconds_with_a_full_queue(tiny_run):
+    limits = Limits(max_queue=40)
+    app = create_app(tiny_run / "checkpoint_best.pt", limits, device="cpu")
+    batcher, engine = app.state.batcher, app.state.engine
+    engine.interrupt = lambda: (time.sleep(0.05), batcher.check())  # a slow model: each job takes seconds
+    with serving(app) as url:
+        server = app.state.server
+        futures = [batcher.submit(engine.decode_config(1), ["the old man sees a small dog and the big cat"] * 2)
+                   for _ in range(39)]
+        time.sleep(0.3)
+        start = time.monotonic()
+        server.handle_exit(signal.SIGINT, None)  # what Ctrl-C does
+        server_thread = app.state.thread
+        server_thread.join(10)
+        took = time.monotonic() - start
+        assert not server_thread.is_alive() and took < 4, took
+        assert sum(f.exception(1) is not None for f in futures) >= 35  # answered 503, never decoded
+        assert "shutting down" in str(futures[-1].exception(1))
+        assert url
