@@ -103,6 +103,11 @@ def _first_line(e: Exception) -> str:
     return str(e).splitlines()[0] if str(e) else e.__class__.__name__
 
 
+def model_state(weights: dict, cfg: ExperimentConfig, tok: Tokenizer) -> dict:
+    """What rebuilds a model (`model_from_state`): its weights, its config as plain data and its tokenizer."""
+    return {"model": weights, "config": to_dict(cfg), "tokenizer": tok.state()}
+
+
 def model_from_state(state: dict, device: torch.device | str = "cpu",
                      ) -> tuple[Seq2Seq, ExperimentConfig, Tokenizer]:
     """Rebuild (model in eval mode, config, tokenizer) from a loaded checkpoint dict."""

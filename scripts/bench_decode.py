@@ -13,11 +13,11 @@ load (os.getloadavg) is recorded before and after every timed run.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
 import statistics
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from attn_mt.checkpoint import load_model
 from attn_mt.data.sources import read_lines
 from attn_mt.decoding.metrics import score
 from attn_mt.decoding.search import translate
+from attn_mt.measure.timing import alternate, timed
 
 VARIANTS = {  # name: (beam size, use the cache)
     "greedy, cache": (1, True),
@@ -51,20 +52,16 @@ def run(args: argparse.Namespace) -> dict:
     for name, (_, cache) in VARIANTS.items():  # warm-up: allocator, thread pool, kernels
         translate(model, tok, sources[: args.batch_size], cfgs[name], use_cache=cache)
     names = list(VARIANTS)
-    seconds: dict[str, list[float]] = {n: [] for n in names}
     outputs: dict[str, list[str]] = {}
     loads = [load1()]
-    for r in range(args.repeats):
-        order = names[r % len(names):] + names[: r % len(names)]  # each variant takes a turn first
-        for name in order:
-            t0 = time.perf_counter()
-            hyps = translate(model, tok, sources, cfgs[name], use_cache=VARIANTS[name][1])
-            seconds[name].append(time.perf_counter() - t0)
-            loads.append(load1())
-            if name not in outputs:
-                outputs[name] = hyps
-            elif hyps != outputs[name]:
-                raise RuntimeError(f"{name}: round {r + 1} translated differently from round 1")
+
+    def run_variant(name: str) -> None:
+        hyps = translate(model, tok, sources, cfgs[name], use_cache=VARIANTS[name][1])
+        if outputs.setdefault(name, hyps) != hyps:
+            raise RuntimeError(f"{name}: a later round translated differently from round 1")
+
+    seconds = alternate({n: timed(functools.partial(run_variant, n)) for n in names}, args.repeats,
+                        after=lambda name, r, seconds: loads.append(load1()))
     rows = {}
     for name in names:
         med = statistics.median(seconds[name])

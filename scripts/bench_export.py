@@ -11,12 +11,12 @@ threads (torch and CTranslate2 intra_threads, one inter thread) and the same bat
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from attn_mt.decoding.search import translate
 from attn_mt.device import autocast, describe, machine
 from attn_mt.export import ct2_translator as ct2
 from attn_mt.export.ctranslate2 import export_ct2
+from attn_mt.measure.timing import alternate, timed
 
 
 def decoders(checkpoint: Path, tmp: Path, threads: int) -> tuple[dict, object]:
@@ -58,14 +59,15 @@ def timed_rounds(runs: dict, texts: list[str], rounds: int) -> tuple[dict, dict]
     names = list(runs)
     for name in names:  # warm-up: allocators, thread pools, lazy initialisation
         runs[name](texts[:64])
-    seconds: dict[str, list[float]] = {n: [] for n in names}
     outputs: dict[str, list[str]] = {}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            start = time.perf_counter()
-            outputs[name] = runs[name](texts)
-            seconds[name].append(time.perf_counter() - start)
-            print(f"round {r + 1}/{rounds}  {name:32s} {seconds[name][-1]:7.2f} s", file=sys.stderr, flush=True)
+
+    def run(name: str) -> None:
+        outputs[name] = runs[name](texts)
+
+    def show(name: str, r: int, seconds: float) -> None:
+        print(f"round {r + 1}/{rounds}  {name:32s} {seconds:7.2f} s", file=sys.stderr, flush=True)
+
+    seconds = alternate({n: timed(functools.partial(run, n)) for n in names}, rounds, after=show)
     return seconds, outputs
 
 

@@ -15,11 +15,11 @@ from test_beam import BOS, EOS, PAD, V, sources, train_reverser
 
 from attn_mt import checkpoint
 from attn_mt.config import TrainConfig, TransformerConfig
-from attn_mt.data.sources import collate, pad
+from attn_mt.data.batching import collate, pad
 from attn_mt.decoding.beam import beam_search
 from attn_mt.decoding.search import greedy_search
-from attn_mt.models import build_model
-from attn_mt.training.trainer import TrainStep, loss_sum
+from attn_mt.models import build_model, loss_sum
+from attn_mt.training.trainer import TrainStep
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

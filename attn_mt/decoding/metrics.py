@@ -13,8 +13,7 @@ from attn_mt.data.corpus import Corpus
 from attn_mt.data.sources import Batch, token_batches
 from attn_mt.decoding.search import translate
 from attn_mt.device import autocast, rng_state, set_rng_state
-from attn_mt.models import Seq2Seq
-from attn_mt.training.trainer import loss_sum
+from attn_mt.models import Seq2Seq, loss_sum
 
 
 def score(hyps: list[str], refs: list[str]) -> dict:
@@ -34,7 +33,7 @@ def bleu(hyps: list[str], refs: list[str]) -> float:
 
 
 @torch.inference_mode()
-def evaluate_loss(model: Seq2Seq, corpus: Corpus, split: str, batch_tokens: int, device: torch.device,
+def validation_loss(model: Seq2Seq, corpus: Corpus, split: str, batch_tokens: int, device: torch.device,
                   precision: str) -> float:
     """Mean per-token cross-entropy (no smoothing) on a split."""
     model.eval()
@@ -56,18 +55,23 @@ def _fit(batch: Batch, length: int, pad_id: int) -> Batch:
     return Batch(batch.src[:, :length], batch.tgt_in[:, :length], tgt_out, int((tgt_out != pad_id).sum()))
 
 
+def valid_bleu(model: Seq2Seq, corpus: Corpus, cfg: ExperimentConfig, device: torch.device, precision: str) -> float:
+    """Greedy BLEU on the first train.bleu_sentences sentences of the validation split."""
+    src, ref = (x[: cfg.train.bleu_sentences] for x in corpus.text[cfg.data.splits.valid])
+    with autocast(device, precision):
+        hyps = translate(model, corpus.tok, src, replace(cfg.decode, beam_size=1, nbest=1), device)
+    return bleu(hyps, ref)
+
+
 def validate(model: Seq2Seq, corpus: Corpus, cfg: ExperimentConfig, device: torch.device,
              precision: str) -> tuple[float, float]:
     """(validation loss, greedy BLEU on train.bleu_sentences sentences); leaves the RNG as it was."""
     rng = rng_state(device)
-    split = cfg.data.splits.valid
-    valid_loss = evaluate_loss(model, corpus, split, cfg.train.batch_tokens, device, precision)
-    src, ref = (x[: cfg.train.bleu_sentences] for x in corpus.text[split])
-    with autocast(device, precision):
-        hyps = translate(model, corpus.tok, src, replace(cfg.decode, beam_size=1, nbest=1), device)
+    loss = validation_loss(model, corpus, cfg.data.splits.valid, cfg.train.batch_tokens, device, precision)
+    value = valid_bleu(model, corpus, cfg, device, precision)
     set_rng_state(rng, device)
     model.train()
-    return valid_loss, bleu(hyps, ref)
+    return loss, value
 
 
 def score_test_split(model: Seq2Seq, corpus: Corpus, cfg: ExperimentConfig, device: torch.device,

@@ -47,7 +47,7 @@ def is_export(path: Path | str) -> bool:
     return Path(path).is_dir()
 
 
-def pick_device(name: str) -> str:
+def ct2_device(name: str) -> str:
     """CTranslate2 runs on "cpu" or "cuda"; "auto" picks CUDA when CTranslate2 sees a GPU."""
     if name not in ("auto", "cpu", "cuda"):
         raise ExportError(f"device {name!r}: CTranslate2 runs on cpu or cuda")

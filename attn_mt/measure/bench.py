@@ -43,6 +43,7 @@ from attn_mt.data.corpus import load_corpus
 from attn_mt.data.sources import token_batches
 from attn_mt.decoding.search import translate
 from attn_mt.device import autocast, describe, pick_device, pick_precision, precisions_for, sync
+from attn_mt.measure.timing import alternate, timed
 from attn_mt.models import build_model, count_params
 from attn_mt.models.seq2seq import init_embeddings, make_embeddings
 from attn_mt.models.transformer import PositionalEncoding
@@ -95,22 +96,11 @@ def train_flops(cfg: TransformerConfig, vocab: int, src_len: Tensor, tgt_len: Te
     return float(3 * (n * (enc + dec) + 2 * t * d * vocab).sum())
 
 
-def _timed(fn, device: torch.device):
-    """`fn` wrapped to return its wall-clock seconds, the device synchronised before and after."""
-    def run() -> float:
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        return time.perf_counter() - t0
-    return run
-
-
 def matmul(device: torch.device, dtype: torch.dtype, n: int = 2048, iters: int = 4):
     """A timed (n x n) @ (n x n) matmul, run `iters` times, and its FLOPs: the practical ceiling of
     this machine for dense layers, measured beside the models."""
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
-    return _timed(lambda: [a @ b for _ in range(iters)], device), 2 * n**3 * iters
+    return timed(lambda: [a @ b for _ in range(iters)], device), 2 * n**3 * iters
 
 
 def build(kind: str, cfg: ExperimentConfig, tok, device: torch.device) -> nn.Module:
@@ -148,17 +138,6 @@ class Variant:
         return time.perf_counter() - t0
 
 
-def alternate(fns: dict, repeats: int) -> dict[str, list[float]]:
-    """Seconds of each `fn()` per round: a warm-up round, then `repeats` rounds, the order of the
-    functions rotating from round to round so none always runs first or after the same neighbour."""
-    names, times = list(fns), {name: [] for name in fns}
-    for r in range(repeats + 1):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            times[name].append(fns[name]())
-        log.info("bench: round %d of %d done (load %.1f)", r, repeats, os.getloadavg()[0])
-    return times
-
-
 def translate_fns(checkpoint: Path, texts: list[str], device: torch.device, precisions: list[str]) -> dict:
     """Timed greedy and beam-5 translation of `texts` with a checkpoint, per precision."""
     model, ckcfg, tok = load_model(checkpoint, device)
@@ -169,7 +148,7 @@ def translate_fns(checkpoint: Path, texts: list[str], device: torch.device, prec
             def run(dcfg=dcfg, p=p):
                 with autocast(device, p):
                     translate(model, tok, texts, dcfg, device)
-            fns[f"translate/{'greedy' if beam == 1 else 'beam5'}/{p}"] = _timed(run, device)
+            fns[f"translate/{'greedy' if beam == 1 else 'beam5'}/{p}"] = timed(run, device)
     return fns
 
 
@@ -209,8 +188,8 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
     precisions = precisions_for(device)
 
     # data loading: bucketing a whole epoch (amortised over its batches), then collating and moving
-    fns = {"data/plan": _timed(lambda: token_batches(*lens, tc.batch_tokens, tc.seed, 1), device),
-           "data/collate": _timed(lambda: [b.to(device) for b in corpus.batches(split, index[:steps])],
+    fns = {"data/plan": timed(lambda: token_batches(*lens, tc.batch_tokens, tc.seed, 1), device),
+           "data/collate": timed(lambda: [b.to(device) for b in corpus.batches(split, index[:steps])],
                                   device)}
     trainers, peak_flops = {}, {}
     for p in precisions:
@@ -221,7 +200,7 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
             fns[f"{kind}/{p}"] = functools.partial(tr.run, batches)
     if checkpoint is not None:
         fns.update(translate_fns(checkpoint, texts, device, precisions))
-    times = alternate(fns, repeats)
+    times = alternate(fns, repeats, warmup=True, label="bench")
     med = {name: statistics.median(t[1:]) for name, t in times.items()}
 
     peak = {p: peak_flops[p] / med[f"matmul/{p}"] / 1e9 for p in precisions}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +20,11 @@ import torch
 from tqdm import tqdm
 
 from attn_mt import checkpoint
-from attn_mt.config import CompareConfig, ConfigError, ExperimentConfig, from_dict, to_dict
-from attn_mt.config.yamlconf import build, read_yaml, set_overrides
+from attn_mt.config import CompareConfig, ConfigError, ExperimentConfig
+from attn_mt.config.compare import CompareSetup
 from attn_mt.data.corpus import Corpus, load_corpus
 from attn_mt.data.sources import token_batches
-from attn_mt.decoding.metrics import bleu, score
-from attn_mt.decoding.search import translate
+from attn_mt.decoding.metrics import score_test_split, valid_bleu
 from attn_mt.device import autocast, machine, pick_device, pick_precision, sync
 from attn_mt.measure import timing
 from attn_mt.measure.report import write_report
@@ -33,50 +32,6 @@ from attn_mt.models import build_model, count_params
 from attn_mt.training.trainer import Trainer
 
 log = logging.getLogger(__name__)
-MODELS = ("transformer", "rnn")
-PER_MODEL_TRAIN_KEYS = {"lr", "warmup_steps", "weight_decay", "betas", "clip_norm"}  # batches stay shared
-
-
-@dataclass(frozen=True)
-class CompareSetup:
-    """One experiment config per model (they differ only in model and optimizer settings)."""
-
-    configs: dict[str, ExperimentConfig]
-    compare: CompareConfig
-
-
-def _merge(base: dict, top: dict) -> dict:
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def load_compare_config(path: Path, overrides: list[str] = (), quick: bool = False) -> CompareSetup:
-    """compare.yaml: shared sections, a `transformer` and an `rnn` section, `compare`, and `quick`.
-
-    `--quick` merges the `quick` section over the rest; then `section.key=value` overrides apply.
-    """
-    raw = read_yaml(Path(path))
-    quick_raw = raw.pop("quick", {}) or {}
-    raw = set_overrides(_merge(raw, quick_raw) if quick else raw, overrides)
-    cmp = build(CompareConfig, raw.pop("compare", {}) or {}, "compare.")
-    name = raw.pop("name", Path(path).stem)
-    configs, own_sections = {}, {kind: raw.pop(kind, None) for kind in MODELS}
-    for kind, own in own_sections.items():
-        if not isinstance(own, dict) or not isinstance(own.get("model"), dict):
-            raise ConfigError(f"{path}: needs a `{kind}:` section with a `model:` mapping")
-        extra = set(own) - {"model", "train"} | set(own.get("train", {})) - PER_MODEL_TRAIN_KEYS
-        if extra:
-            raise ConfigError(f"{kind}: only model and train.{{{', '.join(sorted(PER_MODEL_TRAIN_KEYS))}}} "
-                              f"may differ between the models, not {', '.join(sorted(extra))}")
-        if own["model"].get("kind", kind) != kind:
-            raise ConfigError(f"{kind}.model.kind must be {kind!r}")
-        try:
-            configs[kind] = from_dict(_merge({**raw, "name": f"{name}-{kind}", "model": {"kind": kind}}, own))
-        except ConfigError as e:
-            raise ConfigError(f"{kind} (with the shared sections): {e}") from None
-    return CompareSetup(configs, cmp)
 
 
 @dataclass
@@ -111,14 +66,11 @@ def _train_step(c: Contestant, budget: float) -> float:
     return time.perf_counter() - t0
 
 
-def _evaluate(c: Contestant, corpus: Corpus, epoch_tokens: int) -> None:
+def _validate(c: Contestant, corpus: Corpus, epoch_tokens: int) -> None:
     """Greedy BLEU on the validation subset; the time goes to eval_s, not to the training clock."""
     t0, tr = time.perf_counter(), c.trainer
-    src, ref = (x[: c.cfg.train.bleu_sentences] for x in corpus.text[c.cfg.data.splits.valid])
-    with autocast(tr.device, tr.precision):
-        hyps = translate(c.model, corpus.tok, src, replace(c.cfg.decode, beam_size=1, nbest=1), tr.device)
+    value = valid_bleu(c.model, corpus, c.cfg, tr.device, tr.precision)
     c.model.train()
-    value = bleu(hyps, ref)
     c.curve.append({"elapsed_s": round(c.clock, 1), "step": tr.state.step,
                     "epochs": round(tr.state.tokens / epoch_tokens, 2), "valid_bleu": value})
     if value > c.best_bleu:
@@ -144,7 +96,7 @@ def race(contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig) -> N
         bar.update(min(dt, max(0.0, budget - c.clock + dt)))
         c.done = c.clock >= budget or c.trainer.state.epoch >= c.cfg.train.max_epochs
         if c.done or c.clock >= c.next_eval:
-            _evaluate(c, corpus, epoch_tokens)
+            _validate(c, corpus, epoch_tokens)
             c.next_eval += every
             bar.set_postfix_str("  ".join(f"{x.name} BLEU {x.curve[-1]['valid_bleu']:.1f}"
                                           for x in contestants if x.curve))
@@ -281,11 +233,8 @@ def _test_and_save(report: dict, contestants: list[Contestant], corpus: Corpus, 
     """Test BLEU of each best checkpoint with its decode settings; the checkpoints into out_dir."""
     for c in contestants:
         tr = c.trainer
-        test_src, test_ref = corpus.text[c.cfg.data.splits.test]
-        with autocast(tr.device, tr.precision):
-            hyps = translate(c.model, corpus.tok, test_src, c.cfg.decode, tr.device)
-        s = score(hyps, test_ref)
+        _, s = score_test_split(c.model, corpus, c.cfg, tr.device, tr.precision)
         report["models"][c.name].update(test_bleu=s["bleu"], test_chrf=s["chrf"], test_beam_size=c.cfg.decode.beam_size)
         report["sacrebleu_signature"] = s["bleu_signature"]
-        checkpoint.save({"model": c.best_state, "config": to_dict(c.cfg), "tokenizer": corpus.tok.state(),
-                         "step": tr.state.step, "best_bleu": c.best_bleu}, out_dir / f"{c.name}.pt")
+        checkpoint.save({**checkpoint.model_state(c.best_state, c.cfg, corpus.tok), "step": tr.state.step,
+                         "best_bleu": c.best_bleu}, out_dir / f"{c.name}.pt")

@@ -1,15 +1,19 @@
-"""Fair measurements for compare-rnn: alternated, repeated timings, background load, memory, step counts.
+"""Fair measurements: rotating rounds of timed calls, background load, memory, step counts.
 
-Every timing here runs both models in one process, alternating which goes first, and reports
-the median of the repeats; the background CPU load (CPU time used by other processes) is
-measured alongside, since on a 2-core machine one other busy process halves a 2-thread run.
+`alternate` is the one timing loop of the package and its scripts: every contestant runs in one
+process, round after round, the order rotating so that none always goes first; callers report
+the median of the rounds. The background CPU load (CPU time used by other processes) is measured
+alongside, since on a 2-core machine one other busy process halves a 2-thread run.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import statistics
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -20,6 +24,39 @@ from torch import nn
 from attn_mt.config import DecodeConfig
 from attn_mt.decoding.search import translate
 from attn_mt.device import sync
+
+log = logging.getLogger(__name__)
+
+
+def timed(fn: Callable[[], object], device: torch.device | None = None) -> Callable[[], float]:
+    """`fn` wrapped to return its wall-clock seconds, the device synchronised before and after."""
+    def run() -> float:
+        if device is not None:
+            sync(device)
+        t0 = time.perf_counter()
+        fn()
+        if device is not None:
+            sync(device)
+        return time.perf_counter() - t0
+    return run
+
+
+def alternate(fns: dict[str, Callable[[], float]], repeats: int, *, warmup: bool = False,
+              after: Callable[[str, int, float], None] | None = None, label: str = "") -> dict[str, list[float]]:
+    """Seconds of each `fn()` per round: `repeats` rounds (after a warm-up round, kept first in each
+    list, with `warmup`), the order rotating from round to round so none always runs first or after
+    the same neighbour (two contestants simply alternate). `after(name, round, seconds)` follows
+    every call (round 0 is the warm-up with `warmup`); with a `label`, every round is logged."""
+    names, times = list(fns), {name: [] for name in fns}
+    for r in range(repeats + warmup):
+        first = r % max(len(names), 1)
+        for name in names[first:] + names[:first]:
+            times[name].append(fns[name]())
+            if after is not None:
+                after(name, r, times[name][-1])
+        if label:
+            log.info("%s: round %d of %d done (load %.1f)", label, r, repeats, os.getloadavg()[0])
+    return times
 
 
 def _busy_cpu_seconds() -> float | None:
@@ -120,18 +157,19 @@ def length_scaling(models: dict[str, nn.Module], lengths: list[int], batch_token
                 m.train()
                 train_step_seconds(m, src, tgt, autocast)  # warm-up
                 row[f"{k}_mb"] = round(saved_activation_bytes(m, src, tgt, autocast) / 2**20, 1)
-        names = [k for k in models if fits[k]]
-        for r in range(repeats):
-            for k in names if r % 2 == 0 else names[::-1]:
-                times[k].append(train_step_seconds(models[k], src, tgt, autocast))
-                if progress is not None:
-                    progress.update(1)
+        times.update(alternate({k: functools.partial(train_step_seconds, m, src, tgt, autocast)
+                                for k, m in models.items() if fits[k]}, repeats, after=_tick(progress)))
         for k in models:
             row[f"{k}_ms"] = round(statistics.median(times[k]) * 1000, 1) if times[k] else None
             # sequential steps per layer: a recurrence steps through the sentence, attention does not
             row[f"{k}_sequential_steps"] = length if k == "rnn" else 1
         rows.append(row)
     return rows
+
+
+def _tick(progress) -> Callable[[str, int, float], None] | None:
+    """A progress bar's update(1) after every timed call, or None without a bar."""
+    return None if progress is None else (lambda name, r, seconds: progress.update(1))
 
 
 @contextmanager
@@ -157,23 +195,17 @@ def decode_speed(models: dict[str, nn.Module], tok, texts: list[str], base: Deco
              "beam": replace(base, beam_size=beam_size, nbest=1)}
     out: dict[str, dict] = {k: {} for k in models}
     for mode, dcfg in modes.items():
-        seconds: dict[str, list[float]] = {k: [] for k in models}
         for k, m in models.items():  # warm-up run that also counts the sequential decoder calls
             with count_calls(m, "decode") as calls, autocast():
                 hyps = translate(m, tok, texts, dcfg, device)
             out[k][f"{mode}_decoder_calls"] = calls[0]
             out[k][f"{mode}_output_tokens"] = sum(len(ids) + 1 for ids in tok.encode_tgt(hyps))
-        names = list(models)
-        for r in range(repeats):
-            for k in names if r % 2 == 0 else names[::-1]:
-                sync(device)
-                t0 = time.perf_counter()
-                with autocast():
-                    translate(models[k], tok, texts, dcfg, device)
-                sync(device)
-                seconds[k].append(time.perf_counter() - t0)
-                if progress is not None:
-                    progress.update(1)
+        def run(m: nn.Module, dcfg=dcfg) -> None:
+            with autocast():
+                translate(m, tok, texts, dcfg, device)
+
+        seconds = alternate({k: timed(functools.partial(run, m), device) for k, m in models.items()}, repeats,
+                            after=_tick(progress))
         for k in models:
             out[k][f"{mode}_sentences_per_s"] = round(len(texts) / statistics.median(seconds[k]), 1)
     return out

@@ -1,7 +1,13 @@
-"""Sequence-to-sequence models behind one interface (`Seq2Seq`), and `build_model` to choose one by config."""
+"""Sequence-to-sequence models behind one interface (`Seq2Seq`), `build_model` to choose one by config,
+and the training loss (`loss_sum`) every model is trained and validated with.
+
+May import `attn_mt.config` only: never data, training, decoding, measure, export or serve.
+"""
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attn_mt.config import ModelConfig
@@ -11,7 +17,7 @@ from .rnn import RNNSeq2Seq
 from .seq2seq import DecoderCache, Seq2Seq
 from .transformer import Transformer
 
-__all__ = ["AttentionWeights", "DecoderCache", "Seq2Seq", "build_model", "count_params"]
+__all__ = ["AttentionWeights", "DecoderCache", "Seq2Seq", "build_model", "count_params", "loss_sum"]
 
 
 def build_model(cfg: ModelConfig, *, src_vocab: int, tgt_vocab: int, pad_id: int,
@@ -25,3 +31,11 @@ def build_model(cfg: ModelConfig, *, src_vocab: int, tgt_vocab: int, pad_id: int
 
 def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def loss_sum(model: nn.Module, batch, label_smoothing: float, pad_id: int) -> torch.Tensor:
+    """Summed (label-smoothed) cross-entropy over a batch's target tokens; `batch` holds src, tgt_in
+    and tgt_out, (B, S) and (B, T) token ids (the data package's Batch)."""
+    logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
+                           ignore_index=pad_id, label_smoothing=label_smoothing, reduction="sum")

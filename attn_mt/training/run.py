@@ -1,6 +1,6 @@
 """Training: data -> tokenizer -> model -> steps, evaluations and checkpoints -> test scores.
 
-`train(cfg, run_dir)` is the whole job, in four phases: `setup`, `run_epochs` (with `evaluate`
+`train(cfg, run_dir)` is the whole job, in four phases: `setup`, `run_epochs` (with `validation_round`
 on the configured schedule) and `finish`. It writes into `run_dir` the files rundir.py lists.
 
 checkpoint_last.pt is saved at every evaluation, every `train.checkpoint_every` steps and on
@@ -25,7 +25,7 @@ from torch import nn
 from tqdm import tqdm
 
 from attn_mt import checkpoint
-from attn_mt.config import ExperimentConfig, save_config, to_dict
+from attn_mt.config import ExperimentConfig, save_config
 from attn_mt.data.corpus import Corpus, load_corpus
 from attn_mt.decoding.metrics import score_test_split, validate
 from attn_mt.device import pick_device, pick_precision, rng_state
@@ -172,7 +172,7 @@ def run_epochs(run: Run, interrupt: StopOnInterrupt) -> str:
         run.trainer.next_epoch()
         last = f"reached train.max_epochs={tc.max_epochs}" if st.epoch == tc.max_epochs else None
         if not tc.eval_every or last:
-            reason = evaluate(run, last)
+            reason = validation_round(run, last)
             if reason:
                 return reason
     return f"reached train.max_epochs={tc.max_epochs}"
@@ -194,7 +194,7 @@ def run_epoch(run: Run, interrupt: StopOnInterrupt) -> str | None:
                     report_progress(run, bar, out.lr)
                 reason = limit_reached(tc, st.step, out.elapsed)
                 if reason or (tc.eval_every and st.step % tc.eval_every == 0):
-                    reason = evaluate(run, reason)
+                    reason = validation_round(run, reason)
                 elif tc.checkpoint_every and st.step % tc.checkpoint_every == 0:
                     save_last(run)
             if out.interrupted:
@@ -218,8 +218,8 @@ def checkpoint_state(run: Run, rngs: list[dict]) -> dict:
     """What checkpoint_last.pt holds: weights, optimizer, config, tokenizer, every rank's RNG, TrainState."""
     st, tr = run.state, run.trainer
     st.elapsed_s = run.elapsed()
-    return {"model": tr.model.state_dict(), "optimizer": optimizer_state(tr.opt, tr.model),
-            "config": to_dict(run.cfg), "tokenizer": run.corpus.tok.state(), "rng": rngs[0],
+    return {**checkpoint.model_state(tr.model.state_dict(), run.cfg, run.corpus.tok),
+            "optimizer": optimizer_state(tr.opt, tr.model), "rng": rngs[0],
             "rng_ranks": rngs if run.world.enabled else None,
             "scaler": tr.scaler.state_dict() if tr.scaler.is_enabled() else None, **asdict(st)}
 
@@ -231,18 +231,18 @@ def save_last(run: Run) -> None:
         checkpoint.save(checkpoint_state(run, rngs), run.files.last)
 
 
-def evaluate(run: Run, reason: str | None = None) -> str | None:
+def validation_round(run: Run, reason: str | None = None) -> str | None:
     """Every rank calls it; rank 0 validates, logs and saves. Returns `reason`, or early stopping's."""
     st = run.state
     rngs = distributed.gather(rng_state(run.trainer.device), run.world)
     if run.world.main:
-        reason = evaluate_and_save(run, rngs, reason)
+        reason = validate_and_save(run, rngs, reason)
     reason, st.best_bleu, st.bad_evals, st.stopped = distributed.broadcast(
         (reason, st.best_bleu, st.bad_evals, st.stopped), run.world)
     return reason
 
 
-def evaluate_and_save(run: Run, rngs: list[dict], reason: str | None) -> str | None:
+def validate_and_save(run: Run, rngs: list[dict], reason: str | None) -> str | None:
     """Validation loss and BLEU into metrics.jsonl; checkpoint_best/last and the kept snapshots.
     Returns `reason` or early stopping's, recorded in the checkpoints (`TrainState.stopped`)."""
     st, tc, tr = run.state, run.cfg.train, run.trainer

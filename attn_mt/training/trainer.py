@@ -15,14 +15,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from attn_mt.config import ExperimentConfig, TrainConfig
 from attn_mt.data.corpus import Corpus
 from attn_mt.data.sources import Batch, token_batches
 from attn_mt.device import autocast
-from attn_mt.models import Seq2Seq
+from attn_mt.models import Seq2Seq, loss_sum
 from attn_mt.training import distributed
 from attn_mt.training.distributed import World
 from attn_mt.training.schedule import budget_spent, lr_at
@@ -36,13 +35,6 @@ class TrainError(RuntimeError):
 
 class TrainInterrupted(TrainError):
     """Ctrl-C: the run saved checkpoint_last.pt and stopped; `resume=True` continues it."""
-
-
-def loss_sum(model: nn.Module, batch: Batch, label_smoothing: float, pad_id: int) -> torch.Tensor:
-    """Summed (label-smoothed) cross-entropy over the batch's target tokens."""
-    logits = model(batch.src, batch.tgt_in)  # (B, T, V)
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
-                           ignore_index=pad_id, label_smoothing=label_smoothing, reduction="sum")
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from attn_mt.cli import app
 from attn_mt.config import ConfigError
-from attn_mt.measure.compare import load_compare_config
+from attn_mt.config.compare import load_compare_config
 from attn_mt.models import build_model, count_params
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "compare.yaml"

@@ -1,0 +1,179 @@
+"""The package's plan as a test: which package may import which, read from every module's imports (ast).
+
+Data flows one way: config <- data <- models <- decoding <- training <- measure, with the CLI on
+top (docs/architecture.md draws it). A module never reaches for another module's private
+(`_name`) names, and the top level holds only the CLI, config, checkpoint and device modules.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "attn_mt"
+TOP_MODULES = {"__init__", "__main__", "cli", "checkpoint", "device"}
+PACKAGES = {"config", "data", "models", "decoding", "training", "measure", "export", "serve"}
+BASE = {"config", "checkpoint", "device", "data", "models"}
+# what each part of attn_mt may import besides itself (a part: a top-level module or a package)
+ALLOWED = {
+    "config": set(),
+    "device": {"config"},
+    "data": {"config"},
+    "models": {"config"},
+    "checkpoint": {"config", "data", "models"},
+    "decoding": BASE | {"export"},  # the translator opens a CTranslate2 export as well as a checkpoint
+    "export": BASE | {"decoding"},  # CTranslate2 results become the same Translation objects
+    "training": BASE | {"decoding"},  # validation and test BLEU
+    "measure": BASE | {"decoding", "training"},  # the training step, never the run (below)
+    "serve": BASE | {"decoding", "export"},
+    "__init__": set(),
+    "__main__": {"cli"},
+    "cli": BASE | PACKAGES,
+}
+
+
+def modules(root: Path = PACKAGE) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package (packages by their __init__)."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+MODULES = modules()
+
+
+def part(module: str) -> str:
+    """The top-level module or package a dotted name belongs to: attn_mt.data.cache -> data."""
+    return module.split(".")[1] if "." in module else "__init__"
+
+
+def imports(module: str, path: Path) -> list[tuple[str, list[str], int]]:
+    """(absolute module imported from, names, line) for every import in a file, relative ones resolved."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.append((base, [a.name for a in node.names], node.lineno))
+    return out
+
+
+def targets(source: str, names: list[str]) -> list[str]:
+    """The attn_mt modules an import statement reaches: `from attn_mt import checkpoint` reaches
+    attn_mt.checkpoint, `from attn_mt.data.corpus import Corpus` reaches attn_mt.data.corpus."""
+    if not source.startswith("attn_mt"):
+        return []
+    subs = [f"{source}.{n}" for n in names if f"{source}.{n}" in MODULES]
+    return subs or [source]
+
+
+def violations(mods: dict[str, Path]) -> list[str]:
+    found = []
+    for module, path in mods.items():
+        where = f"{path.relative_to(ROOT)}"
+        own = part(module)
+        for source, names, line in imports(module, path):
+            for target in targets(source, names):
+                other = part(target)
+                if other != own and other not in ALLOWED.get(own, set()):
+                    found.append(f"{where}:{line}: {own} may not import {target}")
+                if target == "attn_mt.training.run" and own != "cli":
+                    found.append(f"{where}:{line}: only the CLI imports the training run ({target})")
+                if target == "attn_mt.cli" and own != "__main__":
+                    found.append(f"{where}:{line}: nothing imports the CLI")
+            if source.startswith("attn_mt") or source.startswith("."):
+                for name in names:
+                    if name.startswith("_") and not name.startswith("__"):
+                        found.append(f"{where}:{line}: imports the private name {name} of {source}")
+        found += private_attributes(path, where)
+    return found
+
+
+def private_attributes(path: Path, where: str) -> list[str]:
+    """`mod._name` where `mod` is an imported attn_mt module (e.g. `from attn_mt.training import rundir`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attn_mt"):
+            bound |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in MODULES}
+        elif isinstance(node, ast.Import):
+            bound |= {a.asname for a in node.names if a.asname and a.name.startswith("attn_mt")}
+    return [f"{where}:{node.lineno}: uses the private name {node.value.id}.{node.attr}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+            and node.attr.startswith("_") and not node.attr.startswith("__")]
+
+
+def test_top_level_holds_only_the_cli_config_checkpoint_device_and_the_packages():
+    entries = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+               if (p.suffix == ".py") or (p.is_dir() and (p / "__init__.py").exists())}
+    assert entries - PACKAGES == TOP_MODULES, entries - PACKAGES - TOP_MODULES
+    assert PACKAGES <= entries
+
+
+def test_every_part_is_known():
+    assert {part(m) for m in MODULES} <= set(ALLOWED)
+
+
+def test_imports_follow_the_rules():
+    assert violations(MODULES) == []
+
+
+def test_scripts_use_no_private_names():
+    found = []
+    for path in sorted((ROOT / "scripts").glob("*.py")):
+        where = str(path.relative_to(ROOT))
+        for source, names, line in imports("scripts." + path.stem, path):
+            found += [f"{where}:{line}: {source}.{n}" for n in names
+                      if source.startswith("attn_mt") and n.startswith("_") and not n.startswith("__")]
+        found += private_attributes(path, where)
+    assert found == []
+
+
+def test_every_package_docstring_says_what_it_may_import():
+    for name in PACKAGES:
+        doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text(encoding="utf-8"))) or ""
+        assert "import" in doc.lower(), f"attn_mt/{name}/__init__.py: the docstring names no import rule"
+
+
+@pytest.mark.parametrize("code,expected", [
+    ("from attn_mt.data.corpus import Corpus\n", "models may not import attn_mt.data.corpus"),
+    ("from attn_mt.training import trainer\n", "models may not import attn_mt.training.trainer"),
+    ("from attn_mt.checkpoint import _first_line\n", "imports the private name _first_line"),
+    ("from attn_mt.training import rundir\nx = rundir._tmp\n", "uses the private name rundir._tmp"),
+])
+def test_a_forbidden_import_is_caught(code, expected, tmp_path):
+    """The checker itself: a models module with a forbidden import is reported (so the test can fail)."""
+    path = tmp_path / "attn_mt" / "models" / "bad.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(code)
+    global ROOT
+    root, ROOT = ROOT, tmp_path
+    try:
+        found = violations({"attn_mt.models.bad": path})
+    finally:
+        ROOT = root
+    assert any(expected in line for line in found), found
+
+
+def test_the_measure_package_may_not_import_the_training_run(tmp_path):
+    path = tmp_path / "attn_mt" / "measure" / "bad.py"
+    path.parent.mkdir(parents=True)
+    path.write_text("from attn_mt.training.run import train\nfrom attn_mt.training.trainer import Trainer\n")
+    global ROOT
+    root, ROOT = ROOT, tmp_path
+    try:
+        found = violations({"attn_mt.measure.bad": path})
+    finally:
+        ROOT = root
+    assert found == ["attn_mt/measure/bad.py:1: only the CLI imports the training run (attn_mt.training.run)"]
