@@ -124,18 +124,10 @@ def _lines(texts: list[str] | None, input: Path | None, prompt: str = ""):
 def _translator(checkpoint: Path, device: str):
     """(holder of the decode defaults in `.decode`, fn(texts, dcfg) -> n-best lists) for a checkpoint
     file (PyTorch) or a directory written by `attn-mt export` (CTranslate2)."""
-    from attn_mt.export import ct2_translator as ct2
+    from attn_mt.decoding.translator import open_translator
 
-    if ct2.is_export(checkpoint):
-        exported = ct2.load_exported(checkpoint, ct2.ct2_device(device))
-        return exported, functools.partial(ct2.translate_nbest, exported)
-    from attn_mt.checkpoint import load_model
-    from attn_mt.decoding.search import translate_nbest
-    from attn_mt.device import pick_device
-
-    dev = pick_device(device)
-    model, cfg, tok = load_model(checkpoint, dev)
-    return cfg, lambda texts, dcfg: translate_nbest(model, tok, texts, dcfg, dev)
+    translator = open_translator(checkpoint, device)
+    return translator, translator.translate_nbest
 
 
 _CKPT = "(default: the checkpoint's decode section)"
@@ -154,9 +146,10 @@ def _decode_cfg(cfg, **flags):
 def _format(sources: list[str], nbests: list, fmt: str, first: int) -> str:
     """Output lines: best translations, Moses-style n-best lines (`i ||| text ||| score`) or JSONL."""
     if fmt == "jsonl":
-        return "\n".join(json.dumps({"source": s, "hypotheses": [
-            {"text": h.text, "score": round(h.score, 4), "log_prob": round(h.log_prob, 4)} for h in n]},
-            ensure_ascii=False) for s, n in zip(sources, nbests, strict=True))
+        from attn_mt.decoding.translator import hypotheses_json
+
+        return "\n".join(json.dumps({"source": s, "hypotheses": hypotheses_json(n)}, ensure_ascii=False)
+                         for s, n in zip(sources, nbests, strict=True))
     if max(map(len, nbests)) == 1:
         return "\n".join(n[0].text for n in nbests)
     return "\n".join(f"{first + i} ||| {h.text} ||| {h.score:.4f}" for i, n in enumerate(nbests) for h in n)
@@ -268,19 +261,31 @@ def attention(checkpoint: CkptOpt, text: Annotated[str, typer.Argument(help="A s
 
 @app.command()
 @_user_errors
-def serve(checkpoint: CkptOpt,
+def serve(checkpoint: Annotated[Path, typer.Option("--checkpoint", help="A checkpoint written by `attn-mt train`, "
+                                                                       "or a folder written by `attn-mt export`.")],
           host: Annotated[str, typer.Option(help="Interface to bind; any other than 127.0.0.1 exposes the "
                                                  "server to the network.")] = "127.0.0.1",
           port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+          allow_host: Annotated[list[str] | None, typer.Option(help="Also answer requests whose Host header "
+                                                                   "names this (repeatable); loopback names "
+                                                                   "and --host always are.")] = None,
           max_texts: Annotated[int, typer.Option(min=1, help="Most sentences per request.")] = 64,
           max_chars: Annotated[int, typer.Option(min=1, help="Most characters per request.")] = 10_000,
+          max_work: Annotated[int, typer.Option(min=1, help="Most source subwords x beam per request.")] = 20_000,
+          max_queue: Annotated[int, typer.Option(min=1, help="Most requests waiting; more get 503.")] = 64,
+          read_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a client has to send its headers, "
+                                                                    "and then its body.")] = 10.0,
           device: DeviceOpt = "auto") -> None:
     """Serve a checkpoint: a web page (translations, attention of every head) and a JSON API (docs at /docs)."""
-    from attn_mt.serve import Limits, create_app, run
+    from attn_mt.serve import LOOPBACK, Limits, create_app, listen, run
 
-    server = create_app(checkpoint, Limits(max_texts=max_texts, max_chars=max_chars), device=device)
+    sock = listen(host, port)  # before the model loads and the banner: a busy port is one error line
+    limits = Limits(max_texts=max_texts, max_chars=max_chars, max_work=max_work, max_queue=max_queue,
+                    header_timeout_s=read_timeout, body_timeout_s=read_timeout)
+    hosts = (*LOOPBACK, *([host] if host not in ("0.0.0.0", "::") else []), *(allow_host or []))
+    server = create_app(checkpoint, limits, device=device, allowed_hosts=hosts)
     typer.echo(f"attn-mt serve: http://{host}:{port}/  (API docs /docs; Ctrl-C stops)")
-    run(server, host, port)
+    run(server, sock, limits)
 
 
 @app.command()
