@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -242,6 +243,13 @@ def test_docs_read_well_at_desktop_and_phone_width(browser, url, tmp_path):
     fields = browser.find_element(By.CSS_SELECTOR, "#post--api-translate .fields").text
     assert "texts" in fields and "nbest" in fields and "optional" in fields
     assert "results[].hypotheses[].log_prob" in browser.find_element(By.ID, "post--api-translate").text
+    info = json.load(urlopen(f"{url}/api/info"))
+    examples = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "section.endpoint pre.example")]
+    sentence = info.get("example") or LANGUAGES[info["languages"]["source"]][1]
+    assert len(examples) == 3 and json.dumps({"texts": [sentence]}, ensure_ascii=False) in examples[0]
+    for example in examples if shutil.which("curl") else []:  # each runs as shown
+        answer = json.loads(subprocess.run(["bash", "-c", example], capture_output=True, check=True, timeout=60).stdout)
+        assert "error" not in answer, (example, answer)
     for width in (1280, 390):
         browser.set_window_size(width, 900)
         assert "`" not in browser.find_element(By.TAG_NAME, "body").text

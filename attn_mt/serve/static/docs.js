@@ -63,8 +63,9 @@ function exampleBody(schema, sentence) {
   return body;
 }
 
-function curl(path, body) {  // POST where there is a body
-  const data = body ? ` -H 'content-type: application/json' -d '${oneLine(body).replaceAll("'", "'\\''")}'` : "";
+function curl(path, body) {  // POST where there is a body; one option a line
+  const data = body ? ` \\\n  -H 'content-type: application/json' \\\n  -d '${oneLine(body).replaceAll("'", "'\\''")}'`
+    : "";
   return `curl -s ${location.origin}${path}${data}`;
 }
 
@@ -84,7 +85,7 @@ function endpoint(method, path, op, spec, live) {
   const request = op.requestBody && resolve(op.requestBody.content["application/json"].schema, spec);
   if (request) section.append(el("h3", {textContent: "Request body"}), fieldList(fields(request)));
   const body = request && exampleBody(request, info && exampleSentence(info));
-  section.append(el("h3", {textContent: "Example"}), el("pre", {className: "wrap", textContent: curl(path, body)}));
+  section.append(el("h3", {textContent: "Example"}), el("pre", {className: "example", textContent: curl(path, body)}));
   const errors = [];
   for (const [status, r] of Object.entries(op.responses || {})) {
     const content = (r.content || {})["application/json"] || {};
