@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from attn_mt.config import ConfigError, ExperimentConfig, from_dict, to_dict
-from attn_mt.config.yamlconf import show
+from attn_mt.config.yamlconf import first_line, show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.models import Seq2Seq, build_model
 
@@ -89,7 +89,7 @@ def load(path: Path | str, map_location: str | torch.device = "cpu") -> dict:
         raise CheckpointError(f"{path}: not a readable checkpoint (corrupt pickle data)") from None
     except Exception as e:  # truncated or damaged files fail in many ways (zip, pickle, utf-8, ...)
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt: "
-                              f"{_first_line(e)})") from None
+                              f"{first_line(e)})") from None
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise CheckpointError(f"{path}: not an attn-mt checkpoint")
     version = state.get("format_version")
@@ -97,10 +97,6 @@ def load(path: Path | str, map_location: str | torch.device = "cpu") -> dict:
         raise CheckpointError(f"{path}: written by checkpoint format {version}, this attn-mt reads formats "
                               f"{', '.join(map(str, READABLE))}")
     return state
-
-
-def _first_line(e: Exception) -> str:
-    return str(e).splitlines()[0] if str(e) else e.__class__.__name__
 
 
 def model_state(weights: dict, cfg: ExperimentConfig, tok: Tokenizer) -> dict:
@@ -146,7 +142,7 @@ def tokenizer_from_protos(src: bytes, tgt: bytes | None, what: str) -> Tokenizer
     try:
         tok = Tokenizer(src, tgt)
     except (RuntimeError, TypeError) as e:
-        raise CheckpointError(f"{what}: not a SentencePiece model ({_first_line(e)[:80]})") from None
+        raise CheckpointError(f"{what}: not a SentencePiece model ({first_line(e)[:80]})") from None
     if min(tok.src_vocab_size, tok.tgt_vocab_size) <= tok.eos_id:
         raise CheckpointError(f"{what}: SentencePiece model without the special pieces (pad, unk, bos, eos)")
     return tok

@@ -34,6 +34,11 @@ def show(value: Any) -> str:
     return _repr.repr(value)
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its class name when it has none): for one-line errors."""
+    return str(e).splitlines()[0] if str(e).strip() else e.__class__.__name__
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """The top-level mapping of a YAML file (safe loader), or ConfigError naming file and line."""
     try:
@@ -53,7 +58,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        problem = getattr(e, "problem", None) or first_line(e)
         raise ConfigError(f"{path}:{where}: YAML syntax error: {problem}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(raw).__name__}")

@@ -7,6 +7,8 @@ import logging
 import urllib.request
 from pathlib import Path
 
+from attn_mt.config.yamlconf import first_line
+
 log = logging.getLogger(__name__)
 
 
@@ -63,7 +65,7 @@ def download(dataset: str, out: Path) -> list[Path]:
         try:
             return fetch(out)
         except Exception as e:  # network and hub failures come in many types
-            first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+            first = first_line(e)
             errors.append(f"{where}: {first}")
             log.info("download from %s failed: %s", where, first)
     raise DownloadError(f"cannot download multi30k (offline?): {'; '.join(errors)}")

@@ -22,6 +22,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from attn_mt.config import DataConfig
+from attn_mt.config.yamlconf import first_line
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def load_hf(cfg: DataConfig, split: str):
     except KeyError:
         raise DataError(f"{where}: no split {split!r}") from None
     except Exception as e:  # datasets raises many types for offline / missing hub data
-        first = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+        first = first_line(e)
         raise DataError(f"{where}: cannot load Hugging Face dataset split {split!r}: {first}") from None
     if "translation" not in ds.column_names and not {cfg.src_lang, cfg.tgt_lang} <= set(ds.column_names):
         raise DataError(

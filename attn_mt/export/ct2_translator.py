@@ -24,6 +24,7 @@ import torch
 
 from attn_mt.checkpoint import tokenizer_from_protos
 from attn_mt.config import ConfigError, DecodeConfig
+from attn_mt.config.yamlconf import first_line
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.beam import Hypothesis, length_penalty
 from attn_mt.decoding.search import Translation, max_lengths, prepare_sources
@@ -96,7 +97,7 @@ def load_exported(path: Path | str, device: str = "cpu", *, compute_type: str = 
         translator = ct2.Translator(str(path), device=device, compute_type=compute_type,
                                     inter_threads=1, intra_threads=threads)
     except (RuntimeError, ValueError) as e:
-        raise ExportError(f"{path}: CTranslate2 cannot load it: {str(e).splitlines()[0]}") from None
+        raise ExportError(f"{path}: CTranslate2 cannot load it: {first_line(e)}") from None
     return Exported(translator, tok, meta["decode"], meta["max_positions"])
 
 

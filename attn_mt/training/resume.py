@@ -23,7 +23,7 @@ from attn_mt.config.yamlconf import show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.device import set_rng_state
 from attn_mt.training import distributed
-from attn_mt.training.schedule import limit_reached
+from attn_mt.training.schedule import Stop, limit_reached
 from attn_mt.training.trainer import Trainer, TrainError, TrainState
 
 log = logging.getLogger(__name__)
@@ -37,9 +37,9 @@ def finished(st: TrainState, tc: TrainConfig) -> str | None:
     if not st.stopped:
         return None
     if st.epoch >= tc.max_epochs:
-        return f"reached train.max_epochs={tc.max_epochs}"
+        return Stop.max_epochs(tc)
     if tc.patience and st.bad_evals >= tc.patience:
-        return f"no BLEU improvement in {tc.patience} evaluations"
+        return Stop.patience(tc)
     return limit_reached(tc, st.step, st.elapsed_s)
 
 

@@ -34,7 +34,7 @@ from attn_mt.training import distributed
 from attn_mt.training.board import Board
 from attn_mt.training.resume import check_resumable, finished, optimizer_state, restore
 from attn_mt.training.rundir import RunDir
-from attn_mt.training.schedule import limit_reached
+from attn_mt.training.schedule import Stop, limit_reached
 from attn_mt.training.trainer import Trainer, TrainError, TrainInterrupted, TrainState
 
 __all__ = ["TrainError", "TrainInterrupted", "train"]
@@ -170,12 +170,12 @@ def run_epochs(run: Run, interrupt: StopOnInterrupt) -> str:
         if reason:
             return reason
         run.trainer.next_epoch()
-        last = f"reached train.max_epochs={tc.max_epochs}" if st.epoch == tc.max_epochs else None
+        last = Stop.max_epochs(tc) if st.epoch == tc.max_epochs else None
         if not tc.eval_every or last:
             reason = validation_round(run, last)
             if reason:
                 return reason
-    return f"reached train.max_epochs={tc.max_epochs}"
+    return Stop.max_epochs(tc)
 
 
 def run_epoch(run: Run, interrupt: StopOnInterrupt) -> str | None:
@@ -260,7 +260,7 @@ def validate_and_save(run: Run, rngs: list[dict], reason: str | None) -> str | N
     else:
         st.bad_evals += 1
     if tc.patience and st.bad_evals >= tc.patience:
-        reason = f"no BLEU improvement in {tc.patience} evaluations"
+        reason = Stop.patience(tc)
     st.stopped = reason or ""
     state = checkpoint_state(run, rngs)
     if st.bad_evals == 0:

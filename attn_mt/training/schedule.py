@@ -34,10 +34,30 @@ def budget_spent(cfg: TrainConfig, step: int, seconds: float, epochs: float) -> 
     return min(1.0, max(parts))
 
 
+class Stop:
+    """Why a run stops, worded once: logged, and kept in checkpoints as `TrainState.stopped`."""
+
+    @staticmethod
+    def max_epochs(cfg: TrainConfig) -> str:
+        return f"reached train.max_epochs={cfg.max_epochs}"
+
+    @staticmethod
+    def max_steps(cfg: TrainConfig) -> str:
+        return f"reached train.max_steps={cfg.max_steps}"
+
+    @staticmethod
+    def max_minutes(cfg: TrainConfig) -> str:
+        return f"reached train.max_minutes={cfg.max_minutes}"
+
+    @staticmethod
+    def patience(cfg: TrainConfig) -> str:
+        return f"no BLEU improvement in {cfg.patience} evaluations"
+
+
 def limit_reached(cfg: TrainConfig, step: int, seconds: float) -> str | None:
     """Why training must stop now (train.max_steps or max_minutes reached), or None."""
     if cfg.max_steps and step >= cfg.max_steps:
-        return f"reached train.max_steps={cfg.max_steps}"
+        return Stop.max_steps(cfg)
     if cfg.max_minutes and seconds >= cfg.max_minutes * 60:
-        return f"reached train.max_minutes={cfg.max_minutes}"
+        return Stop.max_minutes(cfg)
     return None
