@@ -307,13 +307,22 @@ def export(checkpoint: CkptOpt,
 
 @app.command()
 @_user_errors
-def prepare(config: ConfigOpt, overrides: SetOpt = None) -> None:
+def prepare(config: ConfigOpt, overrides: SetOpt = None,
+            list_: Annotated[bool, typer.Option("--list", help="Only list the cache: entries, leftovers.")] = False,
+            clean: Annotated[bool, typer.Option("--clean", help="Only remove damaged entries, leftovers of stopped "
+                                                "builds and lock files no process holds.")] = False) -> None:
     """Train the tokenizer and tokenize the training split into the data cache (data.cache_dir), ahead of
     `train`: a cluster job, its ranks and later runs of the same data then start from it."""
     from attn_mt.config import load_config
-    from attn_mt.data.corpus import prepare as run_prepare
+    from attn_mt.data import tidy
+    from attn_mt.data.cache import cache_root
+    from attn_mt.data.cache import prepare as run_prepare
 
-    entry = run_prepare(load_config(config, overrides or []))
+    cfg = load_config(config, overrides or [])
+    if list_ or clean:
+        typer.echo("\n".join((tidy.clean if clean else tidy.survey)(cache_root(cfg.data))))
+        return
+    entry = run_prepare(cfg)
     typer.echo(f"data cache: {entry.path}")
     typer.echo(f"{entry.pairs} training pairs, {entry.tokens['src']} + {entry.tokens['tgt']} tokens")
 

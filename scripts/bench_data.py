@@ -83,7 +83,7 @@ try:
     from attn_mt.data.corpus import load_corpus
 except ImportError:  # the baseline's code: load_corpus in data.py
     from attn_mt.data.sources import load_corpus
-from attn_mt.data.sources import token_batches
+from attn_mt.data.batching import token_batches
 def pss_kb():
     return next(int(line.split()[1]) for line in open("/proc/self/smaps_rollup") if line.startswith("Pss:"))
 def rss_kb(key="VmRSS:"):
@@ -91,13 +91,13 @@ def rss_kb(key="VmRSS:"):
 rank, size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 if size > 1:
     dist.init_process_group("gloo")
-from attn_mt.data.sources import collate
+from attn_mt.data.batching import collate
 cfg = load_config(sys.argv[1], sys.argv[3:])
 collate([[4]], [[4]], 0, 2, 3), token_batches([1, 2], [1, 2], 10, 0, 0)  # torch's first use is not data
 pss0, rss0, anon0 = pss_kb(), rss_kb(), rss_kb("RssAnon:")
 for turn in (0, 1):
     if (rank == 0) == (turn == 0):
-        corpus = load_corpus(cfg, Path(sys.argv[2]), cfg.model.max_positions)
+        corpus = load_corpus(cfg, cfg.model.max_positions)
     if size > 1:
         dist.barrier()
 index = token_batches(*corpus.lengths(cfg.data.splits.train), cfg.train.batch_tokens, cfg.train.seed, 0)

@@ -1,7 +1,7 @@
 """Does bf16 autocast train as well as fp32? Train one config both ways from the same seed.
 
 Both runs see the same batches in the same order and the same dropout masks (same seed, same
-shapes), take train.py's own steps, and evaluate the validation loss every --eval-every steps,
+shapes), take the trainer's own steps (training/trainer.py), and evaluate the validation loss every --eval-every steps,
 each in its own precision, as `attn-mt train` would. Prints both curves, the largest relative
 difference, and the training seconds of each run.
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,38 +21,30 @@ import torch
 
 from attn_mt.config import load_config
 from attn_mt.data.corpus import load_corpus
-from attn_mt.data.sources import token_batches
-from attn_mt.decoding.metrics import evaluate_loss
+from attn_mt.decoding.metrics import validation_loss
 from attn_mt.device import pick_device
 from attn_mt.models import build_model
-from attn_mt.training.schedule import lr_at
-from attn_mt.training.trainer import TrainStep
+from attn_mt.training.trainer import Trainer
 
 
 def curve(cfg, corpus, device: torch.device, precision: str, steps: int, every: int) -> dict:
     """Validation loss every `every` steps of training in `precision`, and the training seconds."""
-    tc, tok, split = cfg.train, corpus.tok, cfg.data.splits.train
-    torch.manual_seed(tc.seed)
-    model = build_model(cfg.model, **tok.sizes()).to(device).train()
-    trainer = TrainStep(model, tc, device, precision)
-    src_lens, tgt_lens = ([len(x) for x in side] for side in corpus.ids[split])
-    points, seconds, step, epoch = [], 0.0, 0, 0
-    while step < steps:
-        for batch in token_batches(src_lens, tgt_lens, tc.batch_tokens, tc.seed, epoch):
-            t0 = time.perf_counter()
-            n_tokens = sum(tgt_lens[i] + 1 for i in batch)
-            loss = trainer.backward(corpus.batches(split, [batch]), n_tokens)
-            trainer.apply(loss, lr_at(step + 1, tc))
-            seconds += time.perf_counter() - t0
-            step += 1
-            if step % every == 0 or step == steps:
-                loss = evaluate_loss(model, corpus, cfg.data.splits.valid, tc.batch_tokens, device, precision)
-                points.append((step, loss))
-                model.train()
-                print(f"{precision} step {step}: valid loss {points[-1][1]:.4f}", flush=True)
-            if step == steps:
-                break
-        epoch += 1
+    torch.manual_seed(cfg.train.seed)
+    trainer = Trainer(build_model(cfg.model, **corpus.tok.sizes()).to(device).train(), cfg, corpus, device, precision)
+    points, seconds = [], 0.0
+    while trainer.state.step < steps:
+        if trainer.epoch_done:
+            trainer.next_epoch()
+        t0 = time.perf_counter()
+        trainer.step(lambda: 0.0, spent=0.0)  # the learning rate by step alone, as before
+        seconds += time.perf_counter() - t0
+        step = trainer.state.step
+        if step % every == 0 or step == steps:
+            loss = validation_loss(trainer.model, corpus, cfg.data.splits.valid, cfg.train.batch_tokens, device,
+                                   precision)
+            points.append((step, loss))
+            trainer.model.train()
+            print(f"{precision} step {step}: valid loss {loss:.4f}", flush=True)
     return {"valid_loss": points, "train_seconds": seconds}
 
 
@@ -68,8 +59,7 @@ def main() -> None:
     cfg = load_config(args.config, args.overrides)
     device = pick_device(cfg.train.device)
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp:
-        corpus = load_corpus(cfg, Path(tmp), cfg.model.max_positions)
+    corpus = load_corpus(cfg, cfg.model.max_positions)
     runs = {p: curve(cfg, corpus, device, p, args.steps, args.eval_every) for p in ("fp32", "bf16")}
     rel = [abs(b - a) / a for (_, a), (_, b) in zip(runs["fp32"]["valid_loss"], runs["bf16"]["valid_loss"],
                                                     strict=True)]

@@ -10,15 +10,17 @@ page faults per step of each round, then the medians:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from attn_mt.measure.timing import alternate, timed
 
 
 def child(args) -> None:
@@ -27,32 +29,28 @@ def child(args) -> None:
 
     from attn_mt.config import load_config
     from attn_mt.data.corpus import load_corpus
-    from attn_mt.data.sources import token_batches
     from attn_mt.device import pick_precision
     from attn_mt.models import build_model
     from attn_mt.training.memory import reuse_freed_memory
-    from attn_mt.training.trainer import TrainStep
+    from attn_mt.training.trainer import Trainer
 
     applied = reuse_freed_memory()
     cfg = load_config(args.config, args.overrides)
     tc, device = cfg.train, torch.device("cpu")
     precision = pick_precision(tc.precision, device)
-    corpus = load_corpus(cfg, args.tok_dir, cfg.model.max_positions)
-    tok, split = corpus.tok, cfg.data.splits.train
+    corpus = load_corpus(cfg, cfg.model.max_positions)
     torch.manual_seed(tc.seed)
-    model = build_model(cfg.model, **tok.sizes()).train()
-    trainer = TrainStep(model, tc, device, precision)
-    src_lens, tgt_lens = ([len(x) for x in side] for side in corpus.ids[split])
-    batches = token_batches(src_lens, tgt_lens, tc.batch_tokens, tc.seed, 0)[: args.warmup + args.steps]
+    trainer = Trainer(build_model(cfg.model, **corpus.tok.sizes()).train(), cfg, corpus, device, precision)
     seconds, tokens = 0.0, 0
-    for i, batch in enumerate(batches):
+    for i in range(args.warmup + args.steps):
         if i == args.warmup:
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        n_tokens = sum(tgt_lens[j] + 1 for j in batch)
+        if trainer.epoch_done:
+            trainer.next_epoch()
         t0 = time.perf_counter()
-        trainer.apply(trainer.backward(corpus.batches(split, [batch]), n_tokens), 1e-4)
+        step = trainer.step(lambda: 0.0, spent=0.0)
         if i >= args.warmup:
-            seconds, tokens = seconds + time.perf_counter() - t0, tokens + n_tokens
+            seconds, tokens = seconds + time.perf_counter() - t0, tokens + step.n_tokens
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     print(json.dumps({"heap_reuse": applied, "precision": precision, "threads": torch.get_num_threads(),
                       "tokens_per_s": tokens / seconds, "faults_per_step": faults / args.steps}))
@@ -66,23 +64,26 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--tok-dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args)
-    with tempfile.TemporaryDirectory() as tmp:
-        base = [sys.executable, __file__, "--child", "--tok-dir", tmp, "--config", str(args.config),
-                "--steps", str(args.steps), "--warmup", str(args.warmup)]
-        base += [x for o in args.overrides for x in ("--set", o)]
-        results: dict[str, list] = {"system": [], "attn-mt": []}
-        for r in range(args.rounds):
-            for name in results:  # alternate: background load hits both alike
-                env = {**os.environ, "ATTN_MT_MALLOC": "system" if name == "system" else ""}
-                out = subprocess.run(base, env=env, capture_output=True, text=True, check=True)
-                row = json.loads(out.stdout.strip().splitlines()[-1])
-                results[name].append(row)
-                print(f"round {r + 1} {name:8s} {row['tokens_per_s']:7.0f} tokens/s "
-                      f"{row['faults_per_step']:9.0f} page faults/step", flush=True)
+    base = [sys.executable, __file__, "--child", "--config", str(args.config),
+            "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    base += [x for o in args.overrides for x in ("--set", o)]
+    results: dict[str, list] = {"system": [], "attn-mt": []}
+
+    def one_round(name: str) -> None:
+        env = {**os.environ, "ATTN_MT_MALLOC": "system" if name == "system" else ""}
+        out = subprocess.run(base, env=env, capture_output=True, text=True, check=True)
+        results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    def show(name: str, r: int, seconds: float) -> None:
+        row = results[name][-1]
+        print(f"round {r + 1} {name:8s} {row['tokens_per_s']:7.0f} tokens/s "
+              f"{row['faults_per_step']:9.0f} page faults/step", flush=True)
+
+    # the two settings take turns in fresh processes, so background load hits both alike
+    alternate({name: timed(functools.partial(one_round, name)) for name in results}, args.rounds, after=show)
     med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in results.items()}
     print(f"median tokens/s: system {med['system']:.0f}, attn-mt {med['attn-mt']:.0f} "
           f"({med['attn-mt'] / med['system']:.2f}x); load average {os.getloadavg()[0]:.2f}")

@@ -1,9 +1,9 @@
 """The tokenized corpus every consumer reads: the training split memory-mapped from the data cache
-(datacache.py), validation and test small and in memory, and their batches.
+(cache.py), validation and test small and in memory, tokenized with the entry's tokenizer, and their batches.
 
 Memory does not grow with the training split: its token ids stay on disk (the page cache, shared by
 every process that maps them), and what a process holds per pair is a few bytes of lengths and batch
-plan (data.token_batches). `prepare(cfg)` builds the cache ahead of a job (`attn-mt prepare`);
+plan (batching.token_batches). `attn-mt prepare` builds the entry ahead of a job (cache.prepare);
 `load_corpus` builds it on first use.
 """
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from attn_mt.config import ExperimentConfig
-from attn_mt.data.sources import Batch, DataError, collate, iter_pairs
-from attn_mt.data.cache import DataCache, Entry
+from attn_mt.data.batching import Batch, collate
+from attn_mt.data.cache import DataCache, Entry, Resumed
+from attn_mt.data.sources import DataError, read_pairs
 from attn_mt.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ class Corpus:
     """Tokenized splits: token ids of every split, texts of validation and test (not of training)."""
 
     tok: Tokenizer
+    entry: Entry  # the data cache entry of the training split, and of the tokenizer
     text: dict[str, tuple[list[str], list[str]]]  # valid/test split -> (src texts, tgt texts)
     ids: dict[str, tuple[Ragged, Ragged]]  # split -> (src ids, tgt ids); the training split memory-mapped
     rows: dict[str, np.ndarray] = field(default_factory=dict)  # split -> (n,) rows in use, where not all
@@ -93,28 +94,19 @@ class Corpus:
             yield collate(src.get(b), tgt.get(b), self.tok.pad_id, self.tok.bos_id, self.tok.eos_id)
 
 
-def _texts(cfg: ExperimentConfig, split: str) -> tuple[list[str], list[str]]:
-    src, tgt = [], []
-    for s, t in iter_pairs(cfg.data, split):
-        src += s
-        tgt += t
-    return src, tgt
-
-
-def load_corpus(cfg: ExperimentConfig, run_dir: Path, max_positions: int) -> Corpus:
-    """Read validation and test, map the training split from the data cache (built on first use; the
-    tokenizer copied into `run_dir`), keep the training pairs within the length limit."""
+def load_corpus(cfg: ExperimentConfig, max_positions: int, resumed: Resumed | None = None) -> Corpus:
+    """Read validation and test, map the training split from the data cache (built on first use, with a
+    resumed run's tokenizer if it was trained on that entry), keep the training pairs within the length limit."""
     cache = DataCache(cfg)  # hashes the training data; an unwritable cache fails here, before any work
     splits = cfg.data.splits
-    text = {name: _texts(cfg, name) for name in dict.fromkeys((splits.valid, splits.test))}
-    entry = cache.entry(run_dir)
-    entry.install_tokenizer(run_dir)
-    tok = entry.tokenizer()
+    text = {name: read_pairs(cfg.data, name) for name in dict.fromkeys((splits.valid, splits.test))}
+    entry = cache.entry(resumed)
+    tok = entry.tok
     ids = {name: (Ragged.from_lists(tok.encode_src(s)), Ragged.from_lists(tok.encode_tgt(t)))
            for name, (s, t) in text.items()}
     src, tgt = ids[splits.train] = (Ragged.mapped(entry, "src"), Ragged.mapped(entry, "tgt"))
     limit = min(cfg.data.max_len, max_positions - 1)
-    corpus = Corpus(tok, text, ids)
+    corpus = Corpus(tok, entry, text, ids)
     if max(src.lengths.max(), tgt.lengths.max()) > limit:
         rows = np.flatnonzero((src.lengths <= limit) & (tgt.lengths <= limit))
         if not len(rows):
@@ -123,12 +115,3 @@ def load_corpus(cfg: ExperimentConfig, run_dir: Path, max_positions: int) -> Cor
         log.info("dropped %d of %d training pairs longer than %d tokens", len(src) - len(rows), len(src), limit)
         corpus.rows[splits.train] = rows
     return corpus
-
-
-def prepare(cfg: ExperimentConfig) -> Entry:
-    """Check validation and test, then build (or find) the training split's cache entry: `attn-mt prepare`."""
-    cache = DataCache(cfg)
-    for split in dict.fromkeys((cfg.data.splits.valid, cfg.data.splits.test)):
-        for _ in iter_pairs(cfg.data, split):
-            pass
-    return cache.entry()

@@ -1,15 +1,15 @@
-"""SentencePiece subwords: train on the training split (joint or per language), reuse when unchanged."""
+"""SentencePiece subwords: trained on (a sample of) the training split, joint or one model per language.
+
+The data cache trains them once per entry and keeps the model file(s) in it (`Tokenizer.files`);
+checkpoints carry the same bytes (`Tokenizer.state`).
+"""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import itertools
-import json
 import logging
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict
-from pathlib import Path
+from collections.abc import Iterable
 
 import sentencepiece as spm
 
@@ -18,6 +18,7 @@ from attn_mt.config import ConfigError, TokenizerConfig
 log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+JOINT, SEPARATE = "spm.model", ("spm.src.model", "spm.tgt.model")  # SentencePiece model file names
 
 
 class Tokenizer:
@@ -70,6 +71,17 @@ class Tokenizer:
     def from_state(cls, state: dict) -> Tokenizer:
         return cls(state["src_proto"], state["tgt_proto"])
 
+    def files(self) -> dict[str, bytes]:
+        """The SentencePiece model file(s) by name: spm.model (joint), else spm.src.model and spm.tgt.model."""
+        if self.joint:
+            return {JOINT: self.src_proto}
+        return {SEPARATE[0]: self.src_proto, SEPARATE[1]: self.tgt_proto}
+
+    @classmethod
+    def from_files(cls, files: dict[str, bytes]) -> Tokenizer:
+        """The tokenizer `files()` gave; KeyError without its model file(s)."""
+        return cls(files[JOINT]) if JOINT in files else cls(files[SEPARATE[0]], files[SEPARATE[1]])
+
 
 def _train_one(texts: Iterable[str], cfg: TokenizerConfig) -> bytes:
     model = io.BytesIO()
@@ -96,40 +108,9 @@ def _spm_train(texts: Iterable[str], cfg: TokenizerConfig, model: io.BytesIO) ->
     )
 
 
-def _fingerprint(cfg: TokenizerConfig, src: Sequence[str], tgt: Sequence[str]) -> str:
-    h = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
-    for texts in (src, tgt):
-        h.update(b"\x00".join(t.encode() for t in texts))
-        h.update(b"\x01")
-    return h.hexdigest()
-
-
-def train_or_load(cfg: TokenizerConfig, src: Iterable[str], tgt: Iterable[str], run_dir: Path,
-                  fingerprint: str | None = None) -> Tokenizer:
-    """Reuse `run_dir`'s SentencePiece model(s) when data and settings match, else train anew.
-
-    `src` and `tgt` are read only to train (the data cache passes a sample streamed from disk, with the
-    `fingerprint` of the data and settings); without a fingerprint they are lists, and hashed.
-    """
-    meta_path = run_dir / "tokenizer.json"
-    names = ["spm.model"] if cfg.joint else ["spm.src.model", "spm.tgt.model"]
-    fingerprint = fingerprint or _fingerprint(cfg, src, tgt)
-    if meta_path.exists() and all((run_dir / n).exists() for n in names):
-        try:
-            same = json.loads(meta_path.read_text())["fingerprint"] == fingerprint
-        except (ValueError, KeyError):
-            same = False
-        if same:
-            log.info("reusing tokenizer %s", ", ".join(names))
-            protos = [(run_dir / n).read_bytes() for n in names]
-            return Tokenizer(protos[0], protos[1] if len(protos) > 1 else None)
-    log.info("training %s tokenizer (%s, vocab %d)", "joint" if cfg.joint else "separate",
-             cfg.type, cfg.vocab_size)
+def train_tokenizer(cfg: TokenizerConfig, src: Iterable[str], tgt: Iterable[str]) -> Tokenizer:
+    """Train SentencePiece on the source and target sentences (streams: each is read once)."""
+    log.info("training %s tokenizer (%s, vocab %d)", "joint" if cfg.joint else "separate", cfg.type, cfg.vocab_size)
     if cfg.joint:
-        protos = [_train_one(itertools.chain(src, tgt), cfg)]
-    else:
-        protos = [_train_one(src, cfg), _train_one(tgt, cfg)]
-    for name, proto in zip(names, protos, strict=True):
-        (run_dir / name).write_bytes(proto)
-    meta_path.write_text(json.dumps({"fingerprint": fingerprint, **asdict(cfg)}, indent=2))
-    return Tokenizer(protos[0], protos[1] if len(protos) > 1 else None)
+        return Tokenizer(_train_one(itertools.chain(src, tgt), cfg))
+    return Tokenizer(_train_one(src, cfg), _train_one(tgt, cfg))

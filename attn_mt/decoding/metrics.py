@@ -9,8 +9,8 @@ import torch
 from sacrebleu.metrics import BLEU, CHRF
 
 from attn_mt.config import ExperimentConfig
+from attn_mt.data.batching import Batch, token_batches
 from attn_mt.data.corpus import Corpus
-from attn_mt.data.sources import Batch, token_batches
 from attn_mt.decoding.search import translate
 from attn_mt.device import autocast, rng_state, set_rng_state
 from attn_mt.models import Seq2Seq, loss_sum

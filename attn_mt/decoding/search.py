@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from attn_mt.config import DecodeConfig
-from attn_mt.data.sources import pad
+from attn_mt.data.batching import pad
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.beam import Hypothesis, beam_search, length_penalty
 from attn_mt.models import Seq2Seq

@@ -28,7 +28,6 @@ import logging
 import math
 import os
 import statistics
-import tempfile
 import time
 import warnings
 from dataclasses import replace
@@ -39,8 +38,8 @@ from torch import Tensor, nn
 
 from attn_mt.checkpoint import load_model
 from attn_mt.config import ConfigError, ExperimentConfig, TransformerConfig
+from attn_mt.data.batching import token_batches
 from attn_mt.data.corpus import load_corpus
-from attn_mt.data.sources import token_batches
 from attn_mt.decoding.search import translate
 from attn_mt.device import autocast, describe, pick_device, pick_precision, precisions_for, sync
 from attn_mt.measure.timing import alternate, timed
@@ -175,8 +174,7 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
         torch.set_num_threads(cfg.train.threads)
     device = pick_device(cfg.train.device)
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp:
-        corpus = load_corpus(cfg, Path(tmp), cfg.model.max_positions)
+    corpus = load_corpus(cfg, cfg.model.max_positions)
     tok, split, tc = corpus.tok, cfg.data.splits.train, cfg.train
     lens = corpus.lengths(split)
     index = token_batches(*lens, tc.batch_tokens, tc.seed, 0)

@@ -22,8 +22,8 @@ from tqdm import tqdm
 from attn_mt import checkpoint
 from attn_mt.config import CompareConfig, ConfigError, ExperimentConfig
 from attn_mt.config.compare import CompareSetup
+from attn_mt.data.batching import token_batches
 from attn_mt.data.corpus import Corpus, load_corpus
-from attn_mt.data.sources import token_batches
 from attn_mt.decoding.metrics import score_test_split, valid_bleu
 from attn_mt.device import autocast, machine, pick_device, pick_precision, sync
 from attn_mt.measure import timing
@@ -128,7 +128,7 @@ def _compare(setup: CompareSetup, out_dir: Path) -> dict:
         torch.set_num_threads(base.train.threads)
     device = pick_device(base.train.device)
     precision = pick_precision(base.train.precision, device)
-    corpus = load_corpus(base, out_dir, min(c.model.max_positions for c in cfgs.values()))
+    corpus = load_corpus(base, min(c.model.max_positions for c in cfgs.values()))
     contestants = []
     for name, cfg in cfgs.items():
         torch.manual_seed(cfg.train.seed)

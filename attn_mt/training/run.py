@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from attn_mt import checkpoint
 from attn_mt.config import ExperimentConfig, save_config
+from attn_mt.data.cache import Resumed
 from attn_mt.data.corpus import Corpus, load_corpus
 from attn_mt.decoding.metrics import score_test_split, validate
 from attn_mt.device import pick_device, pick_precision, rng_state
@@ -124,12 +125,14 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         torch.set_num_threads(tc.threads)
     precision = pick_precision(tc.precision, device)
     torch.manual_seed(tc.seed)
-    if world.main:  # rank 0 trains the tokenizer; the others then reuse it
+    data = Resumed.of(files.path, resumed["tokenizer"]) if resumed is not None else None
+    if world.main:  # rank 0 builds the data cache entry if needed; the others then map it
         save_config(cfg, files.path / "config.yaml")
-        corpus = load_corpus(cfg, files.path, cfg.model.max_positions)
+        corpus = load_corpus(cfg, cfg.model.max_positions, data)
+        corpus.entry.record(files.path)  # which entry the run uses (tokenizer.json), a copy of its tokenizer
     distributed.barrier(world)
     if not world.main:
-        corpus = load_corpus(cfg, files.path, cfg.model.max_positions)
+        corpus = load_corpus(cfg, cfg.model.max_positions, data)
     model = build_model(cfg.model, **corpus.tok.sizes()).to(device)
     if world.main:
         files.check_space(model, tc.keep_last)

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from attn_mt.config import ExperimentConfig, TrainConfig
+from attn_mt.data.batching import Batch, token_batches
 from attn_mt.data.corpus import Corpus
-from attn_mt.data.sources import Batch, token_batches
 from attn_mt.device import autocast
 from attn_mt.models import Seq2Seq, loss_sum
 from attn_mt.training import distributed

@@ -5,7 +5,7 @@ import pytest
 from conftest import cli, one_line_error, write_config
 
 from attn_mt.config import load_config
-from attn_mt.data.sources import DataError, collate, load_pairs, token_batches
+from attn_mt.data.sources import DataError, line_chunks, read_pairs
 
 
 def write_files(d, split, src, tgt):
@@ -19,35 +19,34 @@ def data_cfg(*overrides):
 
 def test_files_strip_and_drop_empty(tmp_path):
     write_files(tmp_path, "train", ["  ein Hund ", "", "zwei"], ["a dog", "x", "two  "])
-    ds = load_pairs(data_cfg("data.source=files", f"data.dir={tmp_path}"), "train")
-    assert isinstance(ds, datasets.Dataset)
-    assert ds["src"][:] == ["ein Hund", "zwei"] and ds["tgt"][:] == ["a dog", "two"]
+    src, tgt = read_pairs(data_cfg("data.source=files", f"data.dir={tmp_path}"), "train")
+    assert src == ["ein Hund", "zwei"] and tgt == ["a dog", "two"]
 
 
 def test_mismatched_counts_name_both_files(tmp_path):
     write_files(tmp_path, "train", ["a", "b", "c"], ["a", "b"])
     with pytest.raises(DataError, match=r"train\.de has 3 lines.*train\.en has 2"):
-        load_pairs(data_cfg("data.source=files", f"data.dir={tmp_path}"), "train")
+        read_pairs(data_cfg("data.source=files", f"data.dir={tmp_path}"), "train")
 
 
 def test_missing_file_and_bad_utf8(tmp_path):
     cfg = data_cfg("data.source=files", f"data.dir={tmp_path}")
     with pytest.raises(DataError, match=r"train\.de: data file not found"):
-        load_pairs(cfg, "train")
+        read_pairs(cfg, "train")
     (tmp_path / "train.de").write_bytes(b"gut\nschlecht \xff\n")
     (tmp_path / "train.en").write_text("good\nbad\n")
     with pytest.raises(DataError, match=r"train\.de:2: invalid UTF-8"):
-        load_pairs(cfg, "train")
+        read_pairs(cfg, "train")
 
 
 def test_jsonl(tmp_path):
     rows = [{"translation": {"de": "ein Hund", "en": "a dog"}}, {"translation": {"de": "Haus", "en": "house"}}]
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    ds = load_pairs(data_cfg("data.source=jsonl", f"data.dir={tmp_path}"), "train")
-    assert ds["src"][:] == ["ein Hund", "Haus"] and ds["tgt"][:] == ["a dog", "house"]
+    src, tgt = read_pairs(data_cfg("data.source=jsonl", f"data.dir={tmp_path}"), "train")
+    assert src == ["ein Hund", "Haus"] and tgt == ["a dog", "house"]
     (tmp_path / "valid.jsonl").write_text(json.dumps(rows[0]) + "\n{not json\n")
     with pytest.raises(DataError, match=r"valid\.jsonl:2"):
-        load_pairs(data_cfg("data.source=jsonl", f"data.dir={tmp_path}"), "valid")
+        read_pairs(data_cfg("data.source=jsonl", f"data.dir={tmp_path}"), "valid")
 
 
 def test_hf_dataset_from_local_dir(tmp_path):
@@ -58,50 +57,24 @@ def test_hf_dataset_from_local_dir(tmp_path):
     })
     dd.save_to_disk(str(tmp_path / "hf"))
     cfg = data_cfg("data.source=hf", f"data.dir={tmp_path / 'hf'}")
-    assert load_pairs(cfg, "train")["tgt"][:] == ["a dog", "house"]
-    assert load_pairs(cfg, "validation")["src"][:] == ["Katze"]
+    assert read_pairs(cfg, "train")[1] == ["a dog", "house"]
+    assert read_pairs(cfg, "validation")[0] == ["Katze"]
     with pytest.raises(DataError, match="no split 'test'"):
-        load_pairs(cfg, "test")
+        read_pairs(cfg, "test")
 
 
 def test_hf_hub_offline_is_one_line_error(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(DataError) as e:
-        load_pairs(data_cfg("data.source=hf", "data.name=attn-mt/does-not-exist"), "train")
+        read_pairs(data_cfg("data.source=hf", "data.name=attn-mt/does-not-exist"), "train")
     assert "attn-mt/does-not-exist" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_toy_source():
-    ds = load_pairs(data_cfg("data.source=toy", "data.toy_size=50", "data.src_lang=en", "data.tgt_lang=de"), "valid")
-    assert len(ds) == 100
-
-
-def test_token_batches_respect_budget_and_seed():
-    import random
-
-    rnd = random.Random(0)
-    src = [rnd.randint(1, 40) for _ in range(500)]
-    tgt = [rnd.randint(1, 40) for _ in range(500)]
-    batches = token_batches(src, tgt, 300, seed=1, epoch=0)
-    assert sorted(i for b in batches for i in b) == list(range(500))  # every pair exactly once
-    padded = real = 0
-    for b in batches:
-        longest = max(max(src[i], tgt[i]) + 1 for i in b)
-        assert longest * len(b) <= 300 or len(b) == 1
-        padded += longest * len(b)
-        real += sum(max(src[i], tgt[i]) + 1 for i in b)
-    assert real / padded > 0.9  # length-sorted buckets: little padding
-    assert batches == token_batches(src, tgt, 300, seed=1, epoch=0)
-    assert batches != token_batches(src, tgt, 300, seed=1, epoch=1)
-
-
-def test_collate_shifts_target():
-    b = collate([[5, 6], [7]], [[8, 9, 10], [11]], pad_id=0, bos_id=2, eos_id=3)
-    assert b.src.tolist() == [[5, 6, 3], [7, 3, 0]]
-    assert b.tgt_in.tolist() == [[2, 8, 9, 10], [2, 11, 0, 0]]
-    assert b.tgt_out.tolist() == [[8, 9, 10, 3], [11, 3, 0, 0]]
-    assert b.n_tokens == 6
+    src, tgt = read_pairs(data_cfg("data.source=toy", "data.toy_size=50", "data.src_lang=en", "data.tgt_lang=de"),
+                          "valid")
+    assert len(src) == len(tgt) == 100
 
 
 @pytest.mark.parametrize("line,text", [("[" * 100_000 + "]" * 100_000, "nested too deeply"),
@@ -128,3 +101,12 @@ def test_hf_rows_without_a_language_are_one_line_errors(rows, text, tmp_path):
                          ).save_to_disk(str(tmp_path / "hf"))
     config = write_config(tmp_path / "c.yaml", "data.source=hf", f"data.dir={tmp_path / 'hf'}")
     one_line_error(cli("train", "-c", config, "--out", tmp_path / "run"), 1, "row 0", text)
+
+
+def test_line_chunks_count_lines_across_chunks(tmp_path):
+    path = tmp_path / "x.txt"
+    path.write_bytes(b"a\n b \n\nc\r\nd\n\xc3\n")
+    with pytest.raises(DataError, match=r"x\.txt:6: invalid UTF-8"):
+        list(line_chunks(path, size=2))
+    path.write_bytes(b"a\n b \n\nc\r\nd")  # no final newline
+    assert list(line_chunks(path, size=2)) == [["a", "b"], ["", "c"], ["d"]]

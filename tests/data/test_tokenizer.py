@@ -1,39 +1,27 @@
 from conftest import cli, one_line_error, write_config
 
 from attn_mt.config import TokenizerConfig
-from attn_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_or_load
+from attn_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
 from attn_mt.data.toy import make_toy_corpus
 
 PAIRS = make_toy_corpus(300)["train"]
 SRC, TGT = [s for s, _ in PAIRS], [t for _, t in PAIRS]
 
 
-def test_round_trip_and_special_ids(tmp_path):
-    tok = train_or_load(TokenizerConfig(vocab_size=150), SRC, TGT, tmp_path)
+def test_round_trip_and_special_ids():
+    tok = train_tokenizer(TokenizerConfig(vocab_size=150), SRC, TGT)
     assert (tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
     assert tok.src.id_to_piece(0) == "<pad>" and tok.src.id_to_piece(3) == "</s>"
     ids = tok.encode_tgt(TGT[:5])
     assert tok.decode_tgt(ids) == TGT[:5]
     assert all(i > EOS_ID for s in ids for i in s)  # specials are never produced by encoding
-    assert tok.joint and (tmp_path / "spm.model").exists()
+    assert tok.joint and list(tok.files()) == ["spm.model"]
 
 
-def test_reuse_when_unchanged_retrain_when_changed(tmp_path):
-    cfg = TokenizerConfig(vocab_size=150, type="unigram")
-    train_or_load(cfg, SRC, TGT, tmp_path)
-    stamp = (tmp_path / "spm.model").stat().st_mtime_ns
-    train_or_load(cfg, SRC, TGT, tmp_path)
-    assert (tmp_path / "spm.model").stat().st_mtime_ns == stamp  # reused
-    train_or_load(TokenizerConfig(vocab_size=160, type="unigram"), SRC, TGT, tmp_path)
-    assert (tmp_path / "spm.model").stat().st_mtime_ns != stamp  # settings changed: retrained
-    stamp = (tmp_path / "spm.model").stat().st_mtime_ns
-    train_or_load(TokenizerConfig(vocab_size=160, type="unigram"), SRC[:-1], TGT[:-1], tmp_path)
-    assert (tmp_path / "spm.model").stat().st_mtime_ns != stamp  # data changed: retrained
-
-
-def test_separate_vocabularies_and_state(tmp_path):
-    tok = train_or_load(TokenizerConfig(vocab_size=100, joint=False), SRC, TGT, tmp_path)
-    assert not tok.joint and (tmp_path / "spm.src.model").exists() and (tmp_path / "spm.tgt.model").exists()
+def test_separate_vocabularies_and_state():
+    tok = train_tokenizer(TokenizerConfig(vocab_size=100, joint=False), SRC, TGT)
+    assert not tok.joint and list(tok.files()) == ["spm.src.model", "spm.tgt.model"]
+    assert Tokenizer.from_files(tok.files()).state() == tok.state()
     again = Tokenizer.from_state(tok.state())
     assert again.encode_src(SRC[:3]) == tok.encode_src(SRC[:3])
     assert again.decode_tgt(tok.encode_tgt(TGT[:3])) == TGT[:3]

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from attn_mt.config import TransformerConfig
-from attn_mt.data.sources import pad
+from attn_mt.data.batching import pad
 from attn_mt.decoding.beam import beam_search, length_penalty
 from attn_mt.decoding.search import greedy_search
 from attn_mt.models import build_model

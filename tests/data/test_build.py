@@ -1,0 +1,73 @@
+"""Building a cache entry: a `prepare` killed while its workers tokenize leaves no process and no lock behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attn_mt.data.build import BIG
+
+WORDS = "the a dog cat sees runs house tree big small red green old young".split()
+
+
+def children(pid: int) -> set[int]:
+    """Processes whose parent is `pid`, from /proc."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def gone(pid: int) -> bool:
+    """Exited (a zombie waiting for its new parent to reap it holds nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_killed_while_tokenizing_leaves_no_process_and_no_lock(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    n = BIG  # the smallest training split that is tokenized in worker processes
+    for split, size in (("train", n), ("valid", 5), ("test", 5)):
+        for lang, shift in (("en", 0), ("de", 3)):
+            (data / f"{split}.{lang}").write_text("".join(
+                f"{WORDS[(i + shift) % 14]} {WORDS[(i // 14 + shift) % 14]} {WORDS[(i // 196) % 14]} {i % 1000}\n"
+                for i in range(size)))
+    (tmp_path / "c.yaml").write_text("name: kill\n")
+    cmd = [sys.executable, "-m", "attn_mt", "prepare", "-c", str(tmp_path / "c.yaml")]
+    for item in ("data.source=files", f"data.dir={data}", "data.src_lang=en", "data.tgt_lang=de", "data.num_proc=2",
+                 f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=64", "tokenizer.sample_sentences=1000"):
+        cmd += ["--set", item]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline, workers = time.monotonic() + 120, set()
+        while len(workers) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            workers = children(proc.pid)  # the tokenizing workers, forked once the tokenizer is trained
+            time.sleep(0.02)
+        assert len(workers) >= 2, "prepare never forked its tokenizing workers"
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == -sig
+        deadline = time.monotonic() + 10
+        while not all(map(gone, workers)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(map(gone, workers)), f"workers outlived a {sig.name}'d prepare: {workers}"
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)  # the lock is free: no wait
+    assert out.returncode == 0, out.stderr
+    assert f"{n} training pairs" in out.stdout and "waiting for" not in out.stderr
+    print(f"rerun after the kills: {time.monotonic() - t0:.1f} s")
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [out.stdout.split("/")[-1].split()[0]]
