@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from attn_mt import checkpoint
 from attn_mt.config import ExperimentConfig, save_config
@@ -33,9 +32,10 @@ from attn_mt.device import pick_device, pick_precision, rng_state
 from attn_mt.models import build_model, count_params
 from attn_mt.training import distributed
 from attn_mt.training.board import Board
+from attn_mt.training.progress import Progress, time_left, write
 from attn_mt.training.resume import check_resumable, finished, optimizer_state, restore
 from attn_mt.training.rundir import RunDir
-from attn_mt.training.schedule import Stop, limit_reached
+from attn_mt.training.schedule import Stop, budget_spent, limit_reached
 from attn_mt.training.trainer import Trainer, TrainError, TrainInterrupted, TrainState
 
 __all__ = ["TrainError", "TrainInterrupted", "train"]
@@ -150,6 +150,9 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
     log.info("model %s: %.2fM parameters; device %s, precision %s", cfg.model.kind, count_params(model) / 1e6,
              device, precision)
     board = Board(files.path, tc.tensorboard and world.main, trainer.state.step)
+    if board.writer is not None:
+        log.info("TensorBoard events in %s; view them with: tensorboard --logdir %s", files.path / "tensorboard",
+                 files.path)
     return Run(cfg, files, world, corpus, trainer, board, start=time.perf_counter() - trainer.state.elapsed_s)
 
 
@@ -185,13 +188,11 @@ def run_epoch(run: Run, interrupt: StopOnInterrupt) -> str | None:
     """The rest of the current epoch, evaluating and saving on schedule; a reason to stop, or None."""
     tr, st, tc = run.trainer, run.state, run.cfg.train
     groups = -(-len(tr.epoch_batches()) // tc.accum_steps)
-    bar = tqdm(total=groups, initial=st.batch_in_epoch // tc.accum_steps, desc=f"epoch {st.epoch + 1}",
-               disable=None if run.world.main else True, dynamic_ncols=True, leave=False)
     reason = None
-    with bar:
+    with Progress(st.epoch + 1, groups, st.batch_in_epoch // tc.accum_steps, enabled=run.world.main) as bar:
         while not tr.epoch_done and reason is None:
             out = tr.step(run.elapsed, lambda: interrupt.requested)
-            bar.update(1)
+            bar.update()
             if out.loss is not None:
                 if st.step % tc.log_every == 0:
                     report_progress(run, bar, out.lr)
@@ -206,12 +207,13 @@ def run_epoch(run: Run, interrupt: StopOnInterrupt) -> str | None:
     return reason
 
 
-def report_progress(run: Run, bar: tqdm, lr: float) -> None:
-    """Mean loss and tokens/s over the steps since the last report, on the progress bar."""
+def report_progress(run: Run, bar: Progress, lr: float) -> None:
+    """Mean loss and tokens/s over the steps since the last report, on the progress bar and TensorBoard."""
     st, now = run.state, time.perf_counter()
     st.train_loss = st.window_loss / st.window_tokens
     run.tokens_per_s = st.window_tokens / max(now - run.window_t0, 1e-9)
-    bar.set_postfix(loss=f"{st.train_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{run.tokens_per_s:,.0f}")
+    spent = budget_spent(run.cfg.train, st.step, run.elapsed(), st.epoch + bar.done / max(bar.total, 1))
+    bar.report(st.step, st.train_loss, lr, run.tokens_per_s, time_left(run.elapsed(), spent))
     run.board.scalars(st.step, "train", {"loss": st.train_loss, "lr": lr, "tokens_per_s": run.tokens_per_s,
                                          "grad_norm": run.trainer.grad_norm})
     st.window_loss, st.window_tokens, run.window_t0 = 0.0, 0, now
@@ -254,7 +256,7 @@ def validate_and_save(run: Run, rngs: list[dict], reason: str | None) -> str | N
         "step": st.step, "epoch": st.epoch, "train_loss": round(st.train_loss, 4), "valid_loss": round(valid_loss, 4),
         "valid_bleu": valid_bleu, "lr": tr.opt.param_groups[0]["lr"], "skipped_steps": st.skipped_steps,
         "tokens_per_s": round(run.tokens_per_s, 1), "elapsed_s": round(run.elapsed(), 1)})
-    tqdm.write(f"step {st.step} epoch {st.epoch}: valid loss {valid_loss:.3f}, valid BLEU {valid_bleu:.2f}")
+    write(f"step {st.step} epoch {st.epoch}: valid loss {valid_loss:.3f}, valid BLEU {valid_bleu:.2f}")
     run.board.scalars(st.step, "valid", {"loss": valid_loss, "bleu": valid_bleu})
     run.board.attention(st.step, tr.model, run.corpus.tok, run.corpus.text[run.cfg.data.splits.valid][0][0],
                         run.cfg.decode, tr.device)
@@ -284,7 +286,6 @@ def finish(run: Run) -> Path:
     best = checkpoint.load(test_path, map_location=tr.device)
     tr.model.load_state_dict(best["model"])
     hyps, scores = score_test_split(tr.model, run.corpus, run.cfg, tr.device, tr.precision)
-    log.info("test BLEU %.2f, chrF %.2f (%s)", scores["bleu"], scores["chrf"], scores["bleu_signature"])
     results = {"test_split": run.cfg.data.splits.test, "test_bleu": scores["bleu"], "test_chrf": scores["chrf"],
                "sacrebleu_signature": scores["bleu_signature"], "chrf_signature": scores["chrf_signature"],
                "best_step": best["step"], **extra, "tested": test_path.name, "best_valid_bleu": st.best_bleu,
@@ -292,7 +293,17 @@ def finish(run: Run) -> Path:
                "params": count_params(tr.model), "device": str(tr.device), "precision": tr.precision,
                "threads": torch.get_num_threads(), "torch": torch.__version__}
     files.write_results(results, hyps)
+    write_test_texts(run)
     return test_path
+
+
+def write_test_texts(run: Run) -> None:
+    """The test split's sources and references as `{split}.{lang}` in the run directory, line-aligned with
+    test_hyps.txt: `attn-mt evaluate --src RUN/test.en --ref RUN/test.de` works for any data source."""
+    data = run.cfg.data
+    for lang, lines in zip((data.src_lang, data.tgt_lang), run.corpus.text[data.splits.test], strict=True):
+        (run.files.path / f"{data.splits.test}.{lang}").write_text("".join(f"{line}\n" for line in lines),
+                                                                  encoding="utf-8")
 
 
 def average_snapshots(run: Run) -> tuple[Path, dict]:

@@ -1,0 +1,94 @@
+"""What a training run tells the person waiting for it: progress within each epoch, and one summary at the end.
+
+On a terminal each epoch gets a tqdm bar (steps, tokens/s, loss, learning rate, and the time left
+in the whole run's budget); when stderr is not a terminal (a log file, CI, `make demo | tee`) the
+same figures go out as a plain log line every `every_s` seconds instead, so long work is never silent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+log = logging.getLogger(__name__)
+
+PLAIN_EVERY_S = 30.0  # seconds between progress lines when stderr is not a terminal
+
+
+def duration(seconds: float) -> str:
+    """'45 s', '3 min 05 s', '1 h 02 min'."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def time_left(elapsed_s: float, spent: float) -> float | None:
+    """Seconds left when `spent` (0..1) of the budget took `elapsed_s`; None before there is a rate."""
+    if spent <= 0.01 or spent >= 1.0:
+        return None if spent < 1.0 else 0.0
+    return elapsed_s * (1.0 - spent) / spent
+
+
+class Progress:
+    """Progress of one epoch: `update()` after each optimizer step, `report(...)` when new figures exist."""
+
+    def __init__(self, epoch: int, total: int, initial: int = 0, enabled: bool = True,
+                 terminal: bool | None = None, every_s: float = PLAIN_EVERY_S) -> None:
+        self.epoch, self.total, self.done, self.enabled = epoch, total, initial, enabled
+        self.terminal = sys.stderr.isatty() if terminal is None else terminal
+        self.every_s, self.last_line = every_s, time.perf_counter()
+        self.bar = tqdm(total=total, initial=initial, desc=f"epoch {epoch}", unit="step", dynamic_ncols=True,
+                        leave=False, disable=not (enabled and self.terminal))
+
+    def update(self) -> None:
+        self.done += 1
+        self.bar.update(1)
+
+    def report(self, step: int, loss: float, lr: float, tokens_per_s: float, left_s: float | None) -> None:
+        """New figures: on the bar at once; as a line when `every_s` passed since the last line."""
+        if not self.enabled:
+            return
+        left = f"{duration(left_s)} left" if left_s is not None else None
+        if self.terminal:
+            fields = {"loss": f"{loss:.3f}", "tok/s": f"{tokens_per_s:,.0f}", "lr": f"{lr:.1e}"}
+            self.bar.set_postfix({**fields, **({"run": left} if left else {})}, refresh=False)
+            return
+        now = time.perf_counter()
+        if now - self.last_line >= self.every_s:
+            self.last_line = now
+            log.info("epoch %d, batch %d/%d, step %d: loss %.3f, %s tokens/s, lr %.1e%s", self.epoch, self.done,
+                     self.total, step, loss, f"{tokens_per_s:,.0f}", lr, f", about {left}" if left else "")
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write(message: str) -> None:
+    """A log line on stderr that does not break a progress bar on the terminal (none with --quiet)."""
+    if log.isEnabledFor(logging.INFO):
+        tqdm.write(message, file=sys.stderr)
+
+
+def summary(run_dir: Path) -> str:
+    """A finished run's result from its results.json, in two lines: the test scores, then the checkpoint."""
+    run_dir = Path(run_dir)
+    r = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
+    return (f"test BLEU {r['test_bleu']:.2f}  chrF {r['test_chrf']:.2f}  ({r['test_split']}, "
+            f"{r['sacrebleu_signature']})\n"
+            f"{'averaged' if 'avg' in r.get('tested', '') else 'best'} checkpoint: "
+            f"{run_dir / r.get('tested', 'checkpoint_best.pt')} "
+            f"({r['steps']} steps, {duration(r['train_seconds'])} of training)")
