@@ -13,9 +13,22 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Train, run and measure Transformer translation models.")
+
+class _GlobalOptionsAnywhere(TyperGroup):
+    """--debug and --quiet work after the subcommand too: `attn-mt train ... --quiet`."""
+
+    GLOBAL = ("--debug", "--no-debug", "--quiet", "--no-quiet")
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        end = args.index("--") if "--" in args else len(args)
+        options = [a for a in args[:end] if a in self.GLOBAL]
+        return super().parse_args(ctx, options + [a for a in args[:end] if a not in self.GLOBAL] + args[end:])
+
+
+app = typer.Typer(cls=_GlobalOptionsAnywhere, add_completion=False, no_args_is_help=True,
+                  pretty_exceptions_enable=False, help="Train, run and measure Transformer translation models.")
 _debug = False
 
 
@@ -84,19 +97,16 @@ def train(config: ConfigOpt, overrides: SetOpt = None,
     Under `torchrun --nproc-per-node N -m attn_mt train ...` it trains with DistributedDataParallel.
     """
     from attn_mt.config import load_config
+    from attn_mt.training.progress import summary
     from attn_mt.training.run import train as run_training
 
     cfg = load_config(config, overrides or [])
     run_dir = out or Path("runs") / cfg.name
     if resume and overwrite:
         raise typer.BadParameter("give one of --resume and --overwrite", param_hint="--overwrite")
-    best = run_training(cfg, run_dir, resume=resume, overwrite=overwrite)
-    if os.environ.get("RANK", "0") != "0":  # torchrun: rank 0 reports
-        return
-    results = json.loads((run_dir / "results.json").read_text())
-    typer.echo(f"best checkpoint: {best}")
-    typer.echo(f"test BLEU {results['test_bleu']:.2f}  chrF {results['test_chrf']:.2f}  "
-               f"({results['test_split']}, {results['sacrebleu_signature']})")
+    run_training(cfg, run_dir, resume=resume, overwrite=overwrite)
+    if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 reports
+        typer.echo(summary(run_dir))
 
 
 def _lines(texts: list[str] | None, input: Path | None, prompt: str = ""):
@@ -136,11 +146,28 @@ AlphaOpt = Annotated[float | None, typer.Option("--alpha", help=f"GNMT length pe
 BatchOpt = Annotated[int | None, typer.Option(help=f"Sentences per batch {_CKPT}.")]
 
 
+_FLAGS = {"beam_size": "--beam", "alpha": "--alpha", "nbest": "--nbest", "batch_size": "--batch-size"}
+
+
 def _decode_cfg(cfg, **flags):
-    """The checkpoint's `decode` section with the flags that were given."""
+    """The checkpoint's `decode` section with the flags that were given; errors name the flags."""
     from dataclasses import replace
 
-    return replace(cfg.decode, **{k: v for k, v in flags.items() if v is not None})
+    from attn_mt.config import ConfigError
+
+    given = {k: v for k, v in flags.items() if v is not None and not (k == "nbest" and v == 1)}
+    beam = given.get("beam_size", cfg.decode.beam_size)
+    if "nbest" in given and given["nbest"] > beam >= 1:
+        where = f"--beam {beam}" if "beam_size" in given else f"the checkpoint's beam size ({beam})"
+        raise typer.BadParameter(f"{given['nbest']} hypotheses need a beam at least as wide, not {where}: "
+                                 f"add --beam {given['nbest']}", param_hint="--nbest")
+    try:
+        return replace(cfg.decode, **{k: v for k, v in flags.items() if v is not None})
+    except ConfigError as e:  # e.g. "decode.beam_size=0: must be >= 1" -> "--beam 0: must be >= 1"
+        message = str(e)
+        for key in given:
+            message = message.replace(f"decode.{key}=", f"{_FLAGS[key]} ")
+        raise typer.BadParameter(message) from None
 
 
 def _format(sources: list[str], nbests: list, fmt: str, first: int) -> str:
@@ -220,6 +247,10 @@ def average(checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints 
     """Average the weights of several checkpoints of one run into one checkpoint for translate/evaluate."""
     from attn_mt import checkpoint
 
+    missing = next((p for p in checkpoints if not p.exists()), None)
+    if missing is not None and "checkpoint_step" in missing.name:  # the shell left an unmatched glob as it was
+        raise checkpoint.CheckpointError(f"{missing}: checkpoint not found (a run keeps checkpoint_step*.pt only "
+                                         "with train.keep_last: N)")
     checkpoint.save(checkpoint.average(checkpoints, force=force), out)
     typer.echo(f"averaged {len(checkpoints)} checkpoints into {out}")
 
@@ -248,6 +279,9 @@ def attention(checkpoint: CkptOpt, text: Annotated[str, typer.Argument(help="A s
 
     if not text.strip():
         raise typer.BadParameter("the sentence is empty", param_hint="TEXT")
+    if checkpoint.is_dir():
+        raise CheckpointError(f"{checkpoint}: a folder (an export?); attention figures need a PyTorch checkpoint "
+                              "file written by `attn-mt train`, e.g. RUN/checkpoint_best.pt")
     dev = pick_device(device)
     model, cfg, tok = load_model(checkpoint, dev)
     if cfg.model.kind != "transformer":

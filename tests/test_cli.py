@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import TINY, Evil, cli, write_config
+from conftest import TINY, Evil, cli, one_line_error, write_config
 
 from attn_mt.data.toy import make_toy_corpus
 
@@ -49,7 +49,8 @@ def test_train_translate_evaluate(tmp_path):
     out = tmp_path / "run"
     result = run("train", "--config", str(cfg), "--out", str(out), "--set", "train.max_epochs=1")
     assert result.returncode == 0, result.stderr
-    assert "test BLEU" in result.stdout
+    assert result.stdout.count("test BLEU") == 1 and "test BLEU" not in result.stderr  # one summary
+    assert (out / "test.en").read_text().count("\n") == (out / "test_hyps.txt").read_text().count("\n")
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["train"]["max_epochs"] == 1 and saved["model"]["d_model"] == 32
     ckpt = str(out / "checkpoint_best.pt")
@@ -79,14 +80,87 @@ def test_config_error_exit_code_and_one_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_download_offline_fails_with_one_line(tmp_path):
-    env_cmd = ["env", "HF_HUB_OFFLINE=1", "HF_DATASETS_OFFLINE=1", "https_proxy=http://127.0.0.1:9",
-               "HTTPS_PROXY=http://127.0.0.1:9", ATTN_MT, "--quiet", "download", "multi30k", "--out",
-               str(tmp_path / "m30k")]
+@pytest.mark.parametrize("quiet", [True, False])
+def test_download_offline_fails_fast_with_each_line_once(tmp_path, quiet):
+    proxy = ["https_proxy=http://127.0.0.1:9", "HTTPS_PROXY=http://127.0.0.1:9"]  # nothing answers there
+    env_cmd = ["env", "HF_HUB_OFFLINE=0", "HF_DATASETS_OFFLINE=0", *proxy, ATTN_MT, *(["--quiet"] if quiet else []),
+               "download", "multi30k", "--out", str(tmp_path / "m30k")]
     result = subprocess.run(env_cmd, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 1
-    assert result.stderr.strip().startswith("error: cannot download multi30k")
-    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: cannot download multi30k") and len(lines) == (1 if quiet else 3), lines
+    assert len(set(lines)) == len(lines) and not any("Retry" in line for line in lines)
+    assert not (tmp_path / "m30k").exists()  # no empty folder left behind
+
+
+def test_nbest_without_beam_names_the_flags(tiny_run):
+    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "--nbest", "3", "a dog.")
+    assert result.exit_code == 2
+    assert "--nbest" in result.output and "--beam 3" in result.output and "decode.nbest" not in result.output
+    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "--beam", "0", "a dog.")
+    assert result.exit_code == 2 and "--beam 0" in result.output and "decode.beam_size" not in result.output
+
+
+def test_global_options_after_the_command(tmp_path):
+    missing = tmp_path / "missing.pt"
+    out = subprocess.run([ATTN_MT, "translate", "--checkpoint", str(missing), "a dog.", "--quiet"],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and out.stderr == f"error: {missing}: checkpoint not found\n"
+    result = cli("translate", "--checkpoint", missing, "a dog.", "--debug")
+    assert type(result.exception).__name__ == "CheckpointError"  # --debug lets the exception through
+
+
+def test_attention_on_a_folder_says_what_it_needs(tmp_path):
+    one_line_error(cli("attention", "--checkpoint", tmp_path, "a dog.", "--out", tmp_path / "figs"), 1,
+                   "attention figures need a PyTorch checkpoint file")
+
+
+def test_average_without_snapshots_hints_at_keep_last(tiny_run, tmp_path):
+    one_line_error(cli("average", tiny_run / "checkpoint_step*.pt", "--out", tmp_path / "avg.pt"), 1,
+                   "checkpoint not found", "train.keep_last")
+
+
+@pytest.mark.parametrize(("command", "offline"), [("compare-rnn", "--quick"), ("bench", "configs/toy.yaml")])
+def test_missing_multi30k_says_how_to_get_it(command, offline, tmp_path):
+    config = Path(__file__).resolve().parents[1] / "configs" / ("compare.yaml" if command == "compare-rnn"
+                                                               else "multi30k.yaml")
+    out = tmp_path / "report"
+    args = ["--out", out] if command == "compare-rnn" else []
+    one_line_error(cli(command, "--config", config, "--set", f"data.dir={tmp_path / 'none'}", *args), 1,
+                   "data file not found", "attn-mt download multi30k", "MULTI30K_DIR", "--set data.dir=", offline)
+    assert not out.exists()
+
+
+def test_interactive_prompt_through_a_terminal(tiny_run):
+    """In a terminal `translate` prompts with "> ", answers each line at once, and ends at Ctrl-D."""
+    import os
+    import pty
+    import select
+
+    main, child = pty.openpty()
+    proc = subprocess.Popen([ATTN_MT, "--quiet", "translate", "--checkpoint", str(tiny_run / "checkpoint_best.pt"),
+                             "--device", "cpu"], stdin=child, stdout=child, stderr=child, close_fds=True)
+    os.close(child)
+
+    def read_until(text: bytes, timeout: float = 60.0) -> bytes:
+        seen = b""
+        while text not in seen:
+            ready, _, _ = select.select([main], [], [], timeout)
+            assert ready, f"no {text!r} within {timeout} s: {seen!r}"
+            seen += os.read(main, 4096)
+        return seen
+
+    try:
+        read_until(b"> ")
+        os.write(main, b"the dog sees a cat.\n")
+        answer = read_until(b"> ").decode()
+        lines = [line for line in answer.replace("\r", "").split("\n") if line.strip()]
+        assert lines[0] == "the dog sees a cat." and len(lines) == 3 and lines[2] == "> "  # echo, translation, prompt
+        os.write(main, b"\x04")  # Ctrl-D: end of input
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        os.close(main)
 
 
 def write_corpus(d: Path) -> list[str]:
