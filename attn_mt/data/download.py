@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -24,17 +26,46 @@ URL_SPLITS = {"train": "train", "val": "valid", "test_2016_flickr": "test2016",
               "test_2017_mscoco": "test2017_mscoco"}
 
 
+def missing_data_hint(error: Exception, offline: str) -> Exception:
+    """A 'data file not found' error, extended by how to get Multi30k and what runs offline instead."""
+    if "data file not found" not in str(error):
+        return error
+    return type(error)(f"{error}; get Multi30k with `attn-mt download multi30k --out DIR`, then set MULTI30K_DIR=DIR "
+                       f"or add --set data.dir=DIR (offline instead: {offline})")
+
+
 def _write(path: Path, lines: list[str]) -> None:
     tmp = path.with_suffix(path.suffix + ".part")
     tmp.write_text("".join(line.strip() + "\n" for line in lines), encoding="utf-8")
     tmp.replace(path)
 
 
+def _hub_reachable() -> None:
+    """Fail in seconds, not after the hub client's half a minute of retries, when the hub cannot be reached
+    (in offline mode, HF_HUB_OFFLINE=1, datasets looks in its local cache instead)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        return
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    request = urllib.request.Request(f"{endpoint}/api/datasets/{HUB_NAME}", method="HEAD")
+    try:
+        urllib.request.urlopen(request, timeout=10).close()
+    except urllib.error.HTTPError:
+        pass  # an answer: the hub is there
+    except OSError as e:
+        raise DownloadError(f"{endpoint} unreachable ({getattr(e, 'reason', e)})") from None
+
+
 def _from_hub(out: Path) -> list[Path]:
+    _hub_reachable()
     import datasets
 
     written = []
-    ds = datasets.load_dataset(HUB_NAME)
+    hub_log = logging.getLogger("huggingface_hub")  # it has its own handler: without this, each line twice
+    propagate, hub_log.propagate = hub_log.propagate, False
+    try:
+        ds = datasets.load_dataset(HUB_NAME)
+    finally:
+        hub_log.propagate = propagate
     for hub_split, split in HUB_SPLITS.items():
         for lang in ("de", "en"):
             path = out / f"{split}.{lang}"
@@ -59,6 +90,7 @@ def download(dataset: str, out: Path) -> list[Path]:
     """Write the corpus into `out`; returns the files written."""
     if dataset != "multi30k":
         raise DownloadError(f"unknown dataset {dataset!r}; available: multi30k")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     errors = []
     for fetch, where in ((_from_url, "URL"), (_from_hub, f"hub {HUB_NAME}")):
@@ -68,4 +100,6 @@ def download(dataset: str, out: Path) -> list[Path]:
             first = first_line(e)
             errors.append(f"{where}: {first}")
             log.info("download from %s failed: %s", where, first)
+    if created and not any(out.iterdir()):
+        out.rmdir()  # a failed download leaves no empty folder behind
     raise DownloadError(f"cannot download multi30k (offline?): {'; '.join(errors)}")

@@ -40,6 +40,8 @@ from attn_mt.checkpoint import load_model
 from attn_mt.config import ConfigError, ExperimentConfig, TransformerConfig
 from attn_mt.data.batching import token_batches
 from attn_mt.data.corpus import load_corpus
+from attn_mt.data.download import missing_data_hint
+from attn_mt.data.sources import DataError
 from attn_mt.decoding.search import translate
 from attn_mt.device import autocast, describe, pick_device, pick_precision, precisions_for, sync
 from attn_mt.measure.timing import alternate, timed
@@ -174,7 +176,10 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
         torch.set_num_threads(cfg.train.threads)
     device = pick_device(cfg.train.device)
     load_before = os.getloadavg()
-    corpus = load_corpus(cfg, cfg.model.max_positions)
+    try:
+        corpus = load_corpus(cfg, cfg.model.max_positions)
+    except DataError as e:
+        raise missing_data_hint(e, "`attn-mt bench --config configs/toy.yaml`") from None
     tok, split, tc = corpus.tok, cfg.data.splits.train, cfg.train
     lens = corpus.lengths(split)
     index = token_batches(*lens, tc.batch_tokens, tc.seed, 0)

@@ -24,6 +24,8 @@ from attn_mt.config import CompareConfig, ConfigError, ExperimentConfig
 from attn_mt.config.compare import CompareSetup
 from attn_mt.data.batching import token_batches
 from attn_mt.data.corpus import Corpus, load_corpus
+from attn_mt.data.download import missing_data_hint
+from attn_mt.data.sources import DataError
 from attn_mt.decoding.metrics import score_test_split, valid_bleu
 from attn_mt.device import autocast, machine, pick_device, pick_precision, sync
 from attn_mt.measure import timing
@@ -113,9 +115,13 @@ def _check_sizes(params: dict[str, int], gap: float) -> None:
 
 def compare_rnn(setup: CompareSetup, out_dir: Path) -> dict:
     """Train and measure both models; returns the report (also written to out_dir)."""
-    threads = torch.get_num_threads()
+    threads, created = torch.get_num_threads(), not out_dir.exists()
     try:
         return _compare(setup, out_dir)
+    except BaseException:
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()  # a failed command leaves no empty folder behind
+        raise
     finally:
         torch.set_num_threads(threads)  # train.threads applies to this run only
 
@@ -123,12 +129,15 @@ def compare_rnn(setup: CompareSetup, out_dir: Path) -> dict:
 def _compare(setup: CompareSetup, out_dir: Path) -> dict:
     cfgs, cmp = setup.configs, setup.compare
     base = cfgs["transformer"]
-    out_dir.mkdir(parents=True, exist_ok=True)
     if base.train.threads:
         torch.set_num_threads(base.train.threads)
     device = pick_device(base.train.device)
     precision = pick_precision(base.train.precision, device)
-    corpus = load_corpus(base, min(c.model.max_positions for c in cfgs.values()))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        corpus = load_corpus(base, min(c.model.max_positions for c in cfgs.values()))
+    except DataError as e:
+        raise missing_data_hint(e, "`attn-mt compare-rnn --config configs/compare.yaml --quick`") from None
     contestants = []
     for name, cfg in cfgs.items():
         torch.manual_seed(cfg.train.seed)
