@@ -152,6 +152,10 @@ def test_a_resumed_run_rebuilds_a_deleted_entry_with_its_own_tokenizer(files, tm
     (tmp_path / "run").mkdir()
     first = load_corpus(cfg, 256)
     first.entry.record(tmp_path / "run")
+    note = json.loads((tmp_path / "run" / "tokenizer.json").read_text())
+    assert note["fingerprint"] == first.entry.key and note["entry"] == str(first.entry.path)
+    del note["entry"]  # as run directories written before the tokenizer lived in the cache have it
+    (tmp_path / "run" / "tokenizer.json").write_text(json.dumps(note))
     state = first.tok.state()
     shutil.rmtree(first.entry.path)
     monkeypatch.setattr(builder, "train_tokenizer", lambda *a: pytest.fail("trained a new tokenizer"))
