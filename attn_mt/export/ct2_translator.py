@@ -96,7 +96,7 @@ def load_exported(path: Path | str, device: str = "cpu", *, compute_type: str = 
     try:
         translator = ct2.Translator(str(path), device=device, compute_type=compute_type,
                                     inter_threads=1, intra_threads=threads)
-    except (RuntimeError, ValueError) as e:
+    except Exception as e:  # a damaged model.bin fails in CTranslate2's C++ with several exception types
         raise ExportError(f"{path}: CTranslate2 cannot load it: {first_line(e)}") from None
     return Exported(translator, tok, meta["decode"], meta["max_positions"])
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attn_mt.checkpoint import CheckpointError, load
+from attn_mt.checkpoint import CheckpointError, load, model_from_state
 from attn_mt.config import ConfigError, from_dict
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.export.folder import FolderError, publish
@@ -131,7 +131,10 @@ def export_ct2(checkpoint: Path, out: Path, quantization: str = "float32") -> li
     if cfg.model.kind != "transformer":
         raise ExportError(f"{checkpoint}: is an {cfg.model.kind.upper()} model; only Transformer "
                           "checkpoints can be exported to CTranslate2")
-    tok = Tokenizer.from_state(state["tokenizer"])
+    try:
+        _, _, tok = model_from_state(state)  # tokenizer and weights checked: one line for a damaged file
+    except CheckpointError as e:
+        raise ExportError(f"{checkpoint}: {e}") from None
     try:
         spec = build_spec(state["model"], cfg.model, tok)
     except ExportError:
@@ -151,7 +154,7 @@ def export_ct2(checkpoint: Path, out: Path, quantization: str = "float32") -> li
         (folder / META).write_text(json.dumps(meta, indent=2) + "\n")
 
     try:
-        publish(out, write, reads=[Path(checkpoint)])
+        out = publish(out, write, reads=[Path(checkpoint)])
     except FolderError as e:
         raise ExportError(str(e)) from None
     return sorted(out.iterdir())

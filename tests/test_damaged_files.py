@@ -1,0 +1,139 @@
+"""Property tests: damaged and crafted checkpoints and exports.
+
+A checkpoint or an export that is truncated, has bytes flipped, keys dropped or values of another type
+makes `translate` and `evaluate` end with status 1 and one line naming the file, never a traceback. A
+damage that leaves a valid file (a flipped bit inside a weight, a decode setting dropped for its
+default) may translate (status 0); truncation and every other structural change must fail. Seeded
+(`derandomize`), so CI sees the same cases every time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+DROP = "<drop>"  # stands for deleting the key
+VALUES = st.sampled_from([DROP, None, 0, -5, 1.5, "x", b"junk", [], [1, 2], {}, {"a": 1}])
+BYTES = st.tuples(st.sampled_from(["truncate", "flip"]), st.floats(0, 1, exclude_max=True),
+                  st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)), min_size=1, max_size=8))
+COMMANDS = st.sampled_from(["translate", "evaluate"])
+CHECKPOINT_KEYS = [("model",), ("config",), ("tokenizer",), ("format_version",), ("tokenizer", "src_proto"),
+                   ("config", "model"), ("config", "model", "d_model"), ("config", "decode", "beam_size"),
+                   ("model", "src_embed.weight"), ("model", "out_proj.weight")]
+EXPORT_KEYS = [(), ("sentencepiece",), ("max_positions",), ("decode",), ("decode", "beam_size"),
+               ("decode", "max_len_a")]
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("texts")
+    (folder / "src.txt").write_text("the dog sees a cat.\na man walks.\n")
+    (folder / "ref.txt").write_text("der Hund sieht eine Katze.\nein Mann geht.\n")
+    return folder / "src.txt", folder / "ref.txt"
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_run, tmp_path_factory) -> Path:
+    pytest.importorskip("ctranslate2")
+    from attn_mt.export.ctranslate2 import export_ct2
+
+    out = tmp_path_factory.mktemp("export") / "ct2"
+    export_ct2(tiny_run / "checkpoint_best.pt", out)
+    return out
+
+
+def _damage_bytes(path: Path, damage) -> None:
+    kind, where, flips = damage
+    data = bytearray(path.read_bytes())
+    if kind == "truncate":
+        data = data[: int(where * len(data))]
+    else:
+        for at, mask in flips:
+            data[int(at * len(data))] ^= mask
+    path.write_bytes(bytes(data))
+
+
+def _set(obj, keys: tuple, value) -> None:
+    *parents, last = keys
+    for key in parents:
+        obj = obj[key]
+    if value == DROP:
+        del obj[last]
+    else:
+        obj[last] = value
+
+
+def _decode_setting(keys: tuple) -> bool:
+    """A key inside a decode section: dropped it has a default, and 0 or 1.5 may be valid values."""
+    return "decode" in keys[:-1]
+
+
+def _run(command: str, target: Path, texts: tuple[Path, Path]):
+    if command == "translate":
+        return cli("translate", "--checkpoint", target, "--beam", "2", "hello world", "the cat.")
+    return cli("evaluate", "--checkpoint", target, "--src", texts[0], "--ref", texts[1])
+
+
+def _check(result, target: Path, must_fail: bool) -> None:
+    """Status 0, or 1 with one line naming the file; never an escaped exception."""
+    assert isinstance(result.exception, SystemExit) or result.exception is None, repr(result.exception)
+    assert "Traceback" not in result.output
+    if must_fail or result.exit_code != 0:
+        assert result.exit_code == 1, result.output
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {target}"), result.stderr
+
+
+@SETTINGS
+@given(damage=BYTES, command=COMMANDS)
+def test_checkpoint_with_damaged_bytes(tiny_run, texts, tmp_path, damage, command):
+    with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+        path = Path(folder) / "damaged.pt"
+        shutil.copyfile(tiny_run / "checkpoint_best.pt", path)
+        _damage_bytes(path, damage)
+        _check(_run(command, path, texts), path, must_fail=damage[0] == "truncate")
+
+
+@SETTINGS
+@given(keys=st.sampled_from(CHECKPOINT_KEYS), value=VALUES, command=COMMANDS)
+def test_crafted_checkpoint(tiny_run, texts, tmp_path, keys, value, command):
+    state = torch.load(tiny_run / "checkpoint_best.pt", weights_only=True)
+    _set(state, keys, value)
+    with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+        path = Path(folder) / "crafted.pt"
+        torch.save(state, path)
+        _check(_run(command, path, texts), path, must_fail=not _decode_setting(keys))
+
+
+@SETTINGS
+@given(file=st.sampled_from(["attn_mt.json", "spm.model", "model.bin", "config.json", "shared_vocabulary.json"]),
+       damage=BYTES, command=COMMANDS)
+def test_export_with_damaged_bytes(exported, texts, tmp_path, file, damage, command):
+    with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+        out = shutil.copytree(exported, Path(folder) / "ct2")
+        _damage_bytes(out / file, damage)
+        _check(_run(command, out, texts), out, must_fail=damage[0] == "truncate" and file != "model.bin")
+
+
+@SETTINGS
+@given(keys=st.sampled_from(EXPORT_KEYS), value=VALUES, command=COMMANDS)
+def test_crafted_export(exported, texts, tmp_path, keys, value, command):
+    meta = json.loads((exported / "attn_mt.json").read_text())
+    if not keys:  # the whole file
+        meta = {"": value} if value == DROP else value
+    else:
+        _set(meta, keys, value)
+    with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+        out = shutil.copytree(exported, Path(folder) / "ct2")
+        (out / "attn_mt.json").write_text(json.dumps(meta, default=lambda b: b.decode()))
+        _check(_run(command, out, texts), out, must_fail=not _decode_setting(keys))
