@@ -38,34 +38,46 @@ def time_left(elapsed_s: float, spent: float) -> float | None:
 
 
 class Progress:
-    """Progress of one epoch: `update()` after each optimizer step, `report(...)` when new figures exist."""
+    """Progress of one epoch: `update()` after each optimizer step, `report(...)` when new figures exist
+    (every train.log_every steps); without a terminal, a line of the latest figures every `every_s` seconds."""
 
     def __init__(self, epoch: int, total: int, initial: int = 0, enabled: bool = True,
                  terminal: bool | None = None, every_s: float = PLAIN_EVERY_S) -> None:
         self.epoch, self.total, self.done, self.enabled = epoch, total, initial, enabled
         self.terminal = sys.stderr.isatty() if terminal is None else terminal
         self.every_s, self.last_line = every_s, time.perf_counter()
+        self.figures: tuple | None = None  # (step, loss, lr, tokens/s, seconds left) of the last report
         self.bar = tqdm(total=total, initial=initial, desc=f"epoch {epoch}", unit="step", dynamic_ncols=True,
                         leave=False, disable=not (enabled and self.terminal))
 
     def update(self) -> None:
         self.done += 1
         self.bar.update(1)
+        if self.figures and not self.terminal:
+            self._line()
 
     def report(self, step: int, loss: float, lr: float, tokens_per_s: float, left_s: float | None) -> None:
         """New figures: on the bar at once; as a line when `every_s` passed since the last line."""
         if not self.enabled:
             return
-        left = f"{duration(left_s)} left" if left_s is not None else None
-        if self.terminal:
-            fields = {"loss": f"{loss:.3f}", "tok/s": f"{tokens_per_s:,.0f}", "lr": f"{lr:.1e}"}
-            self.bar.set_postfix({**fields, **({"run": left} if left else {})}, refresh=False)
+        self.figures = (step, loss, lr, tokens_per_s, left_s)
+        if not self.terminal:
+            self._line()
             return
+        left = {"run": f"{duration(left_s)} left"} if left_s is not None else {}
+        self.bar.set_postfix({"loss": f"{loss:.3f}", "tok/s": f"{tokens_per_s:,.0f}", "lr": f"{lr:.1e}", **left},
+                             refresh=False)
+
+    def _line(self) -> None:
+        """The latest figures as a log line, at most one every `every_s` seconds."""
         now = time.perf_counter()
-        if now - self.last_line >= self.every_s:
-            self.last_line = now
-            log.info("epoch %d, batch %d/%d, step %d: loss %.3f, %s tokens/s, lr %.1e%s", self.epoch, self.done,
-                     self.total, step, loss, f"{tokens_per_s:,.0f}", lr, f", about {left}" if left else "")
+        if now - self.last_line < self.every_s:
+            return
+        self.last_line = now
+        step, loss, lr, tokens_per_s, left_s = self.figures
+        left = f", about {duration(left_s)} left" if left_s is not None else ""
+        log.info("epoch %d, batch %d/%d (step %d): loss %.3f, %s tokens/s, lr %.1e%s", self.epoch, self.done,
+                 self.total, step, loss, f"{tokens_per_s:,.0f}", lr, left)
 
     def close(self) -> None:
         self.bar.close()

@@ -18,7 +18,10 @@ def test_plain_lines_when_not_a_terminal(caplog):
     with caplog.at_level(logging.INFO, logger="attn_mt"), Progress(2, 10, terminal=False, every_s=0.0) as bar:
         bar.update()
         bar.report(step=12, loss=2.5, lr=1e-3, tokens_per_s=1234.0, left_s=75.0)
-    assert caplog.messages == ["epoch 2, batch 1/10, step 12: loss 2.500, 1,234 tokens/s, lr 1.0e-03, "
+        bar.update()  # the same figures again, a batch later
+    assert caplog.messages == ["epoch 2, batch 1/10 (step 12): loss 2.500, 1,234 tokens/s, lr 1.0e-03, "
+                               "about 1 min 15 s left",
+                               "epoch 2, batch 2/10 (step 12): loss 2.500, 1,234 tokens/s, lr 1.0e-03, "
                                "about 1 min 15 s left"]
 
 
