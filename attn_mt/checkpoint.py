@@ -112,11 +112,8 @@ def model_from_state(state: dict, device: torch.device | str = "cpu",
     except ConfigError as e:
         raise CheckpointError(f"checkpoint config is not valid for this attn-mt: {e}") from None
     tok = tokenizer_from_state(state.get("tokenizer"))
-    weights = state["model"]
-    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
-        raise CheckpointError(f"checkpoint weights are a {type(weights).__name__}, not a dict of tensors")
     model = build_model(cfg.model, **tok.sizes())
-    check_weights(weights, model.state_dict())
+    weights = check_weights(state["model"], model.state_dict())
     broken = next((k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
     if broken:
         raise CheckpointError(f"checkpoint weights are not finite ({broken} holds NaN or inf)")
@@ -148,8 +145,13 @@ def tokenizer_from_protos(src: bytes, tgt: bytes | None, what: str) -> Tokenizer
     return tok
 
 
-def check_weights(weights: dict, expected: dict) -> None:
-    """CheckpointError naming the missing, unexpected or misshapen weights, if any."""
+def check_weights(weights: object, expected: dict | None = None) -> dict:
+    """`weights` when it is a dict of tensors that fits `expected` (a model's state_dict), else
+    CheckpointError naming the missing, unexpected or misshapen ones."""
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise CheckpointError(f"checkpoint weights are a {type(weights).__name__}, not a dict of tensors")
+    if expected is None:
+        return weights
     missing, unexpected = expected.keys() - weights.keys(), weights.keys() - expected.keys()
     misshapen = [f"{k} {tuple(weights[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
                  if k in weights and weights[k].shape != v.shape]
@@ -158,6 +160,7 @@ def check_weights(weights: dict, expected: dict) -> None:
                 if keys]
     if problems:
         raise CheckpointError(f"checkpoint weights do not fit the model ({'; '.join(problems)})")
+    return weights
 
 
 def load_model(path: Path | str, device: torch.device | str = "cpu",
@@ -218,6 +221,13 @@ def average(paths: list[Path | str], force: bool = False) -> dict:
     if not paths:
         raise CheckpointError("nothing to average: give at least one checkpoint")
     states = [(Path(p), load(p)) for p in paths]
+    for path, state in states:
+        try:
+            check_weights(state["model"])
+            if path == states[-1][0]:
+                model_from_state(state)  # its config and tokenizer go into the result
+        except CheckpointError as e:
+            raise CheckpointError(f"{path}: {e}") from None
     first_path, first = states[0]
     total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
     for path, state in states[1:]:

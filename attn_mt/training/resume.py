@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attn_mt.checkpoint import FORMAT_VERSION, config_changes
+from attn_mt.checkpoint import FORMAT_VERSION, CheckpointError, check_weights, config_changes
 from attn_mt.config import ConfigError, ExperimentConfig, TrainConfig, to_dict
 from attn_mt.config.yamlconf import show
 from attn_mt.data.tokenizer import Tokenizer
@@ -78,7 +78,10 @@ def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConf
     """Load a checkpoint_last.pt dict into model, optimizer, scaler and RNG; returns where the run stood."""
     check_config(resumed["config"], cfg)
     check_tokenizer(resumed["tokenizer"], tok)
-    trainer.model.load_state_dict(resumed["model"])
+    try:
+        trainer.model.load_state_dict(check_weights(resumed["model"], trainer.model.state_dict()))
+    except CheckpointError as e:
+        raise TrainError(f"--resume: checkpoint_last.pt: {e}") from None
     load_optimizer(trainer.opt, trainer.model, resumed["optimizer"], resumed.get("format_version", FORMAT_VERSION),
                    resumed["model"])
     if resumed.get("scaler") and trainer.scaler.is_enabled():
