@@ -111,10 +111,11 @@ async def _answer(request: Request, future: Future):
     gone = asyncio.ensure_future(_disconnect(request))
     try:
         await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
+    finally:  # also when the server stops and cancels this request
         gone.cancel()
-    if not result.done():
-        result.cancel()  # cancels the queued job too; one already in a batch just finishes
+        if not result.done():
+            result.cancel()  # the job: dropped if queued; a call whose clients all left stops at its next step
+    if result.cancelled():
         raise ClientGone
     return result.result()
 

@@ -128,7 +128,7 @@ def test_info(client, ckpt):
     assert info["architecture"]["kind"] == "transformer" and info["architecture"]["n_heads"] == cfg.model.n_heads
     assert info["vocabulary"] == {"source": tok.src_vocab_size, "target": tok.tgt_vocab_size, "joint": True}
     assert info["step"] == state["step"] and info["valid_bleu"] == round(state["best_bleu"], 2)
-    assert info["attention"] == ["encoder_self", "decoder_self", "cross"]
+    assert info["attention"] == ["encoder_self", "decoder_self", "cross"] and info["model"] == "checkpoint"
     assert info["limits"]["max_texts"] == LIMITS.max_texts
 
 
@@ -430,6 +430,7 @@ def test_cli_serve_on_a_busy_port_is_one_line_without_banner(ckpt):
     assert "--allow-host" in CliRunner().invoke(cli, ["serve", "--help"]).output
 
 
+@pytest.mark.slow  # CTranslate2 threads contend on a loaded 2-core machine: 3-18 s
 def test_an_export_folder_is_served_without_attention_maps(ckpt, tmp_path):
     pytest.importorskip("ctranslate2")
     from attn_mt.decoding.translator import open_translator
@@ -440,10 +441,8 @@ def test_an_export_folder_is_served_without_attention_maps(ckpt, tmp_path):
         info = c.get("/api/info").json()
         assert info["model"] == "export" and info["attention"] == []
         r = c.post("/api/translate", json={"texts": SENTENCES[:1], "beam": 2})
-        dcfg = replace(open_translator(tmp_path / "ct2", "cpu").decode, beam_size=2, nbest=1)
-        want = open_translator(tmp_path / "ct2", "cpu").translate_nbest(SENTENCES[:1], dcfg)[0][0].text
+        exported = open_translator(tmp_path / "ct2", "cpu")
+        want = exported.translate_nbest(SENTENCES[:1], replace(exported.decode, beam_size=2, nbest=1))[0][0].text
         assert r.status_code == 200 and r.json()["results"][0]["hypotheses"][0]["text"] == want
         r = c.post("/api/attention", json={"text": "a dog"})
         assert r.status_code == 404 and "CTranslate2 export" in r.json()["error"]
-    with TestClient(create_app(ckpt, LIMITS, device="cpu"), base_url=LOCAL) as c:
-        assert c.get("/api/info").json()["model"] == "checkpoint"
