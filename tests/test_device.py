@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from conftest import cli, one_line_error
 
-from attn_mt.device import set_rng_state
+from attn_mt.device import pick_precision, set_rng_state
 
 
 def test_cuda_rng_states_of_missing_gpus_are_skipped(monkeypatch):
@@ -21,3 +21,9 @@ def test_cuda_rng_states_of_missing_gpus_are_skipped(monkeypatch):
 def test_unknown_device_is_one_line(tiny_run):
     result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "--device", "gpu", "a dog.")
     one_line_error(result, 1, "device 'gpu' is not one of")
+
+
+def test_precision_choice():
+    cpu = torch.device("cpu")
+    assert pick_precision("fp32", cpu) == "fp32"
+    assert pick_precision("auto", cpu) in ("bf16", "fp32")

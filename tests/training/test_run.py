@@ -1,58 +1,11 @@
 import json
 import shutil
-from dataclasses import replace
 
 import pytest
 import torch
 from conftest import SHORT
 
-from attn_mt.config import TrainConfig
-from attn_mt.device import pick_precision
 from attn_mt.training.run import train
-from attn_mt.training.schedule import budget_spent, lr_at
-
-
-def test_lr_warmup_then_inverse_sqrt():
-    cfg = TrainConfig(lr=1e-3, warmup_steps=100)
-    assert lr_at(1, cfg) == pytest.approx(1e-5)
-    assert lr_at(50, cfg) == pytest.approx(5e-4)
-    assert lr_at(100, cfg) == pytest.approx(1e-3)
-    assert lr_at(400, cfg) == pytest.approx(5e-4)
-    assert max(lr_at(s, cfg) for s in range(1, 1000)) == pytest.approx(1e-3)
-
-
-def test_lr_linear_decay_to_zero_over_the_budget():
-    cfg = TrainConfig(lr=1e-3, warmup_steps=100, schedule="linear")
-    assert lr_at(50, cfg, 0.0) == pytest.approx(5e-4)
-    assert lr_at(100, cfg, 0.0) == pytest.approx(1e-3)
-    assert lr_at(5000, cfg, 0.25) == pytest.approx(7.5e-4)
-    assert lr_at(5000, cfg, 1.0) == 0.0
-
-
-def test_linear_warmup_never_outlasts_its_share_of_a_short_budget():
-    cfg = TrainConfig(lr=1e-3, warmup_steps=500, schedule="linear", warmup_fraction=0.1, max_steps=300)
-    lrs = [lr_at(s, cfg, budget_spent(cfg, s - 1, 0.0, 0.0)) for s in range(1, 301)]
-    peak = max(range(300), key=lambda i: lrs[i])
-    assert 25 <= peak <= 35  # the warmup ends at 10% of 300 steps, not at step 500
-    assert lrs[peak] == pytest.approx(1e-3 * (1 - peak / 300), rel=1e-6)
-    assert lrs[-1] < 1e-5 and all(a >= b for a, b in zip(lrs[peak:], lrs[peak + 1 :], strict=False))
-    long = TrainConfig(lr=1e-3, warmup_steps=500, schedule="linear", warmup_fraction=0.1, max_steps=10_000)
-    assert lr_at(250, long, 0.025) == pytest.approx(5e-4 * 0.975)  # a long budget: warmup_steps decide
-    assert lr_at(250, replace(cfg, warmup_fraction=0.0), 0.5) == pytest.approx(5e-4 * 0.5)
-
-
-def test_budget_spent_is_the_first_limit_to_end():
-    cfg = TrainConfig(max_epochs=10, max_steps=1000, max_minutes=2)
-    assert budget_spent(cfg, step=100, seconds=30, epochs=5) == pytest.approx(0.5)  # epochs lead
-    assert budget_spent(cfg, step=800, seconds=30, epochs=1) == pytest.approx(0.8)  # steps lead
-    assert budget_spent(cfg, step=10, seconds=90, epochs=1) == pytest.approx(0.75)  # minutes lead
-    assert budget_spent(TrainConfig(max_epochs=4), step=10**6, seconds=10**6, epochs=8) == 1.0
-
-
-def test_precision_choice():
-    cpu = torch.device("cpu")
-    assert pick_precision("fp32", cpu) == "fp32"
-    assert pick_precision("auto", cpu) in ("bf16", "fp32")
 
 
 def test_run_directory_contents(tiny_run):

@@ -1,0 +1,76 @@
+"""The timing helpers every measurement shares: rotating rounds, timed calls, counted calls, load meter."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+import torch
+
+from attn_mt.config import RNNConfig, TransformerConfig
+from attn_mt.measure import timing
+from attn_mt.models import build_model
+
+
+def test_rounds_rotate_so_no_contestant_always_goes_first():
+    order: list[str] = []
+    fns = {name: (lambda name=name: order.append(name) or 0.5) for name in "abc"}
+    seen = []
+    times = timing.alternate(fns, 3, warmup=True, after=lambda name, r, s: seen.append((name, r, s)))
+    assert order == list("abc" "bca" "cab" "abc")  # the warm-up round, then 3 rounds, each starting one later
+    assert times == {name: [0.5] * 4 for name in "abc"}  # the warm-up round's time first in every list
+    assert seen[:4] == [("a", 0, 0.5), ("b", 0, 0.5), ("c", 0, 0.5), ("b", 1, 0.5)]
+
+
+def test_two_contestants_simply_alternate_and_none_is_fine():
+    order: list[str] = []
+    timing.alternate({k: (lambda k=k: order.append(k) or 0.0) for k in ("rnn", "transformer")}, 4)
+    assert order == ["rnn", "transformer", "transformer", "rnn"] * 2
+    assert timing.alternate({}, 3) == {}  # e.g. no model fits a length
+
+
+def test_timed_returns_the_seconds_of_the_call():
+    seconds = timing.timed(lambda: time.sleep(0.05), torch.device("cpu"))()
+    assert 0.04 < seconds < 1.0
+    assert timing.timed(lambda: None)() < 0.01
+
+
+def test_count_calls_counts_and_restores():
+    class M(torch.nn.Module):
+        def decode(self, x):
+            return x + 1
+
+    m = M()
+    with timing.count_calls(m, "decode") as calls:
+        assert [m.decode(i) for i in range(3)] == [1, 2, 3]
+    assert calls == [3] and "decode" not in vars(m)  # the class's method is back
+
+
+def test_load_meter_reports_the_window():
+    meter = timing.LoadMeter().start()
+    time.sleep(0.05)
+    load = meter.stop()
+    assert load["seconds"] >= 0.0 and set(load) == {"seconds", "background_cores", "loadavg_1min_start",
+                                                     "loadavg_1min_end"}
+    assert load["background_cores"] is None or load["background_cores"] >= 0
+
+
+@pytest.mark.parametrize("cfg", [TransformerConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, max_positions=16),
+                                 RNNConfig(d_embed=16, d_hidden=16, d_attn=16, max_positions=16)],
+                         ids=["transformer", "rnn"])
+def test_length_scaling_times_each_model_at_each_length(cfg):
+    kind, ticks = cfg.kind, []
+    model = build_model(cfg, src_vocab=50, tgt_vocab=50, pad_id=0, shared_vocab=True)
+
+    class Bar:
+        def update(self, n):
+            ticks.append(n)
+
+    rows = timing.length_scaling({kind: model}, [4, 8, 32], 64, 50, 2, torch.device("cpu"), contextlib.nullcontext,
+                                 Bar())
+    assert [r["length"] for r in rows] == [4, 8, 32] and [r["batch_size"] for r in rows] == [16, 8, 2]
+    assert rows[0][f"{kind}_ms"] > 0 and rows[0][f"{kind}_mb"] > 0
+    assert rows[2][f"{kind}_ms"] is None  # longer than the model's positions: not timed
+    assert rows[1][f"{kind}_sequential_steps"] == (8 if kind == "rnn" else 1)
+    assert len(ticks) == 2 * 2  # two rounds at each length that fits
