@@ -1,0 +1,289 @@
+"""Export a Transformer checkpoint as a Hugging Face `transformers` model folder with a model card.
+
+Two routes, by where the LayerNorm sits (docs/export.md says why):
+    post-norm   MarianMTModel, built into transformers: the same layers, tied embeddings and fixed
+                sinusoids; only Marian's position table puts sin in the first and cos in the second half
+                of the model dimension where ours interleaves them, so every weight that reads or writes
+                the residual stream is permuted (`PERM`), and the network computes the same function.
+    pre-norm    no built-in class fits (a LayerNorm before each sublayer and one after each stack), so
+                the folder ships `modeling_attn_mt.py`, our model written against transformers alone,
+                loaded with `trust_remote_code=True`; its weights are ours under the names it gives them.
+Both: `model.safetensors`, `config.json`, `generation_config.json` (beam, length penalty, max length
+from the checkpoint's decode section), a MarianTokenizer over our SentencePiece model(s) (it adds eos
+to a source as we do; pieces in id order, so pad 0, unk 1, bos 2 = decoder start, eos 3), README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+import yaml
+
+from attn_mt.checkpoint import load
+from attn_mt.config import ConfigError, ExperimentConfig, from_dict, to_dict
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.export.ctranslate2 import ExportError
+from attn_mt.export.folder import FolderError, publish
+
+INSTALL = "pip install 'attn-mt[hf]'"
+
+
+def require_transformers():
+    """The transformers module (with safetensors), or one line saying how to install them."""
+    try:
+        import safetensors  # noqa: F401
+        import transformers
+    except ImportError:
+        raise ExportError(f"transformers and safetensors are not installed; install them with: {INSTALL}") from None
+    return transformers
+
+
+def perm(d_model: int) -> torch.Tensor:
+    """Marian's dim m holds our dim PERM[m]: sin dims 0, 2, 4, ... first, then the cos dims 1, 3, 5, ..."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def marian_weights(w: dict, cfg) -> dict[str, torch.Tensor]:
+    """Our state_dict -> MarianMTModel's, the model dimension permuted (see the module docstring).
+
+    A Linear that reads the residual stream has its input columns permuted, one that writes it its output
+    rows and bias; embeddings, LayerNorms and the output layer likewise.
+    """
+    p = perm(cfg.d_model)
+    out: dict[str, torch.Tensor] = {}
+
+    def reads(name: str, ours: str) -> None:
+        out[f"{name}.weight"], out[f"{name}.bias"] = w[f"{ours}.weight"][:, p], w[f"{ours}.bias"]
+
+    def writes(name: str, ours: str) -> None:
+        out[f"{name}.weight"], out[f"{name}.bias"] = w[f"{ours}.weight"][p], w[f"{ours}.bias"][p]
+
+    def norm(name: str, ours: str) -> None:
+        out[f"{name}.weight"], out[f"{name}.bias"] = w[f"{ours}.weight"][p], w[f"{ours}.bias"][p]
+
+    def split(name: str, ours: str, parts: str) -> None:  # a fused projection -> one Linear per part
+        for part, wt, b in zip(parts, w[f"{ours}.weight"].chunk(len(parts)), w[f"{ours}.bias"].chunk(len(parts)),
+                               strict=True):
+            out[f"{name}.{part}_proj.weight"], out[f"{name}.{part}_proj.bias"] = wt[:, p], b
+
+    for side in ("encoder", "decoder"):
+        for i in range(cfg.n_layers):
+            ours, m = f"{side}.{i}", f"model.{side}.layers.{i}"
+            split(f"{m}.self_attn", f"{ours}.self_attn.qkv_proj", "qkv")
+            writes(f"{m}.self_attn.out_proj", f"{ours}.self_attn.out_proj")
+            norm(f"{m}.self_attn_layer_norm", f"{ours}.sub.0.norm")
+            reads(f"{m}.fc1", f"{ours}.ff.0")
+            writes(f"{m}.fc2", f"{ours}.ff.3")
+            norm(f"{m}.final_layer_norm", f"{ours}.sub.{1 if side == 'encoder' else 2}.norm")
+            if side == "decoder":
+                reads(f"{m}.encoder_attn.q_proj", f"{ours}.cross_attn.q_proj")
+                split(f"{m}.encoder_attn", f"{ours}.cross_attn.kv_proj", "kv")
+                writes(f"{m}.encoder_attn.out_proj", f"{ours}.cross_attn.out_proj")
+                norm(f"{m}.encoder_attn_layer_norm", f"{ours}.sub.1.norm")
+    out["model.encoder.embed_tokens.weight"] = w["src_embed.weight"][:, p]
+    out["model.decoder.embed_tokens.weight"] = w["tgt_embed.weight"][:, p]
+    out["model.shared.weight"] = w["src_embed.weight"][:, p]
+    out["lm_head.weight"] = w["out_proj.weight"][:, p]
+    return out
+
+
+# our state_dict names -> modeling_attn_mt's (the same modules, grouped per stack)
+_RENAMES = [(r"^src_embed\.", "encoder.embed."), (r"^tgt_embed\.", "decoder.embed."),
+            (r"^(encoder|decoder)\.(\d+)\.", r"\1.layers.\2."), (r"^enc_norm\.", "encoder.norm."),
+            (r"^dec_norm\.", "decoder.norm."), (r"^out_proj\.", "lm_head.")]
+
+
+def custom_weights(w: dict) -> dict[str, torch.Tensor]:
+    def rename(k: str) -> str:
+        for pattern, repl in _RENAMES:
+            k = re.sub(pattern, repl, k)
+        return k
+
+    return {rename(k): v for k, v in w.items()}
+
+
+def _special_ids(tok: Tokenizer) -> dict:
+    return dict(pad_token_id=tok.pad_id, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id,
+                decoder_start_token_id=tok.bos_id)
+
+
+def build_model(w: dict, cfg: ExperimentConfig, tok: Tokenizer):
+    """(transformers model with our weights, route) for a Transformer state_dict."""
+    require_transformers()
+    m, share = cfg.model, tok.joint and cfg.model.tie_embeddings
+    if m.norm_first:
+        from attn_mt.export.modeling_attn_mt import AttnMtConfig, AttnMtForConditionalGeneration
+
+        AttnMtConfig.register_for_auto_class()
+        AttnMtForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+        config = AttnMtConfig(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
+                              d_model=m.d_model, n_heads=m.n_heads, n_layers=m.n_layers, d_ff=m.d_ff,
+                              norm_first=True, max_positions=m.max_positions, share_embeddings=share,
+                              tie_word_embeddings=m.tie_embeddings, **_special_ids(tok))
+        model, weights, route = AttnMtForConditionalGeneration(config), custom_weights(w), "attn_mt"
+    else:
+        from transformers import MarianConfig, MarianMTModel
+
+        config = MarianConfig(vocab_size=tok.src_vocab_size, decoder_vocab_size=tok.tgt_vocab_size,
+                              share_encoder_decoder_embeddings=share, tie_word_embeddings=m.tie_embeddings,
+                              d_model=m.d_model, encoder_layers=m.n_layers, decoder_layers=m.n_layers,
+                              encoder_attention_heads=m.n_heads, decoder_attention_heads=m.n_heads,
+                              encoder_ffn_dim=m.d_ff, decoder_ffn_dim=m.d_ff, activation_function="relu",
+                              max_position_embeddings=m.max_positions, scale_embedding=True, dropout=m.dropout,
+                              forced_eos_token_id=tok.eos_id, **_special_ids(tok))
+        model, weights, route = MarianMTModel(config), marian_weights(w, m), "marian"
+    own = model.state_dict()
+    missing = [k for k in own if k not in weights and "embed_positions" not in k and k != "final_logits_bias"]
+    if missing:
+        raise ExportError(f"weights missing for {', '.join(missing[:3])}")
+    with torch.no_grad():
+        for k, v in weights.items():
+            if k in own:
+                own[k].copy_(v)
+    return model.eval(), route
+
+
+def generation_config(cfg: ExperimentConfig, tok: Tokenizer):
+    """Our decode defaults in transformers' terms: beam, length penalty, the length cap, eos forced there."""
+    from transformers import GenerationConfig
+
+    d = cfg.decode  # transformers refuses beam settings with num_beams=1 (greedy)
+    beam = dict(length_penalty=d.alpha, early_stopping="never") if d.beam_size > 1 else {}
+    return GenerationConfig(num_beams=d.beam_size, **beam, max_length=cfg.model.max_positions + 1,
+                            forced_eos_token_id=tok.eos_id, **_special_ids(tok))
+
+
+def save_tokenizer(tok: Tokenizer, folder: Path, cfg: ExperimentConfig) -> None:
+    """A MarianTokenizer over our SentencePiece model(s): source.spm, target.spm, vocab.json (+ target_vocab.json)."""
+    from transformers import MarianTokenizer
+
+    (folder / "source.spm").write_bytes(tok.src_proto)
+    (folder / "target.spm").write_bytes(tok.tgt_proto or tok.src_proto)
+    vocab = {tok.src.id_to_piece(i): i for i in range(tok.src_vocab_size)}
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    extra = {}
+    if not tok.joint:
+        target = {tok.tgt.id_to_piece(i): i for i in range(tok.tgt_vocab_size)}
+        (folder / "target_vocab.json").write_text(json.dumps(target, ensure_ascii=False))
+        extra = {"target_vocab_file": str(folder / "target_vocab.json"), "separate_vocabs": True}
+    hf_tok = MarianTokenizer(str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json"),
+                             source_lang=cfg.data.src_lang, target_lang=cfg.data.tgt_lang, bos_token="<s>",
+                             additional_special_tokens=[], model_max_length=cfg.model.max_positions, **extra)
+    hf_tok.save_pretrained(folder)
+
+
+def _training_pairs(cfg: ExperimentConfig) -> int | None:
+    """Training pairs (before length filtering), where the data is at hand: toy, or readable files."""
+    d = cfg.data
+    if d.source == "toy":
+        return d.toy_size
+    path = Path(d.dir) / (f"{d.splits.train}.{d.src_lang}" if d.source == "files" else f"{d.splits.train}.jsonl")
+    if d.source in ("files", "jsonl") and path.is_file():
+        with path.open("rb") as f:
+            return sum(1 for _ in f)
+    return None
+
+
+def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict, run_dir: Path, *, route: str,
+               params: int) -> str:
+    """README.md for the hub: YAML header, what the model is, how it was trained and scored, how to use it."""
+    m, d, dec, src, tgt = cfg.model, cfg.data, cfg.decode, cfg.data.src_lang, cfg.data.tgt_lang
+    data_name = d.name or (Path(d.dir).name if d.dir else "") or "attn-mt toy corpus"
+    remote = route == "attn_mt"
+    yaml_lines = ["---", f"language:\n- {src}\n- {tgt}",
+                  "license: # choose one: https://huggingface.co/docs/hub/repositories-licenses",
+                  "library_name: transformers", "pipeline_tag: translation",
+                  "tags:\n- translation\n- attn-mt\n- " + ("custom_code" if remote else "marian"),
+                  *([f"datasets:\n- {d.name}"] if d.name else []), "metrics:\n- bleu\n- chrf"]
+    if results:
+        yaml_lines.append(
+            f"model-index:\n- name: {cfg.name}\n  results:\n  - task:\n      type: translation\n"
+            f"      name: Translation {src}-{tgt}\n    dataset:\n      name: {data_name}\n"
+            f"      type: {data_name}\n      split: {results['test_split']}\n    metrics:\n"
+            f"    - type: bleu\n      value: {results['test_bleu']}\n      name: BLEU\n"
+            f"    - type: chrf\n      value: {results['test_chrf']}\n      name: chrF")
+    pairs = _training_pairs(cfg)
+    kind = "pre-norm (LayerNorm before each sublayer)" if m.norm_first else "post-norm (as in the paper)"
+    sizes = tok.src_vocab_size if tok.joint else f"{tok.src_vocab_size} + {tok.tgt_vocab_size}"
+    vocab = (f"SentencePiece {cfg.tokenizer.type}, " + ("one joint vocabulary" if cfg.tokenizer.joint
+                                                         else "separate source and target vocabularies"))
+    cls = ("`AttnMtForConditionalGeneration` in `modeling_attn_mt.py` (load with `trust_remote_code=True`)"
+           if remote else "`MarianMTModel`, built into transformers")
+    example = "Hello."
+    test_src = run_dir / f"{results.get('test_split', d.splits.test)}.{src}"
+    if test_src.is_file():
+        example = test_src.read_text(encoding="utf-8").split("\n", 1)[0].strip() or example
+    trust = ", trust_remote_code=True" if remote else ""
+    lines = ["\n".join(yaml_lines), "---", "", f"# {cfg.name}: {src} -> {tgt} translation", "",
+             "A Transformer encoder-decoder trained from scratch with attn-mt and exported to transformers.", "",
+             "## Model", "", "| | |", "| --- | --- |",
+             f"| architecture | Transformer, {kind}; {m.n_layers} encoder and {m.n_layers} decoder layers, "
+             f"d_model {m.d_model}, {m.n_heads} heads, feed-forward {m.d_ff} (ReLU), sinusoidal positions |",
+             f"| parameters | {params:,} |",
+             f"| vocabulary | {vocab}; {sizes} pieces |",
+             f"| tied embeddings | {'yes' if m.tie_embeddings else 'no'} |",
+             f"| longest input / output | {m.max_positions} tokens |", f"| transformers class | {cls} |", "",
+             "## Training", "",
+             f"- data: {data_name} ({d.source}), split `{d.splits.train}`"
+             + (f", {pairs:,} sentence pairs" if pairs else "")
+             + f"; pairs over {d.max_len} tokens a side dropped",
+             f"- {state.get('step', 0):,} steps, {state.get('tokens', 0):,} target tokens seen"
+             + (f", {results['train_seconds'] / 60:.1f} minutes on {results['device']} ({results['precision']}, "
+                f"{results['threads']} threads, torch {results['torch']})" if results else ""),
+             f"- the exported weights are those of step {state.get('step', 0)}", ""]
+    if results:
+        lines += ["## Evaluation", "",
+                  f"On `{results['test_split']}` ({data_name}), beam {dec.beam_size}, length penalty alpha {dec.alpha} "
+                  f"(attn-mt's decoder, checkpoint `{results['tested']}`):", "",
+                  "| metric | score | sacreBLEU signature |", "| --- | ---: | --- |",
+                  f"| BLEU | {results['test_bleu']:.2f} | `{results['sacrebleu_signature']}` |",
+                  f"| chrF | {results['test_chrf']:.2f} | `{results['chrf_signature']}` |", ""]
+    lines += ["## Usage", "", "```python", "from transformers import pipeline", "",
+              'MODEL = "."  # this folder; or its hub id once pushed',
+              f'translate = pipeline("translation", model=MODEL{trust})',
+              f"print(translate({example!r})[0]['translation_text'])", "```", "",
+              f"`generation_config.json` holds the decoding of the evaluation above: beam {dec.beam_size}, "
+              f"`length_penalty={dec.alpha}`, `early_stopping=\"never\"`. transformers divides a hypothesis' log "
+              "probability by |Y|^length_penalty where attn-mt divides by GNMT's ((5 + |Y|) / 6)^alpha, and attn-mt "
+              f"stops each output at {dec.max_len_a} x source length + {dec.max_len_b} tokens "
+              "(pass `max_new_tokens` for a limit), so beam outputs can differ slightly; greedy outputs "
+              "(`num_beams=1`) are attn-mt's.", "",
+              "## Training config", "", "```yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def export_hf(checkpoint: Path, out: Path) -> list[Path]:
+    """Write a Transformer checkpoint as a transformers model folder (weights, configs, tokenizer, card)."""
+    require_transformers()
+    state = load(checkpoint)
+    try:
+        cfg = from_dict(state["config"])
+    except ConfigError as e:
+        raise ExportError(f"{checkpoint}: config is not valid for this attn-mt: {e}") from None
+    if cfg.model.kind != "transformer":
+        raise ExportError(f"{checkpoint}: is an RNN model; transformers has no GRU encoder-decoder with "
+                          "additive attention, so only Transformer checkpoints can be exported to it")
+    tok = Tokenizer.from_state(state["tokenizer"])
+    try:
+        model, route = build_model(state["model"], cfg, tok)
+    except (KeyError, RuntimeError) as e:
+        raise ExportError(f"{checkpoint}: weights do not fit a transformers model: {e}") from None
+    model.generation_config = generation_config(cfg, tok)
+    results_path = Path(checkpoint).parent / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        save_tokenizer(tok, folder, cfg)
+        params = sum(t.numel() for t in {t.data_ptr(): t for t in state["model"].values()}.values())  # tied once
+        card = model_card(cfg, tok, state, results, Path(checkpoint).parent, route=route, params=params)
+        (folder / "README.md").write_text(card, encoding="utf-8")
+
+    try:
+        publish(out, write, reads=[Path(checkpoint)])
+    except FolderError as e:
+        raise ExportError(str(e)) from None
+    return sorted(out.iterdir())
