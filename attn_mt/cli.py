@@ -367,7 +367,7 @@ def compare_rnn(config: ConfigOpt, overrides: SetOpt = None,
                 out: Annotated[Path | None, typer.Option(help="Report directory (runs/compare).")] = None,
                 quick: Annotated[bool, typer.Option(help="Toy corpus, small models.")] = False) -> None:
     """Train the Transformer and the RNN on the same data and clock; report speed, BLEU, length scaling."""
-    from attn_mt.config.compare import load_compare_config
+    from attn_mt.config.compare_rnn import load_compare_config
     from attn_mt.measure.compare import compare_rnn as run_compare
     from attn_mt.measure.report import summary
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from attn_mt import checkpoint
 from attn_mt.config import CompareConfig, ConfigError, ExperimentConfig
-from attn_mt.config.compare import CompareSetup
+from attn_mt.config.compare_rnn import CompareSetup
 from attn_mt.data.batching import token_batches
 from attn_mt.data.corpus import Corpus, load_corpus
 from attn_mt.data.download import missing_data_hint
