@@ -5,7 +5,11 @@ import pytest
 import torch
 from conftest import SHORT
 
-from attn_mt.training.run import train
+from attn_mt import checkpoint
+from attn_mt.device import rng_state
+from attn_mt.models import build_model
+from attn_mt.training.run import checkpoint_state, setup, train
+from attn_mt.training.rundir import RunDir
 
 
 def test_run_directory_contents(tiny_run):
@@ -67,3 +71,23 @@ def test_validation_longer_than_the_position_table_is_cut_not_a_crash(tiny_cfg, 
     cfg = tiny_cfg("model.max_positions=12", *SHORT)
     train(cfg, tmp_path)
     assert json.loads((tmp_path / "results.json").read_text())["steps"] > 0
+
+
+def test_a_saved_checkpoint_rebuilds_the_model_being_trained(tiny_cfg, tmp_path):
+    """The weights, config and tokenizer saved by the run (not another load of the same file) give the
+    trained model's logits exactly."""
+    cfg = tiny_cfg(*SHORT)
+    run = setup(cfg, RunDir(tmp_path), resume=False)
+    for _ in range(3):
+        run.trainer.step(lambda: 0.0)
+    checkpoint.save(checkpoint_state(run, [rng_state(torch.device("cpu"))]), tmp_path / "saved.pt")
+    model, saved_cfg, tok = checkpoint.load_model(tmp_path / "saved.pt")
+    trained = run.trainer.model.eval()
+    src = torch.tensor([tok.encode_src(["the dog sees a cat."])[0] + [tok.eos_id]])
+    tgt = torch.tensor([[tok.bos_id] + tok.encode_tgt(["der Hund sieht eine Katze."])[0]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), trained(src, tgt), rtol=0, atol=0)
+    assert saved_cfg == cfg and tok.state() == run.corpus.tok.state()
+    fresh = build_model(cfg.model, **tok.sizes())
+    with torch.no_grad():
+        assert not torch.equal(fresh(src, tgt), trained(src, tgt))  # the comparison can fail
