@@ -325,17 +325,29 @@ def serve(checkpoint: Annotated[Path, typer.Option("--checkpoint", help="A check
 @app.command()
 @_user_errors
 def export(checkpoint: CkptOpt,
-           out: Annotated[Path, typer.Option(help="Directory for the CTranslate2 model (replaced if an export).")],
+           out: Annotated[Path, typer.Option(help="Directory for the exported model (replaced if an export).")],
            quantization: Annotated[str, typer.Option(help="float32, int8, int8_float32 or bfloat16.")] = "float32",
+           fmt: Annotated[str, typer.Option("--format", help="ctranslate2 or transformers.")] = "ctranslate2",
            ) -> None:
-    """Write a Transformer checkpoint as a CTranslate2 model, with its SentencePiece model(s) and decode
-    defaults; `translate` and `evaluate` take the directory as --checkpoint. Needs CTranslate2 (the export extra)."""
+    """Write a Transformer checkpoint as a CTranslate2 model (`translate` and `evaluate` take the directory as
+    --checkpoint; the export extra) or, with --format transformers, as a Hugging Face model folder with a model
+    card, ready to push to the hub (the hf extra)."""
     from attn_mt.export.ctranslate2 import QUANTIZATIONS, export_ct2
 
+    if fmt not in ("ctranslate2", "transformers"):
+        raise typer.BadParameter(f"{fmt!r} is not one of 'ctranslate2', 'transformers'", param_hint="--format")
     if quantization not in QUANTIZATIONS:
         raise typer.BadParameter(f"{quantization!r} is not one of {', '.join(QUANTIZATIONS)}",
                                  param_hint="--quantization")
-    for path in export_ct2(checkpoint, out, quantization):
+    if fmt == "ctranslate2":
+        paths = export_ct2(checkpoint, out, quantization)
+    elif quantization != "float32":
+        raise typer.BadParameter("a transformers export keeps float32 weights", param_hint="--quantization")
+    else:
+        from attn_mt.export.transformers import export_hf
+
+        paths = export_hf(checkpoint, out)
+    for path in paths:
         typer.echo(str(path))
 
 
