@@ -3,6 +3,11 @@
 Whatever the input, the CLI ends with status 0, 1, 2 or 130 and no traceback, writes nothing
 outside its run directory, and never changes an earlier run without --resume. Seeded
 (`derandomize`), so CI sees the same cases every time.
+
+These properties stay together rather than in the module test files: each random case goes through
+the whole CLI (config, data, tokenizer, training, run directory, checkpoint, decoding), so a failure
+belongs to no single module, and the cases share one earlier run and one set of strategies. Each
+test runs 30 CLI invocations: marked slow (`make test` runs them, `make test-fast` does not).
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ def earlier_run(tiny_run) -> Path:
     return tiny_run
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(overrides=OVERRIDES, data=DATA, into_earlier=st.booleans())
 def test_random_configs_and_data_never_crash_or_write_elsewhere(overrides, data, into_earlier, earlier_run):
@@ -115,6 +121,7 @@ def test_random_configs_and_data_never_crash_or_write_elsewhere(overrides, data,
             assert result.exit_code != 0
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(texts=st.lists(st.text(max_size=80), max_size=4), stdin=st.binary(max_size=300),
        beam=st.integers(-2, 6), fmt=st.sampled_from(["text", "jsonl", "xml"]))

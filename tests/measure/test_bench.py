@@ -1,4 +1,4 @@
-"""The benchmark's figures, the nn.Transformer reference, the FLOPs formula, and the fast CPU dropout."""
+"""The benchmark's figures, the nn.Transformer reference and the FLOPs formula."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from attn_mt.cli import app
 from attn_mt.config import TransformerConfig
 from attn_mt.measure.bench import TorchTransformer, train_flops
 from attn_mt.models import build_model, count_params
-from attn_mt.models.attention import Dropout
 
 
 def test_bench_cli_writes_every_figure(tmp_path, tiny_run):
@@ -74,30 +73,3 @@ def test_train_flops_match_torch_flop_counter():
     with FlopCounterMode(display=False) as counter:
         model(src, tgt)
     assert 3 * counter.get_total_flops() == train_flops(cfg, 50, torch.tensor([9]), torch.tensor([6]))
-
-
-# The fast dropout lives in attn_mt/models/attention.py; tested here beside the benchmark it serves.
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fast_dropout_keeps_expectation(dtype):
-    torch.manual_seed(0)
-    x = torch.ones(1000, 1000, dtype=dtype, requires_grad=True)
-    y = Dropout(0.1).train()(x)
-    assert y.dtype == dtype and y.shape == x.shape
-    dropped = (y == 0).float().mean().item()
-    assert abs(dropped - 0.1) < 0.002
-    assert abs(y.float().mean().item() - 1) < 0.01
-    y.sum().backward()
-    torch.testing.assert_close(x.grad, y.detach())  # gradient = mask x scale = y for x = 1
-    assert torch.equal(Dropout(0.1).eval()(x), x)
-
-
-def test_fast_dropout_is_seeded_and_lanes_are_uniform():
-    x = torch.ones(4, 1001)  # numel not a multiple of 4
-    drop = Dropout(0.5).train()
-    torch.manual_seed(3)
-    a = drop(x)
-    torch.manual_seed(3)
-    assert torch.equal(a, drop(x))
-    torch.manual_seed(0)
-    keep = (drop(torch.ones(100_000, 4)) != 0).float().mean(0)  # each of the 4 lanes of a 64-bit word
-    assert torch.all((keep - 0.5).abs() < 0.01), keep

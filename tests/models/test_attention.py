@@ -1,8 +1,9 @@
+import pytest
 import torch
 
 from attn_mt.config import TransformerConfig
 from attn_mt.models import build_model
-from attn_mt.models.attention import CrossAttention, SelfAttention, attention, causal_mask, padding_mask
+from attn_mt.models.attention import CrossAttention, Dropout, SelfAttention, attention, causal_mask, padding_mask
 
 
 def both_paths(mha, *args, **kwargs):
@@ -93,3 +94,29 @@ def test_no_torch_transformer_modules_in_model():
     banned = (torch.nn.Transformer, torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer,
               torch.nn.TransformerDecoderLayer)
     assert not any(isinstance(m, banned) for m in model.modules())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_dropout_keeps_expectation(dtype):
+    torch.manual_seed(0)
+    x = torch.ones(1000, 1000, dtype=dtype, requires_grad=True)
+    y = Dropout(0.1).train()(x)
+    assert y.dtype == dtype and y.shape == x.shape
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 0.1) < 0.002
+    assert abs(y.float().mean().item() - 1) < 0.01
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, y.detach())  # gradient = mask x scale = y for x = 1
+    assert torch.equal(Dropout(0.1).eval()(x), x)
+
+
+def test_fast_dropout_is_seeded_and_lanes_are_uniform():
+    x = torch.ones(4, 1001)  # numel not a multiple of 4
+    drop = Dropout(0.5).train()
+    torch.manual_seed(3)
+    a = drop(x)
+    torch.manual_seed(3)
+    assert torch.equal(a, drop(x))
+    torch.manual_seed(0)
+    keep = (drop(torch.ones(100_000, 4)) != 0).float().mean(0)  # each of the 4 lanes of a 64-bit word
+    assert torch.all((keep - 0.5).abs() < 0.01), keep
