@@ -9,6 +9,7 @@ default) may translate (status 0); truncation and every other structural change 
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
@@ -32,6 +33,17 @@ CHECKPOINT_KEYS = [("model",), ("config",), ("tokenizer",), ("format_version",),
                    ("model", "src_embed.weight"), ("model", "out_proj.weight")]
 EXPORT_KEYS = [(), ("sentencepiece",), ("max_positions",), ("decode",), ("decode", "beam_size"),
                ("decode", "max_len_a")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_ct2_thread():
+    """CTranslate2 with one thread, as conftest gives torch: on 2 shared cores its default threads spin
+    and wait (a tiny export's first translation took 8 s with 2 threads, 0.07 s with one)."""
+    from attn_mt.export import ct2_translator
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ct2_translator, "load_exported", functools.partial(ct2_translator.load_exported, threads=1))
+        yield
 
 
 @pytest.fixture(scope="module")
