@@ -1,4 +1,7 @@
-"""Export: write a checkpoint as a CTranslate2 model folder, and translate with one.
+"""Export: write a checkpoint as a model folder (CTranslate2 in ctranslate2.py, Hugging Face in
+transformers.py), and translate with a CTranslate2 one (ct2_translator.py). Every exporter writes
+through `folder.publish`: a temporary folder beside the target, renamed into place, replacing only
+an earlier export (its manifest lists its files).
 
 May import config, checkpoint, device, data (the tokenizer), models and decoding; never training.
 """
