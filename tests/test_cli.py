@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 from conftest import TINY, Evil, cli, one_line_error, write_config
+from sacrebleu.metrics import BLEU, CHRF
 
 from attn_mt.data.toy import make_toy_corpus
 
@@ -64,12 +65,16 @@ def test_train_translate_evaluate(tmp_path):
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("the dog sees a cat.\nthe men like the horse.\n")
     ref.write_text("der Hund sieht eine Katze.\ndie Männer mögen das Pferd.\n")
-    assert run("translate", "--checkpoint", ckpt, "--input", str(src)).stdout.count("\n") == 2
+    hyps = run("translate", "--checkpoint", ckpt, "--input", str(src)).stdout.splitlines()
+    assert len(hyps) == 2
     assert run("translate", "--checkpoint", ckpt, "the dog sees a cat.").stdout.count("\n") == 1
     result = run("evaluate", "--checkpoint", ckpt, "--src", str(src), "--ref", str(ref), "--json")
     assert result.returncode == 0, result.stderr
     scores = json.loads(result.stdout)
-    assert 0 <= scores["bleu"] <= 100 and scores["bleu_signature"].startswith("nrefs:1")
+    refs = ref.read_text().splitlines()  # evaluate scores what translate writes, against the references
+    assert scores["bleu"] == round(BLEU().corpus_score(hyps, [refs]).score, 2)
+    assert scores["chrf"] == round(CHRF().corpus_score(hyps, [refs]).score, 2)
+    assert scores["bleu_signature"].startswith("nrefs:1")
 
 
 def test_config_error_exit_code_and_one_line(tmp_path):
