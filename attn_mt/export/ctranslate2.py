@@ -142,14 +142,14 @@ def export_ct2(checkpoint: Path, out: Path, quantization: str = "float32") -> li
     except (KeyError, ValueError) as e:
         raise ExportError(f"{checkpoint}: weights do not fit a CTranslate2 Transformer: {e}") from None
     spec.optimize(quantization=quantization)
-    names = ["spm.model"] if tok.joint else ["spm.src.model", "spm.tgt.model"]
+    files = tok.files()  # the SentencePiece model(s) under the names every run directory uses
     meta = {"format": "attn-mt-ctranslate2", "version": 1, "quantization": quantization,
-            "sentencepiece": names, "max_positions": cfg.model.max_positions,
+            "sentencepiece": list(files), "max_positions": cfg.model.max_positions,
             "decode": asdict(cfg.decode), "checkpoint": Path(checkpoint).name, "step": state.get("step", 0)}
 
     def write(folder: Path) -> None:
         spec.save(str(folder))
-        for name, proto in zip(names, [tok.src_proto, tok.tgt_proto], strict=False):
+        for name, proto in files.items():
             (folder / name).write_bytes(proto)
         (folder / META).write_text(json.dumps(meta, indent=2) + "\n")
 
