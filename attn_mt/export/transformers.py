@@ -232,25 +232,26 @@ def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict
              + f"; pairs over {d.max_len} tokens a side dropped",
              f"- {state.get('step', 0):,} steps, {state.get('tokens', 0):,} target tokens seen"
              + (f", {results['train_seconds'] / 60:.1f} minutes on {results['device']} ({results['precision']}, "
-                f"{results['threads']} threads, torch {results['torch']})" if results else ""),
+                f"threads: {results['threads']}, torch {results['torch']})" if results else ""),
              f"- the exported weights are those of step {state.get('step', 0)}", ""]
     if results:
         lines += ["## Evaluation", "",
                   f"On `{results['test_split']}` ({data_name}), beam {dec.beam_size}, length penalty alpha {dec.alpha} "
                   f"(attn-mt's decoder, checkpoint `{results['tested']}`):", "",
-                  "| metric | score | sacreBLEU signature |", "| --- | ---: | --- |",
-                  f"| BLEU | {results['test_bleu']:.2f} | `{results['sacrebleu_signature']}` |",
-                  f"| chrF | {results['test_chrf']:.2f} | `{results['chrf_signature']}` |", ""]
-    lines += ["## Usage", "", "```python", "from transformers import pipeline", "",
+                  f"- BLEU **{results['test_bleu']:.2f}** (sacreBLEU `{results['sacrebleu_signature']}`)",
+                  f"- chrF **{results['test_chrf']:.2f}** (`{results['chrf_signature']}`)", ""]
+    beam = (f"beam {dec.beam_size}, `length_penalty={dec.alpha}`, `early_stopping=\"never\"`" if dec.beam_size > 1
+            else f"greedy (for beam search pass `num_beams`, `length_penalty={dec.alpha}`, `early_stopping=\"never\"`)")
+    lines += ["## Usage", "", "```python", "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer", "",
               'MODEL = "."  # this folder; or its hub id once pushed',
-              f'translate = pipeline("translation", model=MODEL{trust})',
-              f"print(translate({example!r})[0]['translation_text'])", "```", "",
-              f"`generation_config.json` holds the decoding of the evaluation above: beam {dec.beam_size}, "
-              f"`length_penalty={dec.alpha}`, `early_stopping=\"never\"`. transformers divides a hypothesis' log "
-              "probability by |Y|^length_penalty where attn-mt divides by GNMT's ((5 + |Y|) / 6)^alpha, and attn-mt "
-              f"stops each output at {dec.max_len_a} x source length + {dec.max_len_b} tokens "
-              "(pass `max_new_tokens` for a limit), so beam outputs can differ slightly; greedy outputs "
-              "(`num_beams=1`) are attn-mt's.", "",
+              f"tokenizer = AutoTokenizer.from_pretrained(MODEL{trust})",
+              f"model = AutoModelForSeq2SeqLM.from_pretrained(MODEL{trust})",
+              f"batch = tokenizer([{example!r}], return_tensors=\"pt\", padding=True)",
+              "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)[0])", "```", "",
+              f"`generation_config.json` holds the decoding of the evaluation above: {beam}. Greedy outputs are "
+              "attn-mt's. Beam outputs can differ a little: transformers divides a hypothesis' log probability by "
+              "|Y|^length_penalty, attn-mt by GNMT's ((5 + |Y|) / 6)^alpha; and attn-mt stops each output at "
+              f"{dec.max_len_a} x source length + {dec.max_len_b} tokens (`max_new_tokens`: one limit per call).", "",
               "## Training config", "", "```yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip(), "```", ""]
     return "\n".join(lines)
 

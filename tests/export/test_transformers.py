@@ -1,0 +1,213 @@
+"""attn-mt export --format transformers: the folder loads offline, and transformers' generate() gives our
+translations and log-probabilities (pre-norm: our modeling file; post-norm: MarianMTModel)."""
+
+import contextlib
+import io
+import re
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+import yaml
+from conftest import TINY, cli, one_line_error
+
+from attn_mt import checkpoint
+from attn_mt.config import load_config, to_dict
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.data.toy import make_toy_corpus
+from attn_mt.decoding.metrics import score
+from attn_mt.decoding.search import max_lengths, prepare_sources, translate_nbest
+from attn_mt.models import build_model
+
+# small, but trained far enough to write sentences that end (test BLEU about 15 after 150 steps)
+TRAINED = ["data.toy_size=2000", "model.d_model=64", "model.d_ff=128", "train.batch_tokens=1500",
+           "train.max_steps=150", "train.max_epochs=100", "train.lr=5e-3", "train.warmup_steps=20",
+           "train.eval_every=150", "train.bleu_sentences=20"]
+NORMS = {"pre-norm": ["model.norm_first=true", "decode.beam_size=5"], "post-norm": ["model.norm_first=false"]}
+
+
+@pytest.fixture(scope="module")
+def hf():
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("safetensors")
+    return transformers
+
+
+@pytest.fixture(scope="module")
+def trained(hf, tmp_path_factory):
+    """norm -> (run directory, transformers folder) of a tiny model trained for 150 steps, made on first use."""
+    from attn_mt.export.transformers import export_hf
+    from attn_mt.training.run import train
+
+    made = {}
+
+    def get(norm: str):
+        if norm not in made:
+            run = tmp_path_factory.mktemp(f"hf_{norm}")
+            train(load_config(None, [*TINY, *TRAINED, *NORMS[norm]]), run)
+            export_hf(run / "checkpoint_best.pt", run / "hf")
+            made[norm] = run, run / "hf"
+        return made[norm]
+
+    return get
+
+
+def _load(hf, folder):
+    model = hf.AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    return model, hf.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+
+
+def _random_checkpoint(tiny_cfg, tiny_run, path, *overrides):
+    """A checkpoint of an untrained 2-layer model with noisy weights (every LayerNorm and bias matters)."""
+    cfg = tiny_cfg("model.n_layers=2", *overrides)
+    tok = Tokenizer.from_state(checkpoint.load(tiny_run / "checkpoint_best.pt")["tokenizer"])
+    if not cfg.tokenizer.joint:  # separate vocabularies: the same pieces, but two embedding tables
+        tok = Tokenizer(tok.src_proto, tok.src_proto)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, **tok.sizes())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    checkpoint.save({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tok.state()}, path)
+    return model.eval(), tok
+
+
+@pytest.mark.parametrize("overrides", [(), ("model.norm_first=false",),
+                                       ("tokenizer.joint=false", "model.tie_embeddings=false"),
+                                       ("tokenizer.joint=false", "model.norm_first=false")],
+                         ids=["pre-norm", "post-norm", "pre-norm-separate-untied", "post-norm-separate-tied"])
+def test_teacher_forced_log_probs_match(hf, tiny_cfg, tiny_run, tmp_path, overrides):
+    from attn_mt.export.transformers import export_hf
+
+    model, tok = _random_checkpoint(tiny_cfg, tiny_run, tmp_path / "random.pt", *overrides)
+    export_hf(tmp_path / "random.pt", tmp_path / "hf")
+    theirs, hf_tok = _load(hf, tmp_path / "hf")
+    assert type(theirs).__name__ == ("MarianMTModel" if "model.norm_first=false" in overrides
+                                     else "AttnMtForConditionalGeneration")
+    pairs = make_toy_corpus(300)["test"][:8]  # the tiny run's corpus: its tokenizer knows the words
+    srcs, tgts = [s for s, _ in pairs], tok.encode_tgt([t for _, t in pairs])
+    batch = hf_tok(srcs, return_tensors="pt", padding=True)  # right-padded, as ours
+    ours_src = prepare_sources(tok, srcs, model.max_positions)
+    lengths = batch.attention_mask.sum(1).tolist()
+    assert [row[:n].tolist() for row, n in zip(batch.input_ids, lengths, strict=True)] == ours_src
+    tgt_in = torch.nn.utils.rnn.pad_sequence([torch.tensor([tok.bos_id, *t]) for t in tgts], batch_first=True)
+    with torch.no_grad():
+        ours = model(batch.input_ids, tgt_in).log_softmax(-1)  # (B, T, V)
+        logits = theirs(**batch, decoder_input_ids=tgt_in).logits.log_softmax(-1)
+    for i, t in enumerate(tgts):  # positions of real target tokens only
+        torch.testing.assert_close(logits[i, : len(t) + 1], ours[i, : len(t) + 1], atol=1e-4, rtol=1e-4)
+
+
+def _generate(model, hf_tok, texts: list[str], limit_of) -> dict[int, list]:
+    """transformers' greedy (text, log P) and beam 5 texts (no length penalty), in input order. generate() takes
+    one length limit per call where we stop each sentence at its own (a * |src| + b): batches by limit."""
+    out: dict[int, list] = {1: [None] * len(texts), 5: [None] * len(texts)}
+    groups: dict[int, list[int]] = {}
+    for i, text in enumerate(texts):
+        groups.setdefault(limit_of(text), []).append(i)
+    for limit, idx in groups.items():
+        batch = hf_tok([texts[i] for i in idx], return_tensors="pt", padding=True)
+        for beam in (1, 5):
+            extra = dict(length_penalty=0.0, early_stopping="never") if beam > 1 else {}
+            gen = model.generate(**batch, num_beams=beam, max_new_tokens=limit, output_logits=True,
+                                 return_dict_in_generate=True, **extra)
+            lines = hf_tok.batch_decode(gen.sequences, skip_special_tokens=True)
+            if beam == 1:  # log P: the model's log-probabilities (the logits before the forced eos) up to eos
+                logp = model.compute_transition_scores(gen.sequences, gen.logits, normalize_logits=True)
+                logp = logp.masked_fill(gen.sequences[:, 1:] == hf_tok.pad_token_id, 0.0).sum(1).tolist()
+                lines = list(zip(lines, logp, strict=True))
+            for i, line in zip(idx, lines, strict=True):
+                out[beam][i] = line
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("norm", NORMS)
+def test_generate_gives_our_translations(hf, trained, norm):
+    run, folder = trained(norm)
+    theirs, hf_tok = _load(hf, folder)
+    model, cfg, tok = checkpoint.load_model(run / "checkpoint_best.pt")
+    texts, refs = (run / "test.en").read_text().splitlines(), (run / "test.de").read_text().splitlines()
+    # alpha 0: both beam searches rank by log P alone (their |Y|^alpha and our GNMT penalty differ otherwise)
+    ours = {beam: translate_nbest(model, tok, texts, replace(cfg.decode, beam_size=beam, alpha=0.0)) for beam in (1, 5)}
+
+    def limit_of(text: str) -> int:
+        n = len(prepare_sources(tok, [text], model.max_positions)[0])
+        return int(max_lengths(torch.tensor([n]), cfg.decode, model.max_positions))
+
+    gen = _generate(theirs, hf_tok, texts, limit_of)
+    pairs = list(zip(gen[1], (o[0] for o in ours[1]), strict=True))
+    # MarianTokenizer strips the decoded text; ours keeps a space from a final lone "▁" piece
+    same = [(lp, o.log_prob) for (t, lp), o in pairs if t == o.text.strip()]
+    assert len(same) >= 0.99 * len(texts), [(t, o.text) for (t, _), o in pairs if t != o.text.strip()]
+    assert max(abs(a - b) for a, b in same) < 1e-4, max((abs(a - b), a) for a, b in same)
+    beam_pairs = [(t, o[0].text.strip()) for t, o in zip(gen[5], ours[5], strict=True)]
+    assert sum(a == b for a, b in beam_pairs) >= 0.95 * len(texts), [p for p in beam_pairs if p[0] != p[1]]
+    bleu = {"ours": score([o[0].text for o in ours[5]], refs)["bleu"], "theirs": score(gen[5], refs)["bleu"]}
+    assert abs(bleu["ours"] - bleu["theirs"]) <= 0.3, bleu
+
+
+@pytest.mark.slow
+def test_cli_export_and_the_cards_example(hf, trained, tmp_path, monkeypatch):
+    run, _ = trained("post-norm")
+    out = tmp_path / "shared"
+    result = cli("export", "--format", "transformers", "--checkpoint", run / "checkpoint_best.pt", "--out", out)
+    assert result.exit_code == 0, result.output
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer_config.json", "source.spm",
+            "vocab.json", "README.md"} <= names and "modeling_attn_mt.py" not in names  # Marian: no custom code
+    card = (out / "README.md").read_text()
+    header = yaml.safe_load(card.split("---\n")[1])
+    results = yaml.safe_load((run / "results.json").read_text())
+    assert header["language"] == ["en", "de"] and header["pipeline_tag"] == "translation"
+    assert header["model-index"][0]["results"][0]["metrics"][0]["value"] == results["test_bleu"]
+    assert results["sacrebleu_signature"] in card and f"{results['params']:,}" in card
+    snippet = re.search(r"```python\n(.*?)```", card, re.S).group(1)  # the card's usage example, run offline
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(out)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(snippet, {})
+    model, cfg, tok = checkpoint.load_model(run / "checkpoint_best.pt")
+    example = eval(re.search(r"tokenizer\(\[(.*)\], return_tensors", snippet).group(1))
+    assert printed.getvalue().strip() == translate_nbest(model, tok, [example], cfg.decode)[0][0].text.strip()
+
+
+@pytest.mark.slow
+def test_translation_pipeline_offline(hf, trained, monkeypatch):
+    if "translation" in getattr(hf.pipelines, "REMOVED_TASKS", {}):
+        pytest.skip(f"transformers {hf.__version__} has no translation pipeline (removed in transformers 5)")
+    run, folder = trained("pre-norm")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    translate = hf.pipeline("translation", model=str(folder), trust_remote_code=True)
+    model, cfg, tok = checkpoint.load_model(run / "checkpoint_best.pt")
+    text = (run / "test.en").read_text().splitlines()[0]
+    greedy = replace(cfg.decode, beam_size=1)
+    assert translate(text, num_beams=1)[0]["translation_text"] == translate_nbest(model, tok, [text], greedy)[0][0].text
+
+
+def test_rnn_and_missing_extra_are_one_line(tiny_run, tmp_path, monkeypatch):
+    state = checkpoint.load(tiny_run / "checkpoint_best.pt")
+    checkpoint.save({**state, "config": {**state["config"], "model": {"kind": "rnn"}}}, tmp_path / "rnn.pt")
+    args = ["export", "--format", "transformers", "--out", tmp_path / "out", "--checkpoint"]
+    if "transformers" in sys.modules or _installed("transformers"):
+        one_line_error(cli(*args, tmp_path / "rnn.pt"), 1, "RNN", "only Transformer checkpoints")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import fails as if not installed
+    one_line_error(cli(*args, tiny_run / "checkpoint_best.pt"), 1, "pip install 'attn-mt[hf]'")
+    assert not (tmp_path / "out").exists()
+
+
+def _installed(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def test_format_and_quantization_are_checked(tiny_run, tmp_path):
+    ckpt = tiny_run / "checkpoint_best.pt"
+    for args, hint in ((["--format", "onnx"], "'onnx' is not one of"),
+                       (["--format", "transformers", "--quantization", "int8"], "export keeps float32")):
+        result = cli("export", "--checkpoint", ckpt, "--out", tmp_path / "out", *args)
+        assert result.exit_code == 2 and hint in result.output, result.output
+    assert not (tmp_path / "out").exists()
