@@ -1,0 +1,56 @@
+"""scripts/results_table.py: README's results table is what docs/ gives, and goes stale loudly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import results_table  # noqa: E402
+
+
+def test_readme_table_is_current():
+    assert results_table.main(["--check"]) == 0, "run: python scripts/results_table.py"
+
+
+def test_every_row_names_machine_commit_and_command():
+    table = json.loads((ROOT / "docs/readme_results.json").read_text())
+    for row in table["rows"]:
+        assert row["machine"] and len(row["at"]) >= 7 and row["command"].split()[0] in ("attn-mt", "python")
+        assert all(c in table["changes"] for c in row.get("predates", []))
+
+
+def copy_docs(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    return tmp_path
+
+
+def test_a_changed_measurement_changes_the_table(tmp_path):
+    root = copy_docs(tmp_path)
+    table = json.loads((root / "docs/readme_results.json").read_text())
+    before = results_table.render(table, root)
+    bench = json.loads((root / "docs/bench_multi30k.json").read_text())
+    bench["ratio"]["fp32"] = 1.5
+    (root / "docs/bench_multi30k.json").write_text(json.dumps(bench))
+    after = results_table.render(table, root)
+    assert "1.50x in fp32" in after and "1.50x in fp32" not in before
+
+
+def test_a_quote_missing_from_its_doc_is_an_error(tmp_path):
+    root = copy_docs(tmp_path)
+    results = root / "docs/results.md"
+    results.write_text(results.read_text().replace("41.62", "41.7"))
+    with pytest.raises(results_table.StaleError, match="41.62"):
+        results_table.render(json.loads((root / "docs/readme_results.json").read_text()), root)
+
+
+def test_replace_table_keeps_the_rest():
+    readme = f"intro\n{results_table.BEGIN}\nold\n{results_table.END}\noutro\n"
+    assert results_table.replace_table(readme, "NEW") == "intro\nNEW\noutro\n"
+    with pytest.raises(results_table.StaleError):
+        results_table.replace_table("no markers", "NEW")
