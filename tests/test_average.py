@@ -37,6 +37,7 @@ def test_average_refuses_checkpoints_of_different_models(tmp_path, tiny_run, tin
         average([])
 
 
+@pytest.mark.slow
 def test_keep_last_keeps_n_and_tests_the_better_of_average_and_best(tmp_path, tiny_cfg):
     run_dir = tmp_path / "run"
     train(tiny_cfg("train.max_epochs=4", "train.keep_last=3"), run_dir)
@@ -52,6 +53,7 @@ def test_keep_last_keeps_n_and_tests_the_better_of_average_and_best(tmp_path, ti
     assert sum(p.numel() for p in model.parameters()) == results["params"]
 
 
+@pytest.mark.slow
 def test_average_command(tmp_path, tiny_run):
     venv = Path(sys.executable).parent / "attn-mt"  # pytest may run without the venv on PATH
     exe = str(venv) if venv.exists() else shutil.which("attn-mt") or pytest.skip("attn-mt is not installed")

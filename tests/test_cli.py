@@ -45,6 +45,7 @@ def test_help_lists_commands():
     assert module.returncode == 0 and "translate" in module.stdout
 
 
+@pytest.mark.slow
 def test_train_translate_evaluate(tmp_path):
     cfg = tiny_yaml(tmp_path)
     out = tmp_path / "run"

@@ -16,6 +16,7 @@ from attn_mt.measure.bench import TorchTransformer, train_flops
 from attn_mt.models import build_model, count_params
 
 
+@pytest.mark.slow
 def test_bench_cli_writes_every_figure(tmp_path, tiny_run):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text("name: tiny\n")

@@ -103,6 +103,7 @@ def test_reorder_cache_follows_the_batch():
     assert torch.allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_overfits_a_few_sentences():
     torch.manual_seed(0)
     model = make(d_embed=32, d_hidden=32, d_attn=32).train()
@@ -134,6 +135,7 @@ def rnn_run(tmp_path_factory):
     return run_dir, train(cfg, run_dir)
 
 
+@pytest.mark.slow
 def test_trains_through_the_shared_loop(rnn_run):
     run_dir, best = rnn_run
     results = json.loads((run_dir / "results.json").read_text())
@@ -144,6 +146,7 @@ def test_trains_through_the_shared_loop(rnn_run):
     assert isinstance(model, RNNSeq2Seq) and cfg.model.kind == "rnn"
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trip(rnn_run, tmp_path):
     run_dir, best = rnn_run
     state = checkpoint.load(best)
@@ -160,6 +163,7 @@ def test_checkpoint_round_trip(rnn_run, tmp_path):
     assert torch.equal(loaded(src, tgt), model(src, tgt))
 
 
+@pytest.mark.slow
 def test_beam_search(rnn_run, monkeypatch):
     model, _, tok = checkpoint.load_model(rnn_run[1])
     calls = []

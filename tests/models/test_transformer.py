@@ -1,3 +1,4 @@
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -39,6 +40,7 @@ def test_sinusoidal_positions():
     assert torch.allclose(pe[3, 0], torch.sin(torch.tensor(3.0)))
 
 
+@pytest.mark.slow
 def test_post_norm_also_learns():
     for norm_first in (True, False):
         model = make(norm_first=norm_first).train()

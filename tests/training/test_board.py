@@ -7,6 +7,7 @@ import pytest
 from attn_mt.training.run import train
 
 
+@pytest.mark.slow
 def test_tensorboard_events_for_a_run(tiny_cfg, tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -30,6 +30,7 @@ def probe(setting: str) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc tuning is Linux-only")
 def test_freed_memory_is_reused_without_page_faults():
     system, reused = probe("system"), probe("")

@@ -3,6 +3,7 @@ deterministic runs, and skipped non-finite steps."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from attn_mt.training.rundir import RunDir
 from attn_mt.training.trainer import TrainStep
 
 ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
+SLOW = functools.partial(pytest.param, marks=pytest.mark.slow)  # a case `make test-fast` leaves out
 
 TIMING = ("tokens_per_s", "elapsed_s", "train_seconds", "threads")
 # 18 steps per epoch; dropout on, so resuming must restore the RNG too
@@ -108,6 +110,7 @@ def reference(tmp_path_factory):
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kill, at, saved_step, overrides", [
     (kill_at_step, 11, 8, ()),  # mid epoch 1: resumes from the checkpoint_every checkpoint of step 8
     (kill_at_step, 20, 18, ()),  # early in epoch 2: resumes from the end-of-epoch evaluation's checkpoint
@@ -132,6 +135,7 @@ def test_killed_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch, reference
     assert results(tmp_path) == results(ref)
 
 
+@pytest.mark.slow
 def test_same_seed_same_metrics(tiny_cfg, tmp_path, reference):
     """Two CPU runs with one seed write identical metrics and results (timings aside)."""
     ref = reference()
@@ -141,6 +145,7 @@ def test_same_seed_same_metrics(tiny_cfg, tmp_path, reference):
     assert (tmp_path / "test_hyps.txt").read_text() == (ref / "test_hyps.txt").read_text()
 
 
+@pytest.mark.slow
 def test_evaluation_leaves_training_unchanged(tiny_cfg, tmp_path, reference):
     """Evaluating every 5 steps instead of once per epoch changes no parameter (dropout is on)."""
     train(tiny_cfg(*RESUMABLE, "train.eval_every=5"), tmp_path)
@@ -148,6 +153,7 @@ def test_evaluation_leaves_training_unchanged(tiny_cfg, tmp_path, reference):
                       checkpoint.load(reference() / "checkpoint_last.pt"))
 
 
+@pytest.mark.slow
 def test_checkpoint_last_at_every_evaluation_and_every_n_steps(tiny_cfg, tmp_path, monkeypatch):
     saved, real = [], checkpoint.save
     monkeypatch.setattr(checkpoint, "save", lambda state, path: (saved.append((path.name, state["step"])),
@@ -157,6 +163,7 @@ def test_checkpoint_last_at_every_evaluation_and_every_n_steps(tiny_cfg, tmp_pat
     assert last == [5, 10, 15, 18, 20, 25, 30, 35, 36]  # 18 steps an epoch, an evaluation after each
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_and_resume_continues(tmp_path):
     """SIGINT to a real `attn-mt train`: exit 130, a loadable checkpoint, one line, then --resume."""
     overrides = [*TINY, "train.max_epochs=1000", "train.checkpoint_every=3", "train.threads=1"]
@@ -238,6 +245,7 @@ def poison_losses(monkeypatch, bad_calls) -> None:
     monkeypatch.setattr(trainer_mod, "loss_sum", loss_sum)
 
 
+@pytest.mark.slow
 def test_non_finite_loss_skips_the_step_and_is_counted(tiny_cfg, tmp_path, monkeypatch):
     poison_losses(monkeypatch, {4, 5, 9})
     train(tiny_cfg("train.max_epochs=1"), tmp_path)
@@ -269,8 +277,8 @@ def test_non_finite_gradient_skips_the_step():
     assert not torch.equal(before[0], layer.weight)
 
 
-@pytest.mark.parametrize("change", ["train.batch_tokens=500", "train.seed=7", "train.accum_steps=2",
-                                    "data.max_len=30", "train.lr=1e-3", "tokenizer.vocab_size=100"])
+@pytest.mark.parametrize("change", [*map(SLOW, ["train.batch_tokens=500", "train.accum_steps=2", "data.max_len=30",
+                                                 "train.lr=1e-3", "tokenizer.vocab_size=100"]), "train.seed=7"])
 def test_resume_refuses_changes_that_alter_the_run(change, tmp_path):
     config = write_config(tmp_path / "c.yaml", "train.max_steps=3", "train.bleu_sentences=5")
     run = tmp_path / "run"
@@ -281,6 +289,7 @@ def test_resume_refuses_changes_that_alter_the_run(change, tmp_path):
     assert snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_trains_nothing_and_a_larger_budget_goes_on(tmp_path):
     config = write_config(tmp_path / "c.yaml", "train.max_steps=3", "train.bleu_sentences=5")
     run = tmp_path / "run"

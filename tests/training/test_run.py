@@ -27,6 +27,7 @@ def test_run_directory_contents(tiny_run):
     assert results["sacrebleu_signature"].startswith("nrefs:1|case:mixed")
 
 
+@pytest.mark.slow
 def test_overfits_a_few_sentences(tiny_cfg, tmp_path):
     """Eight sentences, many epochs: the model learns them by heart."""
     cfg = tiny_cfg("data.toy_size=10", "train.max_epochs=100", "train.eval_every=25", "train.warmup_steps=30",
@@ -38,6 +39,7 @@ def test_overfits_a_few_sentences(tiny_cfg, tmp_path):
     assert last["train_loss"] < 0.1 and first["train_loss"] > 1.0, (first, last)
 
 
+@pytest.mark.slow
 def test_max_steps_and_accumulation(tiny_cfg, tmp_path):
     train(tiny_cfg("train.max_steps=7", "train.accum_steps=2"), tmp_path)
     results = json.loads((tmp_path / "results.json").read_text())
@@ -46,6 +48,7 @@ def test_max_steps_and_accumulation(tiny_cfg, tmp_path):
     assert state["step"] == 7
 
 
+@pytest.mark.slow
 def test_linear_schedule_ends_near_zero(tiny_cfg, tmp_path):
     train(tiny_cfg("train.max_steps=8", "train.eval_every=4", "train.warmup_steps=2", "train.lr=1e-3",
                    "train.schedule=linear"), tmp_path)

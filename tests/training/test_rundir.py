@@ -19,6 +19,7 @@ from attn_mt.training import rundir
 ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
 
 
+@pytest.mark.slow
 def test_fresh_run_into_an_earlier_run_is_refused_and_overwrite_clears_it(tmp_path):
     config = write_config(tmp_path / "c.yaml", "train.max_epochs=2", "train.keep_last=2", "train.bleu_sentences=5")
     run = tmp_path / "run"
@@ -36,7 +37,8 @@ def test_fresh_run_into_an_earlier_run_is_refused_and_overwrite_clears_it(tmp_pa
     assert both.exit_code == 2 and "one of --resume and --overwrite" in both.output
 
 
-@pytest.mark.parametrize("name", ["metrics.jsonl", "results.json", "test_hyps.txt", "spm.model"])
+@pytest.mark.parametrize("name", ["metrics.jsonl", pytest.param("results.json", marks=pytest.mark.slow),
+                                  "test_hyps.txt", "spm.model"])
 def test_a_full_disk_while_writing_is_one_line(name, tmp_path, monkeypatch):
     real_open, real_write = open, Path.write_bytes
 
