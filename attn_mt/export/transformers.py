@@ -146,12 +146,27 @@ def build_model(w: dict, cfg: ExperimentConfig, tok: Tokenizer):
     return model.eval(), route
 
 
-def generation_config(cfg: ExperimentConfig, tok: Tokenizer):
+def mapped_length_penalty(alpha: float, mean_len: float | None) -> float:
+    """transformers' exponent b whose |Y|^b grows with |Y| as GNMT's ((5 + |Y|) / 6)^alpha does at the mean
+    output length L (equal d/dL of the logs: b / L = alpha / (5 + L)); alpha itself when L is unknown."""
+    return alpha if not mean_len else round(alpha * mean_len / (5 + mean_len), 3)
+
+
+def mean_output_length(run_dir: Path, tok: Tokenizer) -> float | None:
+    """Mean length in tokens, eos included, of the run's test translations (test_hyps.txt), if it has them."""
+    path = run_dir / "test_hyps.txt"
+    if not path.is_file():
+        return None
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return sum(len(ids) + 1 for ids in tok.encode_tgt(lines)) / len(lines) if lines else None
+
+
+def generation_config(cfg: ExperimentConfig, tok: Tokenizer, length_penalty: float):
     """Our decode defaults in transformers' terms: beam, length penalty, the length cap, eos forced there."""
     from transformers import GenerationConfig
 
     d = cfg.decode  # transformers refuses beam settings with num_beams=1 (greedy)
-    beam = dict(length_penalty=d.alpha, early_stopping="never") if d.beam_size > 1 else {}
+    beam = dict(length_penalty=length_penalty, early_stopping="never") if d.beam_size > 1 else {}
     return GenerationConfig(num_beams=d.beam_size, **beam, max_length=cfg.model.max_positions + 1,
                             forced_eos_token_id=tok.eos_id, **_special_ids(tok))
 
@@ -188,7 +203,7 @@ def _training_pairs(cfg: ExperimentConfig) -> int | None:
 
 
 def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict, run_dir: Path, *, route: str,
-               params: int) -> str:
+               params: int, length_penalty: float) -> str:
     """README.md for the hub: YAML header, what the model is, how it was trained and scored, how to use it."""
     m, d, dec, src, tgt = cfg.model, cfg.data, cfg.decode, cfg.data.src_lang, cfg.data.tgt_lang
     data_name = d.name or (Path(d.dir).name if d.dir else "") or "attn-mt toy corpus"
@@ -240,8 +255,8 @@ def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict
                   f"(attn-mt's decoder, checkpoint `{results['tested']}`):", "",
                   f"- BLEU **{results['test_bleu']:.2f}** (sacreBLEU `{results['sacrebleu_signature']}`)",
                   f"- chrF **{results['test_chrf']:.2f}** (`{results['chrf_signature']}`)", ""]
-    beam = (f"beam {dec.beam_size}, `length_penalty={dec.alpha}`, `early_stopping=\"never\"`" if dec.beam_size > 1
-            else f"greedy (for beam search pass `num_beams`, `length_penalty={dec.alpha}`, `early_stopping=\"never\"`)")
+    lp = f"`length_penalty={length_penalty}`, `early_stopping=\"never\"`"
+    beam = f"beam {dec.beam_size}, {lp}" if dec.beam_size > 1 else f"greedy (for beam search pass `num_beams`, {lp})"
     lines += ["## Usage", "", "```python", "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer", "",
               'MODEL = "."  # this folder; or its hub id once pushed',
               f"tokenizer = AutoTokenizer.from_pretrained(MODEL{trust})",
@@ -250,7 +265,9 @@ def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict
               "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)[0])", "```", "",
               f"`generation_config.json` holds the decoding of the evaluation above: {beam}. Greedy outputs are "
               "attn-mt's. Beam outputs can differ a little: transformers divides a hypothesis' log probability by "
-              "|Y|^length_penalty, attn-mt by GNMT's ((5 + |Y|) / 6)^alpha; and attn-mt stops each output at "
+              f"|Y|^length_penalty, attn-mt by GNMT's ((5 + |Y|) / 6)^alpha (alpha {dec.alpha}; the length penalty "
+              "above changes with |Y| as GNMT's does at the mean length of the test translations), and attn-mt "
+              "stops each output at "
               f"{dec.max_len_a} x source length + {dec.max_len_b} tokens (`max_new_tokens`: one limit per call).", "",
               "## Training config", "", "```yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip(), "```", ""]
     return "\n".join(lines)
@@ -272,15 +289,17 @@ def export_hf(checkpoint: Path, out: Path) -> list[Path]:
         model, route = build_model(state["model"], cfg, tok)
     except (KeyError, RuntimeError) as e:
         raise ExportError(f"{checkpoint}: weights do not fit a transformers model: {e}") from None
-    model.generation_config = generation_config(cfg, tok)
-    results_path = Path(checkpoint).parent / "results.json"
+    run_dir = Path(checkpoint).parent
+    penalty = mapped_length_penalty(cfg.decode.alpha, mean_output_length(run_dir, tok))
+    model.generation_config = generation_config(cfg, tok, penalty)
+    results_path = run_dir / "results.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
 
     def write(folder: Path) -> None:
         model.save_pretrained(folder)
         save_tokenizer(tok, folder, cfg)
         params = sum(t.numel() for t in {t.data_ptr(): t for t in state["model"].values()}.values())  # tied once
-        card = model_card(cfg, tok, state, results, Path(checkpoint).parent, route=route, params=params)
+        card = model_card(cfg, tok, state, results, run_dir, route=route, params=params, length_penalty=penalty)
         (folder / "README.md").write_text(card, encoding="utf-8")
 
     try:

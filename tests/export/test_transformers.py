@@ -136,6 +136,10 @@ def test_generate_gives_our_translations(hf, trained, norm):
         n = len(prepare_sources(tok, [text], model.max_positions)[0])
         return int(max_lengths(torch.tensor([n]), cfg.decode, model.max_positions))
 
+    if cfg.decode.beam_size > 1:  # shipped: the exponent that moves with length as GNMT's does at the mean length
+        lengths = [len(ids) + 1 for ids in tok.encode_tgt((run / "test_hyps.txt").read_text().splitlines())]
+        mean = sum(lengths) / len(lengths)
+        assert theirs.generation_config.length_penalty == pytest.approx(cfg.decode.alpha * mean / (5 + mean), abs=1e-3)
     gen = _generate(theirs, hf_tok, texts, limit_of)
     pairs = list(zip(gen[1], (o[0] for o in ours[1]), strict=True))
     # MarianTokenizer strips the decoded text; ours keeps a space from a final lone "▁" piece
