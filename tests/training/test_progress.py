@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
+
 from attn_mt.training.progress import Progress, duration, summary, time_left
 
 
@@ -45,3 +47,13 @@ def test_summary_names_scores_and_checkpoint(tmp_path):
     assert summary(tmp_path).splitlines() == [
         "test BLEU 98.00  chrF 99.10  (test, nrefs:1)",
         f"averaged checkpoint: {tmp_path / 'checkpoint_avg.pt'} (330 steps, 1 min 05 s of training)"]
+
+
+def test_tensorboard_run_says_how_to_view_it(tiny_cfg, tmp_path, caplog):
+    pytest.importorskip("tensorboard")
+    from attn_mt.training.run import train
+
+    with caplog.at_level(logging.INFO, logger="attn_mt"):
+        train(tiny_cfg("train.tensorboard=true", "train.max_steps=2", "train.bleu_sentences=4"), tmp_path / "run")
+    assert f"view them with: tensorboard --logdir {tmp_path / 'run'}" in caplog.text
+    assert any((tmp_path / "run" / "tensorboard").iterdir())
