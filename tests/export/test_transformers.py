@@ -178,19 +178,6 @@ def test_cli_export_and_the_cards_example(hf, trained, tmp_path, monkeypatch):
     assert printed.getvalue().strip() == translate_nbest(model, tok, [example], cfg.decode)[0][0].text.strip()
 
 
-@pytest.mark.slow
-def test_translation_pipeline_offline(hf, trained, monkeypatch):
-    if "translation" in getattr(hf.pipelines, "REMOVED_TASKS", {}):
-        pytest.skip(f"transformers {hf.__version__} has no translation pipeline (removed in transformers 5)")
-    run, folder = trained("pre-norm")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    translate = hf.pipeline("translation", model=str(folder), trust_remote_code=True)
-    model, cfg, tok = checkpoint.load_model(run / "checkpoint_best.pt")
-    text = (run / "test.en").read_text().splitlines()[0]
-    greedy = replace(cfg.decode, beam_size=1)
-    assert translate(text, num_beams=1)[0]["translation_text"] == translate_nbest(model, tok, [text], greedy)[0][0].text
-
-
 def test_rnn_and_missing_extra_are_one_line(tiny_run, tmp_path, monkeypatch):
     state = checkpoint.load(tiny_run / "checkpoint_best.pt")
     checkpoint.save({**state, "config": {**state["config"], "model": {"kind": "rnn"}}}, tmp_path / "rnn.pt")
