@@ -92,7 +92,7 @@ def load_exported(path: Path | str, device: str = "cpu", *, compute_type: str = 
         except OSError as e:
             raise ExportError(f"{path / name}: cannot read it ({e.strerror or e})") from None
         tokenizer_from_protos(protos[-1], None, what=str(path / name))  # one line naming a damaged file
-    tok = Tokenizer(protos[0], protos[1] if len(protos) > 1 else None)
+    tok = tokenizer_from_protos(protos[0], protos[1] if len(protos) > 1 else None, what=str(path))
     try:
         translator = ct2.Translator(str(path), device=device, compute_type=compute_type,
                                     inter_threads=1, intra_threads=threads)
