@@ -78,6 +78,7 @@ def test_train_translate_evaluate(tmp_path):
     assert scores["bleu_signature"].startswith("nrefs:1")
 
 
+@pytest.mark.slow
 def test_config_error_exit_code_and_one_line(tmp_path):
     cfg = tiny_yaml(tmp_path)
     result = run("train", "--config", str(cfg), "--set", "model.n_heads=3")
@@ -86,6 +87,7 @@ def test_config_error_exit_code_and_one_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quiet", [True, False])
 def test_download_offline_fails_fast_with_each_line_once(tmp_path, quiet):
     proxy = ["https_proxy=http://127.0.0.1:9", "HTTPS_PROXY=http://127.0.0.1:9"]  # nothing answers there
@@ -107,6 +109,7 @@ def test_nbest_without_beam_names_the_flags(tiny_run):
     assert result.exit_code == 2 and "--beam 0" in result.output and "decode.beam_size" not in result.output
 
 
+@pytest.mark.slow
 def test_global_options_after_the_command(tmp_path):
     missing = tmp_path / "missing.pt"
     out = subprocess.run([ATTN_MT, "translate", "--checkpoint", str(missing), "a dog.", "--quiet"],
@@ -137,6 +140,7 @@ def test_missing_multi30k_says_how_to_get_it(command, offline, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_interactive_prompt_through_a_terminal(tiny_run):
     """In a terminal `translate` prompts with "> ", answers each line at once, and ends at Ctrl-D."""
     import os
@@ -292,6 +296,7 @@ def test_debug_shows_the_exception(tmp_path):
     assert type(result.exception).__name__ == "ConfigError" and "train.lrr" in str(result.exception)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["yaml syntax", "data not utf-8", "truncated checkpoint"])
 def test_installed_command_prints_no_traceback(case, tmp_path, tiny_run):
     setup, status, texts = CASES[case]

@@ -54,6 +54,7 @@ def _exported_or_checkpoint(tiny_run: Path, tmp_path: Path) -> Path:
         return tiny_run / "checkpoint_best.pt"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
 def test_terminal_gets_a_prompt_and_each_line_is_translated_as_entered(tiny_run):
     checkpoint = tiny_run / "checkpoint_best.pt"
@@ -74,6 +75,7 @@ def test_terminal_gets_a_prompt_and_each_line_is_translated_as_entered(tiny_run)
         os.close(master)
 
 
+@pytest.mark.slow
 def test_stream_answers_each_line_before_the_next_arrives(tiny_run, tmp_path):
     checkpoint = _exported_or_checkpoint(tiny_run, tmp_path)  # the same code path for both
     expected = _expected(checkpoint)
@@ -90,6 +92,7 @@ def test_stream_answers_each_line_before_the_next_arrives(tiny_run, tmp_path):
         proc.kill()
 
 
+@pytest.mark.slow
 def test_stream_and_batched_output_agree(tiny_run):
     ckpt = str(tiny_run / "checkpoint_best.pt")
     text = "\n".join([*LINES, "", LINES[0]]) + "\n"

@@ -117,6 +117,7 @@ def test_foreign_host_headers_are_refused(server, tiny_run):
 
 # ---- slow clients ----
 
+@pytest.mark.slow
 def test_slow_headers_and_slow_bodies_are_cut_off(server):
     app, port = server
     start = time.monotonic()
@@ -139,6 +140,7 @@ def test_slow_headers_and_slow_bodies_are_cut_off(server):
 
 # ---- a client that leaves mid-decode stops its decoding ----
 
+@pytest.mark.slow
 def test_a_client_leaving_mid_decode_stops_the_decoder(server):
     app, port = server
     batcher, engine, steps = app.state.batcher, app.state.engine, []
@@ -249,6 +251,7 @@ def test_hostile_requests_never_make_a_server_error(cli_server, raw):
     assert proc.poll() is None and proc_rss_mb(proc) - before < 30
 
 
+@pytest.mark.slow
 def test_ctrl_c_of_the_command_ends_it_at_once(cli_server):
     proc, port = cli_server
     proc.send_signal(signal.SIGINT)

@@ -70,6 +70,7 @@ def test_nearly_full_disk_is_refused_before_training(tmp_path, monkeypatch):
     assert not list((tmp_path / "run").glob("*.pt")) and not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_full_disk_is_detected_before_training(tmp_path):
     """A run directory that takes no more than 256 KiB a file (RLIMIT_FSIZE) fails before any training."""
     def limit() -> None:
