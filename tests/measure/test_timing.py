@@ -67,9 +67,9 @@ def test_length_scaling_times_each_model_at_each_length(cfg):
         def update(self, n):
             ticks.append(n)
 
-    rows = timing.length_scaling({kind: model}, [4, 8, 32], 64, 50, 2, torch.device("cpu"), contextlib.nullcontext,
+    rows = timing.length_scaling({kind: model}, [4, 8, 32], 32, 50, 2, torch.device("cpu"), contextlib.nullcontext,
                                  Bar())
-    assert [r["length"] for r in rows] == [4, 8, 32] and [r["batch_size"] for r in rows] == [16, 8, 2]
+    assert [r["length"] for r in rows] == [4, 8, 32] and [r["batch_size"] for r in rows] == [8, 4, 1]
     assert rows[0][f"{kind}_ms"] > 0 and rows[0][f"{kind}_mb"] > 0
     assert rows[2][f"{kind}_ms"] is None  # longer than the model's positions: not timed
     assert rows[1][f"{kind}_sequential_steps"] == (8 if kind == "rnn" else 1)

@@ -115,6 +115,7 @@ def options(browser, select_id: str) -> list[str]:
     return [o.get_attribute("value") for o in Select(browser.find_element(By.ID, select_id)).options]
 
 
+@pytest.mark.slow
 def test_empty_state_says_what_to_do_with_the_example_ready(browser, url, tmp_path):
     info = json.load(urlopen(f"{url}/api/info"))
     source, target, arch = info["languages"]["source"], info["languages"]["target"], info["architecture"]
@@ -164,6 +165,7 @@ def test_share_link_keeps_every_setting(browser, url):
     assert parse_qs(urlsplit(browser.current_url).query)["head"] == ["2"]
 
 
+@pytest.mark.slow
 def test_page_translates_switches_maps_and_hovers(browser, url, tmp_path):
     text = os.environ.get("ATTN_MT_SERVE_TEXT", "the old man sees a small dog.")
     shot = Path(os.environ.get("ATTN_MT_SCREENSHOT", tmp_path / "serve.png"))
@@ -234,6 +236,7 @@ const a = intro.getBoundingClientRect(), b = first.getBoundingClientRect();
 return [b.top - a.bottom, Math.abs(a.width - b.width)];"""
 
 
+@pytest.mark.slow
 def test_docs_read_well_at_desktop_and_phone_width(browser, url, tmp_path):
     browser.set_window_size(1280, 900)
     browser.get(f"{url}/docs")
