@@ -307,6 +307,7 @@ def test_installed_command_prints_no_traceback(case, tmp_path, tiny_run):
     assert out.stderr.startswith(("error: ", "config error: "))
 
 
+@pytest.mark.slow
 def test_stdin_lines_end_at_newline_only(tiny_run):
     out = subprocess.run([ATTN_MT, "--quiet", "translate", "--checkpoint", str(tiny_run / "checkpoint_best.pt"),
                           "--device", "cpu"], input=b"the dog\rsees a cat.\r\nthe old man.\n", capture_output=True)

@@ -147,6 +147,7 @@ def test_empty_state_says_what_to_do_with_the_example_ready(browser, url, tmp_pa
                      "layer": ["1"], "head": ["1"]}
 
 
+@pytest.mark.slow
 def test_share_link_keeps_every_setting(browser, url):
     settings = {"text": "the old man sees a small dog.", "beam": "3", "nbest": "2", "kind": "encoder_self",
                 "layer": "2", "head": "all"}
@@ -213,6 +214,7 @@ def test_page_translates_switches_maps_and_hovers(browser, url, tmp_path):
     assert "Type a sentence" in browser.find_element(By.ID, "status").text
 
 
+@pytest.mark.slow
 def test_an_export_translates_and_says_why_there_are_no_maps(browser, tiny_run, tmp_path):
     pytest.importorskip("ctranslate2")
     from attn_mt.export.ctranslate2 import export_ct2

@@ -197,6 +197,7 @@ def test_ctrl_c_saves_and_resume_continues(tmp_path):
     assert json.loads((run / "results.json").read_text())["steps"] == step + 3
 
 
+@pytest.mark.slow
 def test_sigkill_while_saving_never_leaves_a_broken_checkpoint(tmp_path):
     """Kill a process that saves checkpoints back to back, 25 times at random moments: the file that is
     left always loads, and holds one whole save."""
