@@ -14,7 +14,10 @@ from types import SimpleNamespace
 import pytest
 from conftest import SHORT, cli, one_line_error, snapshot, write_config
 
+from attn_mt import checkpoint
 from attn_mt.training import rundir
+from attn_mt.training.rundir import RunDir
+from attn_mt.training.trainer import TrainError
 
 ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
 
@@ -82,3 +85,40 @@ def test_full_disk_is_detected_before_training(tmp_path):
     assert out.returncode == 1 and out.stderr.startswith("error: ") and len(out.stderr.splitlines()) == 1
     assert "run: run directory is not writable (File too large)" in out.stderr
     assert [p.name for p in (tmp_path / "run").iterdir()] == []
+
+
+def test_claim_refuses_an_earlier_run_and_overwrite_removes_only_its_files(tmp_path):
+    files = RunDir(tmp_path)
+    files.claim(resume=False, overwrite=False)  # empty: nothing to refuse
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"x")
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(TrainError, match="holds an earlier run .2 files"):
+        files.claim(resume=False, overwrite=False)
+    files.claim(resume=True, overwrite=False)  # resuming uses it as it is
+    assert (tmp_path / "checkpoint_last.pt").exists()
+    files.claim(resume=False, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # a user's own file stays
+
+
+def test_metrics_are_appended_and_trimmed_to_a_resumed_step(tmp_path):
+    files = RunDir(tmp_path)
+    for step, epoch in [(2, 0), (4, 0), (6, 1), (8, 1)]:
+        files.append_metrics({"step": step, "epoch": epoch, "valid_bleu": step / 10})
+    with open(files.metrics, "a") as f:
+        f.write('{"step": 10, "ep')  # a line cut short by a kill
+    files.trim_metrics(step=6, epoch=1)
+    assert [json.loads(x)["step"] for x in files.metrics.read_text().splitlines()] == [2, 4, 6]
+
+
+def test_results_are_written_whole_and_snapshots_keep_the_last_n(tmp_path, tiny_run):
+    files = RunDir(tmp_path)
+    files.write_results({"test_bleu": 1.5}, ["a", "b"])
+    assert json.loads(files.results.read_text()) == {"test_bleu": 1.5}
+    assert (tmp_path / "test_hyps.txt").read_text() == "a\nb\n" and not list(tmp_path.glob(".*.tmp"))
+    state = checkpoint.load(tiny_run / "checkpoint_last.pt")
+    for step in (10, 20, 30):
+        files.keep_weights({**state, "step": step}, 2)
+    assert [p.name for p in files.snapshots()] == ["checkpoint_step0000020.pt", "checkpoint_step0000030.pt"]
+    averaged = files.average_snapshots()
+    assert files.average.exists() and averaged["model"].keys() == state["model"].keys()
