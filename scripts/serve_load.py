@@ -14,6 +14,7 @@ reported. Medians over the rounds; the background load (os.getloadavg) is record
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -32,6 +33,7 @@ from attn_mt.checkpoint import load_model
 from attn_mt.data.sources import read_lines
 from attn_mt.decoding.search import translate_nbest
 from attn_mt.device import machine
+from attn_mt.measure.timing import alternate
 
 
 def load1() -> float:
@@ -112,30 +114,41 @@ def run(args: argparse.Namespace) -> dict:
     try:
         clients(url, sentences[:64], args.clients, args.beam, args.timeout)  # warm-up both sides
         translate_nbest(model, tok, sentences[:64], dcfg)
-        for r in range(args.rounds):
-            runs = {}
-            order = ["server", "single", "batch"]
-            for name in order[r % 3:] + order[: r % 3]:  # each takes a turn first
-                before = load1()
-                if name == "batch":
-                    t0 = time.perf_counter()
-                    batch = [n[0].text for n in translate_nbest(model, tok, sentences, dcfg)]
-                    wall = time.perf_counter() - t0
-                    runs[name] = {"seconds": round(wall, 3), "sentences_per_s": round(len(sentences) / wall, 2)}
-                else:
-                    n, texts = (args.clients, sentences) if name == "server" else (1, single)
-                    served = httpx.get(f"{url}/api/info").json()["served"]
-                    runs[name] = clients(url, texts, n, args.beam, args.timeout)
-                    after = httpx.get(f"{url}/api/info").json()["served"]
-                    runs[name]["mean_batch"] = round((after["sentences"] - served["sentences"])
-                                                     / max(1, after["batches"] - served["batches"]), 2)
-                runs[name]["loadavg_1min"] = [before, load1()]
+        runs: dict[str, dict] = {}
+        batch: list[str] = []
+
+        def one(name: str) -> float:
+            """One timed run of `name` into runs[name]; its wall-clock seconds."""
+            before = load1()
+            if name == "batch":
+                t0 = time.perf_counter()
+                batch[:] = [n[0].text for n in translate_nbest(model, tok, sentences, dcfg)]
+                wall = time.perf_counter() - t0
+                runs[name] = {"seconds": round(wall, 3), "sentences_per_s": round(len(sentences) / wall, 2)}
+            else:
+                n, texts = (args.clients, sentences) if name == "server" else (1, single)
+                served = httpx.get(f"{url}/api/info").json()["served"]
+                runs[name] = clients(url, texts, n, args.beam, args.timeout)
+                after = httpx.get(f"{url}/api/info").json()["served"]
+                runs[name]["mean_batch"] = round((after["sentences"] - served["sentences"])
+                                                 / max(1, after["batches"] - served["batches"]), 2)
+            runs[name]["loadavg_1min"] = [before, load1()]
+            return runs[name]["seconds"]
+
+        def end_of_round(name: str, r: int, seconds: float) -> None:
+            if len(runs) < 3:
+                return
             answers = runs["server"].pop("answers")
             runs["single"].pop("answers")
             runs["server"]["same_text_as_batch"] = sum(a == b for a, b in zip(answers, batch, strict=True))
-            rounds.append(runs)
-            print(f"round {r + 1}: " + ", ".join(f"{k} {v['sentences_per_s']} sent/s" for k, v in runs.items()),
+            rounds.append(dict(runs))
+            runs.clear()
+            print(f"round {r + 1}: " + ", ".join(f"{k} {v['sentences_per_s']} sent/s" for k, v in rounds[-1].items()),
                   file=sys.stderr)
+
+        # the three take turns, each first in one round of three (measure.timing's rotating rounds)
+        alternate({name: functools.partial(one, name) for name in ("server", "single", "batch")}, args.rounds,
+                  after=end_of_round)
     finally:
         server.terminate()
         try:
