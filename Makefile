@@ -20,7 +20,7 @@ setup: $(BIN)/attn-mt  ## create .venv and install attn-mt with its dependencies
 test: setup  ## run the test suite (CPU, a few minutes)
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 
-test-fast: setup  ## the tests without the slow end-to-end ones
+test-fast: setup  ## the tests not marked slow: no real training runs or started commands (about a minute)
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow and not network"
 
 DEMO := runs/toy
