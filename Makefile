@@ -18,10 +18,10 @@ $(BIN)/attn-mt: pyproject.toml
 setup: $(BIN)/attn-mt  ## create .venv and install attn-mt with its dependencies
 
 test: setup  ## run the test suite (CPU, a few minutes)
-	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-fast: setup  ## the tests not marked slow: no real training runs or started commands (about a minute)
-	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow and not network"
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not network"
 
 DEMO := runs/toy
 demo: setup  ## train the built-in toy config once (later runs reuse it), translate three sentences

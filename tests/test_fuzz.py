@@ -7,7 +7,7 @@ outside its run directory, and never changes an earlier run without --resume. Se
 These properties stay together rather than in the module test files: each random case goes through
 the whole CLI (config, data, tokenizer, training, run directory, checkpoint, decoding), so a failure
 belongs to no single module, and the cases share one earlier run and one set of strategies. Each
-test runs 30 CLI invocations: marked slow (`make test` runs them, `make test-fast` does not).
+test runs 12 CLI invocations: marked slow (`make test` runs them, `make test-fast` does not).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 
 from attn_mt.cli import app
 
-SETTINGS = settings(max_examples=30, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 KEYS = ["model.d_model", "model.n_heads", "model.n_layers", "model.d_ff", "model.dropout", "model.max_positions",
         "model.kind", "train.lr", "train.batch_tokens", "train.accum_steps", "train.warmup_steps", "train.clip_norm",

@@ -10,7 +10,7 @@ PATH, and must exit 0. A line directly above a block marks it:
 
 Placeholders become real files: `runs/toy` a copy of a toy run made once per session (configs/toy.yaml
 with a tiny model for 2 epochs: like the demo's run it keeps snapshots and writes test.en/test.de);
-`/path/to/multi30k` $MULTI30K_DIR; `/path/to/checkpoint.pt` runs/toy/checkpoint_best.pt; `sentences.txt`
+`/path/to/multi30k` (and $MULTI30K_DIR) the first 3000 training and 200 other lines of each Multi30k file; `/path/to/checkpoint.pt` runs/toy/checkpoint_best.pt; `sentences.txt`
 and `refs.txt` three English toy sentences and their references. `configs/` and `scripts/` are the repository's.
 
 Long examples are shortened: `attn-mt train|prepare|compare-rnn|bench` get SHORTEN's overrides inserted
@@ -135,9 +135,21 @@ def test_every_block_is_found_and_marked_known():
         assert len(MARK.findall(text)) == text.count("<!-- example:"), f"{doc}: a marker this test does not know"
 
 
+@pytest.fixture(scope="session")
+def multi30k_sample(tmp_path_factory) -> Path:
+    """The first lines of every Multi30k file (real data, aligned): what /path/to/multi30k becomes, so that an
+    example's tokenizer and cache take seconds, not the minute the full 29k pairs would."""
+    out = tmp_path_factory.mktemp("multi30k_sample")
+    for f in MULTI30K.iterdir():
+        if f.suffix in (".de", ".en", ".fr", ".cs"):
+            lines = f.read_text(encoding="utf-8").splitlines(keepends=True)
+            (out / f.name).write_text("".join(lines[: 3000 if f.stem == "train" else 200]), encoding="utf-8")
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("where", "mark", "text"), EXAMPLES, ids=[e[0] for e in EXAMPLES])
-def test_example_runs(where, mark, text, toy_run, tmp_path):
+def test_example_runs(where, mark, text, toy_run, tmp_path, request):
     if mark.startswith("not run"):
         pytest.skip(mark)
     if SEEN[commands(text)] != where:
@@ -146,11 +158,12 @@ def test_example_runs(where, mark, text, toy_run, tmp_path):
         pytest.skip("needs Multi30k (MULTI30K_DIR)")
     if mark == "needs gpu" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    sample = request.getfixturevalue("multi30k_sample") if (MULTI30K / "train.de").exists() else MULTI30K
     cwd = workdir(tmp_path, toy_run)
-    script = shorten(text.replace("/path/to/multi30k", str(MULTI30K))
+    script = shorten(text.replace("/path/to/multi30k", str(sample))
                      .replace("/path/to/checkpoint.pt", "runs/toy/checkpoint_best.pt")
                      .replace("/path/to/checkpoint_best.pt", "runs/toy/checkpoint_best.pt"))
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "MULTI30K_DIR": str(MULTI30K)}
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "MULTI30K_DIR": str(sample)}
     result = subprocess.run(["bash", "-c", f"set -euo pipefail\n{script}"], cwd=cwd, env=env, capture_output=True,
                             text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, f"{where}:\n{script}\n--- stdout\n{result.stdout[-2000:]}\n--- stderr\n" \

@@ -202,6 +202,15 @@ def _training_pairs(cfg: ExperimentConfig) -> int | None:
     return None
 
 
+def _shareable(cfg: ExperimentConfig) -> dict:
+    """The config as a dict, without the paths of the machine it was trained on (a card is published)."""
+    raw = to_dict(cfg)
+    for key in ("dir", "cache_dir"):
+        if raw["data"].get(key):
+            raw["data"][key] = f"/path/to/{Path(raw['data'][key]).name}"
+    return raw
+
+
 def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict, run_dir: Path, *, route: str,
                params: int, length_penalty: float) -> str:
     """README.md for the hub: YAML header, what the model is, how it was trained and scored, how to use it."""
@@ -269,7 +278,7 @@ def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict
               "above changes with |Y| as GNMT's does at the mean length of the test translations), and attn-mt "
               "stops each output at "
               f"{dec.max_len_a} x source length + {dec.max_len_b} tokens (`max_new_tokens`: one limit per call).", "",
-              "## Training config", "", "```yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip(), "```", ""]
+              "## Training config", "", "```yaml", yaml.safe_dump(_shareable(cfg), sort_keys=False).rstrip(), "```", ""]
     return "\n".join(lines)
 
 

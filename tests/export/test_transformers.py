@@ -167,6 +167,7 @@ def test_cli_export_and_the_cards_example(hf, trained, tmp_path, monkeypatch):
     assert header["language"] == ["en", "de"] and header["pipeline_tag"] == "translation"
     assert header["model-index"][0]["results"][0]["metrics"][0]["value"] == results["test_bleu"]
     assert results["sacrebleu_signature"] in card and f"{results['params']:,}" in card
+    assert str(run.parent.parent) not in card  # a published card names no path of this machine
     snippet = re.search(r"```python\n(.*?)```", card, re.S).group(1)  # the card's usage example, run offline
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.chdir(out)
@@ -202,3 +203,12 @@ def test_format_and_quantization_are_checked(tiny_run, tmp_path):
         result = cli("export", "--checkpoint", ckpt, "--out", tmp_path / "out", *args)
         assert result.exit_code == 2 and hint in result.output, result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_the_cards_config_names_no_path_of_this_machine():
+    from attn_mt.export.transformers import _shareable
+
+    cfg = load_config(None, ["data.source=files", "data.dir=/home/someone/corpora/multi30k",
+                             "data.cache_dir=/scratch/someone/cache"])
+    data = _shareable(cfg)["data"]
+    assert (data["dir"], data["cache_dir"]) == ("/path/to/multi30k", "/path/to/cache")
