@@ -10,8 +10,9 @@ PATH, and must exit 0. A line directly above a block marks it:
 
 Placeholders become real files: `runs/toy` a copy of a toy run made once per session (configs/toy.yaml
 with a tiny model for 2 epochs: like the demo's run it keeps snapshots and writes test.en/test.de);
-`/path/to/multi30k` (and $MULTI30K_DIR) the first 3000 training and 200 other lines of each Multi30k file; `/path/to/checkpoint.pt` runs/toy/checkpoint_best.pt; `sentences.txt`
-and `refs.txt` three English toy sentences and their references. `configs/` and `scripts/` are the repository's.
+`/path/to/multi30k` (and $MULTI30K_DIR) the first 3000 training and 200 other lines of each Multi30k
+file; `/path/to/checkpoint.pt` runs/toy/checkpoint_best.pt; `sentences.txt` and `refs.txt` three
+English toy sentences and their references. `configs/` and `scripts/` are the repository's.
 
 Long examples are shortened: `attn-mt train|prepare|compare-rnn|bench` get SHORTEN's overrides inserted
 right after the subcommand (a tiny model, a few steps, a small vocabulary, translations of at most 4
