@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from attn_mt.checkpoint import CheckpointError, load, model_from_state
-from attn_mt.config import ConfigError, from_dict
+from attn_mt.config import ConfigError, ExperimentConfig, from_dict
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.export.folder import FolderError, publish
 from attn_mt.models.transformer import PositionalEncoding
@@ -118,11 +118,9 @@ def build_spec(weights: dict, mcfg, tok: Tokenizer):
     return spec
 
 
-def export_ct2(checkpoint: Path, out: Path, quantization: str = "float32") -> list[Path]:
-    """Write CTranslate2 model.bin, config.json, vocabularies, SentencePiece model(s) and META to `out`."""
-    if quantization not in QUANTIZATIONS:
-        raise ExportError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
-    require_ctranslate2()
+def read_transformer(checkpoint: Path, target: str) -> tuple[dict, ExperimentConfig, Tokenizer]:
+    """The state, config and tokenizer of a Transformer checkpoint to export to `target`, its tokenizer
+    and weights checked first, so that a damaged or an RNN checkpoint ends in one line naming the file."""
     state = load(checkpoint)
     try:
         cfg = from_dict(state["config"])
@@ -130,11 +128,20 @@ def export_ct2(checkpoint: Path, out: Path, quantization: str = "float32") -> li
         raise ExportError(f"{checkpoint}: config is not valid for this attn-mt: {e}") from None
     if cfg.model.kind != "transformer":
         raise ExportError(f"{checkpoint}: is an {cfg.model.kind.upper()} model; only Transformer "
-                          "checkpoints can be exported to CTranslate2")
+                          f"checkpoints can be exported to {target}")
     try:
-        _, _, tok = model_from_state(state)  # tokenizer and weights checked: one line for a damaged file
+        _, _, tok = model_from_state(state)
     except CheckpointError as e:
         raise ExportError(f"{checkpoint}: {e}") from None
+    return state, cfg, tok
+
+
+def export_ct2(checkpoint: Path, out: Path, quantization: str = "float32") -> list[Path]:
+    """Write CTranslate2 model.bin, config.json, vocabularies, SentencePiece model(s) and META to `out`."""
+    if quantization not in QUANTIZATIONS:
+        raise ExportError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+    require_ctranslate2()
+    state, cfg, tok = read_transformer(checkpoint, "CTranslate2")
     try:
         spec = build_spec(state["model"], cfg.model, tok)
     except ExportError:

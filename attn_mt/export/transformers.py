@@ -22,10 +22,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from attn_mt.checkpoint import load
-from attn_mt.config import ConfigError, ExperimentConfig, from_dict, to_dict
+from attn_mt.config import ExperimentConfig, to_dict
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.export.ctranslate2 import ExportError
+from attn_mt.export.ctranslate2 import ExportError, read_transformer
 from attn_mt.export.folder import FolderError, publish
 
 INSTALL = "pip install 'attn-mt[hf]'"
@@ -285,15 +284,8 @@ def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict
 def export_hf(checkpoint: Path, out: Path) -> list[Path]:
     """Write a Transformer checkpoint as a transformers model folder (weights, configs, tokenizer, card)."""
     require_transformers()
-    state = load(checkpoint)
-    try:
-        cfg = from_dict(state["config"])
-    except ConfigError as e:
-        raise ExportError(f"{checkpoint}: config is not valid for this attn-mt: {e}") from None
-    if cfg.model.kind != "transformer":
-        raise ExportError(f"{checkpoint}: is an RNN model; transformers has no GRU encoder-decoder with "
-                          "additive attention, so only Transformer checkpoints can be exported to it")
-    tok = Tokenizer.from_state(state["tokenizer"])
+    # an RNN is refused: transformers has no GRU encoder-decoder with additive attention
+    state, cfg, tok = read_transformer(checkpoint, "transformers")
     try:
         model, route = build_model(state["model"], cfg, tok)
     except (KeyError, RuntimeError) as e:
