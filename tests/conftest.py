@@ -118,3 +118,24 @@ class Evil:
 
     def __reduce__(self):
         return open, (str(self.marker), "w")
+
+
+def random_checkpoint(tiny_cfg, tiny_run: Path, path: Path, *overrides: str):
+    """(model, tokenizer) of an untrained 2-layer model with noisy weights (every LayerNorm and bias
+    matters), saved as a checkpoint at `path`: what the exporters' equality tests compare against."""
+    from attn_mt import checkpoint
+    from attn_mt.config import to_dict
+    from attn_mt.data.tokenizer import Tokenizer
+    from attn_mt.models import build_model
+
+    cfg = tiny_cfg("model.n_layers=2", *overrides)
+    tok = Tokenizer.from_state(checkpoint.load(tiny_run / "checkpoint_best.pt")["tokenizer"])
+    if not cfg.tokenizer.joint:  # separate vocabularies: the same pieces, but two embedding tables
+        tok = Tokenizer(tok.src_proto, tok.src_proto)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, **tok.sizes())
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    checkpoint.save({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tok.state()}, path)
+    return model.eval(), tok

@@ -7,16 +7,14 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import random_checkpoint
 from typer.testing import CliRunner
 
 from attn_mt import checkpoint
 from attn_mt.cli import app
-from attn_mt.config import to_dict
-from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.data.toy import make_toy_corpus
 from attn_mt.decoding.search import prepare_sources, translate_nbest
 from attn_mt.export.ctranslate2 import export_ct2
-from attn_mt.models import build_model
 
 runner = CliRunner()
 
@@ -34,28 +32,13 @@ def exported(tiny_run, tmp_path_factory):
     return out
 
 
-def _random_checkpoint(tiny_cfg, tiny_run, path, *overrides):
-    """A checkpoint of an untrained model with noisy weights (every LayerNorm and bias matters)."""
-    cfg = tiny_cfg("model.n_layers=2", *overrides)
-    tok = Tokenizer.from_state(checkpoint.load(tiny_run / "checkpoint_best.pt")["tokenizer"])
-    if not cfg.tokenizer.joint:  # separate vocabularies: the same pieces, but two embedding tables
-        tok = Tokenizer(tok.src_proto, tok.src_proto)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size,
-                        pad_id=tok.pad_id, shared_vocab=tok.joint)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    checkpoint.save({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tok.state()}, path)
-    return model.eval(), tok
-
 
 @pytest.mark.parametrize("overrides", [(), ("model.norm_first=false",),
                                        ("tokenizer.joint=false", "model.tie_embeddings=false")],
                          ids=["pre-norm", "post-norm", "separate-vocab"])
 def test_teacher_forced_log_probs_match(tiny_cfg, tiny_run, toy_test, tmp_path, overrides):
     ct2 = pytest.importorskip("ctranslate2")
-    model, tok = _random_checkpoint(tiny_cfg, tiny_run, tmp_path / "random.pt", *overrides)
+    model, tok = random_checkpoint(tiny_cfg, tiny_run, tmp_path / "random.pt", *overrides)
     export_ct2(tmp_path / "random.pt", tmp_path / "ct2")
     translator = ct2.Translator(str(tmp_path / "ct2"), intra_threads=1)
     pairs = toy_test[:8]

@@ -10,15 +10,13 @@ from dataclasses import replace
 import pytest
 import torch
 import yaml
-from conftest import TINY, cli, one_line_error
+from conftest import TINY, cli, one_line_error, random_checkpoint
 
 from attn_mt import checkpoint
-from attn_mt.config import load_config, to_dict
-from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.config import load_config
 from attn_mt.data.toy import make_toy_corpus
 from attn_mt.decoding.metrics import score
 from attn_mt.decoding.search import max_lengths, prepare_sources, translate_nbest
-from attn_mt.models import build_model
 
 # small, but trained far enough to write sentences that end (test BLEU about 15 after 150 steps)
 TRAINED = ["data.toy_size=2000", "model.d_model=64", "model.d_ff=128", "train.batch_tokens=1500",
@@ -58,20 +56,6 @@ def _load(hf, folder):
     return model, hf.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
 
 
-def _random_checkpoint(tiny_cfg, tiny_run, path, *overrides):
-    """A checkpoint of an untrained 2-layer model with noisy weights (every LayerNorm and bias matters)."""
-    cfg = tiny_cfg("model.n_layers=2", *overrides)
-    tok = Tokenizer.from_state(checkpoint.load(tiny_run / "checkpoint_best.pt")["tokenizer"])
-    if not cfg.tokenizer.joint:  # separate vocabularies: the same pieces, but two embedding tables
-        tok = Tokenizer(tok.src_proto, tok.src_proto)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, **tok.sizes())
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    checkpoint.save({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tok.state()}, path)
-    return model.eval(), tok
-
 
 @pytest.mark.parametrize("overrides", [(), ("model.norm_first=false",),
                                        ("tokenizer.joint=false", "model.tie_embeddings=false"),
@@ -80,7 +64,7 @@ def _random_checkpoint(tiny_cfg, tiny_run, path, *overrides):
 def test_teacher_forced_log_probs_match(hf, tiny_cfg, tiny_run, tmp_path, overrides):
     from attn_mt.export.transformers import export_hf
 
-    model, tok = _random_checkpoint(tiny_cfg, tiny_run, tmp_path / "random.pt", *overrides)
+    model, tok = random_checkpoint(tiny_cfg, tiny_run, tmp_path / "random.pt", *overrides)
     export_hf(tmp_path / "random.pt", tmp_path / "hf")
     theirs, hf_tok = _load(hf, tmp_path / "hf")
     assert type(theirs).__name__ == ("MarianMTModel" if "model.norm_first=false" in overrides
