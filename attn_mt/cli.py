@@ -134,7 +134,7 @@ def _lines(texts: list[str] | None, input: Path | None, prompt: str = ""):
 def _translator(checkpoint: Path, device: str):
     """(holder of the decode defaults in `.decode`, fn(texts, dcfg) -> n-best lists) for a checkpoint
     file (PyTorch) or a directory written by `attn-mt export` (CTranslate2)."""
-    from attn_mt.decoding.translator import open_translator
+    from attn_mt.export.ct2_translator import open_translator
 
     translator = open_translator(checkpoint, device)
     return translator, translator.translate_nbest

@@ -8,6 +8,7 @@ top (docs/architecture.md draws it). A module never reaches for another module's
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ ALLOWED = {
     "data": {"config"},
     "models": {"config"},
     "checkpoint": {"config", "data", "models"},
-    "decoding": BASE | {"export"},  # the translator opens a CTranslate2 export as well as a checkpoint
+    "decoding": BASE,  # knows nothing of exports: export.ct2_translator chooses between a checkpoint and a folder
     "export": BASE | {"decoding"},  # CTranslate2 results become the same Translation objects
     "training": BASE | {"decoding"},  # validation and test BLEU
     "measure": BASE | {"decoding", "training"},  # the training step, never the run (below)
@@ -140,10 +141,40 @@ def test_scripts_use_no_private_names():
     assert found == []
 
 
+def declared_imports(doc: str) -> tuple[set[str], set[str]]:
+    """(parts it may import, parts it never imports) from a docstring's sentence
+    "May import a, b (why) and c; never x or y." (parentheses and backticks ignored; "nothing" is none)."""
+    text = re.sub(r"\([^)]*\)|`", "", " ".join(doc.split()))
+    found = re.search(r"May import (.*?)(?:;|:)\s*never (.*?)(?:\.(?:\s|$)|;|$)", text) or re.search(
+        r"May import (.*?)(?:\.(?:\s|$)|;|$)()", text)
+    if not found:
+        return set(), set()
+    known = set(ALLOWED) - {"__init__", "__main__"}
+    return tuple({w.removeprefix("attn_mt.") for w in re.findall(r"[\w.]+", group)} & known
+                 for group in found.groups())
+
+
 def test_every_package_docstring_says_what_it_may_import():
-    for name in PACKAGES:
+    """Each package's __init__ docstring names exactly the parts the rules above let it import."""
+    for name in sorted(PACKAGES):
         doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text(encoding="utf-8"))) or ""
-        assert "import" in doc.lower(), f"attn_mt/{name}/__init__.py: the docstring names no import rule"
+        assert "May import" in doc, f"attn_mt/{name}/__init__.py: the docstring has no 'May import ...' sentence"
+        may, never = declared_imports(doc)
+        assert may == ALLOWED[name], f"attn_mt/{name}/__init__.py says it may import {sorted(may)}, " \
+                                     f"the rules allow {sorted(ALLOWED[name])}"
+        assert not never & ALLOWED[name], f"attn_mt/{name}/__init__.py forbids what the rules allow: {never}"
+
+
+@pytest.mark.parametrize("doc,may,never", [
+    ("May import `attn_mt.config` only: never data, training or serve.", {"config"}, {"data", "training", "serve"}),
+    ("May import config, checkpoint, device, data, models and decoding; never training, measure, export or serve.",
+     BASE | {"decoding"}, {"training", "measure", "export", "serve"}),
+    ("Owns X.\n\nMay import config, data (the tokenizer) and\n  decoding; never the training run.",
+     {"config", "data", "decoding"}, {"training"}),
+    ("May import nothing of attn_mt.", set(), set()),
+])
+def test_the_docstring_rule_is_read_as_written(doc, may, never):
+    assert declared_imports(doc) == (may, never)
 
 
 @pytest.mark.parametrize("code,expected", [

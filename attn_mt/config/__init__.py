@@ -3,7 +3,7 @@
 Defaults live here; a YAML file only overrides them. Every key a user can write is a
 field below, and every field is checked for its type and range when the config is built.
 yamlconf.py reads YAML and builds dataclasses (nothing attn-mt specific); compare_rnn.py reads
-compare-rnn's file of shared and per-model sections. Imports no other part of attn_mt.
+compare-rnn's file of shared and per-model sections. May import nothing of attn_mt.
 """
 
 from __future__ import annotations

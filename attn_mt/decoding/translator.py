@@ -1,9 +1,9 @@
-"""Opening "a checkpoint or an export folder" for translation: what `translate`, `evaluate` and `serve` share."""
+"""A loaded model behind one interface, `Translator`, for `translate`, `evaluate` and `serve`; here the PyTorch
+checkpoint kind (export/ct2_translator.py makes the CTranslate2 kind and chooses between the two)."""
 
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,23 +38,14 @@ class Translator:
         return self.run(texts, dcfg)
 
 
-def open_translator(path: Path | str, device: str = "auto") -> Translator:
-    """A checkpoint file (PyTorch) or a directory written by `attn-mt export` (CTranslate2)."""
-    from attn_mt.export import ct2_translator as ct2
-    from attn_mt.export.ctranslate2 import META
-
-    path = Path(path)
-    if ct2.is_export(path):
-        dev = ct2.ct2_device(device)
-        exported = ct2.load_exported(path, dev)
-        step = json.loads((path / META).read_text()).get("step")  # load_exported has read it
-        return Translator("export", path, exported.decode, exported.tok,
-                          functools.partial(ct2.translate_nbest, exported), dev, state={"step": step})
+def checkpoint_translator(path: Path | str, device: str = "auto") -> Translator:
+    """A PyTorch checkpoint file written by `attn-mt train`, ready to translate (an export folder: export's
+    `open_translator`, which chooses between the two)."""
     from attn_mt import checkpoint
     from attn_mt.decoding.search import translate_nbest
     from attn_mt.device import pick_device
 
-    dev = pick_device(device)
+    path, dev = Path(path), pick_device(device)
     state = checkpoint.load(path)
     try:
         model, cfg, tok = checkpoint.model_from_state(state, dev)

@@ -3,5 +3,6 @@ transformers.py), and translate with a CTranslate2 one (ct2_translator.py). Ever
 through `folder.publish`: a temporary folder beside the target, renamed into place, replacing only
 an earlier export (its manifest lists its files).
 
-May import config, checkpoint, device, data (the tokenizer), models and decoding; never training.
+May import config, checkpoint, device, data (the tokenizer), models and decoding; never training, measure or
+serve.
 """

@@ -1,5 +1,6 @@
 """Translating with an exported model (`attn-mt export`) through CTranslate2, returning the same
-`Translation` objects as `decode.translate_nbest`, so the CLI prints both the same way.
+`Translation` objects as `decode.translate_nbest`, so the CLI prints both the same way; and
+`open_translator`, which opens either a checkpoint file or an export folder as a `Translator`.
 
 How our decode settings map (docs/export.md):
     beam_size 1     CTranslate2 greedy search; the same tokens as ours on the same weights.
@@ -15,6 +16,7 @@ How our decode settings map (docs/export.md):
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from attn_mt.config.yamlconf import first_line
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.beam import Hypothesis, length_penalty
 from attn_mt.decoding.search import Translation, max_lengths, prepare_sources
+from attn_mt.decoding.translator import Translator, checkpoint_translator
 from attn_mt.export.ctranslate2 import META, ExportError, require_ctranslate2
 
 PATIENCE = 2.0  # beam search collects 2k finished hypotheses before it stops (docs/export.md: why 2)
@@ -41,6 +44,7 @@ class Exported:
     tok: Tokenizer
     decode: DecodeConfig
     max_positions: int
+    step: int | None = None  # of the checkpoint it was exported from
 
 
 def is_export(path: Path | str) -> bool:
@@ -98,7 +102,21 @@ def load_exported(path: Path | str, device: str = "cpu", *, compute_type: str = 
                                     inter_threads=1, intra_threads=threads)
     except Exception as e:  # a damaged model.bin fails in CTranslate2's C++ with several exception types
         raise ExportError(f"{path}: CTranslate2 cannot load it: {first_line(e)}") from None
-    return Exported(translator, tok, meta["decode"], meta["max_positions"])
+    return Exported(translator, tok, meta["decode"], meta["max_positions"], meta.get("step"))
+
+
+def open_translator(path: Path | str, device: str = "auto") -> Translator:
+    """A checkpoint file (PyTorch) or a directory written by `attn-mt export` (CTranslate2): what
+    `translate`, `evaluate` and `serve` open."""
+    return export_translator(path, device) if is_export(path) else checkpoint_translator(path, device)
+
+
+def export_translator(path: Path | str, device: str = "auto") -> Translator:
+    """An export folder as a `Translator` (no model: CTranslate2 has no attention maps to show)."""
+    dev = ct2_device(device)
+    exported = load_exported(path, dev)
+    return Translator("export", Path(path), exported.decode, exported.tok, functools.partial(translate_nbest, exported),
+                      dev, state={"step": exported.step})
 
 
 def search_options(cfg: DecodeConfig, patience: float = PATIENCE) -> dict:

@@ -10,7 +10,8 @@ import torch
 
 from attn_mt.config import ConfigError, DecodeConfig
 from attn_mt.decoding.attention_maps import attention_maps
-from attn_mt.decoding.translator import hypotheses_json, open_translator
+from attn_mt.decoding.translator import hypotheses_json
+from attn_mt.export.ct2_translator import open_translator
 from attn_mt.models import count_params
 
 from .api import ApiError

@@ -1,4 +1,4 @@
-"""decoding/translator.py: one way to open a checkpoint or an export; non-finite weights refused, not translated."""
+"""decoding/translator.py: a checkpoint opens as a Translator; non-finite weights refused, not translated."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from attn_mt import checkpoint
 from attn_mt.checkpoint import CheckpointError
 from attn_mt.cli import app as cli
 from attn_mt.decoding.search import translate_nbest
-from attn_mt.decoding.translator import open_translator
+from attn_mt.decoding.translator import checkpoint_translator
 
 
 def test_a_checkpoint_opens_and_translates_as_translate_nbest(tiny_run):
     path = tiny_run / "checkpoint_best.pt"
-    t = open_translator(path, "cpu")
+    t = checkpoint_translator(path, "cpu")
     model, cfg, tok = checkpoint.load_model(path)
     assert t.kind == "checkpoint" and t.decode == cfg.decode and t.state["step"] == checkpoint.load(path)["step"]
     texts = ["a dog", "", "the old man sees a small dog."]
@@ -29,6 +29,6 @@ def test_non_finite_weights_are_refused_in_one_line(tiny_run, tmp_path):
     bad = tmp_path / "nan.pt"
     torch.save(state, bad)
     with pytest.raises(CheckpointError, match=f"not finite.*{name}"):
-        open_translator(bad, "cpu")
+        checkpoint_translator(bad, "cpu")
     r = CliRunner().invoke(cli, ["translate", "--checkpoint", str(bad), "a dog"])
     assert r.exit_code == 1 and "not finite" in r.output and r.output.count("\n") == 1 and "Traceback" not in r.output

@@ -433,7 +433,7 @@ def test_cli_serve_on_a_busy_port_is_one_line_without_banner(ckpt):
 @pytest.mark.slow  # CTranslate2 threads contend on a loaded 2-core machine: 3-18 s
 def test_an_export_folder_is_served_without_attention_maps(ckpt, tmp_path):
     pytest.importorskip("ctranslate2")
-    from attn_mt.decoding.translator import open_translator
+    from attn_mt.export.ct2_translator import open_translator
     from attn_mt.export.ctranslate2 import export_ct2
 
     export_ct2(ckpt, tmp_path / "ct2")
