@@ -1,7 +1,8 @@
 """Export: write a checkpoint as a model folder (CTranslate2 in ctranslate2.py, Hugging Face in
-transformers.py), and translate with a CTranslate2 one (ct2_translator.py). Every exporter writes
-through `folder.publish`: a temporary folder beside the target, renamed into place, replacing only
-an earlier export (its manifest lists its files).
+transformers.py; both read it through checkpoint_reader.py, whose `ExportError` they raise), and
+translate with a CTranslate2 one (ct2_translator.py, whose `open_translator` opens a checkpoint or an
+export). Every exporter writes through `folder.publish`: a temporary folder beside the target, renamed
+into place, replacing only an earlier export (its manifest lists its files).
 
 May import config, checkpoint, device, data (the tokenizer), models and decoding; never training, measure or
 serve.

@@ -31,7 +31,8 @@ from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.beam import Hypothesis, length_penalty
 from attn_mt.decoding.search import Translation, max_lengths, prepare_sources
 from attn_mt.decoding.translator import Translator, checkpoint_translator
-from attn_mt.export.ctranslate2 import META, ExportError, require_ctranslate2
+from attn_mt.export.checkpoint_reader import ExportError
+from attn_mt.export.ctranslate2 import META, require_ctranslate2
 
 PATIENCE = 2.0  # beam search collects 2k finished hypotheses before it stops (docs/export.md: why 2)
 

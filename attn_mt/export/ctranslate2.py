@@ -25,19 +25,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attn_mt.checkpoint import CheckpointError, load, model_from_state
-from attn_mt.config import ConfigError, ExperimentConfig, from_dict
 from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.export.checkpoint_reader import ExportError, read_transformer
 from attn_mt.export.folder import FolderError, publish
 from attn_mt.models.transformer import PositionalEncoding
 
 META = "attn_mt.json"  # our decode defaults and what the directory holds
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16")
 INSTALL = "pip install 'attn-mt[export]'"
-
-
-class ExportError(CheckpointError):
-    """A checkpoint that cannot be exported, or an export that cannot be read; one line says why."""
 
 
 def require_ctranslate2():
@@ -116,24 +111,6 @@ def build_spec(weights: dict, mcfg, tok: Tokenizer):
     cfg.layer_norm_epsilon = 1e-5  # nn.LayerNorm's default
     spec.validate()
     return spec
-
-
-def read_transformer(checkpoint: Path, target: str) -> tuple[dict, ExperimentConfig, Tokenizer]:
-    """The state, config and tokenizer of a Transformer checkpoint to export to `target`, its tokenizer
-    and weights checked first, so that a damaged or an RNN checkpoint ends in one line naming the file."""
-    state = load(checkpoint)
-    try:
-        cfg = from_dict(state["config"])
-    except ConfigError as e:
-        raise ExportError(f"{checkpoint}: config is not valid for this attn-mt: {e}") from None
-    if cfg.model.kind != "transformer":
-        raise ExportError(f"{checkpoint}: is an {cfg.model.kind.upper()} model; only Transformer "
-                          f"checkpoints can be exported to {target}")
-    try:
-        _, _, tok = model_from_state(state)
-    except CheckpointError as e:
-        raise ExportError(f"{checkpoint}: {e}") from None
-    return state, cfg, tok
 
 
 def export_ct2(checkpoint: Path, out: Path, quantization: str = "float32") -> list[Path]:

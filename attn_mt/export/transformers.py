@@ -24,7 +24,7 @@ import yaml
 
 from attn_mt.config import ExperimentConfig, to_dict
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.export.ctranslate2 import ExportError, read_transformer
+from attn_mt.export.checkpoint_reader import ExportError, read_transformer
 from attn_mt.export.folder import FolderError, publish
 
 INSTALL = "pip install 'attn-mt[hf]'"

@@ -196,3 +196,12 @@ def test_the_cards_config_names_no_path_of_this_machine():
                              "data.cache_dir=/scratch/someone/cache"])
     data = _shareable(cfg)["data"]
     assert (data["dir"], data["cache_dir"]) == ("/path/to/multi30k", "/path/to/cache")
+
+
+def test_the_transformers_exporter_does_not_load_the_ctranslate2_exporter():
+    """Both exporters share checkpoint_reader.py; neither needs the other's module."""
+    import subprocess
+
+    code = ("import sys, attn_mt.export.transformers; "
+            "sys.exit('attn_mt.export.ctranslate2' in sys.modules or 'ctranslate2' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,0 +1,31 @@
+"""What both exporters share: `ExportError`, and `read_transformer`, which reads and checks the checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attn_mt.checkpoint import CheckpointError, load, model_from_state
+from attn_mt.config import ConfigError, ExperimentConfig, from_dict
+from attn_mt.data.tokenizer import Tokenizer
+
+
+class ExportError(CheckpointError):
+    """A checkpoint that cannot be exported, or an export that cannot be read; one line says why."""
+
+
+def read_transformer(checkpoint: Path, target: str) -> tuple[dict, ExperimentConfig, Tokenizer]:
+    """The state, config and tokenizer of a Transformer checkpoint to export to `target`, its tokenizer
+    and weights checked first, so that a damaged or an RNN checkpoint ends in one line naming the file."""
+    state = load(checkpoint)
+    try:
+        cfg = from_dict(state["config"])
+    except ConfigError as e:
+        raise ExportError(f"{checkpoint}: config is not valid for this attn-mt: {e}") from None
+    if cfg.model.kind != "transformer":
+        raise ExportError(f"{checkpoint}: is an {cfg.model.kind.upper()} model; only Transformer "
+                          f"checkpoints can be exported to {target}")
+    try:
+        _, _, tok = model_from_state(state)
+    except CheckpointError as e:
+        raise ExportError(f"{checkpoint}: {e}") from None
+    return state, cfg, tok
