@@ -109,10 +109,11 @@ def collect(out: Path, results: dict[str, dict]) -> None:
     report = out / "compare" / "report.json"
     if report.exists():
         results["compare"]["report"] = json.loads(report.read_text())
-    run = out / "run"
-    if (run / "results.json").exists():
-        results["train"]["results"] = json.loads((run / "results.json").read_text())
-        results["train"]["metrics"] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    from attn_mt.training.rundir import RunDir
+
+    run = RunDir(out / "run")
+    if run.results.exists():
+        results["train"]["results"], results["train"]["metrics"] = run.read_results(), run.read_metrics()
     bench = out / "bench.json"
     if bench.exists():
         results["bench"]["report"] = json.loads(bench.read_text())

@@ -26,7 +26,7 @@ ALLOWED = {
     "models": {"config"},
     "checkpoint": {"config", "data", "models"},
     "decoding": BASE,  # knows nothing of exports: export.ct2_translator chooses between a checkpoint and a folder
-    "export": BASE | {"decoding"},  # CTranslate2 results become the same Translation objects
+    "export": BASE | {"decoding", "training"},  # Translation objects; the run's files (training.rundir only)
     "training": BASE | {"decoding"},  # validation and test BLEU
     "measure": BASE | {"decoding", "training"},  # the training step, never the run (below)
     "serve": BASE | {"decoding", "export"},
@@ -88,6 +88,9 @@ def violations(mods: dict[str, Path]) -> list[str]:
                 other = part(target)
                 if other != own and other not in ALLOWED.get(own, set()):
                     found.append(f"{where}:{line}: {own} may not import {target}")
+                if own == "export" and other == "training" and target != "attn_mt.training.rundir":
+                    found.append(f"{where}:{line}: export reads run directories through training.rundir only "
+                                 f"({target})")
                 if target == "attn_mt.training.run" and own != "cli":
                     found.append(f"{where}:{line}: only the CLI imports the training run ({target})")
                 if target == "attn_mt.cli" and own != "__main__":
@@ -175,6 +178,41 @@ def test_every_package_docstring_says_what_it_may_import():
 ])
 def test_the_docstring_rule_is_read_as_written(doc, may, never):
     assert declared_imports(doc) == (may, never)
+
+
+# the names of a run directory's files (training/rundir.py) and what joins a path inside one
+RUN_DIR_NAMES = re.compile(r"(config\.yaml|results\.json|metrics\.jsonl|tokenizer\.json|test_hyps\.txt|tensorboard"
+                           r"|checkpoint_.*|spm\..*)")
+RUN_DIR_PATHS = re.compile(r"\brun_dir\b|\bfiles\.path\b|\brun_path\b")
+
+
+def run_dir_joins(path: Path, where: str) -> list[str]:
+    """`x / "results.json"`, `x / f"checkpoint_{n}.pt"`, `run_dir / anything`, `files.path / anything`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            right = node.right
+            parts = right.values if isinstance(right, ast.JoinedStr) else [right]
+            literal = "".join(v.value for v in parts if isinstance(v, ast.Constant) and isinstance(v.value, str))
+            if RUN_DIR_NAMES.fullmatch(literal.rpartition("/")[2]) or RUN_DIR_PATHS.search(ast.unparse(node.left)):
+                found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_only_rundir_joins_a_path_inside_a_run_directory():
+    """training/rundir.py owns the run directory's files: no other module (or script) names one."""
+    files = [p for p in MODULES.values() if p != PACKAGE / "training" / "rundir.py"]
+    found = [hit for p in [*files, *sorted((ROOT / "scripts").glob("*.py"))]
+             for hit in run_dir_joins(p, str(p.relative_to(ROOT)))]
+    assert found == []
+
+
+@pytest.mark.parametrize("code", ['(run_dir / "results.json").read_text()\n', 'x = files.path / "spm.model"\n',
+                                  'p = out / f"checkpoint_step{step:07d}.pt"\n',
+                                  'p = self.run_dir / f"{split}.{lang}"\n'])
+def test_a_run_directory_path_built_elsewhere_is_caught(code, tmp_path):
+    (tmp_path / "bad.py").write_text(code)
+    assert len(run_dir_joins(tmp_path / "bad.py", "bad.py")) == 1
 
 
 @pytest.mark.parametrize("code,expected", [

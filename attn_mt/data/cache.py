@@ -15,7 +15,7 @@ It is built (build.py) in a temporary directory beside it, fsynced and renamed i
 that only the building process holds (lock.py), so concurrent runs and torchrun ranks build it once while
 the others wait, and a killed build leaves nothing that blocks the next. An entry that is incomplete or
 does not match its complete.json is rebuilt, never read. A run notes in its directory which entry it used
-(`Entry.record`).
+(training.rundir's `RunDir.record_entry`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 
 VERSION = 1  # of the entry layout; part of the key
 MARKER = "complete.json"
-RECORD = "tokenizer.json"  # in a run directory: the key of the entry it used, and the tokenizer settings
 DTYPES = ("uint16", "int32")
 
 
@@ -109,16 +108,9 @@ class Entry:
         size = self.marker["files"][name]["bytes"] // dtype.itemsize
         return np.memmap(self.path / name, dtype, mode="r", shape=(size,)) if size else np.zeros(0, dtype)
 
-    def record(self, run_dir: Path) -> None:
-        """Note in a run directory which entry it uses (tokenizer.json: the key, the tokenizer settings) and
-        leave a copy of the SentencePiece model(s) there; a run reads neither back."""
-        note = {"fingerprint": self.key, "entry": str(self.path), **self.marker["config"]["tokenizer"]}
-        for name, data in {**self.tok.files(), RECORD: json.dumps(note, indent=2).encode()}.items():
-            dst = run_dir / name
-            if not dst.exists() or dst.read_bytes() != data:
-                tmp = dst.with_name(f".{name}.tmp-{os.getpid()}")
-                tmp.write_bytes(data)
-                os.replace(tmp, dst)
+    def tokenizer_settings(self) -> dict:
+        """The tokenizer section of the config the entry was built with."""
+        return dict(self.marker["config"]["tokenizer"])
 
 
 def _check(marker: dict, key: str) -> None:
@@ -160,13 +152,12 @@ class Resumed:
     tok: Tokenizer
 
     @classmethod
-    def of(cls, run_dir: Path, tokenizer_state: dict) -> Resumed | None:
-        """From a run directory's tokenizer.json (written by `Entry.record`, or by earlier versions, which
-        kept the same key there) and a checkpoint's tokenizer; None where either is missing or unreadable."""
+    def of(cls, key: str | None, tokenizer_state: dict) -> Resumed | None:
+        """From the entry key a run directory noted (`RunDir.entry_key`) and a checkpoint's tokenizer; None
+        where either is missing or unreadable."""
         try:
-            key = json.loads((run_dir / RECORD).read_text())["fingerprint"]
             return cls(key, Tokenizer.from_state(tokenizer_state)) if isinstance(key, str) else None
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError):
+        except (ValueError, KeyError, TypeError, RuntimeError):
             return None
 
 

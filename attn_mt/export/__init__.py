@@ -4,6 +4,6 @@ translate with a CTranslate2 one (ct2_translator.py, whose `open_translator` ope
 export). Every exporter writes through `folder.publish`: a temporary folder beside the target, renamed
 into place, replacing only an earlier export (its manifest lists its files).
 
-May import config, checkpoint, device, data (the tokenizer), models and decoding; never training, measure or
-serve.
+May import config, checkpoint, device, data (the tokenizer), models, decoding and training (the run
+directory's files, `training.rundir`, and nothing else of it); never measure or serve.
 """

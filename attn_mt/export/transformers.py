@@ -26,6 +26,7 @@ from attn_mt.config import ExperimentConfig, to_dict
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.export.checkpoint_reader import ExportError, read_transformer
 from attn_mt.export.folder import FolderError, publish
+from attn_mt.training.rundir import RunDir
 
 INSTALL = "pip install 'attn-mt[hf]'"
 
@@ -151,12 +152,9 @@ def mapped_length_penalty(alpha: float, mean_len: float | None) -> float:
     return alpha if not mean_len else round(alpha * mean_len / (5 + mean_len), 3)
 
 
-def mean_output_length(run_dir: Path, tok: Tokenizer) -> float | None:
+def mean_output_length(files: RunDir, tok: Tokenizer) -> float | None:
     """Mean length in tokens, eos included, of the run's test translations (test_hyps.txt), if it has them."""
-    path = run_dir / "test_hyps.txt"
-    if not path.is_file():
-        return None
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = files.read_hyps()
     return sum(len(ids) + 1 for ids in tok.encode_tgt(lines)) / len(lines) if lines else None
 
 
@@ -210,7 +208,7 @@ def _shareable(cfg: ExperimentConfig) -> dict:
     return raw
 
 
-def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict, run_dir: Path, *, route: str,
+def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict, files: RunDir, *, route: str,
                params: int, length_penalty: float) -> str:
     """README.md for the hub: YAML header, what the model is, how it was trained and scored, how to use it."""
     m, d, dec, src, tgt = cfg.model, cfg.data, cfg.decode, cfg.data.src_lang, cfg.data.tgt_lang
@@ -236,7 +234,7 @@ def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict
     cls = ("`AttnMtForConditionalGeneration` in `modeling_attn_mt.py` (load with `trust_remote_code=True`)"
            if remote else "`MarianMTModel`, built into transformers")
     example = "Hello."
-    test_src = run_dir / f"{results.get('test_split', d.splits.test)}.{src}"
+    test_src = files.test_text(results.get("test_split", d.splits.test), src)
     if test_src.is_file():
         example = test_src.read_text(encoding="utf-8").split("\n", 1)[0].strip() or example
     trust = ", trust_remote_code=True" if remote else ""
@@ -290,17 +288,16 @@ def export_hf(checkpoint: Path, out: Path) -> list[Path]:
         model, route = build_model(state["model"], cfg, tok)
     except (KeyError, RuntimeError) as e:
         raise ExportError(f"{checkpoint}: weights do not fit a transformers model: {e}") from None
-    run_dir = Path(checkpoint).parent
-    penalty = mapped_length_penalty(cfg.decode.alpha, mean_output_length(run_dir, tok))
+    files = RunDir(Path(checkpoint).parent)  # the run that wrote the checkpoint: its test scores and texts
+    penalty = mapped_length_penalty(cfg.decode.alpha, mean_output_length(files, tok))
     model.generation_config = generation_config(cfg, tok, penalty)
-    results_path = run_dir / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    results = files.read_results()
 
     def write(folder: Path) -> None:
         model.save_pretrained(folder)
         save_tokenizer(tok, folder, cfg)
         params = sum(t.numel() for t in {t.data_ptr(): t for t in state["model"].values()}.values())  # tied once
-        card = model_card(cfg, tok, state, results, run_dir, route=route, params=params, length_penalty=penalty)
+        card = model_card(cfg, tok, state, results, files, route=route, params=params, length_penalty=penalty)
         (folder / "README.md").write_text(card, encoding="utf-8")
 
     try:

@@ -24,7 +24,7 @@ from attn_mt.models import Seq2Seq
 class Board:
     """A SummaryWriter under the run directory, or a no-op when TensorBoard logging is off."""
 
-    def __init__(self, run_dir: Path, enabled: bool, start_step: int = 0) -> None:
+    def __init__(self, folder: Path, enabled: bool, start_step: int = 0) -> None:
         self.writer = None
         if not enabled:
             return
@@ -33,7 +33,7 @@ class Board:
         except ImportError:
             raise ConfigError("train.tensorboard: true needs TensorBoard: pip install 'attn-mt[tb]'") from None
         # purge_step: a resumed run drops the events written after the checkpoint it resumes from
-        self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=start_step or None)
+        self.writer = SummaryWriter(str(folder), purge_step=start_step or None)
 
     def scalars(self, step: int, prefix: str, values: dict[str, float | None]) -> None:
         if self.writer is not None:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from attn_mt.training.rundir import RunDir
+
 log = logging.getLogger(__name__)
 
 PLAIN_EVERY_S = 30.0  # seconds between progress lines when stderr is not a terminal
@@ -97,10 +99,10 @@ def write(message: str) -> None:
 
 def summary(run_dir: Path) -> str:
     """A finished run's result from its results.json, in two lines: the test scores, then the checkpoint."""
-    run_dir = Path(run_dir)
-    r = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
+    files = RunDir(run_dir)
+    r = json.loads(files.results.read_text(encoding="utf-8"))  # a missing one: FileNotFoundError, as before
     return (f"test BLEU {r['test_bleu']:.2f}  chrF {r['test_chrf']:.2f}  ({r['test_split']}, "
             f"{r['sacrebleu_signature']})\n"
             f"{'averaged' if 'avg' in r.get('tested', '') else 'best'} checkpoint: "
-            f"{run_dir / r.get('tested', 'checkpoint_best.pt')} "
+            f"{files.tested(r)} "
             f"({r['steps']} steps, {duration(r['train_seconds'])} of training)")

@@ -12,7 +12,6 @@ the same parameters, bit for bit, as one that was never stopped.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -24,7 +23,7 @@ import torch
 from torch import nn
 
 from attn_mt import checkpoint
-from attn_mt.config import ExperimentConfig, save_config
+from attn_mt.config import ExperimentConfig
 from attn_mt.data.cache import Resumed
 from attn_mt.data.corpus import Corpus, load_corpus
 from attn_mt.decoding.metrics import score_test_split, validate
@@ -99,7 +98,7 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite:
         log.info("the run had already finished (%s): nothing to do", done)
         run.board.close()
         distributed.close(run.world)
-        return run.files.path / json.loads(run.files.results.read_text()).get("tested", run.files.best.name)
+        return run.files.tested(run.files.read_results())
     if not done:
         with StopOnInterrupt() as interrupt:
             done = run_epochs(run, interrupt)
@@ -125,11 +124,11 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         torch.set_num_threads(tc.threads)
     precision = pick_precision(tc.precision, device)
     torch.manual_seed(tc.seed)
-    data = Resumed.of(files.path, resumed["tokenizer"]) if resumed is not None else None
+    data = Resumed.of(files.entry_key(), resumed["tokenizer"]) if resumed is not None else None
     if world.main:  # rank 0 builds the data cache entry if needed; the others then map it
-        save_config(cfg, files.path / "config.yaml")
+        files.write_config(cfg)
         corpus = load_corpus(cfg, cfg.model.max_positions, data)
-        corpus.entry.record(files.path)  # which entry the run uses (tokenizer.json), a copy of its tokenizer
+        files.record_entry(corpus.entry)  # which entry the run uses (tokenizer.json), a copy of its tokenizer
     distributed.barrier(world)
     if not world.main:
         corpus = load_corpus(cfg, cfg.model.max_positions, data)
@@ -149,10 +148,9 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         files.metrics.unlink(missing_ok=True)  # a fresh run starts a fresh log
     log.info("model %s: %.2fM parameters; device %s, precision %s", cfg.model.kind, count_params(model) / 1e6,
              device, precision)
-    board = Board(files.path, tc.tensorboard and world.main, trainer.state.step)
+    board = Board(files.tensorboard, tc.tensorboard and world.main, trainer.state.step)
     if board.writer is not None:
-        log.info("TensorBoard events in %s; view them with: tensorboard --logdir %s", files.path / "tensorboard",
-                 files.path)
+        log.info("TensorBoard events in %s; view them with: tensorboard --logdir %s", files.tensorboard, files.path)
     return Run(cfg, files, world, corpus, trainer, board, start=time.perf_counter() - trainer.state.elapsed_s)
 
 
@@ -301,9 +299,8 @@ def write_test_texts(run: Run) -> None:
     """The test split's sources and references as `{split}.{lang}` in the run directory, line-aligned with
     test_hyps.txt: `attn-mt evaluate --src RUN/test.en --ref RUN/test.de` works for any data source."""
     data = run.cfg.data
-    for lang, lines in zip((data.src_lang, data.tgt_lang), run.corpus.text[data.splits.test], strict=True):
-        (run.files.path / f"{data.splits.test}.{lang}").write_text("".join(f"{line}\n" for line in lines),
-                                                                  encoding="utf-8")
+    run.files.write_test_texts(data.splits.test, dict(zip((data.src_lang, data.tgt_lang),
+                                                          run.corpus.text[data.splits.test], strict=True)))
 
 
 def average_snapshots(run: Run) -> tuple[Path, dict]:

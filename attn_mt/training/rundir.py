@@ -1,10 +1,13 @@
-"""The run directory and its files: disk checks, metrics.jsonl, results.json, the kept snapshots and
-their average. Checkpoints themselves are written atomically by checkpoint.save.
+"""The run directory: every file a run writes or reads back goes through `RunDir`, which alone knows their
+names; disk checks before training. Checkpoints themselves are written atomically by checkpoint.save.
 
-    config.yaml  spm*.model  tokenizer.json    what the run was started with
+    config.yaml  spm*.model  tokenizer.json    what the run was started with (tokenizer.json: which data
+                                               cache entry, `record_entry`; read back by --resume)
     checkpoint_last.pt  checkpoint_best.pt     resume from last; translate with best
     checkpoint_step{N}.pt  checkpoint_avg.pt   the last train.keep_last evaluations, their average
     metrics.jsonl  results.json  test_hyps.txt one line per evaluation; the final scores
+    {test split}.{lang}                        the test sources and references, line-aligned with test_hyps.txt
+    tensorboard/                               TensorBoard events (train.tensorboard)
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from pathlib import Path
 from torch import nn
 
 from attn_mt import checkpoint
+from attn_mt.config import ExperimentConfig, save_config
+from attn_mt.data.cache import Entry
 from attn_mt.training.trainer import TrainError
 
 # what a run writes once it trains: an earlier run's files that a fresh run must not overwrite
@@ -31,6 +36,9 @@ class RunDir:
         self.last, self.best = self.path / "checkpoint_last.pt", self.path / "checkpoint_best.pt"
         self.average = self.path / "checkpoint_avg.pt"
         self.metrics, self.results = self.path / "metrics.jsonl", self.path / "results.json"
+        self.config, self.hyps = self.path / "config.yaml", self.path / "test_hyps.txt"
+        self.record = self.path / "tokenizer.json"  # the data cache entry the run used, and its tokenizer settings
+        self.tensorboard = self.path / "tensorboard"
 
     def earlier_run(self) -> list[Path]:
         """The files of an earlier run in this directory (none for a new or only-prepared one)."""
@@ -80,6 +88,14 @@ class RunDir:
         except OSError as e:
             raise TrainError(f"{self.metrics}: cannot write ({e.strerror or e})") from None
 
+    def read_metrics(self) -> list[dict]:
+        """The records of metrics.jsonl, oldest first (a line cut short by a kill is skipped)."""
+        records = []
+        for line in self.metrics.read_text(encoding="utf-8").splitlines() if self.metrics.is_file() else []:
+            with contextlib.suppress(ValueError):
+                records.append(json.loads(line))
+        return records
+
     def trim_metrics(self, step: int, epoch: int) -> None:
         """Drop the records written after the checkpoint a run resumes from: they will be written again."""
         if not self.metrics.exists():
@@ -94,10 +110,53 @@ class RunDir:
                 continue
         self.metrics.write_text("".join(keep), encoding="utf-8")
 
+    def write_config(self, cfg: ExperimentConfig) -> None:
+        """config.yaml: the resolved config, every key."""
+        save_config(cfg, self.config)
+
+    def record_entry(self, entry: Entry) -> None:
+        """Note which data cache entry the run uses (tokenizer.json: its key and path, the tokenizer settings)
+        and leave a copy of its SentencePiece model(s); only the key is read back (`entry_key`)."""
+        note = json.dumps({"fingerprint": entry.key, "entry": str(entry.path), **entry.tokenizer_settings()},
+                          indent=2).encode()
+        for dst, data in [*((self.path / name, data) for name, data in entry.tok.files().items()), (self.record, note)]:
+            if not dst.exists() or dst.read_bytes() != data:
+                _write_atomic(dst, data)
+
+    def entry_key(self) -> str | None:
+        """The key of the data cache entry the run was trained on, from tokenizer.json (also as runs written
+        before the tokenizer lived in the cache kept it); None where it is missing or unreadable."""
+        try:
+            key = json.loads(self.record.read_text())["fingerprint"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return key if isinstance(key, str) else None
+
     def write_results(self, results: dict, hyps: list[str]) -> None:
         """test_hyps.txt and results.json, each written whole or not at all."""
-        _write_atomic(self.path / "test_hyps.txt", "\n".join(hyps) + "\n")
+        _write_atomic(self.hyps, "\n".join(hyps) + "\n")
         _write_atomic(self.results, json.dumps(results, indent=2) + "\n")
+
+    def read_results(self) -> dict:
+        """results.json of a finished run; {} when there is none (a run that has not finished)."""
+        return json.loads(self.results.read_text(encoding="utf-8")) if self.results.is_file() else {}
+
+    def tested(self, results: dict) -> Path:
+        """The checkpoint a finished run tested (results.json `tested`; the best one in runs that predate it)."""
+        return self.path / results.get("tested", self.best.name)
+
+    def read_hyps(self) -> list[str] | None:
+        """The test translations (test_hyps.txt), or None if the run has none."""
+        return self.hyps.read_text(encoding="utf-8").splitlines() if self.hyps.is_file() else None
+
+    def test_text(self, split: str, lang: str) -> Path:
+        """Where the test split's sentences of one language lie: `attn-mt evaluate --src RUN/test.en`."""
+        return self.path / f"{split}.{lang}"
+
+    def write_test_texts(self, split: str, texts: dict[str, list[str]]) -> None:
+        """The test split's sources and references, language -> lines, line-aligned with test_hyps.txt."""
+        for lang, lines in texts.items():
+            _write_atomic(self.test_text(split, lang), "".join(f"{line}\n" for line in lines))
 
     def snapshots(self) -> list[Path]:
         """The kept evaluation checkpoints, oldest first."""
@@ -117,10 +176,10 @@ class RunDir:
         return averaged
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def _write_atomic(path: Path, text: str | bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(text.encode() if isinstance(text, str) else text)
         tmp.replace(path)
     except OSError as e:
         tmp.unlink(missing_ok=True)

@@ -19,6 +19,7 @@ from attn_mt.data.cache import DataCache, Resumed, fingerprint, prepare
 from attn_mt.data.corpus import load_corpus
 from attn_mt.data.sources import DataError
 from attn_mt.data.toy import make_toy_corpus
+from attn_mt.training.rundir import RunDir
 
 
 def toy_files(d: Path) -> Path:
@@ -62,8 +63,8 @@ def test_reused_then_rebuilt_when_data_or_tokenizer_change(files, tmp_path, buil
     for i in ("", "2"):
         (tmp_path / f"run{i}").mkdir()
     first = load_corpus(cfg, 256)
-    first.entry.record(tmp_path / "run")
-    load_corpus(cfg, 256).entry.record(tmp_path / "run2")
+    RunDir(tmp_path / "run").record_entry(first.entry)
+    RunDir(tmp_path / "run2").record_entry(load_corpus(cfg, 256).entry)
     assert len(builds) == 1 and len(entries(tmp_path)) == 1  # reused by a second run
     assert (tmp_path / "run2" / "spm.model").read_bytes() == (tmp_path / "run" / "spm.model").read_bytes()
     load_corpus(cfg_for(files, tmp_path, "tokenizer.vocab_size=110"), 256)
@@ -151,7 +152,7 @@ def test_a_resumed_run_rebuilds_a_deleted_entry_with_its_own_tokenizer(files, tm
     cfg = cfg_for(files, tmp_path)
     (tmp_path / "run").mkdir()
     first = load_corpus(cfg, 256)
-    first.entry.record(tmp_path / "run")
+    RunDir(tmp_path / "run").record_entry(first.entry)
     note = json.loads((tmp_path / "run" / "tokenizer.json").read_text())
     assert note["fingerprint"] == first.entry.key and note["entry"] == str(first.entry.path)
     del note["entry"]  # as run directories written before the tokenizer lived in the cache have it
@@ -159,7 +160,7 @@ def test_a_resumed_run_rebuilds_a_deleted_entry_with_its_own_tokenizer(files, tm
     state = first.tok.state()
     shutil.rmtree(first.entry.path)
     monkeypatch.setattr(builder, "train_tokenizer", lambda *a: pytest.fail("trained a new tokenizer"))
-    again = load_corpus(cfg, 256, Resumed.of(tmp_path / "run", state))
+    again = load_corpus(cfg, 256, Resumed.of(RunDir(tmp_path / "run").entry_key(), state))
     assert again.tok.state() == state and again.entry.path == first.entry.path
     monkeypatch.undo()
     # a run directory of another entry (its data changed since) lends nothing: that entry gets its own
@@ -167,9 +168,9 @@ def test_a_resumed_run_rebuilds_a_deleted_entry_with_its_own_tokenizer(files, tm
     shutil.rmtree(first.entry.path)
     trained, real = [], builder.train_tokenizer
     monkeypatch.setattr(builder, "train_tokenizer", lambda *a: trained.append(1) or real(*a))
-    load_corpus(cfg, 256, Resumed.of(tmp_path / "run", state))
+    load_corpus(cfg, 256, Resumed.of(RunDir(tmp_path / "run").entry_key(), state))
     assert trained == [1]
-    assert Resumed.of(tmp_path / "nothing", state) is None
+    assert Resumed.of(RunDir(tmp_path / "nothing").entry_key(), state) is None
 
 
 def test_bad_input_and_unwritable_cache_are_one_line_errors(files, tmp_path, monkeypatch):

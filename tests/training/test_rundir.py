@@ -122,3 +122,39 @@ def test_results_are_written_whole_and_snapshots_keep_the_last_n(tmp_path, tiny_
     assert [p.name for p in files.snapshots()] == ["checkpoint_step0000020.pt", "checkpoint_step0000030.pt"]
     averaged = files.average_snapshots()
     assert files.average.exists() and averaged["model"].keys() == state["model"].keys()
+
+
+def test_files_read_back_from_old_and_new_run_directories(tmp_path):
+    """What other modules read from a run directory they read through RunDir, also from runs that predate a key."""
+    files = RunDir(tmp_path)
+    assert (files.read_results(), files.read_hyps(), files.read_metrics(), files.entry_key()) == ({}, None, [], None)
+    files.write_results({"test_bleu": 1.0}, ["a dog", "a cat"])  # no "tested": as runs before checkpoint averaging
+    assert files.read_results() == {"test_bleu": 1.0} and files.tested(files.read_results()) == files.best
+    assert files.tested({"tested": "checkpoint_avg.pt"}) == files.average and files.read_hyps() == ["a dog", "a cat"]
+    files.write_test_texts("test", {"de": ["ein Hund"], "en": ["a dog"]})
+    assert files.test_text("test", "en").read_text() == "a dog\n" and (tmp_path / "test.de").read_text() == "ein Hund\n"
+    files.record.write_text(json.dumps({"fingerprint": "ab" * 16, "vocab_size": 120}))  # without "entry": older runs
+    assert files.entry_key() == "ab" * 16
+    files.record.write_text('{"fingerprint": 3}')
+    assert files.entry_key() is None
+    files.append_metrics({"step": 1, "epoch": 0})
+    with open(files.metrics, "a") as f:
+        f.write('{"step": 2, "ep')  # cut short by a kill
+    assert files.read_metrics() == [{"step": 1, "epoch": 0}]
+
+
+def test_record_entry_copies_the_tokenizer_and_notes_the_entry(tiny_cfg, tmp_path):
+    from attn_mt.data.cache import prepare
+
+    cfg = tiny_cfg(f"data.cache_dir={tmp_path / 'cache'}")
+    entry = prepare(cfg)
+    files = RunDir(tmp_path / "run")
+    files.path.mkdir()
+    files.record_entry(entry)
+    note = json.loads(files.record.read_text())
+    assert note["fingerprint"] == entry.key and note["entry"] == str(entry.path)
+    assert note["vocab_size"] == cfg.tokenizer.vocab_size and files.entry_key() == entry.key
+    assert {n: (files.path / n).read_bytes() for n in entry.tok.files()} == entry.tok.files()
+    stamp = files.record.stat().st_mtime_ns
+    files.record_entry(entry)  # unchanged: not rewritten
+    assert files.record.stat().st_mtime_ns == stamp and not list(files.path.glob(".*.tmp"))
