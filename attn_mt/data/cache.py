@@ -161,71 +161,75 @@ class Resumed:
             return None
 
 
-class DataCache:
-    """The entry of one config's training data: `DataCache(cfg)` hashes the data and fails at once if the
-    entry is missing and cannot be written; `entry()` opens it, building it first if needed."""
+def open_entry(cfg: ExperimentConfig, resumed: Resumed | None = None) -> Entry:
+    """The complete entry of the config's training split: found, or else built under the lock (found again
+    there first: another process may have built it while this one waited). A resumed run whose entry this
+    is lends its tokenizer to the build. An unwritable cache, and validation or test data that cannot be
+    read, fail before a build starts."""
+    root, key = cache_root(cfg.data), fingerprint(cfg)
+    path = root / key
+    found, damage = _find(path)
+    if found:
+        log.info("data cache: %s (%d training pairs)", path, found.pairs)
+        return found
+    reason = _not_writable(root)
+    if reason:
+        raise DataError(f"data.cache_dir {root}: cannot write the data cache there ({reason}); "
+                        "set data.cache_dir or ATTN_MT_CACHE to a writable directory")
+    check_splits(cfg)
+    with exclusive(root / f"{key}.lock", str(path)):
+        found, damage = _find(path)
+        if found:
+            return found
+        if damage:
+            log.warning("data cache %s: %s; rebuilding", path, damage)
+        return _build(cfg, path, resumed.tok if resumed and resumed.key == key else None)
 
-    def __init__(self, cfg: ExperimentConfig) -> None:
-        self.cfg, self.root = cfg, cache_root(cfg.data)
-        self.key = fingerprint(cfg)
-        self.path = self.root / self.key
-        self.found = self._find()
-        reason = None if self.found else _not_writable(self.root)
-        if reason:
-            raise DataError(f"data.cache_dir {self.root}: cannot write the data cache there ({reason}); "
-                            "set data.cache_dir or ATTN_MT_CACHE to a writable directory")
 
-    def _find(self) -> Entry | None:
-        self.damage = None
-        try:
-            return Entry.open(self.path)
-        except Damaged as e:
-            self.damage = str(e)
-            return None
+def _find(path: Path) -> tuple[Entry | None, str | None]:
+    """(the entry at `path`, None), or (None, why it cannot be used) where it is damaged, or (None, None)."""
+    try:
+        return Entry.open(path), None
+    except Damaged as e:
+        return None, str(e)
 
-    def entry(self, resumed: Resumed | None = None) -> Entry:
-        """The complete entry; built under the lock if missing (with a resumed run's tokenizer, if it is its entry)."""
-        if self.found:
-            log.info("data cache: %s (%d training pairs)", self.path, self.found.pairs)
-            return self.found
-        with exclusive(self.root / f"{self.key}.lock", str(self.path)):
-            self.found = self._find()  # built while we waited?
-            if not self.found:
-                if self.damage:
-                    log.warning("data cache %s: %s; rebuilding", self.path, self.damage)
-                self.found = self._build(resumed.tok if resumed and resumed.key == self.key else None)
-        return self.found
 
-    def _build(self, tok: Tokenizer | None) -> Entry:
-        for stale in self.root.glob(f"{self.key}.tmp-*"):  # left by a build that was killed
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp, t0 = self.root / f"{self.key}.tmp-{os.getpid()}", time.perf_counter()
-        tmp.mkdir()
-        try:
-            facts, tok = build(self.cfg, tmp, self.key, tok)
-            files = {f.name: {"bytes": f.stat().st_size, "crc32": _crc32(f)} for f in sorted(tmp.iterdir())}
-            marker = {"version": VERSION, "key": self.key, **facts, "files": files,
-                      "config": {"data": asdict(self.cfg.data), "tokenizer": asdict(self.cfg.tokenizer)}}
-            write_synced(tmp / MARKER, json.dumps(marker, indent=1).encode())
-            _fsync(tmp)
-            _remove(self.path)  # a damaged entry
-            os.replace(tmp, self.path)
-            _fsync(self.root)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        log.info("data cache: built %s in %.1f s (%d training pairs, %d + %d tokens)", self.path,
-                 time.perf_counter() - t0, marker["pairs"], *marker["tokens"].values())
-        return Entry(self.path, marker, tok)
+def _build(cfg: ExperimentConfig, path: Path, tok: Tokenizer | None) -> Entry:
+    """Tokenize the training split into a temporary directory beside `path`, then rename it into place."""
+    root, key = path.parent, path.name
+    for stale in root.glob(f"{key}.tmp-*"):  # left by a build that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp, t0 = root / f"{key}.tmp-{os.getpid()}", time.perf_counter()
+    tmp.mkdir()
+    try:
+        facts, tok = build(cfg, tmp, key, tok)
+        files = {f.name: {"bytes": f.stat().st_size, "crc32": _crc32(f)} for f in sorted(tmp.iterdir())}
+        marker = {"version": VERSION, "key": key, **facts, "files": files,
+                  "config": {"data": asdict(cfg.data), "tokenizer": asdict(cfg.tokenizer)}}
+        write_synced(tmp / MARKER, json.dumps(marker, indent=1).encode())
+        _fsync(tmp)
+        _remove(path)  # a damaged entry
+        os.replace(tmp, path)
+        _fsync(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("data cache: built %s in %.1f s (%d training pairs, %d + %d tokens)", path,
+             time.perf_counter() - t0, marker["pairs"], *marker["tokens"].values())
+    return Entry(path, marker, tok)
+
+
+def check_splits(cfg: ExperimentConfig) -> None:
+    """Validation and test read to the end: a missing or damaged file fails in one line, before any build."""
+    for split in dict.fromkeys((cfg.data.splits.valid, cfg.data.splits.test)):
+        for _ in iter_pairs(cfg.data, split):
+            pass
 
 
 def prepare(cfg: ExperimentConfig) -> Entry:
     """Check validation and test, then build (or find) the training split's cache entry: `attn-mt prepare`."""
-    cache = DataCache(cfg)
-    for split in dict.fromkeys((cfg.data.splits.valid, cfg.data.splits.test)):
-        for _ in iter_pairs(cfg.data, split):
-            pass
-    return cache.entry()
+    check_splits(cfg)
+    return open_entry(cfg)
 
 
 def _not_writable(root: Path) -> str | None:

@@ -4,7 +4,7 @@
 Memory does not grow with the training split: its token ids stay on disk (the page cache, shared by
 every process that maps them), and what a process holds per pair is a few bytes of lengths and batch
 plan (batching.token_batches). `attn-mt prepare` builds the entry ahead of a job (cache.prepare);
-`load_corpus` builds it on first use.
+`cache.open_entry` finds or builds it, `read_corpus` reads a corpus from it, and `load_corpus` does both.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from attn_mt.config import ExperimentConfig
 from attn_mt.data.batching import Batch, collate
-from attn_mt.data.cache import DataCache, Entry, Resumed
+from attn_mt.data.cache import Entry, Resumed, open_entry
 from attn_mt.data.sources import DataError, read_pairs
 from attn_mt.data.tokenizer import Tokenizer
 
@@ -95,12 +95,16 @@ class Corpus:
 
 
 def load_corpus(cfg: ExperimentConfig, max_positions: int, resumed: Resumed | None = None) -> Corpus:
-    """Read validation and test, map the training split from the data cache (built on first use, with a
-    resumed run's tokenizer if it was trained on that entry), keep the training pairs within the length limit."""
-    cache = DataCache(cfg)  # hashes the training data; an unwritable cache fails here, before any work
+    """The whole path in one process: open the data cache entry (building it on first use, with a resumed
+    run's tokenizer if it was trained on that entry), then read the corpus from it."""
+    return read_corpus(cfg, open_entry(cfg, resumed), max_positions)
+
+
+def read_corpus(cfg: ExperimentConfig, entry: Entry, max_positions: int) -> Corpus:
+    """The corpus from a complete entry (a pure read): validation and test read and tokenized with the
+    entry's tokenizer, the training split mapped, its pairs kept within the length limit."""
     splits = cfg.data.splits
     text = {name: read_pairs(cfg.data, name) for name in dict.fromkeys((splits.valid, splits.test))}
-    entry = cache.entry(resumed)
     tok = entry.tok
     ids = {name: (Ragged.from_lists(tok.encode_src(s)), Ragged.from_lists(tok.encode_tgt(t)))
            for name, (s, t) in text.items()}

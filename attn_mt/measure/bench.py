@@ -39,11 +39,9 @@ from torch import Tensor, nn
 from attn_mt.checkpoint import load_model
 from attn_mt.config import ConfigError, ExperimentConfig, TransformerConfig
 from attn_mt.data.batching import token_batches
-from attn_mt.data.corpus import load_corpus
-from attn_mt.data.download import missing_data_hint
-from attn_mt.data.sources import DataError
 from attn_mt.decoding.search import translate
-from attn_mt.device import autocast, describe, pick_device, pick_precision, precisions_for, sync
+from attn_mt.device import autocast, describe, precisions_for, sync
+from attn_mt.measure.prelude import prelude
 from attn_mt.measure.timing import alternate, timed
 from attn_mt.models import build_model, count_params
 from attn_mt.models.seq2seq import init_embeddings, make_embeddings
@@ -172,14 +170,9 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
     """Measure everything in one run (see the module docstring); returns JSON-ready figures."""
     if cfg.model.kind != "transformer":
         raise ConfigError(f"model.kind={cfg.model.kind}: the benchmark compares Transformers")
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    device = pick_device(cfg.train.device)
     load_before = os.getloadavg()
-    try:
-        corpus = load_corpus(cfg, cfg.model.max_positions)
-    except DataError as e:
-        raise missing_data_hint(e, "`attn-mt bench --config configs/toy.yaml`") from None
+    start = prelude(cfg, cfg.model.max_positions, "`attn-mt bench --config configs/toy.yaml`")
+    device, corpus = start.device, start.corpus
     tok, split, tc = corpus.tok, cfg.data.splits.train, cfg.train
     lens = corpus.lengths(split)
     index = token_batches(*lens, tc.batch_tokens, tc.seed, 0)
@@ -211,7 +204,7 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
     by = {(r["model"], r["precision"]): r for r in train}
     ours = {p: by["ours", p]["tokens_per_s"] for p in precisions}
     ref = {p: by["torch", p]["tokens_per_s"] for p in precisions}
-    main = pick_precision(tc.precision, device)
+    main = start.precision
     data_s = med["data/plan"] / len(index) + med["data/collate"] / steps
     return {
         "config": cfg.name, "device": str(device), "machine": describe(device),

@@ -23,12 +23,11 @@ from attn_mt import checkpoint
 from attn_mt.config import CompareConfig, ConfigError, ExperimentConfig
 from attn_mt.config.compare_rnn import CompareSetup
 from attn_mt.data.batching import token_batches
-from attn_mt.data.corpus import Corpus, load_corpus
-from attn_mt.data.download import missing_data_hint
-from attn_mt.data.sources import DataError
+from attn_mt.data.corpus import Corpus
 from attn_mt.decoding.metrics import score_test_split, valid_bleu
-from attn_mt.device import autocast, machine, pick_device, pick_precision, sync
+from attn_mt.device import autocast, machine, sync
 from attn_mt.measure import timing
+from attn_mt.measure.prelude import prelude
 from attn_mt.measure.report import write_report
 from attn_mt.models import build_model, count_params
 from attn_mt.training.trainer import Trainer
@@ -129,15 +128,10 @@ def compare_rnn(setup: CompareSetup, out_dir: Path) -> dict:
 def _compare(setup: CompareSetup, out_dir: Path) -> dict:
     cfgs, cmp = setup.configs, setup.compare
     base = cfgs["transformer"]
-    if base.train.threads:
-        torch.set_num_threads(base.train.threads)
-    device = pick_device(base.train.device)
-    precision = pick_precision(base.train.precision, device)
     out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        corpus = load_corpus(base, min(c.model.max_positions for c in cfgs.values()))
-    except DataError as e:
-        raise missing_data_hint(e, "`attn-mt compare-rnn --config configs/compare.yaml --quick`") from None
+    start = prelude(base, min(c.model.max_positions for c in cfgs.values()),
+                    "`attn-mt compare-rnn --config configs/compare.yaml --quick`")
+    device, precision, corpus = start.device, start.precision, start.corpus
     contestants = []
     for name, cfg in cfgs.items():
         torch.manual_seed(cfg.train.seed)

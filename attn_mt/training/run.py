@@ -24,8 +24,8 @@ from torch import nn
 
 from attn_mt import checkpoint
 from attn_mt.config import ExperimentConfig
-from attn_mt.data.cache import Resumed
-from attn_mt.data.corpus import Corpus, load_corpus
+from attn_mt.data.cache import Resumed, open_entry
+from attn_mt.data.corpus import Corpus, read_corpus
 from attn_mt.decoding.metrics import score_test_split, validate
 from attn_mt.device import pick_device, pick_precision, rng_state
 from attn_mt.models import build_model, count_params
@@ -124,14 +124,7 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         torch.set_num_threads(tc.threads)
     precision = pick_precision(tc.precision, device)
     torch.manual_seed(tc.seed)
-    data = Resumed.of(files.entry_key(), resumed["tokenizer"]) if resumed is not None else None
-    if world.main:  # rank 0 builds the data cache entry if needed; the others then map it
-        files.write_config(cfg)
-        corpus = load_corpus(cfg, cfg.model.max_positions, data)
-        files.record_entry(corpus.entry)  # which entry the run uses (tokenizer.json), a copy of its tokenizer
-    distributed.barrier(world)
-    if not world.main:
-        corpus = load_corpus(cfg, cfg.model.max_positions, data)
+    corpus = prepare_data(cfg, files, world, resumed)
     model = build_model(cfg.model, **corpus.tok.sizes()).to(device)
     if world.main:
         files.check_space(model, tc.keep_last)
@@ -152,6 +145,20 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
     if board.writer is not None:
         log.info("TensorBoard events in %s; view them with: tensorboard --logdir %s", files.tensorboard, files.path)
     return Run(cfg, files, world, corpus, trainer, board, start=time.perf_counter() - trainer.state.elapsed_s)
+
+
+def prepare_data(cfg: ExperimentConfig, files: RunDir, world: distributed.World, resumed: dict | None) -> Corpus:
+    """The data, in four steps: what a resumed run used; its data cache entry, found or built (rank 0 first,
+    the others wait and then find it); recorded in the run directory; the corpus read from it."""
+    used = Resumed.of(files.entry_key(), resumed["tokenizer"]) if resumed is not None else None
+    if world.main:
+        files.write_config(cfg)
+        entry = open_entry(cfg, used)
+        files.record_entry(entry)  # which entry the run uses (tokenizer.json), a copy of its tokenizer
+    distributed.barrier(world)
+    if not world.main:
+        entry = open_entry(cfg, used)
+    return read_corpus(cfg, entry, cfg.model.max_positions)
 
 
 def wrap(model: nn.Module, cfg: ExperimentConfig, world: distributed.World, device: torch.device) -> nn.Module:

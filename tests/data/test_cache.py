@@ -15,7 +15,7 @@ from attn_mt.config import load_config
 from attn_mt.data import build as builder
 from attn_mt.data import cache
 from attn_mt.data.batching import token_batches
-from attn_mt.data.cache import DataCache, Resumed, fingerprint, prepare
+from attn_mt.data.cache import Resumed, fingerprint, open_entry, prepare
 from attn_mt.data.corpus import load_corpus
 from attn_mt.data.sources import DataError
 from attn_mt.data.toy import make_toy_corpus
@@ -80,7 +80,7 @@ def test_reused_then_rebuilt_when_data_or_tokenizer_change(files, tmp_path, buil
 
 def test_tokenizer_reused_when_unchanged_retrained_when_changed(files, tmp_path):
     def model(*extra):
-        return (DataCache(cfg_for(files, tmp_path, "tokenizer.type=unigram", *extra)).entry().path / "spm.model")
+        return (open_entry(cfg_for(files, tmp_path, "tokenizer.type=unigram", *extra)).path / "spm.model")
 
     stamp = model().stat().st_mtime_ns
     assert model().stat().st_mtime_ns == stamp  # reused

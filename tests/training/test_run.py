@@ -94,3 +94,20 @@ def test_a_saved_checkpoint_rebuilds_the_model_being_trained(tiny_cfg, tmp_path)
     fresh = build_model(cfg.model, **tok.sizes())
     with torch.no_grad():
         assert not torch.equal(fresh(src, tgt), trained(src, tgt))  # the comparison can fail
+
+
+def test_setup_opens_the_data_cache_entry_once_and_records_it(tiny_cfg, tmp_path, monkeypatch):
+    """Set-up reads the prepared entry once (no second look, no build), reads the corpus from it once,
+    and notes it in the run directory."""
+    from attn_mt.data import cache, corpus
+    from attn_mt.data.cache import Entry, prepare
+
+    cfg = tiny_cfg(*SHORT)
+    entry = prepare(cfg)  # the session's cache: usually there already
+    opened, reads, real_open, real_read = [], [], Entry.open, corpus.read_corpus
+    monkeypatch.setattr(Entry, "open", classmethod(lambda cls, path: opened.append(path) or real_open(path)))
+    monkeypatch.setattr(cache, "build", lambda *a: pytest.fail("the entry was built again"))
+    monkeypatch.setattr("attn_mt.training.run.read_corpus", lambda *a: reads.append(a[1]) or real_read(*a))
+    run = setup(cfg, RunDir(tmp_path / "run"), resume=False)
+    assert opened == [entry.path] and [e.path for e in reads] == [entry.path] and run.corpus.entry is reads[0]
+    assert RunDir(tmp_path / "run").entry_key() == entry.key and (tmp_path / "run" / "config.yaml").is_file()
