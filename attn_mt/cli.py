@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import io
-import itertools
 import json
 import logging
 import os
@@ -50,31 +48,29 @@ def _user_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from attn_mt.checkpoint import CheckpointError
-        from attn_mt.config import ConfigError
+        from attn_mt.config.yamlconf import ConfigError, OptionError
         from attn_mt.data.download import DownloadError
         from attn_mt.data.sources import DataError
         from attn_mt.device import DeviceError
         from attn_mt.training.trainer import TrainError, TrainInterrupted
 
+        known = (ConfigError, DataError, CheckpointError, TrainError, DownloadError, DeviceError)
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, DataError, CheckpointError, TrainError, DownloadError, DeviceError) as e:
+        except OptionError as e:  # a flag's value: usage, one line naming the flag, status 2
+            raise typer.BadParameter(str(e), param_hint=e.option) from None
+        except (*known, KeyboardInterrupt, OSError) as e:
             if _debug:
                 raise
-            kind = {ConfigError: "config error", TrainInterrupted: "interrupted"}.get(type(e), "error")
-            typer.echo(f"{kind}: {e}", err=True)
-            raise typer.Exit({ConfigError: 2, TrainInterrupted: 130}.get(type(e), 1)) from None
-        except KeyboardInterrupt:
-            if _debug:
-                raise
-            typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
-        except OSError as e:  # a full disk or a vanished directory while writing, anywhere
-            if _debug:
-                raise
-            where = f"{e.filename}: " if e.filename else ""
-            typer.echo(f"error: {where}{e.strerror or e}", err=True)
-            raise typer.Exit(1) from None
+            if isinstance(e, known):
+                kind = {ConfigError: "config error", TrainInterrupted: "interrupted"}.get(type(e), "error")
+                line, status = f"{kind}: {e}", {ConfigError: 2, TrainInterrupted: 130}.get(type(e), 1)
+            elif isinstance(e, KeyboardInterrupt):
+                line, status = "interrupted", 130
+            else:  # OSError: a full disk or a vanished directory while writing, anywhere
+                line, status = f"error: {f'{e.filename}: ' if e.filename else ''}{e.strerror or e}", 1
+            typer.echo(line, err=True)
+            raise typer.Exit(status) from None
 
     return wrapper
 
@@ -102,84 +98,15 @@ def train(config: ConfigOpt, overrides: SetOpt = None,
 
     cfg = load_config(config, overrides or [])
     run_dir = out or Path("runs") / cfg.name
-    if resume and overwrite:
-        raise typer.BadParameter("give one of --resume and --overwrite", param_hint="--overwrite")
     run_training(cfg, run_dir, resume=resume, overwrite=overwrite)
     if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 reports
         typer.echo(summary(run_dir))
-
-
-def _lines(texts: list[str] | None, input: Path | None, prompt: str = ""):
-    """Input lines from arguments, a file, or stdin, without their newlines; `prompt` goes to stderr
-    before each stdin line is read (interactive use)."""
-    if texts:
-        yield from texts
-    elif input is not None:
-        from attn_mt.data.sources import read_lines
-
-        yield from read_lines(input)
-    else:  # bytes that are not UTF-8 become U+FFFD instead of ending the run
-        # lines end at "\n" only (a lone "\r" inside a line is text, as with --input); "\r\n" is stripped
-        stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
-        while True:  # readline, not iteration: each line is handed on as soon as it arrives
-            typer.echo(prompt, nl=False, err=True)
-            line = stdin.readline()
-            if not line:
-                break
-            yield line.removesuffix("\n").removesuffix("\r")
-        if prompt:
-            typer.echo(err=True)  # end the prompt line at EOF
-
-
-def _translator(checkpoint: Path, device: str):
-    """(holder of the decode defaults in `.decode`, fn(texts, dcfg) -> n-best lists) for a checkpoint
-    file (PyTorch) or a directory written by `attn-mt export` (CTranslate2)."""
-    from attn_mt.export.ct2_translator import open_translator
-
-    translator = open_translator(checkpoint, device)
-    return translator, translator.translate_nbest
 
 
 _CKPT = "(default: the checkpoint's decode section)"
 BeamOpt = Annotated[int | None, typer.Option("--beam", help=f"Beam size; 1 is greedy {_CKPT}.")]
 AlphaOpt = Annotated[float | None, typer.Option("--alpha", help=f"GNMT length penalty exponent {_CKPT}.")]
 BatchOpt = Annotated[int | None, typer.Option(help=f"Sentences per batch {_CKPT}.")]
-
-
-_FLAGS = {"beam_size": "--beam", "alpha": "--alpha", "nbest": "--nbest", "batch_size": "--batch-size"}
-
-
-def _decode_cfg(cfg, **flags):
-    """The checkpoint's `decode` section with the flags that were given; errors name the flags."""
-    from dataclasses import replace
-
-    from attn_mt.config import ConfigError
-
-    given = {k: v for k, v in flags.items() if v is not None and not (k == "nbest" and v == 1)}
-    beam = given.get("beam_size", cfg.decode.beam_size)
-    if "nbest" in given and given["nbest"] > beam >= 1:
-        where = f"--beam {beam}" if "beam_size" in given else f"the checkpoint's beam size ({beam})"
-        raise typer.BadParameter(f"{given['nbest']} hypotheses need a beam at least as wide, not {where}: "
-                                 f"add --beam {given['nbest']}", param_hint="--nbest")
-    try:
-        return replace(cfg.decode, **{k: v for k, v in flags.items() if v is not None})
-    except ConfigError as e:  # e.g. "decode.beam_size=0: must be >= 1" -> "--beam 0: must be >= 1"
-        message = str(e)
-        for key in given:
-            message = message.replace(f"decode.{key}=", f"{_FLAGS[key]} ")
-        raise typer.BadParameter(message) from None
-
-
-def _format(sources: list[str], nbests: list, fmt: str, first: int) -> str:
-    """Output lines: best translations, Moses-style n-best lines (`i ||| text ||| score`) or JSONL."""
-    if fmt == "jsonl":
-        from attn_mt.decoding.translator import hypotheses_json
-
-        return "\n".join(json.dumps({"source": s, "hypotheses": hypotheses_json(n)}, ensure_ascii=False)
-                         for s, n in zip(sources, nbests, strict=True))
-    if max(map(len, nbests)) == 1:
-        return "\n".join(n[0].text for n in nbests)
-    return "\n".join(f"{first + i} ||| {h.text} ||| {h.score:.4f}" for i, n in enumerate(nbests) for h in n)
 
 
 @app.command()
@@ -200,14 +127,16 @@ def translate(checkpoint: CkptOpt,
     """
     if fmt not in ("text", "jsonl"):
         raise typer.BadParameter(f"{fmt!r} is not one of 'text', 'jsonl'", param_hint="--format")
-    defaults, run = _translator(checkpoint, device)
-    dcfg = _decode_cfg(defaults, beam_size=beam, alpha=alpha, nbest=nbest, batch_size=batch_size)
+    from attn_mt.data.sources import input_lines
+    from attn_mt.decoding.translator import decode_options, translate_lines
+    from attn_mt.export.ct2_translator import open_translator
+
+    translator = open_translator(checkpoint, device)
+    dcfg = decode_options(translator.decode, beam_size=beam, alpha=alpha, nbest=nbest, batch_size=batch_size)
     interactive = not texts and input is None and sys.stdin.isatty()
-    size = 1 if stream or interactive else max(1000, dcfg.batch_size)  # batches of dcfg.batch_size inside
-    lines, done = _lines(texts, input, prompt="> " if interactive else ""), 0
-    while chunk := list(itertools.islice(lines, size)):
-        typer.echo(_format(chunk, run(chunk, dcfg), fmt, done))  # click.echo flushes
-        done += len(chunk)
+    lines = input_lines(texts, input, "> " if interactive else "")
+    for out in translate_lines(translator, lines, dcfg, fmt, stream=stream or interactive):
+        typer.echo(out)  # click.echo flushes
 
 
 @app.command()
@@ -219,22 +148,17 @@ def evaluate(checkpoint: CkptOpt,
              as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
              device: DeviceOpt = "auto") -> None:
     """Translate --src and score it against --ref with sacrebleu BLEU and chrF (--checkpoint: file or export)."""
-    from attn_mt.data.sources import DataError, read_lines
-    from attn_mt.decoding.metrics import score
+    from attn_mt.data.sources import read_aligned
+    from attn_mt.decoding.translator import decode_options, evaluate_texts
+    from attn_mt.export.ct2_translator import open_translator
 
-    sources, refs = read_lines(src), read_lines(ref)
-    if len(sources) != len(refs):
-        raise DataError(f"line counts differ: {src} has {len(sources)} lines, {ref} has {len(refs)}")
-    defaults, run = _translator(checkpoint, device)
-    dcfg = _decode_cfg(defaults, beam_size=beam, alpha=alpha, batch_size=batch_size, nbest=1)
-    result = score([n[0].text for n in run(sources, dcfg)], refs)
-    result["decode"] = {"beam_size": dcfg.beam_size, "alpha": dcfg.alpha}
-    if as_json:
-        typer.echo(json.dumps(result, indent=2))
-    else:
-        typer.echo(f"beam {dcfg.beam_size}, alpha {dcfg.alpha}")
-        typer.echo(f"BLEU {result['bleu']:.2f}  ({result['bleu_signature']})")
-        typer.echo(f"chrF {result['chrf']:.2f}  ({result['chrf_signature']})")
+    sources, refs = read_aligned(src, ref)
+    translator = open_translator(checkpoint, device)
+    dcfg = decode_options(translator.decode, beam_size=beam, alpha=alpha, batch_size=batch_size, nbest=1)
+    result = evaluate_texts(translator, sources, refs, dcfg)
+    typer.echo(json.dumps(result, indent=2) if as_json else
+               f"beam {dcfg.beam_size}, alpha {dcfg.alpha}\nBLEU {result['bleu']:.2f}  ({result['bleu_signature']})\n"
+               f"chrF {result['chrf']:.2f}  ({result['chrf_signature']})")
 
 
 @app.command()
@@ -245,13 +169,9 @@ def average(checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints 
             force: Annotated[bool, typer.Option(help="Average checkpoints of different runs (other config "
                                                      "or seed) too.")] = False) -> None:
     """Average the weights of several checkpoints of one run into one checkpoint for translate/evaluate."""
-    from attn_mt import checkpoint
+    from attn_mt.training.rundir import average_files
 
-    missing = next((p for p in checkpoints if not p.exists()), None)
-    if missing is not None and "checkpoint_step" in missing.name:  # the shell left an unmatched glob as it was
-        raise checkpoint.CheckpointError(f"{missing}: checkpoint not found (a run keeps checkpoint_step*.pt only "
-                                         "with train.keep_last: N)")
-    checkpoint.save(checkpoint.average(checkpoints, force=force), out)
+    average_files(checkpoints, out, force=force)
     typer.echo(f"averaged {len(checkpoints)} checkpoints into {out}")
 
 
@@ -273,24 +193,10 @@ def attention(checkpoint: CkptOpt, text: Annotated[str, typer.Argument(help="A s
               out: Annotated[Path, typer.Option(help="Directory for the PNG figures.")],
               beam: BeamOpt = None, device: DeviceOpt = "auto") -> None:
     """Translate one sentence and draw every attention head of every layer as PNGs in --out."""
-    from attn_mt.checkpoint import CheckpointError, load_model
-    from attn_mt.decoding.attention_maps import write_attention_maps
-    from attn_mt.device import pick_device
+    from attn_mt.decoding.attention_maps import attention_figures
 
-    if not text.strip():
-        raise typer.BadParameter("the sentence is empty", param_hint="TEXT")
-    if checkpoint.is_dir():
-        raise CheckpointError(f"{checkpoint}: a folder (an export?); attention figures need a PyTorch checkpoint "
-                              "file written by `attn-mt train`, e.g. RUN/checkpoint_best.pt")
-    dev = pick_device(device)
-    model, cfg, tok = load_model(checkpoint, dev)
-    if cfg.model.kind != "transformer":
-        raise CheckpointError(f"{checkpoint}: attention figures need a Transformer, not {cfg.model.kind}")
-    dcfg = _decode_cfg(cfg, beam_size=beam, nbest=1)
-    translation, paths = write_attention_maps(model, tok, text, dcfg, out, dev)
-    typer.echo(translation)
-    for path in paths:
-        typer.echo(str(path))
+    translation, paths = attention_figures(checkpoint, text, out, beam=beam, device=device)
+    typer.echo("\n".join([translation, *map(str, paths)]))
 
 
 @app.command()
@@ -311,13 +217,12 @@ def serve(checkpoint: Annotated[Path, typer.Option("--checkpoint", help="A check
                                                                     "and then its body.")] = 10.0,
           device: DeviceOpt = "auto") -> None:
     """Serve a checkpoint: a web page (translations, attention of every head) and a JSON API (docs at /docs)."""
-    from attn_mt.serve import LOOPBACK, Limits, create_app, listen, run
+    from attn_mt.serve import Limits, allowed_hosts, create_app, listen, run
 
     sock = listen(host, port)  # before the model loads and the banner: a busy port is one error line
     limits = Limits(max_texts=max_texts, max_chars=max_chars, max_work=max_work, max_queue=max_queue,
                     header_timeout_s=read_timeout, body_timeout_s=read_timeout)
-    hosts = (*LOOPBACK, *([host] if host not in ("0.0.0.0", "::") else []), *(allow_host or []))
-    server = create_app(checkpoint, limits, device=device, allowed_hosts=hosts)
+    server = create_app(checkpoint, limits, device=device, allowed_hosts=allowed_hosts(host, allow_host))
     typer.echo(f"attn-mt serve: http://{host}:{port}/  (API docs /docs; Ctrl-C stops)")
     run(server, sock, limits)
 
@@ -332,23 +237,9 @@ def export(checkpoint: CkptOpt,
     """Write a Transformer checkpoint as a CTranslate2 model (`translate` and `evaluate` take the directory as
     --checkpoint; the export extra) or, with --format transformers, as a Hugging Face model folder with a model
     card, ready to push to the hub (the hf extra)."""
-    from attn_mt.export.ctranslate2 import QUANTIZATIONS, export_ct2
+    from attn_mt.export import export_model
 
-    if fmt not in ("ctranslate2", "transformers"):
-        raise typer.BadParameter(f"{fmt!r} is not one of 'ctranslate2', 'transformers'", param_hint="--format")
-    if quantization not in QUANTIZATIONS:
-        raise typer.BadParameter(f"{quantization!r} is not one of {', '.join(QUANTIZATIONS)}",
-                                 param_hint="--quantization")
-    if fmt == "ctranslate2":
-        paths = export_ct2(checkpoint, out, quantization)
-    elif quantization != "float32":
-        raise typer.BadParameter("a transformers export keeps float32 weights", param_hint="--quantization")
-    else:
-        from attn_mt.export.transformers import export_hf
-
-        paths = export_hf(checkpoint, out)
-    for path in paths:
-        typer.echo(str(path))
+    typer.echo("\n".join(map(str, export_model(checkpoint, out, fmt, quantization))))
 
 
 @app.command()
@@ -369,8 +260,8 @@ def prepare(config: ConfigOpt, overrides: SetOpt = None,
         typer.echo("\n".join((tidy.clean if clean else tidy.survey)(cache_root(cfg.data))))
         return
     entry = run_prepare(cfg)
-    typer.echo(f"data cache: {entry.path}")
-    typer.echo(f"{entry.pairs} training pairs, {entry.tokens['src']} + {entry.tokens['tgt']} tokens")
+    typer.echo(f"data cache: {entry.path}\n{entry.pairs} training pairs, {entry.tokens['src']} + "
+               f"{entry.tokens['tgt']} tokens")
 
 
 @app.command("compare-rnn")
@@ -385,8 +276,7 @@ def compare_rnn(config: ConfigOpt, overrides: SetOpt = None,
 
     setup = load_compare_config(config, overrides or [], quick=quick)
     out = out or Path("runs") / ("compare_quick" if quick else "compare")
-    typer.echo(summary(run_compare(setup, out)))
-    typer.echo(f"report: {out / 'report.md'}")
+    typer.echo(f"{summary(run_compare(setup, out))}\nreport: {out / 'report.md'}")
 
 
 @app.command()

@@ -21,10 +21,10 @@ import torch
 
 from attn_mt.config import load_config
 from attn_mt.data.corpus import load_corpus
-from attn_mt.decoding.metrics import validation_loss
 from attn_mt.device import pick_device
 from attn_mt.models import build_model
 from attn_mt.training.trainer import Trainer
+from attn_mt.training.validation import validation_loss
 
 
 def curve(cfg, corpus, device: torch.device, precision: str, steps: int, every: int) -> dict:

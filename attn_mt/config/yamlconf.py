@@ -25,6 +25,15 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the key and what is allowed."""
 
 
+class OptionError(ValueError):
+    """A command's option value that cannot be used; `option` is the option as its caller names it (e.g. the
+    flag "--beam"), or None where the message already names it."""
+
+    def __init__(self, message: str, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
+
+
 _repr = reprlib.Repr()
 _repr.maxlevel, _repr.maxlist, _repr.maxdict, _repr.maxstring, _repr.maxother, _repr.maxlong = 2, 4, 4, 60, 60, 40
 

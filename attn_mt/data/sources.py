@@ -10,9 +10,11 @@ are read into memory (`read_pairs`).
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -73,6 +75,35 @@ def line_chunks(path: Path, size: int = CHUNK) -> Iterator[list[str]]:
 def read_lines(path: Path) -> list[str]:
     """The lines of a UTF-8 text file, stripped; DataError names the file and line of bad bytes."""
     return [line for chunk in line_chunks(path) for line in chunk]
+
+
+def input_lines(texts: list[str] | None, path: Path | None, prompt: str = "") -> Iterator[str]:
+    """Lines to translate from arguments, a file, or stdin, without their newlines; `prompt` goes to stderr
+    before each stdin line is read (interactive use)."""
+    if texts:
+        yield from texts
+    elif path is not None:
+        yield from read_lines(path)
+    else:  # bytes that are not UTF-8 become U+FFFD instead of ending the run
+        # lines end at "\n" only (a lone "\r" inside a line is text, as with --input); "\r\n" is stripped
+        stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
+        while True:  # readline, not iteration: each line is handed on as soon as it arrives
+            sys.stderr.write(prompt)
+            sys.stderr.flush()
+            line = stdin.readline()
+            if not line:
+                break
+            yield line.removesuffix("\n").removesuffix("\r")
+        if prompt:
+            sys.stderr.write("\n")  # end the prompt line at EOF
+
+
+def read_aligned(src: Path, ref: Path) -> tuple[list[str], list[str]]:
+    """The lines of two line-aligned files (sources and their references); DataError if their counts differ."""
+    sources, refs = read_lines(src), read_lines(ref)
+    if len(sources) != len(refs):
+        raise DataError(f"line counts differ: {src} has {len(sources)} lines, {ref} has {len(refs)}")
+    return sources, refs
 
 
 class Source:

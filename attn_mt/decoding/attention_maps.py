@@ -16,9 +16,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from attn_mt.checkpoint import CheckpointError, load_model
 from attn_mt.config import DecodeConfig
+from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.search import max_lengths, prepare_sources, search
+from attn_mt.decoding.translator import decode_options
+from attn_mt.device import pick_device
 from attn_mt.models import AttentionWeights, Seq2Seq
 
 
@@ -85,3 +89,20 @@ def write_attention_maps(model, tok: Tokenizer, text: str, cfg: DecodeConfig, ou
     translation, maps = attention_maps(model, tok, text, cfg, device)
     out_dir.mkdir(parents=True, exist_ok=True)
     return translation, [plot(m, out_dir / f"{m.kind}_layer{m.layer}.png") for m in maps]
+
+
+def attention_figures(checkpoint: Path, text: str, out_dir: Path, *, beam: int | None = None,
+                      device: str = "auto") -> tuple[str, list[Path]]:
+    """`attn-mt attention`: every head of a Transformer checkpoint's layers for one sentence, as PNGs in `out_dir`
+    (decoded as its decode section says, with `beam` if given); a folder (an export) or an RNN is refused in
+    one line."""
+    if not text.strip():
+        raise OptionError("the sentence is empty", "TEXT")
+    if checkpoint.is_dir():
+        raise CheckpointError(f"{checkpoint}: a folder (an export?); attention figures need a PyTorch checkpoint "
+                              "file written by `attn-mt train`, e.g. RUN/checkpoint_best.pt")
+    dev = pick_device(device)
+    model, cfg, tok = load_model(checkpoint, dev)
+    if cfg.model.kind != "transformer":
+        raise CheckpointError(f"{checkpoint}: attention figures need a Transformer, not {cfg.model.kind}")
+    return write_attention_maps(model, tok, text, decode_options(cfg.decode, beam_size=beam, nbest=1), out_dir, dev)

@@ -4,14 +4,18 @@ checkpoint kind (export/ct2_translator.py makes the CTranslate2 kind and chooses
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
+import itertools
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from attn_mt.checkpoint import CheckpointError
-from attn_mt.config import DecodeConfig
+from attn_mt.config import ConfigError, DecodeConfig
+from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.decoding.metrics import score
 from attn_mt.decoding.search import Translation
 
 
@@ -55,6 +59,59 @@ def checkpoint_translator(path: Path | str, device: str = "auto") -> Translator:
                       str(dev), model, cfg, {k: state.get(k) for k in ("step", "epoch", "best_bleu")})
 
 
+FLAGS = {"beam_size": "--beam", "alpha": "--alpha", "nbest": "--nbest", "batch_size": "--batch-size"}  # the CLI's
+
+
+def decode_options(defaults: DecodeConfig, names: Mapping[str, str] = FLAGS, *, beam_size: int | None = None,
+                   alpha: float | None = None, nbest: int | None = None, batch_size: int | None = None,
+                   ) -> DecodeConfig:
+    """`defaults` (a model's decode section) with the options that were given (None: not given), as
+    `attn-mt translate`'s flags and `/api/translate`'s fields set them; an OptionError names them as `names`
+    spells them ({"beam_size": "--beam", ...}): "--beam 0: must be >= 1"."""
+    flags = {"beam_size": beam_size, "alpha": alpha, "nbest": nbest, "batch_size": batch_size}
+    given = {k: v for k, v in flags.items() if v is not None and not (k == "nbest" and v == 1)}
+    beam = given.get("beam_size", defaults.beam_size)
+    if "nbest" in given and given["nbest"] > beam >= 1:
+        where = f"{names['beam_size']} {beam}" if "beam_size" in given else f"the checkpoint's beam size ({beam})"
+        raise OptionError(f"{given['nbest']} hypotheses need a beam at least as wide, not {where}: "
+                          f"add {names['beam_size']} {given['nbest']}", names["nbest"])
+    try:
+        return replace(defaults, **{k: v for k, v in flags.items() if v is not None})
+    except ConfigError as e:  # e.g. "decode.beam_size=0: must be >= 1" -> "--beam 0: must be >= 1"
+        message = str(e)
+        for key in given:
+            message = message.replace(f"decode.{key}=", f"{names[key]} ")
+        raise OptionError(message) from None
+
+
+def evaluate_texts(translator: Translator, sources: list[str], refs: list[str], dcfg: DecodeConfig) -> dict:
+    """Translate `sources` (best hypothesis each) and score them against `refs`: `attn-mt evaluate`'s result,
+    sacrebleu BLEU and chrF with signatures, and the decode settings used."""
+    result = score([n[0].text for n in translator.translate_nbest(sources, dcfg)], refs)
+    return {**result, "decode": {"beam_size": dcfg.beam_size, "alpha": dcfg.alpha}}
+
+
 def hypotheses_json(nbest: list[Translation]) -> list[dict]:
     """One n-best list as the objects of `attn-mt translate --format jsonl` and of `/api/translate`."""
     return [{"text": h.text, "score": round(h.score, 4), "log_prob": round(h.log_prob, 4)} for h in nbest]
+
+
+def format_nbest(sources: list[str], nbests: list[list[Translation]], fmt: str, first: int) -> str:
+    """`attn-mt translate`'s output lines: the best translations, Moses-style n-best lines
+    (`i ||| text ||| score`, i counted from `first`), or (fmt "jsonl") one JSON object per source."""
+    if fmt == "jsonl":
+        return "\n".join(json.dumps({"source": s, "hypotheses": hypotheses_json(n)}, ensure_ascii=False)
+                         for s, n in zip(sources, nbests, strict=True))
+    if max(map(len, nbests)) == 1:
+        return "\n".join(n[0].text for n in nbests)
+    return "\n".join(f"{first + i} ||| {h.text} ||| {h.score:.4f}" for i, n in enumerate(nbests) for h in n)
+
+
+def translate_lines(translator: Translator, lines: Iterable[str], dcfg: DecodeConfig, fmt: str,
+                    stream: bool = False) -> Iterator[str]:
+    """`attn-mt translate`'s output for `lines`, in order: each line's as soon as it is read with `stream`
+    (a terminal, --stream), else pieces of 1000 lines or more (batches of dcfg.batch_size inside)."""
+    lines, done, chunk = iter(lines), 0, 1 if stream else max(1000, dcfg.batch_size)
+    while piece := list(itertools.islice(lines, chunk)):
+        yield format_nbest(piece, translator.translate_nbest(piece, dcfg), fmt, done)
+        done += len(piece)

@@ -7,3 +7,28 @@ into place, replacing only an earlier export (its manifest lists its files).
 May import config, checkpoint, device, data (the tokenizer), models, decoding and training (the run
 directory's files, `training.rundir`, and nothing else of it); never measure or serve.
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attn_mt.config.yamlconf import OptionError
+
+FORMATS = ("ctranslate2", "transformers")
+
+
+def export_model(checkpoint: Path, out: Path, fmt: str = "ctranslate2", quantization: str = "float32") -> list[Path]:
+    """`attn-mt export`: write the checkpoint as a `fmt` folder; returns its files. An OptionError names the
+    flag (--format, --quantization) of a value that cannot be used."""
+    from attn_mt.export.ctranslate2 import check_quantization, export_ct2
+
+    if fmt not in FORMATS:
+        raise OptionError(f"{fmt!r} is not one of {', '.join(map(repr, FORMATS))}", "--format")
+    if fmt == "ctranslate2":
+        return export_ct2(checkpoint, out, quantization)
+    check_quantization(quantization)
+    if quantization != "float32":
+        raise OptionError("a transformers export keeps float32 weights", "--quantization")
+    from attn_mt.export.transformers import export_hf
+
+    return export_hf(checkpoint, out)

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.export.checkpoint_reader import ExportError, read_transformer
 from attn_mt.export.folder import FolderError, publish
@@ -113,10 +114,15 @@ def build_spec(weights: dict, mcfg, tok: Tokenizer):
     return spec
 
 
+def check_quantization(quantization: str) -> None:
+    """One of QUANTIZATIONS, else an OptionError naming `attn-mt export`'s flag."""
+    if quantization not in QUANTIZATIONS:
+        raise OptionError(f"{quantization!r} is not one of {', '.join(QUANTIZATIONS)}", "--quantization")
+
+
 def export_ct2(checkpoint: Path, out: Path, quantization: str = "float32") -> list[Path]:
     """Write CTranslate2 model.bin, config.json, vocabularies, SentencePiece model(s) and META to `out`."""
-    if quantization not in QUANTIZATIONS:
-        raise ExportError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+    check_quantization(quantization)
     require_ctranslate2()
     state, cfg, tok = read_transformer(checkpoint, "CTranslate2")
     try:

@@ -24,13 +24,13 @@ from attn_mt.config import CompareConfig, ConfigError, ExperimentConfig
 from attn_mt.config.compare_rnn import CompareSetup
 from attn_mt.data.batching import token_batches
 from attn_mt.data.corpus import Corpus
-from attn_mt.decoding.metrics import score_test_split, valid_bleu
 from attn_mt.device import autocast, machine, sync
 from attn_mt.measure import timing
 from attn_mt.measure.prelude import prelude
 from attn_mt.measure.report import write_report
 from attn_mt.models import build_model, count_params
 from attn_mt.training.trainer import Trainer
+from attn_mt.training.validation import score_test_split, valid_bleu
 
 log = logging.getLogger(__name__)
 

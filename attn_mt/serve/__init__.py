@@ -23,7 +23,13 @@ from .app import create_app
 from .guards import LOOPBACK
 from .server import listen, make_server
 
-__all__ = ["LOOPBACK", "Limits", "create_app", "listen", "run"]
+__all__ = ["LOOPBACK", "Limits", "allowed_hosts", "create_app", "listen", "run"]
+
+
+def allowed_hosts(host: str, extra: list[str] | None = None) -> tuple[str, ...]:
+    """The Host header names answered: the loopback names, the bound interface unless it is a wildcard
+    (0.0.0.0, ::), and `extra` (`--allow-host`)."""
+    return (*LOOPBACK, *([host] if host not in ("0.0.0.0", "::") else []), *(extra or []))
 
 
 def run(app, sock, limits: Limits = Limits()) -> None:

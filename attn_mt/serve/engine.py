@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from attn_mt.config import ConfigError, DecodeConfig
+from attn_mt.config import DecodeConfig
+from attn_mt.config.yamlconf import OptionError
 from attn_mt.decoding.attention_maps import attention_maps
-from attn_mt.decoding.translator import hypotheses_json
+from attn_mt.decoding.translator import decode_options, hypotheses_json
 from attn_mt.export.ct2_translator import open_translator
 from attn_mt.models import count_params
 
 from .api import ApiError
 
 KINDS = ("encoder_self", "decoder_self", "cross")
+FIELDS = {"beam_size": "beam", "alpha": "alpha", "nbest": "nbest", "batch_size": "batch_size"}  # decode_options'
 
 
 class Engine:
@@ -48,12 +50,10 @@ class Engine:
     def decode_config(self, beam: int | None, alpha: float | None = None, nbest: int | None = None,
                       ) -> DecodeConfig:
         """The model's decode defaults with the request's values; nbest defaults to 1."""
-        beam = beam or self.decode.beam_size
-        try:
-            return replace(self.decode, beam_size=beam, nbest=nbest or 1,
-                           alpha=self.decode.alpha if alpha is None else alpha)
-        except ConfigError:
-            raise ApiError(422, "nbest", f"{nbest} exceeds the beam size {beam}") from None
+        try:  # the same rules as the CLI's flags, here naming the request's fields
+            return decode_options(self.decode, FIELDS, beam_size=beam or None, alpha=alpha, nbest=nbest or 1)
+        except OptionError as e:
+            raise ApiError(422, e.option or "nbest", str(e)) from None
 
     def work(self, texts: list[str], beam: int) -> list[int]:
         """Work units of each text: its source subwords (with </s>) times the beam size; 0 for an empty one."""

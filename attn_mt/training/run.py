@@ -24,9 +24,9 @@ from torch import nn
 
 from attn_mt import checkpoint
 from attn_mt.config import ExperimentConfig
+from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.cache import Resumed, open_entry
 from attn_mt.data.corpus import Corpus, read_corpus
-from attn_mt.decoding.metrics import score_test_split, validate
 from attn_mt.device import pick_device, pick_precision, rng_state
 from attn_mt.models import build_model, count_params
 from attn_mt.training import distributed
@@ -36,6 +36,7 @@ from attn_mt.training.resume import check_resumable, finished, optimizer_state, 
 from attn_mt.training.rundir import RunDir
 from attn_mt.training.schedule import Stop, budget_spent, limit_reached
 from attn_mt.training.trainer import Trainer, TrainError, TrainInterrupted, TrainState
+from attn_mt.training.validation import score_test_split, validate
 
 __all__ = ["TrainError", "TrainInterrupted", "train"]
 log = logging.getLogger(__name__)
@@ -92,6 +93,8 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite:
     A fresh run refuses a directory that holds an earlier run unless `overwrite`; `resume`
     continues one, and a run that had already finished is not trained further.
     """
+    if resume and overwrite:
+        raise OptionError("give one of --resume and --overwrite", "--overwrite")
     run = setup(cfg, RunDir(run_dir), resume, overwrite)
     done = finished(run.state, cfg.train) if resume else None
     if done and run.files.results.exists():

@@ -176,6 +176,16 @@ class RunDir:
         return averaged
 
 
+def average_files(paths: list[Path], out: Path, force: bool = False) -> None:
+    """`attn-mt average`: the weights of several checkpoints of one run, averaged into `out`; a snapshot pattern
+    the shell left unmatched (no run kept any) says why."""
+    missing = next((p for p in paths if not p.exists()), None)
+    if missing is not None and "checkpoint_step" in missing.name:  # the shell left an unmatched glob as it was
+        raise checkpoint.CheckpointError(f"{missing}: checkpoint not found (a run keeps checkpoint_step*.pt only "
+                                         "with train.keep_last: N)")
+    checkpoint.save(checkpoint.average(paths, force=force), out)
+
+
 def _write_atomic(path: Path, text: str | bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from attn_mt.checkpoint import load_model
 from attn_mt.cli import app
 from attn_mt.data.corpus import load_corpus
-from attn_mt.decoding.metrics import score_test_split
+from attn_mt.training.validation import score_test_split
 
 CPU = torch.device("cpu")
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "compare.yaml"

@@ -1,0 +1,67 @@
+"""Evaluation while training, over a `Corpus`: validation loss, greedy validation BLEU (`validate`, which
+leaves the RNG as it was) and the test split's scores at the end."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from attn_mt.config import ExperimentConfig
+from attn_mt.data.batching import Batch, token_batches
+from attn_mt.data.corpus import Corpus
+from attn_mt.decoding.metrics import bleu, score
+from attn_mt.decoding.search import translate
+from attn_mt.device import autocast, rng_state, set_rng_state
+from attn_mt.models import Seq2Seq, loss_sum
+
+
+@torch.inference_mode()
+def validation_loss(model: Seq2Seq, corpus: Corpus, split: str, batch_tokens: int, device: torch.device,
+                  precision: str) -> float:
+    """Mean per-token cross-entropy (no smoothing) on a split."""
+    model.eval()
+    index = token_batches(*corpus.lengths(split), batch_tokens, 0, 0, shuffle=False)
+    total, n = torch.zeros((), device=device), 0
+    for batch in corpus.batches(split, index):  # pairs longer than the model allows are cut, not a crash
+        batch = _fit(batch, model.max_positions, corpus.tok.pad_id).to(device)
+        with autocast(device, precision):
+            total += loss_sum(model, batch, 0.0, corpus.tok.pad_id)
+        n += batch.n_tokens
+    return total.item() / max(n, 1)
+
+
+def _fit(batch: Batch, length: int, pad_id: int) -> Batch:
+    """At most `length` positions per side (the model's position limit); n_tokens recounted."""
+    if max(batch.src.size(1), batch.tgt_in.size(1)) <= length:
+        return batch
+    tgt_out = batch.tgt_out[:, :length]
+    return Batch(batch.src[:, :length], batch.tgt_in[:, :length], tgt_out, int((tgt_out != pad_id).sum()))
+
+
+def valid_bleu(model: Seq2Seq, corpus: Corpus, cfg: ExperimentConfig, device: torch.device, precision: str) -> float:
+    """Greedy BLEU on the first train.bleu_sentences sentences of the validation split."""
+    src, ref = (x[: cfg.train.bleu_sentences] for x in corpus.text[cfg.data.splits.valid])
+    with autocast(device, precision):
+        hyps = translate(model, corpus.tok, src, replace(cfg.decode, beam_size=1, nbest=1), device)
+    return bleu(hyps, ref)
+
+
+def validate(model: Seq2Seq, corpus: Corpus, cfg: ExperimentConfig, device: torch.device,
+             precision: str) -> tuple[float, float]:
+    """(validation loss, greedy BLEU on train.bleu_sentences sentences); leaves the RNG as it was."""
+    rng = rng_state(device)
+    loss = validation_loss(model, corpus, cfg.data.splits.valid, cfg.train.batch_tokens, device, precision)
+    value = valid_bleu(model, corpus, cfg, device, precision)
+    set_rng_state(rng, device)
+    model.train()
+    return loss, value
+
+
+def score_test_split(model: Seq2Seq, corpus: Corpus, cfg: ExperimentConfig, device: torch.device,
+                precision: str) -> tuple[list[str], dict]:
+    """Translate the test split with the configured decoding; (hypotheses, sacrebleu scores)."""
+    test_src, test_ref = corpus.text[cfg.data.splits.test]
+    with autocast(device, precision):
+        hyps = translate(model, corpus.tok, test_src, cfg.decode, device)
+    return hyps, score(hyps, test_ref)
