@@ -32,3 +32,33 @@ def test_non_finite_weights_are_refused_in_one_line(tiny_run, tmp_path):
         checkpoint_translator(bad, "cpu")
     r = CliRunner().invoke(cli, ["translate", "--checkpoint", str(bad), "a dog"])
     assert r.exit_code == 1 and "not finite" in r.output and r.output.count("\n") == 1 and "Traceback" not in r.output
+
+
+def test_decode_options_name_the_flags_or_fields_of_their_caller():
+    from attn_mt.config import DecodeConfig
+    from attn_mt.config.yamlconf import OptionError
+    from attn_mt.decoding.translator import decode_options
+    from attn_mt.serve.engine import FIELDS
+
+    defaults = DecodeConfig(beam_size=4, nbest=2, alpha=0.6)
+    assert decode_options(defaults) == defaults  # nothing given: the model's own section
+    assert decode_options(defaults, beam_size=6, alpha=1.0, nbest=1) == DecodeConfig(beam_size=6, alpha=1.0, nbest=1)
+    with pytest.raises(OptionError, match=r"^--beam 0: must be >= 1$") as e:
+        decode_options(defaults, beam_size=0)
+    assert e.value.option is None  # the message names it already
+    with pytest.raises(OptionError, match=r"5 hypotheses need a beam at least as wide, not --beam 3: add --beam 5"):
+        decode_options(defaults, beam_size=3, nbest=5)
+    with pytest.raises(OptionError, match=r"not the checkpoint's beam size \(4\): add beam 5") as e:
+        decode_options(defaults, FIELDS, nbest=5)
+    assert e.value.option == "nbest"
+
+
+def test_evaluate_texts_scores_the_best_translations(tiny_run):
+    from attn_mt.decoding.metrics import score
+    from attn_mt.decoding.translator import evaluate_texts
+
+    t = checkpoint_translator(tiny_run / "checkpoint_best.pt", "cpu")
+    sources, refs = ["a dog", "the old man sees a small dog."], ["ein Hund", "der alte Mann sieht einen kleinen Hund."]
+    result = evaluate_texts(t, sources, refs, t.decode)
+    hyps = [n[0].text for n in translate_nbest(t.model, t.tok, sources, t.decode)]
+    assert result == {**score(hyps, refs), "decode": {"beam_size": t.decode.beam_size, "alpha": t.decode.alpha}}
