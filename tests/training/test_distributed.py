@@ -105,6 +105,9 @@ def test_rank0_tests_alone_without_a_barrier_to_time_out(tmp_path):
     """The other ranks leave when training ends; rank 0's slow test decoding outlasts the group timeout."""
     cfg = tiny_yaml(tmp_path, "train.max_steps=4", "train.eval_every=4", "decode.beam_size=8",
                     "decode.max_len_a=8.0", "decode.max_len_b=100", "decode.batch_size=4")
+    # the data cache entry first: with a 2 s group timeout, rank 1 could not wait at the barrier for its build
+    subprocess.run([sys.executable, "-m", "attn_mt", "prepare", "--config", str(cfg)], env=env(), check=True,
+                   capture_output=True)
     job = subprocess.run(torchrun("train", "--config", str(cfg), "--out", str(tmp_path / "run")),
                          capture_output=True, text=True, env={**env(), "ATTN_MT_DIST_TIMEOUT_S": "2"}, timeout=600)
     assert job.returncode == 0, job.stderr[-2000:]
