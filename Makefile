@@ -17,8 +17,8 @@ $(BIN)/attn-mt: pyproject.toml
 
 setup: $(BIN)/attn-mt  ## create .venv and install attn-mt with its dependencies
 
-test: setup  ## run the test suite (CPU, a few minutes)
-	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
+test: setup  ## run the whole test suite, slow tests included (CPU, a few minutes; a plain pytest skips the slow ones)
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not network"
 
 test-fast: setup  ## the tests not marked slow: no real training runs or started commands (about a minute)
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not network"

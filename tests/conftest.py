@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -139,3 +143,103 @@ def random_checkpoint(tiny_cfg, tiny_run: Path, path: Path, *overrides: str):
             p.add_(0.1 * torch.randn_like(p))
     checkpoint.save({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tok.state()}, path)
     return model.eval(), tok
+
+
+# ---- toy data as files ----
+
+def toy_files(d: Path) -> Path:
+    """The tiny toy corpus as {split}.{en,de} files in `d`."""
+    from attn_mt.data.toy import make_toy_corpus
+
+    d.mkdir()
+    for split, pairs in make_toy_corpus(300).items():
+        (d / f"{split}.en").write_text("".join(s + "\n" for s, _ in pairs))
+        (d / f"{split}.de").write_text("".join(t + "\n" for _, t in pairs))
+    return d
+
+
+def toy_test_files(tmp_path: Path, n: int = 12) -> tuple[Path, Path]:
+    """The toy corpus's first n test pairs as src (en) and ref (de) files."""
+    from attn_mt.data.toy import make_toy_corpus
+
+    pairs = make_toy_corpus(300)["test"][:n]
+    src, ref = tmp_path / "src.en", tmp_path / "ref.de"
+    src.write_text("".join(s + "\n" for s, _ in pairs))
+    ref.write_text("".join(t + "\n" for _, t in pairs))
+    return src, ref
+
+
+def cfg_for(files: Path, tmp_path: Path, *extra: str):
+    """The tiny config reading `files` (from toy_files), with its data cache in tmp_path/cache."""
+    return load_config(None, [*TINY, "data.source=files", f"data.dir={files}", f"data.cache_dir={tmp_path / 'cache'}",
+                              *extra])
+
+
+# ---- a toy reverser: a real Transformer on a tiny search space (decoding and GPU tests) ----
+
+PAD, BOS, EOS, V = 0, 2, 3, 16
+
+
+def sources(n: int, seed: int, vocab: int = V) -> list[list[int]]:
+    """Random source ids of 1..11 tokens, eos-terminated."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 12, (n,), generator=g).tolist()
+    return [torch.randint(4, vocab, (k,), generator=g).tolist() + [EOS] for k in lens]
+
+
+@functools.cache  # one training per session, shared by the decoding tests
+def train_reverser(vocab: int = V, steps: int = 100) -> torch.nn.Module:
+    """A small Transformer half-trained to reverse its input: confident enough to end with eos,
+    unsure enough that beam search and greedy often disagree."""
+    import torch.nn.functional as F
+
+    from attn_mt.config import TransformerConfig
+    from attn_mt.data.batching import pad
+    from attn_mt.models import build_model
+
+    torch.manual_seed(0)
+    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_positions=64)
+    model = build_model(cfg, src_vocab=vocab, tgt_vocab=vocab, pad_id=PAD, shared_vocab=True)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for step in range(steps):
+        xs = [s[:-1] for s in sources(32, 1000 + step, vocab)]
+        src = pad([x + [EOS] for x in xs], PAD)
+        tgt_in, tgt_out = pad([[BOS] + x[::-1] for x in xs], PAD), pad([x[::-1] + [EOS] for x in xs], PAD)
+        loss = F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten(), ignore_index=PAD)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+def batch(srcs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded sources and their output limits 1.5 |src| + 3."""
+    from attn_mt.data.batching import pad
+
+    lens = torch.tensor([len(s) for s in srcs])
+    return pad(srcs, PAD), (lens * 1.5 + 3).long()
+
+
+# ---- a server on a real socket ----
+
+@contextmanager
+def serving(app, header_timeout_s: float = 10.0):
+    """`app` on a real server (as `attn-mt serve` runs it) in a thread, on a free port of 127.0.0.1;
+    yields the base URL; `app.state.server` is the uvicorn server, `app.state.thread` its thread."""
+    from attn_mt.serve import listen
+    from attn_mt.serve.server import make_server
+
+    sock = listen("127.0.0.1", 0)
+    server = app.state.server = make_server(app, header_timeout_s)
+    thread = app.state.thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import TINY, Evil, cli, one_line_error, write_config
+from conftest import Evil, cli, one_line_error, write_config
 from sacrebleu.metrics import BLEU, CHRF
 
 from attn_mt.data.toy import make_toy_corpus
@@ -25,17 +25,6 @@ def run(*args, stdin=None):
     return subprocess.run([ATTN_MT, *args], input=stdin, capture_output=True, text=True, timeout=600)
 
 
-def tiny_yaml(tmp_path):
-    raw: dict = {}
-    for item in TINY:
-        key, value = item.split("=", 1)
-        section, name = key.split(".")
-        raw.setdefault(section, {})[name] = yaml.safe_load(value)
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
 def test_help_lists_commands():
     out = run("--help")
     assert out.returncode == 0
@@ -47,7 +36,7 @@ def test_help_lists_commands():
 
 @pytest.mark.slow
 def test_train_translate_evaluate(tmp_path):
-    cfg = tiny_yaml(tmp_path)
+    cfg = write_config(tmp_path / "tiny.yaml")
     out = tmp_path / "run"
     result = run("train", "--config", str(cfg), "--out", str(out), "--set", "train.max_epochs=1")
     assert result.returncode == 0, result.stderr
@@ -80,7 +69,7 @@ def test_train_translate_evaluate(tmp_path):
 
 @pytest.mark.slow
 def test_config_error_exit_code_and_one_line(tmp_path):
-    cfg = tiny_yaml(tmp_path)
+    cfg = write_config(tmp_path / "tiny.yaml")
     result = run("train", "--config", str(cfg), "--set", "model.n_heads=3")
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "n_heads=3" in result.stderr

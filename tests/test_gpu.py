@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from test_beam import BOS, EOS, PAD, V, sources, train_reverser
+from conftest import BOS, EOS, PAD, V, sources, train_reverser
 
 from attn_mt import checkpoint
 from attn_mt.config import TrainConfig, TransformerConfig

@@ -246,3 +246,13 @@ def test_the_measure_package_may_not_import_the_training_run(tmp_path):
     finally:
         ROOT = root
     assert found == ["attn_mt/measure/bad.py:1: only the CLI imports the training run (attn_mt.training.run)"]
+
+
+def test_no_test_module_imports_another():
+    """Test modules share helpers through tests/conftest.py only, never `from test_x import ...`."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        for source, _, line in imports("tests." + path.stem, path):
+            if source.split(".")[0].startswith("test_"):
+                found.append(f"{path.relative_to(ROOT)}:{line}: imports {source}")
+    assert found == []

@@ -7,38 +7,22 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import TINY, cli, one_line_error, write_config
+from conftest import TINY, cfg_for, cli, one_line_error, toy_files, write_config
 from typer.testing import CliRunner
 
 from attn_mt.cli import app
-from attn_mt.config import load_config
 from attn_mt.data import build as builder
 from attn_mt.data import cache
 from attn_mt.data.batching import token_batches
 from attn_mt.data.cache import Resumed, fingerprint, open_entry, prepare
 from attn_mt.data.corpus import load_corpus
 from attn_mt.data.sources import DataError
-from attn_mt.data.toy import make_toy_corpus
 from attn_mt.training.rundir import RunDir
-
-
-def toy_files(d: Path) -> Path:
-    """The tiny toy corpus as {split}.{en,de} files in `d`."""
-    d.mkdir()
-    for split, pairs in make_toy_corpus(300).items():
-        (d / f"{split}.en").write_text("".join(s + "\n" for s, _ in pairs))
-        (d / f"{split}.de").write_text("".join(t + "\n" for _, t in pairs))
-    return d
 
 
 @pytest.fixture
 def files(tmp_path) -> Path:
     return toy_files(tmp_path / "data")
-
-
-def cfg_for(files: Path, tmp_path: Path, *extra: str):
-    return load_config(None, [*TINY, "data.source=files", f"data.dir={files}", f"data.cache_dir={tmp_path / 'cache'}",
-                              *extra])
 
 
 def entries(tmp_path: Path) -> list[Path]:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY
-from test_cache import cfg_for, toy_files
+from conftest import TINY, cfg_for, toy_files
 
 from attn_mt.data.batching import collate, token_batches
 from attn_mt.data.corpus import load_corpus

@@ -2,57 +2,20 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 
 import pytest
 import torch
-import torch.nn.functional as F
+from conftest import BOS, EOS, PAD, batch, sources, train_reverser
 
-from attn_mt.config import TransformerConfig
 from attn_mt.data.batching import pad
 from attn_mt.decoding.beam import beam_search, length_penalty
 from attn_mt.decoding.search import greedy_search
-from attn_mt.models import build_model
-
-PAD, BOS, EOS, V = 0, 2, 3, 16
-
-
-def sources(n: int, seed: int, vocab: int = V) -> list[list[int]]:
-    """Random source ids of 1..11 tokens, eos-terminated."""
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(1, 12, (n,), generator=g).tolist()
-    return [torch.randint(4, vocab, (k,), generator=g).tolist() + [EOS] for k in lens]
-
-
-@functools.cache  # one training per session, shared with test_decode.py
-def train_reverser(vocab: int = V, steps: int = 100) -> torch.nn.Module:
-    """A small Transformer half-trained to reverse its input: confident enough to end with eos,
-    unsure enough that beam search and greedy often disagree."""
-    torch.manual_seed(0)
-    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_positions=64)
-    model = build_model(cfg, src_vocab=vocab, tgt_vocab=vocab, pad_id=PAD, shared_vocab=True)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for step in range(steps):
-        xs = [s[:-1] for s in sources(32, 1000 + step, vocab)]
-        src = pad([x + [EOS] for x in xs], PAD)
-        tgt_in, tgt_out = pad([[BOS] + x[::-1] for x in xs], PAD), pad([x[::-1] + [EOS] for x in xs], PAD)
-        loss = F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten(), ignore_index=PAD)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
 def model():
     return train_reverser()
-
-
-def batch(srcs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Padded sources and their output limits 1.5 |src| + 3."""
-    lens = torch.tensor([len(s) for s in srcs])
-    return pad(srcs, PAD), (lens * 1.5 + 3).long()
 
 
 def search(model, srcs, **kw):

@@ -7,8 +7,7 @@ import logging
 
 import pytest
 import torch
-from conftest import cli
-from test_beam import BOS, EOS, batch, sources, train_reverser
+from conftest import BOS, EOS, batch, cli, sources, train_reverser
 from typer.testing import CliRunner
 
 from attn_mt import checkpoint
@@ -98,7 +97,10 @@ def test_any_unicode_translates(run):
              "\t\x0b\x0c\r", "\u200b\u2028\ufeff", "e\u0301\u0301", "\udcff lone surrogate", "\U0010ffff"]
     for beam in (1, 3):
         out = translate(model, tok, texts, DecodeConfig(beam_size=beam))
-        assert len(out) == len(texts) and all(isinstance(o, str) for o in out)
+        # each text is translated as it would be alone (no odd input disturbs its batch), and the
+        # whitespace-only one gives the empty translation
+        assert out == [translate(model, tok, [t], DecodeConfig(beam_size=beam))[0] for t in texts]
+        assert out[4] == "" and all(o for i, o in enumerate(out) if i != 4)
 
 
 def test_cli_translate_jsonl_nbest(tiny_run):

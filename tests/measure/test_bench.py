@@ -30,14 +30,21 @@ def test_bench_cli_writes_every_figure(tmp_path, tiny_run):
     r = json.loads(out.read_text())
     precisions = list(r["matmul_peak_gflops"])
     assert precisions[0] == "fp32" and r["device"] == "cpu" and r["threads"] >= 1 and r["torch"]
-    for p in precisions:
-        assert r["ours_tokens_per_s"][p] > 0 and r["reference_tokens_per_s"][p] > 0
-        assert r["ratio"][p] == pytest.approx(r["ours_tokens_per_s"][p] / r["reference_tokens_per_s"][p])
-        assert r["matmul_peak_gflops"][p] > 0
-        assert all(0 < r["mfu"][m][p] < 1 for m in ("ours", "ours_refattn", "torch"))
     assert {(row["model"], row["precision"]) for row in r["train"]} == {
         (m, p) for m in ("ours", "ours_refattn", "torch") for p in precisions}
-    assert 0 < r["data_share"] and r["flops_per_token"] > 0
+    by = {(row["model"], row["precision"]): row for row in r["train"]}
+    # every model is timed on the same batches: tokens/s x seconds per step is the same tokens per step
+    per_step = {round(row["tokens_per_s"] * row["step_s"]) for row in r["train"]}
+    assert len(per_step) == 1 and per_step.pop() >= 100
+    for p in precisions:
+        assert r["ours_tokens_per_s"][p] == by["ours", p]["tokens_per_s"]
+        assert r["reference_tokens_per_s"][p] == by["torch", p]["tokens_per_s"]
+        assert r["ratio"][p] == pytest.approx(r["ours_tokens_per_s"][p] / r["reference_tokens_per_s"][p])
+        for m in ("ours", "ours_refattn", "torch"):  # GFLOP/s from the FLOPs formula, MFU against the peak
+            row = by[m, p]
+            assert row["gflops"] == pytest.approx(r["flops_per_token"] * row["tokens_per_s"] / 1e9)
+            assert r["mfu"][m][p] == pytest.approx(row["gflops"] / r["matmul_peak_gflops"][p]) and r["mfu"][m][p] < 1
+    assert 0 < r["data_share"] < 1
     assert {(t["search"], t["precision"]) for t in r["translate"]} == {
         (s, p) for s in ("greedy", "beam5") for p in precisions}
     assert all(t["sentences_per_s"] > 0 for t in r["translate"])

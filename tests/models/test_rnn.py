@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from attn_mt import checkpoint
 from attn_mt.config import DecodeConfig, RNNConfig, to_dict
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decoding.search import greedy, translate
+from attn_mt.decoding.metrics import score
+from attn_mt.decoding.search import greedy, translate, translate_nbest
 from attn_mt.models import AttentionWeights, build_model
 from attn_mt.models.rnn import RNNCache, RNNSeq2Seq
 
@@ -140,10 +141,16 @@ def test_trains_through_the_shared_loop(rnn_run):
     run_dir, best = rnn_run
     results = json.loads((run_dir / "results.json").read_text())
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert results["test_bleu"] >= 0 and results["params"] > 0
     assert len(metrics) == 2 and metrics[1]["valid_loss"] < metrics[0]["valid_loss"]
-    model, cfg, _ = checkpoint.load_model(best)
+    model, cfg, tok = checkpoint.load_model(best)
     assert isinstance(model, RNNSeq2Seq) and cfg.model.kind == "rnn"
+    assert results["params"] == sum(p.numel() for p in model.parameters())
+    # the reported score is sacrebleu's on the run's own test texts, and those are the tested model's
+    hyps = (run_dir / "test_hyps.txt").read_text(encoding="utf-8").splitlines()
+    sources = (run_dir / "test.en").read_text(encoding="utf-8").splitlines()
+    refs = (run_dir / "test.de").read_text(encoding="utf-8").splitlines()
+    assert results["test_bleu"] == score(hyps, refs)["bleu"]
+    assert hyps == translate(model, tok, sources, cfg.decode)
 
 
 @pytest.mark.slow
@@ -170,7 +177,10 @@ def test_beam_search(rnn_run, monkeypatch):
     reorder = RNNCache.reorder
     monkeypatch.setattr(RNNCache, "reorder", lambda c, i: calls.append(i) or reorder(c, i))
     texts = ["the small dog sees the cat.", "a woman likes the old horses.", "the child finds a book."]
-    beam = translate(model, tok, texts, DecodeConfig(beam_size=4))
-    if not calls:
-        pytest.skip("decode.translate has no beam search yet (the cache was never reordered)")
-    assert len(beam) == 3 and all(isinstance(h, str) and h for h in beam)
+    nbest = translate_nbest(model, tok, texts, DecodeConfig(beam_size=4, nbest=4))
+    assert calls, "beam search never reordered the RNN's cache"
+    # four hypotheses per sentence, best first, and the best one is what translate returns
+    for hyps in nbest:
+        assert len(hyps) == 4
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    assert [n[0].text for n in nbest] == translate(model, tok, texts, DecodeConfig(beam_size=4))

@@ -8,19 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from attn_mt.data.toy import make_toy_corpus
+from conftest import toy_test_files
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def toy_test_files(tmp_path: Path, n: int = 12) -> tuple[Path, Path]:
-    """The toy corpus's first n test pairs as src (en) and ref (de) files."""
-    pairs = make_toy_corpus(300)["test"][:n]
-    src, ref = tmp_path / "src.en", tmp_path / "ref.de"
-    src.write_text("".join(s + "\n" for s, _ in pairs))
-    ref.write_text("".join(t + "\n" for _, t in pairs))
-    return src, ref
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_bench_decode import toy_test_files
+from conftest import toy_test_files
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("ctranslate2")

@@ -18,6 +18,21 @@ def test_readme_table_is_current():
     assert results_table.main(["--check"]) == 0, "run: python scripts/results_table.py"
 
 
+def test_readme_shows_a_short_summary_of_the_full_table():
+    """README's table has at most 6 rows, each also in docs/results.md's table, which has every row
+    with its machine, commit and command."""
+    table = json.loads((ROOT / "docs/readme_results.json").read_text())
+    short = results_table.render(table, ROOT, summary=True).splitlines()[4:-2]
+    full = results_table.render(table, ROOT, where="docs/results.md").splitlines()[4:-2]
+    assert 1 <= len(short) <= 6 and len(full) == len(table["rows"]) > len(short)
+    for line in short:
+        measurement = line.split(" | ")[0]
+        assert any(row.startswith(measurement + " | ") for row in full), measurement
+    assert all(f"commit {row['at']}" in "\n".join(full) for row in table["rows"])
+    with pytest.raises(results_table.StaleError, match="1 to 6"):
+        results_table.render({**table, "rows": [{**r, "summary": True} for r in table["rows"]]}, ROOT, summary=True)
+
+
 def test_every_row_names_machine_commit_and_command():
     table = json.loads((ROOT / "docs/readme_results.json").read_text())
     for row in table["rows"]:

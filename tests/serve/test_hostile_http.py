@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")  # the serve extra
-from test_serve import serving  # noqa: E402
+
+from conftest import serving  # noqa: E402
 
 from attn_mt.serve import Limits, create_app  # noqa: E402
 from attn_mt.serve.guards import host_name  # noqa: E402

@@ -7,11 +7,10 @@ import re
 import socket
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
-from conftest import TINY
+from conftest import TINY, serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -26,9 +25,8 @@ pytest.importorskip("fastapi")  # the serve extra
 httpx = pytest.importorskip("httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from attn_mt.serve import Limits, create_app, listen  # noqa: E402
+from attn_mt.serve import Limits, create_app  # noqa: E402
 from attn_mt.serve.batcher import Batcher, QueueFull  # noqa: E402
-from attn_mt.serve.server import make_server  # noqa: E402
 
 LOCAL = "http://localhost"  # the Host the server allows (TestClient sends "testserver" by default)
 LIMITS = Limits(max_texts=4, max_chars=200, max_attention_chars=100, max_beam=6)
@@ -57,26 +55,6 @@ def rnn_ckpt(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("rnn_serve")
     train(cfg, run_dir)
     return run_dir / "checkpoint_best.pt"
-
-
-@contextmanager
-def serving(app, header_timeout_s: float = 10.0):
-    """`app` on a real server (as `attn-mt serve` runs it) in a thread, on a free port of 127.0.0.1;
-    yields the base URL; `app.state.server` is the uvicorn server, `app.state.thread` its thread."""
-    sock = listen("127.0.0.1", 0)
-    server = app.state.server = make_server(app, header_timeout_s)
-    thread = app.state.thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 # ---- the contract ----

@@ -29,11 +29,11 @@ CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
     pytest.skip("no Chromium and chromedriver", allow_module_level=True)
 
+from conftest import serving  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
-from test_serve import serving  # noqa: E402
 
 from attn_mt import checkpoint  # noqa: E402
 from attn_mt.config import to_dict  # noqa: E402

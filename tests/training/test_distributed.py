@@ -10,25 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import TINY
+from conftest import write_config
 
 # the venv's torchrun (pytest may run as .venv/bin/python without the venv on PATH), else PATH's
 _VENV_TORCHRUN = Path(sys.executable).parent / "torchrun"
 TORCHRUN = (str(_VENV_TORCHRUN) if _VENV_TORCHRUN.exists() else shutil.which("torchrun")) or pytest.skip(
     "torchrun not found", allow_module_level=True)
 pytestmark = pytest.mark.slow
-
-
-def tiny_yaml(tmp_path: Path, *extra: str) -> Path:
-    raw: dict = {}
-    for item in [*TINY, *extra]:
-        key, value = item.split("=", 1)
-        section, name = key.split(".")
-        raw.setdefault(section, {})[name] = yaml.safe_load(value)
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
 
 
 def torchrun(*args: str) -> list[str]:
@@ -45,7 +33,7 @@ def records(run_dir: Path) -> list[dict]:
 
 
 def test_two_processes_match_one(tmp_path):
-    cfg = tiny_yaml(tmp_path, "train.max_steps=8", "train.eval_every=4", "train.log_every=4")
+    cfg = write_config(tmp_path / "tiny.yaml", "train.max_steps=8", "train.eval_every=4", "train.log_every=4")
     one, two = tmp_path / "one", tmp_path / "two"
     single = subprocess.run([sys.executable, "-m", "attn_mt", "train", "--config", str(cfg), "--out", str(one)],
                             capture_output=True, text=True, env=env(), timeout=300)
@@ -71,7 +59,7 @@ def test_two_processes_match_one(tmp_path):
 
 
 def test_a_crashed_rank_ends_the_job(tmp_path):
-    cfg = tiny_yaml(tmp_path, "train.max_epochs=1000", "train.checkpoint_every=2")
+    cfg = write_config(tmp_path / "tiny.yaml", "train.max_epochs=1000", "train.checkpoint_every=2")
     run_dir = tmp_path / "run"
     job = subprocess.Popen(torchrun("train", "--config", str(cfg), "--out", str(run_dir)),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
@@ -103,7 +91,7 @@ def _is_rank(proc: Path, root_pid: int, rank: str) -> bool:
 
 def test_rank0_tests_alone_without_a_barrier_to_time_out(tmp_path):
     """The other ranks leave when training ends; rank 0's slow test decoding outlasts the group timeout."""
-    cfg = tiny_yaml(tmp_path, "train.max_steps=4", "train.eval_every=4", "decode.beam_size=8",
+    cfg = write_config(tmp_path / "tiny.yaml", "train.max_steps=4", "train.eval_every=4", "decode.beam_size=8",
                     "decode.max_len_a=8.0", "decode.max_len_b=100", "decode.batch_size=4")
     # the data cache entry first: with a 2 s group timeout, rank 1 could not wait at the barrier for its build
     subprocess.run([sys.executable, "-m", "attn_mt", "prepare", "--config", str(cfg)], env=env(), check=True,

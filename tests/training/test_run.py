@@ -73,7 +73,13 @@ def test_compiled_training_matches_eager(tiny_cfg, tmp_path):
 def test_validation_longer_than_the_position_table_is_cut_not_a_crash(tiny_cfg, tmp_path):
     cfg = tiny_cfg("model.max_positions=12", *SHORT)
     train(cfg, tmp_path)
-    assert json.loads((tmp_path / "results.json").read_text())["steps"] > 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # the epoch ran whole and was validated (a finite loss on sentences cut to 12 positions), and the
+    # test split was translated: one hypothesis per test sentence, each within the position table
+    assert results["steps"] == records[-1]["step"] >= 1 and records[-1]["valid_loss"] < 100
+    hyps = (tmp_path / "test_hyps.txt").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == len((tmp_path / "test.de").read_text(encoding="utf-8").splitlines())
 
 
 def test_a_saved_checkpoint_rebuilds_the_model_being_trained(tiny_cfg, tmp_path):
