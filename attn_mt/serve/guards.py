@@ -1,7 +1,8 @@
 """ASGI middleware in front of the app: the Host allow-list, and the body limit with its read timeout.
 
 Both answer in JSON like the app (`{"error": "<field>: <why>", "field": "<field>"}`) and close the
-connection after refusing a body, so an unread rest is never parsed, buffered or waited for.
+connection with every refusal, so an unread rest of the body is never parsed, buffered or waited for
+(server.py also closes any connection answered before its body was read whole).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ def host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-async def _send_error(send, status: int, field: str, message: str, close: bool = False) -> None:
+async def _send_error(send, status: int, field: str, message: str) -> None:
     body = json.dumps(error_body(field, message)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status,
-                "headers": headers + ([(b"connection", b"close")] if close else [])})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -69,7 +70,7 @@ class BodyLimit:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
-                return await _send_error(send, 408, "body", f"not received within {self.timeout_s:g} s", close=True)
+                return await _send_error(send, 408, "body", f"not received within {self.timeout_s:g} s")
             if message["type"] != "http.request":
                 return  # the client left
             parts.append(message.get("body", b""))
@@ -86,4 +87,4 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _too_large(self, send) -> None:
-        await _send_error(send, 413, "body", f"request body over {self.max_bytes} bytes", close=True)
+        await _send_error(send, 413, "body", f"request body over {self.max_bytes} bytes")

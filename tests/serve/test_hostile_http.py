@@ -115,6 +115,71 @@ def test_foreign_host_headers_are_refused(server, tiny_run):
         assert c.get("/api/info").status_code == 400
 
 
+# ---- a refusal closes the connection: the rest of the body is never read ----
+
+def open_fds(pid: int | str = "self") -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_refused_host_with_a_trickled_body_is_closed_at_once(server):
+    app, port = server
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"POST /api/translate HTTP/1.1\r\nHost: evil.example\r\nTransfer-Encoding: chunked\r\n\r\n")
+        start, answer, closed = time.monotonic(), b"", False
+        while not closed and time.monotonic() - start < 4:  # a byte a 0.1 s, well past the 1 s read timeout
+            try:
+                s.sendall(b"1\r\nx\r\n")
+                s.settimeout(0.1)
+                data = s.recv(65536)
+                answer, closed = answer + data, not data
+            except TimeoutError:
+                pass
+            except OSError:
+                closed = True
+    assert status(answer) == 400 and b"connection: close" in answer.lower()
+    assert closed and time.monotonic() - start < 2
+
+
+def test_a_refused_host_with_a_flooded_body_stops_being_read(server):
+    app, port = server
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"POST /api/translate HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 100000000000\r\n\r\n")
+        block, sent = b"x" * 65536, 0
+        try:
+            while sent < 64 << 20:  # 64 MB, unless the server closes first
+                s.sendall(block)
+                sent += len(block)
+        except OSError:
+            pass
+    assert sent < 32 << 20, sent  # what the kernel's buffers took before the close: a few MB
+
+
+@pytest.mark.slow
+def test_answers_that_are_never_read_are_dropped_after_the_read_timeout(tiny_run):
+    limits = Limits(max_work=100_000, header_timeout_s=1.0, body_timeout_s=1.0)
+    app = create_app(tiny_run / "checkpoint_best.pt", limits, device="cpu")
+    text = " ".join(["the old man sees a small dog and the big cat runs to the house"] * 16)[:1000]
+    body = json.dumps({"text": text, "beam": 1}).encode()  # an answer of about 2.5 MB
+    request = (b"POST /api/attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    with serving(app, limits.header_timeout_s) as url:
+        connections = app.state.server.server_state.connections
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel takes little of what is not read
+        try:
+            s.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+            s.sendall(request * 4)  # pipelined, and never read: more than the kernel's buffers hold
+            start = time.monotonic()
+            while not connections and time.monotonic() - start < 2:  # the server has taken the connection
+                time.sleep(0.01)
+            while connections and time.monotonic() - start < 15:
+                time.sleep(0.05)
+            assert not connections, "the server still holds the connection"
+        finally:
+            s.close()
+        assert not app.state.batcher.pending
+
+
 # ---- slow clients ----
 
 @pytest.mark.slow
