@@ -20,7 +20,7 @@ import torch
 from attn_mt.config import ConfigError, ExperimentConfig, from_dict, to_dict
 from attn_mt.config.yamlconf import first_line, show
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.models import Seq2Seq, build_model
+from attn_mt.models import Seq2Seq, build_model, empty_model
 
 FORMAT_VERSION = 2
 READABLE = (1, 2)  # formats this attn-mt loads
@@ -112,11 +112,13 @@ def model_from_state(state: dict, device: torch.device | str = "cpu",
     except ConfigError as e:
         raise CheckpointError(f"checkpoint config is not valid for this attn-mt: {e}") from None
     tok = tokenizer_from_state(state.get("tokenizer"))
-    model = build_model(cfg.model, **tok.sizes())
-    weights = check_weights(state["model"], model.state_dict())
+    shapes = empty_model(cfg.model, **tok.sizes())  # nothing allocated: a crafted config may ask for terabytes
+    weights = check_weights(state["model"], shapes.state_dict())
+    _check_size(shapes, weights, cfg.model.max_positions)
     broken = next((k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
     if broken:
         raise CheckpointError(f"checkpoint weights are not finite ({broken} holds NaN or inf)")
+    model = build_model(cfg.model, **tok.sizes())
     model.load_state_dict(weights)
     return model.to(device).eval(), cfg, tok
 
@@ -161,6 +163,16 @@ def check_weights(weights: object, expected: dict | None = None) -> dict:
     if problems:
         raise CheckpointError(f"checkpoint weights do not fit the model ({'; '.join(problems)})")
     return weights
+
+
+def _check_size(shapes: Seq2Seq, weights: dict, max_positions: int) -> None:
+    """Refuse a config whose model needs far more memory than its weights hold: with the shapes checked, only
+    buffers outside the weights (positions: model.max_positions x d_model) can make up the difference."""
+    need = sum(t.numel() * 4 for t in [*shapes.parameters(), *shapes.buffers()])  # float32 once built
+    have = sum(v.numel() * v.element_size() for v in weights.values())
+    if need > 4 * have + (1 << 30):
+        raise CheckpointError(f"checkpoint config asks for a model of {need / 2**30:.1f} GiB, its weights hold "
+                              f"{have / 2**20:.1f} MiB (model.max_positions={max_positions}?)")
 
 
 def load_model(path: Path | str, device: torch.device | str = "cpu",
