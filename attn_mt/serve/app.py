@@ -22,6 +22,7 @@ from .api import (
     Limits,
     TranslateRequest,
     TranslateResponse,
+    check_json,
     check_work,
     error_body,
 )
@@ -57,7 +58,7 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
     # docs_url=None: FastAPI's Swagger page loads its scripts from a CDN; ours renders /openapi.json offline
     app = FastAPI(title="attn-mt", description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.batcher, app.state.engine = batcher, engine
-    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s, check=check_json)
     app.add_middleware(HostCheck, allowed=allowed_hosts)  # the outermost: checked first
     _error_handlers(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -154,7 +155,9 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(e.detail), "field": None}, status_code=e.status_code, headers=e.headers)
+        field = "body" if e.status_code == 400 else None  # a body the parser refused
+        return JSONResponse({"error": f"{field}: {e.detail}" if field else str(e.detail), "field": field},
+                            status_code=e.status_code, headers=e.headers)
 
     @app.exception_handler(QueueFull)
     @app.exception_handler(Stopping)

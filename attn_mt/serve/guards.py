@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
-from .api import error_body
+from .api import ApiError, error_body
 
 LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
@@ -53,11 +54,12 @@ class BodyLimit:
 
     A body over `max_bytes` is refused (413) as soon as the count passes the limit, whatever its
     Content-Length said; one not complete within `timeout_s` of the headers is refused with 408.
-    The app then gets the body in one message.
+    `check(body)` may refuse it too, raising ApiError. The app then gets the body in one message.
     """
 
-    def __init__(self, app, max_bytes: int, timeout_s: float) -> None:
-        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
+    def __init__(self, app, max_bytes: int, timeout_s: float, check: Callable[[bytes], None] = lambda b: None,
+                 ) -> None:
+        self.app, self.max_bytes, self.timeout_s, self.check = app, max_bytes, timeout_s, check
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -79,7 +81,12 @@ class BodyLimit:
                 return await self._too_large(send)
             if not message.get("more_body"):
                 break
-        messages = [{"type": "http.request", "body": b"".join(parts), "more_body": False}]
+        body = b"".join(parts)
+        try:
+            self.check(body)
+        except ApiError as e:
+            return await _send_error(send, e.status, e.field, e.message)
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def replay():
             return messages.pop() if messages else await receive()

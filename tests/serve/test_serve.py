@@ -218,6 +218,16 @@ def test_oversized_bodies_are_refused_unread(client):
     assert r.status_code == 200
 
 
+def test_huge_numbers_and_deep_nesting_name_their_field_and_are_not_echoed(client):
+    for body, status, field in [('{"texts": ["a"], "beam": %s}' % ("9" * 5000), 422, "beam"),
+                                ('{"texts": ["a"], "beam": 2, "nbest": %s}' % ("7" * 4000), 422, "nbest"),
+                                ('{"texts": ["a", %s]}' % ("-" + "1" * 4400), 422, "texts.1"),
+                                ('{"texts": ' + "[" * 3000 + '"a"' + "]" * 3000 + "}", 400, "body")]:
+        r = client.post("/api/translate", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == status and r.json()["field"] == field, r.text
+        assert len(r.content) < 300 and "999999" not in r.text and "777777" not in r.text
+
+
 def test_other_errors_are_json_too(client):
     assert client.get("/nope").json() == {"error": "Not Found", "field": None}
     assert client.get("/api/translate").status_code == 405
