@@ -1,12 +1,15 @@
 """Dynamic batching: one worker thread owns the model; requests from many clients share its batches.
 
-Each request becomes a `Job` with a `concurrent.futures.Future`. The worker builds each model call
-by taking one item (sentence) from every waiting job with the same decoding settings in turn, until
-the call holds `max_batch` items or `max_batch_work` units of work (source tokens x beam), and
-then moves the jobs it took from to the back of the queue. A huge request is so decoded in several
-calls between which everyone else gets a turn: a one-sentence request waits for at most one call,
-not for the whole of another client's work. The first job of a call waits up to `max_wait_s` for
-company; under load the queue is never empty, so the wait costs nothing.
+Each request becomes a `Job` with a `concurrent.futures.Future`. Jobs with the same decoding settings
+(`key`) form a group; all attention jobs (key None) form one. The worker serves the groups in turn:
+a call takes one item (sentence) from every job of the first group in the queue in turn (an attention
+call: one job), until it holds `max_batch` items or its share of `max_batch_work` units of work
+(source tokens x beam): max_batch_work divided by the number of groups waiting, at least one item.
+Then the group's jobs go to the back of the queue. So a request waits, before its first item is
+decoded, for at most the call running when it came and one call of each group ahead of it, which
+together hold about max_batch_work units (more only where single items are larger than their share),
+however many sentences, settings or attention jobs the others sent. The first job of a call waits up
+to `max_wait_s` for company; under load the queue is never empty, so the wait costs nothing.
 
 At most `max_queue` requests wait or decode at once (`QueueFull` beyond). A job whose client went away
 (its future cancelled) is dropped when the worker next looks at it, and a model call whose jobs
@@ -121,14 +124,15 @@ class Batcher:
 
     def _work(self) -> None:
         while (call := self._next_call()) is not None:
-            self._run(*call)
+            if call[1]:  # empty when every job of the group left while it waited for company
+                self._run(*call)
         with self._cond:
             for job in self.waiting:
                 job.settle(error=Stopping("the server is shutting down"))
             self.waiting.clear()
 
     def _next_call(self) -> tuple[Hashable | None, list[tuple[Job, int]]] | None:
-        """(key, [(job, item index)]): items taken from every job of the first job's key in turn."""
+        """(key, [(job, item index)]): items taken from every job of the first job's group in turn."""
         with self._cond:
             while True:  # wait for work; poll the stop flag, which a signal handler sets without the lock
                 for job in [j for j in self.waiting if j.future.done()]:  # cancelled by its client
@@ -139,26 +143,26 @@ class Batcher:
                     break
                 self._cond.wait(0.1)
             first = self.waiting[0]
-            if first.key is None:
-                self.waiting.popleft()
-                return None, [(first, 0)]
-            deadline = time.monotonic() + self.max_wait_s
-            while self._open(first.key) < self.max_batch and (left := deadline - time.monotonic()) > 0:
-                self._cond.wait(left)  # company: jobs that arrive within max_wait_s
-            jobs = [j for j in self.waiting if j.key == first.key and not j.future.done()]
+            if first.key is not None:
+                deadline = time.monotonic() + self.max_wait_s
+                while self._open(first.key) < self.max_batch and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)  # company: jobs that arrive within max_wait_s
+            group = [j for j in self.waiting if j.key == first.key]
+            # every group waiting gets a call before this one's next: together they hold max_batch_work
+            budget = self.max_batch_work // len({j.key for j in self.waiting})
             picks: list[tuple[Job, int]] = []
             work, taking = 0, True
-            while taking:  # one item of each job in turn
+            while taking:  # one item of each job in turn; one attention job (key None) a call
                 taking = False
-                for job in jobs:
-                    if job.next == len(job.items) or len(picks) == self.max_batch:
+                for job in group:
+                    if job.future.done() or job.next == len(job.items) or len(picks) == self.max_batch:
                         continue
                     cost = job.costs[job.next]
-                    if picks and work + cost > self.max_batch_work:
+                    if picks and (first.key is None or work + cost > budget):
                         continue
                     picks.append((job, job.next))
                     job.next, work, taking = job.next + 1, work + cost, True
-            for job in jobs:  # the jobs served go to the back of the queue; finished ones leave it
+            for job in group:  # the group served goes to the back of the queue; finished jobs leave it
                 self.waiting.remove(job)
                 if job.next < len(job.items):
                     self.waiting.append(job)

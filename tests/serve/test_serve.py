@@ -327,6 +327,39 @@ def test_batcher_takes_from_every_waiting_request_in_turn():
     b.close()
 
 
+def test_batcher_is_fair_across_settings_and_attention_jobs():
+    """The issue's case: 20 requests of 64 sentences, each with its own settings, and 10 attention jobs
+    wait; then a one-sentence request. It waits for one call of each group, the calls of all groups
+    together hold about max_batch_work, and the attention jobs take one call between them."""
+    gate, calls = threading.Event(), []
+
+    def run_batch(key, items):
+        calls.append((key, list(items)))
+        gate.wait(5)
+        return items
+
+    def run_one(item):
+        calls.append((None, [item]))
+        gate.wait(5)
+        return item
+
+    b = Batcher(run_batch, run_one, max_batch=64, max_batch_work=4096, max_wait_s=0.0)
+    b.submit("hold", ["hold"])
+    time.sleep(0.1)
+    for i in range(20):  # 20 alphas: each its own group; a sentence of 15 subwords at beam 16 is 240 units
+        b.submit(("alpha", i), [f"s{i}.{k}" for k in range(64)], costs=[240] * 64)
+    for i in range(10):
+        b.submit(None, [f"map{i}"], costs=[8000])
+    small = b.submit("default", ["small"], costs=[20])
+    gate.set()
+    assert small.result(10) == ["small"]
+    before = calls[1 : next(i for i, (_, items) in enumerate(calls) if items == ["small"])]
+    keys = [key for key, _ in before]
+    assert len(keys) == len(set(keys)) == 21  # one call of each group ahead; the attention jobs: one
+    assert sum(len(items) for key, items in before if key is not None) == 20  # 4096 / 22 groups: a sentence each
+    b.close()
+
+
 def test_batcher_queue_is_bounded_and_stop_fails_the_waiting():
     gate = threading.Event()
     b = Batcher(lambda key, items: gate.wait(5) and items, lambda item: item, max_queue=2, max_wait_s=0.0)
