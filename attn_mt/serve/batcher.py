@@ -11,9 +11,10 @@ together hold about max_batch_work units (more only where single items are large
 however many sentences, settings or attention jobs the others sent. The first job of a call waits up
 to `max_wait_s` for company; under load the queue is never empty, so the wait costs nothing.
 
-At most `max_queue` requests wait or decode at once (`QueueFull` beyond). A job whose client went away
-(its future cancelled) is dropped when the worker next looks at it, and a model call whose jobs
-are all gone stops at its next decoder step: the model calls `check()` at each step, which raises
+At most `max_queue` requests wait or decode at once (`QueueFull` beyond); one submitted with `hold`
+keeps its place after its answer until `release` (the app: until the client has taken the answer).
+A job whose client went away (its future cancelled) is dropped when the worker next looks at it, and a
+model call whose jobs are all gone stops at its next decoder step: the model calls `check()` at each step, which raises
 `Abandoned`. `stop()` (safe in a signal handler: it only sets a flag) makes the worker stop the
 running call at its next step and fail every waiting job with `Stopping`.
 """
@@ -51,6 +52,7 @@ class Job:
     key: Hashable | None  # decoding settings; None: run alone with `run_one`
     items: list[Any]
     costs: list[int]  # work units of each item
+    hold: bool = False  # keep its place in the queue after its answer, until Batcher.release
     future: Future = field(default_factory=Future)
     results: dict[int, Any] = field(default_factory=dict)
     next: int = 0  # the first item not yet handed to the model
@@ -83,16 +85,18 @@ class Batcher:
         self.max_batch, self.max_batch_work, self.max_wait_s, self.max_queue = (
             max_batch, max_batch_work, max_wait_s, max_queue)
         self.waiting: deque[Job] = deque()  # jobs with items not yet handed to the model
-        self.pending: set[Job] = set()  # jobs without their answer: what max_queue bounds
+        self.pending: dict[Future, Job] = {}  # jobs not answered, or held until released: what max_queue bounds
         self.batches = self.items = 0  # model calls and the items they took, for /api/info
         self._running: list[Job] = []
         self._stopping = False
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def submit(self, key: Hashable | None, items: list, costs: list[int] | None = None) -> Future:
-        """Queue a job; its future gets the list of results (or the single result when key is None)."""
-        job = Job(key, items, costs or [1] * len(items))
+    def submit(self, key: Hashable | None, items: list, costs: list[int] | None = None, hold: bool = False,
+               ) -> Future:
+        """Queue a job; its future gets the list of results (or the single result when key is None).
+        With `hold`, an answered job counts against max_queue until `release(future)`."""
+        job = Job(key, items, costs or [1] * len(items), hold=hold)
         with self._cond:
             if self._stopping:
                 raise Stopping("the server is shutting down")
@@ -102,10 +106,19 @@ class Batcher:
                 self._thread = threading.Thread(target=self._work, name="attn-mt-model", daemon=True)
                 self._thread.start()
             self.waiting.append(job)
-            self.pending.add(job)
-            job.future.add_done_callback(lambda _: self.pending.discard(job))  # answered, failed or cancelled
+            self.pending[job.future] = job
+            job.future.add_done_callback(self._done)
             self._cond.notify()
         return job.future
+
+    def _done(self, future: Future) -> None:  # answered, failed or cancelled
+        job = self.pending.get(future)
+        if job is None or not job.hold or future.cancelled() or future.exception() is not None:
+            self.release(future)
+
+    def release(self, future: Future) -> None:
+        """A held job's answer has been delivered (or never will be): its place in the queue is free."""
+        self.pending.pop(future, None)
 
     def check(self) -> None:
         """Called by the model at each decoder step: raise Abandoned if nobody waits for this call."""
