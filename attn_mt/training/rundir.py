@@ -118,10 +118,13 @@ class RunDir:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = None
     try:
-        tmp.write_text(text, encoding="utf-8")
+        f, tmp = checkpoint.open_new(path.parent, f".{path.name}.", ".tmp")  # O_EXCL: no planted link followed
+        with f:
+            f.write(text.encode("utf-8"))
         tmp.replace(path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         raise TrainError(f"{path}: cannot write ({e.strerror or e})") from None
