@@ -3,13 +3,13 @@
 Each request becomes a `Job` with a `concurrent.futures.Future`. Jobs with the same decoding settings
 (`key`) form a group; all attention jobs (key None) form one. The worker serves the groups in turn:
 a call takes one item (sentence) from every job of the first group in the queue in turn (an attention
-call: one job), until it holds `max_batch` items or its share of `max_batch_work` units of work
-(source tokens x beam): max_batch_work divided by the number of groups waiting, at least one item.
-Then the group's jobs go to the back of the queue. So a request waits, before its first item is
-decoded, for at most the call running when it came and one call of each group ahead of it, which
-together hold about max_batch_work units (more only where single items are larger than their share),
-however many sentences, settings or attention jobs the others sent. The first job of a call waits up
-to `max_wait_s` for company; under load the queue is never empty, so the wait costs nothing.
+call: one job), until it holds `max_batch` items or `max_batch_work` units of work (source tokens x
+beam; a single larger item runs alone), and then the group's jobs go to the back of the queue. So a
+request waits, before its first item is decoded, for the call running when it came and at most one
+call of each group ahead of it, however many sentences or attention jobs the others sent: a huge
+request is decoded in several calls with everyone else's in between. (Splitting max_batch_work among
+the groups would shorten that wait but multiply the calls, each with its fixed cost per decoder step.)
+The first job of a call waits up to `max_wait_s` for company; under load the queue is never empty.
 
 At most `max_queue` requests wait or decode at once (`QueueFull` beyond); one submitted with `hold`
 keeps its place after its answer until `release` (the app: until the client has taken the answer).
@@ -161,8 +161,6 @@ class Batcher:
                 while self._open(first.key) < self.max_batch and (left := deadline - time.monotonic()) > 0:
                     self._cond.wait(left)  # company: jobs that arrive within max_wait_s
             group = [j for j in self.waiting if j.key == first.key]
-            # every group waiting gets a call before this one's next: together they hold max_batch_work
-            budget = self.max_batch_work // len({j.key for j in self.waiting})
             picks: list[tuple[Job, int]] = []
             work, taking = 0, True
             while taking:  # one item of each job in turn; one attention job (key None) a call
@@ -171,7 +169,7 @@ class Batcher:
                     if job.future.done() or job.next == len(job.items) or len(picks) == self.max_batch:
                         continue
                     cost = job.costs[job.next]
-                    if picks and (first.key is None or work + cost > budget):
+                    if picks and (first.key is None or work + cost > self.max_batch_work):
                         continue
                     picks.append((job, job.next))
                     job.next, work, taking = job.next + 1, work + cost, True
