@@ -14,7 +14,8 @@ class Limits:
     """What one request may ask for, and what the server holds at once.
 
     Larger requests are answered 413 and out-of-range values 422; a full queue 503 with Retry-After;
-    a client that has not sent its headers (or its body) within the timeout is disconnected (408 for a body).
+    a client that has not sent its headers (or its body) within the timeout is disconnected (408 for a body),
+    and so is one that takes no part of its answer within header_timeout_s.
     """
 
     max_texts: int = 64  # sentences per /api/translate request

@@ -1,4 +1,4 @@
-"""Running the app under uvicorn: our own listening socket, a header timeout, and a quick Ctrl-C.
+"""Running the app under uvicorn: our own listening socket, header and answer timeouts, and a quick Ctrl-C.
 
 - `listen(host, port)` binds before anything is printed, so a busy port is one error line.
 - `Timeouts` closes a connection whose request headers are not complete within the limit (uvicorn

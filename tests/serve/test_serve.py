@@ -360,6 +360,17 @@ def test_batcher_is_fair_across_settings_and_attention_jobs():
     b.close()
 
 
+def test_a_held_answer_keeps_its_place_in_the_queue_until_released():
+    b = Batcher(lambda key, items: items, lambda item: item, max_queue=1, max_wait_s=0.0)
+    answered = b.submit("k", ["a"], hold=True)  # the app holds it until the client has taken the answer
+    assert answered.result(5) == ["a"]
+    with pytest.raises(QueueFull):
+        b.submit("k", ["b"])
+    b.release(answered)
+    assert b.submit("k", ["b"]).result(5) == ["b"] and not b.pending  # not held: freed when answered
+    b.close()
+
+
 def test_batcher_queue_is_bounded_and_stop_fails_the_waiting():
     gate = threading.Event()
     b = Batcher(lambda key, items: gate.wait(5) and items, lambda item: item, max_queue=2, max_wait_s=0.0)
