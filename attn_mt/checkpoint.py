@@ -10,17 +10,20 @@ not, and its files still load (translate, evaluate, and resume through training/
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
+import secrets
 import socket
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
 from attn_mt.config import ConfigError, ExperimentConfig, from_dict, to_dict
 from attn_mt.config.yamlconf import first_line, show
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.models import Seq2Seq, build_model
+from attn_mt.models import Seq2Seq, build_model, empty_model
 
 FORMAT_VERSION = 2
 READABLE = (1, 2)  # formats this attn-mt loads
@@ -36,10 +39,10 @@ def save(state: dict, path: Path) -> None:
     A crash or SIGKILL at any moment leaves either the old file or the new one, never a mix.
     Raises CheckpointError when the file cannot be written (e.g. a full disk).
     """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{_HOST}.{os.getpid()}.tmp")
+    path, tmp = Path(path), None
     try:
-        with open(tmp, "wb") as f:
+        f, tmp = open_new(path.parent, f".{path.name}.{_HOST}.", f".{os.getpid()}.tmp")
+        with f:
             torch.save({"format_version": FORMAT_VERSION, **state}, f)
             f.flush()
             os.fsync(f.fileno())
@@ -52,10 +55,25 @@ def save(state: dict, path: Path) -> None:
     except OSError as e:
         raise CheckpointError(f"{path}: cannot write checkpoint ({e.strerror or e})") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     for stale in path.parent.glob(f".{path.name}.{_HOST}.*.tmp"):
         if _writer_gone(stale):  # left by a process of this machine killed while saving
             stale.unlink(missing_ok=True)
+
+
+def open_new(folder: Path, prefix: str, suffix: str) -> tuple[BinaryIO, Path]:
+    """(file open for writing, its path): a new file `folder/{prefix}{random}{suffix}` for an atomic write,
+    created with O_EXCL, so a file or symlink planted under a name it could take is never followed or
+    overwritten; its mode is 0666 less the umask, as for any other file the run writes."""
+    for _ in range(100):
+        tmp = Path(folder) / f"{prefix}{secrets.token_hex(4)}{suffix}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            continue
+        return os.fdopen(fd, "wb"), tmp
+    raise FileExistsError(errno.EEXIST, "no free temporary file name", str(Path(folder) / prefix))
 
 
 _HOST = socket.gethostname().replace("/", "_")  # temp names say which machine's process writes them
@@ -112,11 +130,13 @@ def model_from_state(state: dict, device: torch.device | str = "cpu",
     except ConfigError as e:
         raise CheckpointError(f"checkpoint config is not valid for this attn-mt: {e}") from None
     tok = tokenizer_from_state(state.get("tokenizer"))
-    model = build_model(cfg.model, **tok.sizes())
-    weights = check_weights(state["model"], model.state_dict())
+    shapes = empty_model(cfg.model, **tok.sizes())  # nothing allocated: a crafted config may ask for terabytes
+    weights = check_weights(state["model"], shapes.state_dict())
+    _check_size(shapes, weights, cfg.model.max_positions)
     broken = next((k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
     if broken:
         raise CheckpointError(f"checkpoint weights are not finite ({broken} holds NaN or inf)")
+    model = build_model(cfg.model, **tok.sizes())
     model.load_state_dict(weights)
     return model.to(device).eval(), cfg, tok
 
@@ -161,6 +181,16 @@ def check_weights(weights: object, expected: dict | None = None) -> dict:
     if problems:
         raise CheckpointError(f"checkpoint weights do not fit the model ({'; '.join(problems)})")
     return weights
+
+
+def _check_size(shapes: Seq2Seq, weights: dict, max_positions: int) -> None:
+    """Refuse a config whose model needs far more memory than its weights hold: with the shapes checked, only
+    buffers outside the weights (positions: model.max_positions x d_model) can make up the difference."""
+    need = sum(t.numel() * 4 for t in [*shapes.parameters(), *shapes.buffers()])  # float32 once built
+    have = sum(v.numel() * v.element_size() for v in weights.values())
+    if need > 4 * have + (1 << 30):
+        raise CheckpointError(f"checkpoint config asks for a model of {need / 2**30:.1f} GiB, its weights hold "
+                              f"{have / 2**20:.1f} MiB (model.max_positions={max_positions}?)")
 
 
 def load_model(path: Path | str, device: torch.device | str = "cpu",

@@ -204,3 +204,13 @@ def test_save_removes_only_temp_files_whose_writer_is_gone(tmp_path):
         tmp.write_bytes(b"half a checkpoint")
     save({"model": {}, "config": {}}, path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["c.pt", live.name, other_host.name])
+
+
+def test_save_never_follows_a_link_planted_under_a_temp_name(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (tmp_path / f".c.pt.{checkpoint._HOST}.{os.getpid()}.tmp").symlink_to(victim)  # the name save used to take
+    save({"model": {}, "config": {}, "step": 3}, tmp_path / "c.pt")
+    assert victim.read_text() == "mine" and load(tmp_path / "c.pt")["step"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".c.pt")) == [
+        f".c.pt.{checkpoint._HOST}.{os.getpid()}.tmp"]  # its own temp file is gone, the planted link left alone

@@ -3,21 +3,26 @@
 A checkpoint or an export that is truncated, has bytes flipped, keys dropped or values of another type
 makes `translate` and `evaluate` end with status 1 and one line naming the file, never a traceback. A
 damage that leaves a valid file (a flipped bit inside a weight, a decode setting dropped for its
-default) may translate (status 0); truncation and every other structural change must fail. Seeded
-(`derandomize`), so CI sees the same cases every time.
+default) may translate (status 0); truncation and every other structural change must fail. A config
+that asks for a larger model than its weights (up to ~10^12 parameters, within the config's bounds) is
+refused before any model is built: these run under an address-space limit, so a build would fail, not
+swap. Seeded (`derandomize`), so CI sees the same cases every time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import re
+import resource
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli
+from conftest import cli, random_checkpoint
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +36,10 @@ COMMANDS = st.sampled_from(["translate", "evaluate"])
 CHECKPOINT_KEYS = [("model",), ("config",), ("tokenizer",), ("format_version",), ("tokenizer", "src_proto"),
                    ("config", "model"), ("config", "model", "d_model"), ("config", "decode", "beam_size"),
                    ("model", "src_embed.weight"), ("model", "out_proj.weight")]
+SIZES = st.fixed_dictionaries({}, optional={"d_model": st.sampled_from([64, 4096, 16_384]),
+                                            "n_layers": st.sampled_from([2, 64, 256]),
+                                            "d_ff": st.sampled_from([128, 65_536, 131_072]),
+                                            "max_positions": st.sampled_from([512, 1_000_000])})
 EXPORT_KEYS = [(), ("sentencepiece",), ("max_positions",), ("decode",), ("decode", "beam_size"),
                ("decode", "max_len_a")]
 
@@ -149,3 +158,45 @@ def test_crafted_export(exported, texts, tmp_path, keys, value, command):
         out = shutil.copytree(exported, Path(folder) / "ct2")
         (out / "attn_mt.json").write_text(json.dumps(meta, default=lambda b: b.decode()))
         _check(_run(command, out, texts), out, must_fail=not _decode_setting(keys))
+
+
+@contextlib.contextmanager
+def address_space(extra_gib: float):
+    """This process may map only `extra_gib` GiB more meanwhile: building a huge model fails at once."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    mapped = int(re.search(r"VmSize:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + int(extra_gib * 2**30), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@pytest.mark.slow
+@SETTINGS
+@given(sizes=SIZES, command=COMMANDS)
+def test_a_config_asking_for_a_huge_model_is_refused_before_it_is_built(tiny_run, texts, tmp_path, sizes, command):
+    state = torch.load(tiny_run / "checkpoint_best.pt", weights_only=True)
+    state["config"]["model"].update(sizes)
+    with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+        path = Path(folder) / "huge.pt"
+        torch.save(state, path)  # the tiny model's weights: a file of a few hundred KB
+        with address_space(3):
+            result = _run(command, path, texts)
+        _check(result, path, must_fail=bool(sizes.keys() - {"max_positions"}))
+
+
+def test_the_issue_s_81_billion_parameter_config_and_a_huge_position_table_are_one_line(tiny_cfg, tiny_run, tmp_path):
+    state = torch.load(tiny_run / "checkpoint_best.pt", weights_only=True)
+    state["config"]["model"].update(d_model=4096, n_layers=64, d_ff=65536)  # ~81e9 parameters, 324 GB
+    torch.save(state, tmp_path / "huge.pt")
+    random_checkpoint(tiny_cfg, tiny_run, tmp_path / "wide.pt", "model.d_model=512", "model.n_layers=1",
+                      "model.d_ff=32", "model.max_positions=16")
+    wide = torch.load(tmp_path / "wide.pt", weights_only=True)  # 512 x 1M positions: a 2 GB table
+    wide["config"]["model"]["max_positions"] = 1_000_000
+    torch.save(wide, tmp_path / "wide.pt")
+    for path, why in [(tmp_path / "huge.pt", "do not fit the model"), (tmp_path / "wide.pt", "max_positions")]:
+        with address_space(1.5):
+            result = cli("translate", "--checkpoint", path, "a dog")
+        _check(result, path, must_fail=True)
+        assert why in result.stderr

@@ -3,16 +3,18 @@
 The cache directory holds entries (`<key>/`), builds in progress or left by a build that was stopped
 (`<key>.tmp-<pid>/`) and the lock of a key being built (`<key>.lock`). Cleaning takes each key's lock,
 so it never touches a build in progress, and removes damaged entries, what stopped builds left and lock
-files no process holds; complete entries stay (delete one by hand when no run needs it any more).
+files no process holds; complete entries stay (delete one by hand when no run needs it any more), and
+so do entries of another layout version (another attn-mt's, which this one cannot check).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
 
-from attn_mt.data.cache import Damaged, Entry
+from attn_mt.data.cache import MARKER, VERSION, Damaged, Entry
 from attn_mt.data.lock import exclusive, holder
 
 NAME = re.compile(r"^([0-9a-f]{32})(\.tmp-\d+|\.lock)?$")  # what the cache writes (a key is 32 hex digits)
@@ -45,6 +47,9 @@ def clean(root: Path) -> list[str]:
                 continue
             for name in names:
                 path = root / name
+                if name == key and (version := _other_layout(path)) is not None:
+                    lines.append(f"kept {key}: an entry of layout version {version}, another attn-mt's")
+                    continue
                 if name == key:
                     try:
                         Entry.open(path)
@@ -71,7 +76,18 @@ def _by_key(root: Path) -> dict[str, list[str]]:
     return found
 
 
+def _other_layout(path: Path) -> int | None:
+    """The layout version of an entry written by another attn-mt (not VERSION), or None."""
+    try:
+        version = json.loads((path / MARKER).read_bytes())["version"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return version if type(version) is int and 0 < version != VERSION else None
+
+
 def _describe(path: Path) -> str:
+    if (version := _other_layout(path)) is not None:
+        return f"an entry of layout version {version} (another attn-mt's; this one reads version {VERSION})"
     try:
         entry = Entry.open(path)
     except Damaged as e:

@@ -3,7 +3,9 @@
 `publish(out, write)` lets `write` fill a fresh temporary folder next to `out`, records what it wrote
 in a manifest, and only then moves it to `out`. It replaces `out` only when `out` is absent, empty, or
 holds exactly the files a previous export listed in its manifest: a checkpoint, notes or anything else
-a user put there is never deleted, and a failed write leaves the previous export as it was.
+a user put there is never deleted, and a failed write leaves the previous export as it was. An `out`
+that is the working directory (`--out .`) or holds it is not renamed (the shell would be left in a
+deleted folder): its entries are swapped for the new ones instead.
 """
 
 from __future__ import annotations
@@ -89,14 +91,18 @@ def publish(out: Path, write: Callable[[Path], None], *, reads: Sequence[Path] =
     """
     out = Path(out)
     _check(out, reads)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    place = Path(os.path.abspath(out))  # "." has no name and no parent of its own: temp folders go beside it
+    place.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{place.name}.", suffix=".tmp", dir=place.parent))
     try:
         write(tmp)
         files = _written_files(tmp)
         (tmp / MANIFEST).write_text(json.dumps({"format": "attn-mt-export", "files": files}, indent=2) + "\n")
         _check(out, reads)  # again: `out` may have changed while `write` ran
-        _swap(tmp, out)
+        if place.is_dir() and Path.cwd().is_relative_to(place.resolve()):
+            _swap_entries(tmp, place)
+        else:
+            _swap(tmp, place)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -117,3 +123,33 @@ def _swap(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _swap_entries(tmp: Path, out: Path) -> None:
+    """Like `_swap`, for an `out` that must stay where it is (the working directory): its entries (an
+    earlier export's, see _check) are moved aside, `tmp`'s moved in, and the old ones removed last."""
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    aside, placed = [], []
+    try:
+        for name in os.listdir(out):
+            os.rename(out / name, old / name)
+            aside.append(name)
+        for name in os.listdir(tmp):
+            os.rename(tmp / name, out / name)
+            placed.append(name)
+    except BaseException:  # put the previous export back
+        for name in placed:
+            _remove(out / name)
+        for name in aside:
+            os.rename(old / name, out / name)
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    os.rmdir(tmp)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()

@@ -6,6 +6,8 @@ May import `attn_mt.config` only: never data, training, decoding, measure, expor
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,7 +19,7 @@ from .rnn import RNNSeq2Seq
 from .seq2seq import DecoderCache, Seq2Seq
 from .transformer import Transformer
 
-__all__ = ["AttentionWeights", "DecoderCache", "Seq2Seq", "build_model", "count_params", "loss_sum"]
+__all__ = ["AttentionWeights", "DecoderCache", "Seq2Seq", "build_model", "count_params", "empty_model", "loss_sum"]
 
 
 def build_model(cfg: ModelConfig, *, src_vocab: int, tgt_vocab: int, pad_id: int,
@@ -27,6 +29,28 @@ def build_model(cfg: ModelConfig, *, src_vocab: int, tgt_vocab: int, pad_id: int
     if cfg.kind not in kinds:
         raise ValueError(f"unknown model kind {cfg.kind!r}")
     return kinds[cfg.kind](cfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab, pad_id=pad_id, shared_vocab=shared_vocab)
+
+
+def empty_model(cfg: ModelConfig, *, src_vocab: int, tgt_vocab: int, pad_id: int, shared_vocab: bool) -> Seq2Seq:
+    """`build_model`'s model as shapes only: on the meta device and not initialised, so nothing is allocated
+    however large the config (what a checkpoint's weights are checked against before a model is built)."""
+    with torch.device("meta"), _no_init():
+        return build_model(cfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab, pad_id=pad_id, shared_vocab=shared_vocab)
+
+
+@contextlib.contextmanager
+def _no_init():
+    # initialisers do nothing meanwhile (on meta tensors, some cost seconds of imports); not thread-safe
+    names = ("normal_", "uniform_", "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
+             "kaiming_normal_", "zeros_", "ones_", "constant_")
+    saved = {name: getattr(nn.init, name) for name in names}
+    for name in names:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
 
 
 def count_params(model: nn.Module) -> int:

@@ -19,11 +19,12 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, max_positions: int) -> None:
         super().__init__()
-        pos = torch.arange(max_positions).unsqueeze(1)  # (L, 1)
-        freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
         pe = torch.zeros(max_positions, d_model)
-        pe[:, 0::2] = torch.sin(pos * freq)
-        pe[:, 1::2] = torch.cos(pos * freq)
+        if not pe.is_meta:  # a shapes-only model (models.empty_model) computes nothing
+            pos = torch.arange(max_positions).unsqueeze(1)  # (L, 1)
+            freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+            pe[:, 0::2] = torch.sin(pos * freq)
+            pe[:, 1::2] = torch.cos(pos * freq)
         self.register_buffer("pe", pe, persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:

@@ -5,7 +5,7 @@
     batcher.py  dynamic batching: one model worker thread, fair batches from every waiting request, a bounded queue
     engine.py   the model (a checkpoint or an export folder): translate, attention maps, facts
     app.py      the FastAPI app: page, /api/translate, /api/attention, /api/info
-    server.py   uvicorn: our own socket, a header timeout, a quick Ctrl-C
+    server.py   uvicorn: our own socket, header and answer timeouts, no body read after a refusal, a quick Ctrl-C
 
 May import config, checkpoint, device, data, models, decoding and export; never training or measure.
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -13,7 +14,8 @@ class Limits:
     """What one request may ask for, and what the server holds at once.
 
     Larger requests are answered 413 and out-of-range values 422; a full queue 503 with Retry-After;
-    a client that has not sent its headers (or its body) within the timeout is disconnected (408 for a body).
+    a client that has not sent its headers (or its body) within the timeout is disconnected (408 for a body),
+    and so is one that takes no part of its answer within header_timeout_s.
     """
 
     max_texts: int = 64  # sentences per /api/translate request
@@ -52,6 +54,35 @@ class ApiError(Exception):
 
 def error_body(field: str, message: str) -> dict:
     return {"error": f"{field}: {message}", "field": field}
+
+
+MAX_DIGITS = 30  # a longer integer is refused naming its field, and never echoed back
+
+
+class _Long:
+    """An integer of more than MAX_DIGITS digits, as parsed by check_json."""
+
+    def __init__(self, digits: str) -> None:
+        self.size = len(digits.lstrip("-"))
+
+
+def check_json(body: bytes) -> None:
+    """Refuse, naming the field, JSON that the app's parser would refuse without saying where: an
+    integer of thousands of digits (Python converts at most 4300) or nesting deeper than it recurses.
+    Malformed JSON passes: the app's own answer names the character."""
+    try:
+        value = json.loads(body, parse_int=lambda s: _Long(s) if len(s) > MAX_DIGITS else int(s))
+    except RecursionError:
+        raise ApiError(400, "body", "JSON nested too deeply") from None
+    except ValueError:  # malformed (or not UTF-8)
+        return
+    todo = [((), value)]
+    while todo:  # iterative: the value may be nested almost as deep as the parser allows
+        path, v = todo.pop()
+        if isinstance(v, _Long):
+            raise ApiError(422, ".".join(map(str, path)) or "body", f"a number of {v.size} digits")
+        items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+        todo.extend(((*path, k), x) for k, x in items)
 
 
 def _clean(text: str) -> str:

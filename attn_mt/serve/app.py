@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import Future
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from pydantic_core import to_json
 from starlette.exceptions import HTTPException
 
 from .api import (
@@ -22,6 +23,7 @@ from .api import (
     Limits,
     TranslateRequest,
     TranslateResponse,
+    check_json,
     check_work,
     error_body,
 )
@@ -43,7 +45,7 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
     """The FastAPI app serving `checkpoint` (a checkpoint file or an export folder): `/` (page),
     `/api/translate`, `/api/attention`, `/api/info`; requests whose Host is not in `allowed_hosts` get 400."""
     engine = Engine(checkpoint, device)
-    batcher = Batcher(engine.translate, engine.attention, max_batch=engine.decode.batch_size,
+    batcher = Batcher(engine.translate, engine.attention_json, max_batch=engine.decode.batch_size,
                       max_batch_work=limits.max_batch_work, max_wait_s=limits.max_wait_ms / 1000,
                       max_queue=limits.max_queue)
     engine.interrupt = batcher.check  # a call whose clients all left stops at its next decoder step
@@ -57,7 +59,7 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
     # docs_url=None: FastAPI's Swagger page loads its scripts from a CDN; ours renders /openapi.json offline
     app = FastAPI(title="attn-mt", description=DESCRIPTION, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.batcher, app.state.engine = batcher, engine
-    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s, check=check_json)
     app.add_middleware(HostCheck, allowed=allowed_hosts)  # the outermost: checked first
     _error_handlers(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -77,7 +79,9 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
         dcfg = engine.decode_config(body.beam, body.alpha, body.nbest)
         costs = engine.work(body.texts, dcfg.beam_size)
         check_work("texts", costs, limits)
-        return {"results": await _answer(request, batcher.submit(dcfg, body.texts, costs))}
+        future = batcher.submit(dcfg, body.texts, costs, hold=True)
+        with _releasing(batcher, future):
+            return Answer(to_json({"results": await _answer(request, future)}), lambda: batcher.release(future))
 
     @app.post("/api/attention", response_model=AttentionResponse, responses=_ERRORS)
     async def attention(body: AttentionRequest, request: Request):
@@ -88,7 +92,9 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
                                         "export (serve RUN/checkpoint_best.pt to see them)")
         dcfg = engine.decode_config(body.beam)
         check_work("text", engine.work([body.text], dcfg.beam_size), limits)
-        return await _answer(request, batcher.submit(None, [(body.text, dcfg)]))
+        future = batcher.submit(None, [(body.text, dcfg)], hold=True)
+        with _releasing(batcher, future):  # encoded by the model worker: a big answer does not stall the loop
+            return Answer(await _answer(request, future), lambda: batcher.release(future))
 
     @app.get("/api/info")
     def info() -> dict:
@@ -99,6 +105,37 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
                                     "waiting": len(batcher.pending)}}
 
     return app
+
+
+class Answer(Response):
+    """A JSON answer (bytes) that keeps its request's place in the queue until the client has taken it:
+    `release` runs once all but the socket buffer's last 64 KB are sent, or the client is gone (server.py
+    disconnects one that takes none of it within the read timeout). So answers waiting to be sent count
+    against max_queue."""
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes, release) -> None:
+        super().__init__(body)
+        self.release = release
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": self.body, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})  # waits while the client has not read it
+        finally:
+            self.release()
+
+
+@contextmanager
+def _releasing(batcher: Batcher, future: Future):
+    """Free a held job's place if no Answer takes it over (the request failed or was cancelled)."""
+    try:
+        yield
+    except BaseException:
+        batcher.release(future)
+        raise
 
 
 class ClientGone(Exception):
@@ -154,7 +191,9 @@ def _error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(e.detail), "field": None}, status_code=e.status_code, headers=e.headers)
+        field = "body" if e.status_code == 400 else None  # a body the parser refused
+        return JSONResponse({"error": f"{field}: {e.detail}" if field else str(e.detail), "field": field},
+                            status_code=e.status_code, headers=e.headers)
 
     @app.exception_handler(QueueFull)
     @app.exception_handler(Stopping)

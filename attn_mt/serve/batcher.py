@@ -1,16 +1,20 @@
 """Dynamic batching: one worker thread owns the model; requests from many clients share its batches.
 
-Each request becomes a `Job` with a `concurrent.futures.Future`. The worker builds each model call
-by taking one item (sentence) from every waiting job with the same decoding settings in turn, until
-the call holds `max_batch` items or `max_batch_work` units of work (source tokens x beam), and
-then moves the jobs it took from to the back of the queue. A huge request is so decoded in several
-calls between which everyone else gets a turn: a one-sentence request waits for at most one call,
-not for the whole of another client's work. The first job of a call waits up to `max_wait_s` for
-company; under load the queue is never empty, so the wait costs nothing.
+Each request becomes a `Job` with a `concurrent.futures.Future`. Jobs with the same decoding settings
+(`key`) form a group; all attention jobs (key None) form one. The worker serves the groups in turn:
+a call takes one item (sentence) from every job of the first group in the queue in turn (an attention
+call: one job), until it holds `max_batch` items or `max_batch_work` units of work (source tokens x
+beam; a single larger item runs alone), and then the group's jobs go to the back of the queue. So a
+request waits, before its first item is decoded, for the call running when it came and at most one
+call of each group ahead of it, however many sentences or attention jobs the others sent: a huge
+request is decoded in several calls with everyone else's in between. (Splitting max_batch_work among
+the groups would shorten that wait but multiply the calls, each with its fixed cost per decoder step.)
+The first job of a call waits up to `max_wait_s` for company; under load the queue is never empty.
 
-At most `max_queue` requests wait or decode at once (`QueueFull` beyond). A job whose client went away
-(its future cancelled) is dropped when the worker next looks at it, and a model call whose jobs
-are all gone stops at its next decoder step: the model calls `check()` at each step, which raises
+At most `max_queue` requests wait or decode at once (`QueueFull` beyond); one submitted with `hold`
+keeps its place after its answer until `release` (the app: until the client has taken the answer).
+A job whose client went away (its future cancelled) is dropped when the worker next looks at it, and a
+model call whose jobs are all gone stops at its next decoder step: the model calls `check()` at each step, which raises
 `Abandoned`. `stop()` (safe in a signal handler: it only sets a flag) makes the worker stop the
 running call at its next step and fail every waiting job with `Stopping`.
 """
@@ -48,6 +52,7 @@ class Job:
     key: Hashable | None  # decoding settings; None: run alone with `run_one`
     items: list[Any]
     costs: list[int]  # work units of each item
+    hold: bool = False  # keep its place in the queue after its answer, until Batcher.release
     future: Future = field(default_factory=Future)
     results: dict[int, Any] = field(default_factory=dict)
     next: int = 0  # the first item not yet handed to the model
@@ -80,16 +85,18 @@ class Batcher:
         self.max_batch, self.max_batch_work, self.max_wait_s, self.max_queue = (
             max_batch, max_batch_work, max_wait_s, max_queue)
         self.waiting: deque[Job] = deque()  # jobs with items not yet handed to the model
-        self.pending: set[Job] = set()  # jobs without their answer: what max_queue bounds
+        self.pending: dict[Future, Job] = {}  # jobs not answered, or held until released: what max_queue bounds
         self.batches = self.items = 0  # model calls and the items they took, for /api/info
         self._running: list[Job] = []
         self._stopping = False
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def submit(self, key: Hashable | None, items: list, costs: list[int] | None = None) -> Future:
-        """Queue a job; its future gets the list of results (or the single result when key is None)."""
-        job = Job(key, items, costs or [1] * len(items))
+    def submit(self, key: Hashable | None, items: list, costs: list[int] | None = None, hold: bool = False,
+               ) -> Future:
+        """Queue a job; its future gets the list of results (or the single result when key is None).
+        With `hold`, an answered job counts against max_queue until `release(future)`."""
+        job = Job(key, items, costs or [1] * len(items), hold=hold)
         with self._cond:
             if self._stopping:
                 raise Stopping("the server is shutting down")
@@ -99,10 +106,19 @@ class Batcher:
                 self._thread = threading.Thread(target=self._work, name="attn-mt-model", daemon=True)
                 self._thread.start()
             self.waiting.append(job)
-            self.pending.add(job)
-            job.future.add_done_callback(lambda _: self.pending.discard(job))  # answered, failed or cancelled
+            self.pending[job.future] = job
+            job.future.add_done_callback(self._done)
             self._cond.notify()
         return job.future
+
+    def _done(self, future: Future) -> None:  # answered, failed or cancelled
+        job = self.pending.get(future)
+        if job is None or not job.hold or future.cancelled() or future.exception() is not None:
+            self.release(future)
+
+    def release(self, future: Future) -> None:
+        """A held job's answer has been delivered (or never will be): its place in the queue is free."""
+        self.pending.pop(future, None)
 
     def check(self) -> None:
         """Called by the model at each decoder step: raise Abandoned if nobody waits for this call."""
@@ -121,14 +137,15 @@ class Batcher:
 
     def _work(self) -> None:
         while (call := self._next_call()) is not None:
-            self._run(*call)
+            if call[1]:  # empty when every job of the group left while it waited for company
+                self._run(*call)
         with self._cond:
             for job in self.waiting:
                 job.settle(error=Stopping("the server is shutting down"))
             self.waiting.clear()
 
     def _next_call(self) -> tuple[Hashable | None, list[tuple[Job, int]]] | None:
-        """(key, [(job, item index)]): items taken from every job of the first job's key in turn."""
+        """(key, [(job, item index)]): items taken from every job of the first job's group in turn."""
         with self._cond:
             while True:  # wait for work; poll the stop flag, which a signal handler sets without the lock
                 for job in [j for j in self.waiting if j.future.done()]:  # cancelled by its client
@@ -139,26 +156,24 @@ class Batcher:
                     break
                 self._cond.wait(0.1)
             first = self.waiting[0]
-            if first.key is None:
-                self.waiting.popleft()
-                return None, [(first, 0)]
-            deadline = time.monotonic() + self.max_wait_s
-            while self._open(first.key) < self.max_batch and (left := deadline - time.monotonic()) > 0:
-                self._cond.wait(left)  # company: jobs that arrive within max_wait_s
-            jobs = [j for j in self.waiting if j.key == first.key and not j.future.done()]
+            if first.key is not None:
+                deadline = time.monotonic() + self.max_wait_s
+                while self._open(first.key) < self.max_batch and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)  # company: jobs that arrive within max_wait_s
+            group = [j for j in self.waiting if j.key == first.key]
             picks: list[tuple[Job, int]] = []
             work, taking = 0, True
-            while taking:  # one item of each job in turn
+            while taking:  # one item of each job in turn; one attention job (key None) a call
                 taking = False
-                for job in jobs:
-                    if job.next == len(job.items) or len(picks) == self.max_batch:
+                for job in group:
+                    if job.future.done() or job.next == len(job.items) or len(picks) == self.max_batch:
                         continue
                     cost = job.costs[job.next]
-                    if picks and work + cost > self.max_batch_work:
+                    if picks and (first.key is None or work + cost > self.max_batch_work):
                         continue
                     picks.append((job, job.next))
                     job.next, work, taking = job.next + 1, work + cost, True
-            for job in jobs:  # the jobs served go to the back of the queue; finished ones leave it
+            for job in group:  # the group served goes to the back of the queue; finished jobs leave it
                 self.waiting.remove(job)
                 if job.next < len(job.items):
                     self.waiting.append(job)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from pydantic_core import to_json
 
 from attn_mt.config import DecodeConfig
 from attn_mt.config.yamlconf import OptionError
@@ -67,16 +69,23 @@ class Engine:
 
     def attention(self, item: tuple[str, DecodeConfig]) -> dict:
         """Translation, subword tokens and every attention map, weights as [layer][head][query][key]."""
+        return json.loads(self.attention_json(item))
+
+    def attention_json(self, item: tuple[str, DecodeConfig]) -> bytes:
+        """`attention` as JSON, encoded here in the worker one head at a time: each piece holds Python's
+        lock for milliseconds, so the event loop goes on answering meanwhile (pydantic's encoder)."""
         text, dcfg = item
         model, tok = self.translator.model, self.tok
         translation, maps = attention_maps(model, tok, text, dcfg, self.translator.device)
-        out: dict = {"translation": translation, **{kind: [] for kind in KINDS}}
+        layers: dict[str, list[bytes]] = {kind: [] for kind in KINDS}
         for m in sorted(maps, key=lambda m: m.layer):  # in float64, 0.1234 prints as 0.1234, not 0.12340000271
-            out[m.kind].append((torch.round(m.weights.double().cpu() * 1e4) / 1e4).tolist())  # (H, Tq, Tk)
+            weights = torch.round(m.weights.double().cpu() * 1e4) / 1e4  # (H, Tq, Tk)
+            layers[m.kind].append(b"[" + b",".join(to_json(head.tolist()) for head in weights) + b"]")
         cross = next(m for m in maps if m.kind == "cross")
         bos = tok.tgt_pieces([tok.bos_id])
-        return {**out, "source_tokens": cross.keys, "target_tokens": cross.queries,
-                "target_input_tokens": bos + cross.queries[:-1]}
+        head = to_json({"translation": translation, "source_tokens": cross.keys, "target_tokens": cross.queries,
+                        "target_input_tokens": bos + cross.queries[:-1]})
+        return head[:-1] + b"".join(b',"%s":[%s]' % (kind.encode(), b",".join(layers[kind])) for kind in KINDS) + b"}"
 
     def info(self) -> dict:
         """Model facts for the page and /api/info; `model` says what was loaded: "checkpoint" or "export"."""

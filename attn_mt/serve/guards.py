@@ -1,7 +1,8 @@
 """ASGI middleware in front of the app: the Host allow-list, and the body limit with its read timeout.
 
 Both answer in JSON like the app (`{"error": "<field>: <why>", "field": "<field>"}`) and close the
-connection after refusing a body, so an unread rest is never parsed, buffered or waited for.
+connection with every refusal, so an unread rest of the body is never parsed, buffered or waited for
+(server.py also closes any connection answered before its body was read whole).
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
-from .api import error_body
+from .api import ApiError, error_body
 
 LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
@@ -23,11 +25,11 @@ def host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-async def _send_error(send, status: int, field: str, message: str, close: bool = False) -> None:
+async def _send_error(send, status: int, field: str, message: str) -> None:
     body = json.dumps(error_body(field, message)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status,
-                "headers": headers + ([(b"connection", b"close")] if close else [])})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -52,11 +54,12 @@ class BodyLimit:
 
     A body over `max_bytes` is refused (413) as soon as the count passes the limit, whatever its
     Content-Length said; one not complete within `timeout_s` of the headers is refused with 408.
-    The app then gets the body in one message.
+    `check(body)` may refuse it too, raising ApiError. The app then gets the body in one message.
     """
 
-    def __init__(self, app, max_bytes: int, timeout_s: float) -> None:
-        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
+    def __init__(self, app, max_bytes: int, timeout_s: float, check: Callable[[bytes], None] = lambda b: None,
+                 ) -> None:
+        self.app, self.max_bytes, self.timeout_s, self.check = app, max_bytes, timeout_s, check
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -69,7 +72,7 @@ class BodyLimit:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
-                return await _send_error(send, 408, "body", f"not received within {self.timeout_s:g} s", close=True)
+                return await _send_error(send, 408, "body", f"not received within {self.timeout_s:g} s")
             if message["type"] != "http.request":
                 return  # the client left
             parts.append(message.get("body", b""))
@@ -78,7 +81,12 @@ class BodyLimit:
                 return await self._too_large(send)
             if not message.get("more_body"):
                 break
-        messages = [{"type": "http.request", "body": b"".join(parts), "more_body": False}]
+        body = b"".join(parts)
+        try:
+            self.check(body)
+        except ApiError as e:
+            return await _send_error(send, e.status, e.field, e.message)
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def replay():
             return messages.pop() if messages else await receive()
@@ -86,4 +94,4 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _too_large(self, send) -> None:
-        await _send_error(send, 413, "body", f"request body over {self.max_bytes} bytes", close=True)
+        await _send_error(send, 413, "body", f"request body over {self.max_bytes} bytes")

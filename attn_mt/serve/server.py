@@ -1,8 +1,10 @@
-"""Running the app under uvicorn: our own listening socket, a header timeout, and a quick Ctrl-C.
+"""Running the app under uvicorn: our own listening socket, header and answer timeouts, and a quick Ctrl-C.
 
 - `listen(host, port)` binds before anything is printed, so a busy port is one error line.
-- `HeaderTimeout` closes a connection whose request headers are not complete within the limit
-  (uvicorn times out only idle keep-alive connections, and every byte received restarts that clock).
+- `Timeouts` closes a connection whose request headers are not complete within the limit (uvicorn
+  times out only idle keep-alive connections, and every byte received restarts that clock), one whose
+  client takes no part of its answer within the limit, and one answered before its body was read whole
+  (uvicorn would go on reading and discarding that body for as long as the client sends it).
 - `make_server` stops the model worker at the first SIGINT/SIGTERM: the running call ends at its next
   decoder step and queued requests are answered 503, so the server exits within a few seconds.
 """
@@ -33,13 +35,15 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-class HeaderTimeout(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, closing connections that take over `timeout_s` to send their headers."""
+class Timeouts(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, closing connections that take over `timeout_s` to send their headers
+    or to take the next part of their answer, and those answered before their request body was read whole."""
 
     timeout_s = 10.0
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        self._timer = self._send_timer = None
         self._arm()
 
     def handle_events(self) -> None:
@@ -49,17 +53,31 @@ class HeaderTimeout(H11Protocol):
             self._timer = None
 
     def on_response_complete(self) -> None:
+        if self.conn.their_state is h11.SEND_BODY:  # a refusal before the body was read: never drain the rest
+            self.transport.close()
         super().on_response_complete()
-        if self.conn.their_state is h11.IDLE:  # the next request's headers get the same time
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():  # next headers: the same time
             self._arm()
 
+    def pause_writing(self) -> None:  # the answer waits in our buffer: the client must take some within timeout_s
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.timeout_s, self.transport.abort)  # frees the buffer
+
+    def resume_writing(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        super().resume_writing()
+
     def connection_lost(self, exc) -> None:
-        if getattr(self, "_timer", None) is not None:
-            self._timer.cancel()
+        for timer in (getattr(self, "_timer", None), getattr(self, "_send_timer", None)):
+            if timer is not None:
+                timer.cancel()
         super().connection_lost(exc)
 
     def _arm(self) -> None:
-        if getattr(self, "_timer", None) is not None:
+        if self._timer is not None:
             self._timer.cancel()
         self._timer = self.loop.call_later(self.timeout_s, self._expire)
 
@@ -81,7 +99,7 @@ class _Server(uvicorn.Server):
 
 def make_server(app, header_timeout_s: float = 10.0) -> uvicorn.Server:
     """A uvicorn server for `app` (from create_app); serve it with `.run(sockets=[listen(...)])`."""
-    protocol = type("HeaderTimeout", (HeaderTimeout,), {"timeout_s": header_timeout_s})
+    protocol = type("Timeouts", (Timeouts,), {"timeout_s": header_timeout_s})
     config = uvicorn.Config(app, http=protocol, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=GRACE_S, timeout_keep_alive=5)
     return _Server(config, app.state.batcher.stop)

@@ -187,10 +187,13 @@ def average_files(paths: list[Path], out: Path, force: bool = False) -> None:
 
 
 def _write_atomic(path: Path, text: str | bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = None
     try:
-        tmp.write_bytes(text.encode() if isinstance(text, str) else text)
+        f, tmp = checkpoint.open_new(path.parent, f".{path.name}.", ".tmp")  # O_EXCL: no planted link followed
+        with f:
+            f.write(text.encode("utf-8") if isinstance(text, str) else text)
         tmp.replace(path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         raise TrainError(f"{path}: cannot write ({e.strerror or e})") from None

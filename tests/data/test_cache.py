@@ -199,6 +199,18 @@ def test_prepare_lists_and_cleans_the_cache(files, tmp_path):
     assert cli("prepare", "-c", config, "--clean").stdout.endswith(": nothing to remove\n")
 
 
+def test_clean_keeps_an_entry_of_another_layout_version(files, tmp_path):
+    config = write_config(tmp_path / "c.yaml", "data.source=files", f"data.dir={files}", "data.src_lang=en",
+                          "data.tgt_lang=de", f"data.cache_dir={tmp_path / 'cache'}")
+    assert cli("prepare", "-c", config).exit_code == 0
+    newer = shutil.copytree(entries(tmp_path)[0], tmp_path / "cache" / ("a" * 32))  # as a newer attn-mt writes it
+    marker = json.loads((newer / "complete.json").read_text())
+    (newer / "complete.json").write_text(json.dumps({**marker, "version": 2, "key": newer.name, "new": {}}))
+    assert f"{newer.name}  an entry of layout version 2" in cli("prepare", "-c", config, "--list").stdout
+    cleaned = cli("prepare", "-c", config, "--clean").stdout
+    assert f"kept {newer.name}: an entry of layout version 2" in cleaned and newer.is_dir()
+
+
 def test_prepare_leaves_a_build_in_progress_alone(files, tmp_path):
     import subprocess
     import sys

@@ -1,6 +1,7 @@
 """publish(): an export folder is written beside its target and replaces only a previous export."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,21 @@ def test_a_failed_write_leaves_the_previous_export(tmp_path):
     with pytest.raises(OSError, match="disk full"):
         publish(out, fails)
     assert (out / "model.bin").read_text() == "old" and _siblings(out) == ["ex"]
+
+
+def test_publish_into_the_working_directory(tmp_path, monkeypatch):
+    here = tmp_path / "ex"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    inode = here.stat().st_ino
+    publish(Path("."), _writer(**{"a.bin": "1", "sub/b.txt": "2"}))  # `attn-mt export --out .`
+    publish(Path("."), _writer(**{"c.bin": "3"}))  # replaces the earlier export
+    assert sorted(p.name for p in Path(".").iterdir()) == [MANIFEST, "c.bin"]
+    assert here.stat().st_ino == inode and Path.cwd().samefile(here)  # the shell's folder still exists
+    assert _siblings(here) == ["ex"]  # no temporary folder left beside it
+    (here / "notes.txt").write_text("mine")
+    with pytest.raises(FolderError, match="notes.txt"):
+        publish(Path("."), _writer(x="1"))
+    monkeypatch.chdir(here / "..")
+    publish(Path("ex/sub"), _writer(y="1"))  # not the working directory: renamed into place as always
+    assert (here / "sub" / "y").exists()

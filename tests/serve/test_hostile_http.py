@@ -1,5 +1,6 @@
 """attn-mt serve against hostile HTTP, over raw sockets to a real server on 127.0.0.1: lying lengths,
-chunked floods, slow clients, foreign Host headers, clients that leave mid-decode, Ctrl-C with a full queue."""
+chunked floods, slow clients, foreign Host headers (with bodies trickled or flooded), answers never read,
+clients that leave mid-decode, Ctrl-C with a full queue."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")  # the serve extra
@@ -116,6 +117,71 @@ def test_foreign_host_headers_are_refused(server, tiny_run):
         assert c.get("/api/info").status_code == 400
 
 
+# ---- a refusal closes the connection: the rest of the body is never read ----
+
+def open_fds(pid: int | str = "self") -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_refused_host_with_a_trickled_body_is_closed_at_once(server):
+    app, port = server
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"POST /api/translate HTTP/1.1\r\nHost: evil.example\r\nTransfer-Encoding: chunked\r\n\r\n")
+        start, answer, closed = time.monotonic(), b"", False
+        while not closed and time.monotonic() - start < 4:  # a byte a 0.1 s, well past the 1 s read timeout
+            try:
+                s.sendall(b"1\r\nx\r\n")
+                s.settimeout(0.1)
+                data = s.recv(65536)
+                answer, closed = answer + data, not data
+            except TimeoutError:
+                pass
+            except OSError:
+                closed = True
+    assert status(answer) == 400 and b"connection: close" in answer.lower()
+    assert closed and time.monotonic() - start < 2
+
+
+def test_a_refused_host_with_a_flooded_body_stops_being_read(server):
+    app, port = server
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"POST /api/translate HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 100000000000\r\n\r\n")
+        block, sent = b"x" * 65536, 0
+        try:
+            while sent < 64 << 20:  # 64 MB, unless the server closes first
+                s.sendall(block)
+                sent += len(block)
+        except OSError:
+            pass
+    assert sent < 32 << 20, sent  # what the kernel's buffers took before the close: a few MB
+
+
+@pytest.mark.slow
+def test_answers_that_are_never_read_are_dropped_after_the_read_timeout(tiny_run):
+    limits = Limits(max_work=100_000, header_timeout_s=1.0, body_timeout_s=1.0)
+    app = create_app(tiny_run / "checkpoint_best.pt", limits, device="cpu")
+    text = " ".join(["the old man sees a small dog and the big cat runs to the house"] * 16)[:1000]
+    body = json.dumps({"text": text, "beam": 1}).encode()  # an answer of about 2.5 MB
+    request = (b"POST /api/attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    with serving(app, limits.header_timeout_s) as url:
+        connections = app.state.server.server_state.connections
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel takes little of what is not read
+        try:
+            s.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+            s.sendall(request * 4)  # pipelined, and never read: more than the kernel's buffers hold
+            start = time.monotonic()
+            while not connections and time.monotonic() - start < 2:  # the server has taken the connection
+                time.sleep(0.01)
+            while connections and time.monotonic() - start < 15:
+                time.sleep(0.05)
+            assert not connections, "the server still holds the connection"
+        finally:
+            s.close()
+        assert not app.state.batcher.pending
+
+
 # ---- slow clients ----
 
 @pytest.mark.slow
@@ -192,15 +258,19 @@ HEADER = st.tuples(st.sampled_from([b"X-A", b"Content-Type", b"Expect", b"Connec
 def requests(draw) -> bytes:
     method, path, body = draw(METHODS), draw(PATHS), draw(BODIES)
     head = [b"%s %s HTTP/1.1" % (method, path)]
-    host = draw(st.sampled_from([b"localhost", b"127.0.0.1", b"evil.example", b"[::1]", None]))
+    host = draw(st.sampled_from([b"localhost", b"127.0.0.1", b"evil.example", b"evil.example", b"[::1]", None]))
     head += [b"Host: " + host] if host is not None else []
     head += [b"%s: %s" % h for h in draw(st.lists(HEADER, max_size=3))]
-    framing = draw(st.sampled_from(["length", "wrong length", "chunked", "length+chunked", "none", "bad length"]))
-    if framing in ("chunked", "length+chunked"):
+    framing = draw(st.sampled_from(["length", "wrong length", "chunked", "length+chunked", "none", "bad length",
+                                    "huge length", "endless chunked"]))
+    if framing in ("chunked", "length+chunked", "endless chunked"):
         cut = draw(st.integers(1, 64))
         pieces = [body[i : i + cut] for i in range(0, len(body), cut)]
-        body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+        body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces)
+        body += b"" if framing == "endless chunked" else b"0\r\n\r\n"  # endless: more chunks may follow
         head.append(b"Transfer-Encoding: chunked")
+    if framing == "huge length":
+        head.append(b"Content-Length: 100000000000")
     if framing in ("length", "length+chunked"):
         head.append(b"Content-Length: %d" % (len(body) if framing == "length" else 5))
     elif framing == "wrong length":
@@ -240,13 +310,55 @@ def proc_rss_mb(proc) -> float:
     return int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{proc.pid}/status").read_text()).group(1)) / 1024
 
 
+def deliver(port: int, raw: bytes, pace: str, pid: int) -> int | None:
+    """Send `raw` at `pace`; the status of the answer (None: closed without one). "trickled": then a byte
+    a 0.1 s, "flooded": then 64 KB blocks, "unread": and never read the answer; in each case the server
+    must let go of the connection within a few seconds (read timeout 1 s), not read or hold it for ever."""
+    if pace == "at once":
+        return status(exchange(port, raw, wait=3))
+    fds, start, answer = open_fds(pid), time.monotonic(), b""
+    chunked = b"transfer-encoding: chunked" in raw.lower()  # what is sent after it: more chunks
+    byte, block = (b"1\r\nx\r\n", b"10000\r\n" + b"x" * 65536 + b"\r\n") if chunked else (b"x", b"x" * 65536)
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", port))
+        s.settimeout(0.1)
+        try:
+            s.sendall(raw)
+            if pace == "flooded":
+                for _ in range(512):  # 32 MB, unless the server closes first
+                    s.sendall(block)
+                raise AssertionError("the server read a 32 MB flood after the request")
+            while time.monotonic() - start < 5:
+                if pace == "unread":
+                    if open_fds(pid) <= fds:
+                        return status(answer)  # closed: nothing more to wait for
+                    time.sleep(0.1)
+                    continue
+                s.sendall(byte)
+                try:
+                    data = s.recv(65536)
+                except TimeoutError:
+                    continue
+                if not data:
+                    return status(answer)
+                answer += data
+            raise AssertionError(f"the server held a {pace} connection for 5 s")
+        except OSError:  # reset, or the flood refused
+            return status(answer)
+
+
 @pytest.mark.slow
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(raw=requests())
-def test_hostile_requests_never_make_a_server_error(cli_server, raw):
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=requests(), pace=st.sampled_from(["at once", "at once", "trickled", "flooded", "unread"]))
+@example(raw=b"POST /api/translate HTTP/1.1\r\nHost: evil.example\r\nTransfer-Encoding: chunked\r\n\r\n",
+         pace="trickled")  # the issue's: a refused Host, its body a byte at a time
+@example(raw=b"POST /api/translate HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 100000000000\r\n\r\n",
+         pace="flooded")
+def test_hostile_requests_never_make_a_server_error(cli_server, raw, pace):
     proc, port = cli_server
     before = proc_rss_mb(proc)
-    code = status(exchange(port, raw, wait=3))
+    code = deliver(port, raw, pace, proc.pid)
     assert code is None or code < 500, (code, raw[:300])  # None: closed without an answer
     assert status(post(port, b'{"texts": ["a dog"]}')) == 200  # the worker lives, the server goes on
     assert proc.poll() is None and proc_rss_mb(proc) - before < 30

@@ -196,6 +196,16 @@ def test_oversized_bodies_are_refused_unread(client):
     assert r.status_code == 200
 
 
+def test_huge_numbers_and_deep_nesting_name_their_field_and_are_not_echoed(client):
+    for body, status, field in [('{"texts": ["a"], "beam": %s}' % ("9" * 5000), 422, "beam"),
+                                ('{"texts": ["a"], "beam": 2, "nbest": %s}' % ("7" * 4000), 422, "nbest"),
+                                ('{"texts": ["a", %s]}' % ("-" + "1" * 4400), 422, "texts.1"),
+                                ('{"texts": ' + "[" * 3000 + '"a"' + "]" * 3000 + "}", 400, "body")]:
+        r = client.post("/api/translate", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == status and r.json()["field"] == field, r.text
+        assert len(r.content) < 300 and "999999" not in r.text and "777777" not in r.text
+
+
 def test_other_errors_are_json_too(client):
     assert client.get("/nope").json() == {"error": "Not Found", "field": None}
     assert client.get("/api/translate").status_code == 405
@@ -292,6 +302,50 @@ def test_batcher_takes_from_every_waiting_request_in_turn():
     before = next(i for i, call in enumerate(calls) if "small" in call)
     assert sum(len(c) for c in calls[1:before]) == 0 and len(calls[before]) <= 4  # it waited for no huge call
     assert all(sum(3 if x == "small" else 10 for x in c) <= 25 for c in calls[1:])  # calls bounded by work
+    b.close()
+
+
+def test_batcher_is_fair_across_settings_and_attention_jobs():
+    """The issue's case: 20 requests of 64 sentences, each with its own settings, and 10 attention jobs
+    wait; then a one-sentence request. It waits for one call of each group, each within max_batch_work,
+    and the attention jobs take one call between them."""
+    gate, calls = threading.Event(), []
+
+    def run_batch(key, items):
+        calls.append((key, list(items)))
+        gate.wait(5)
+        return items
+
+    def run_one(item):
+        calls.append((None, [item]))
+        gate.wait(5)
+        return item
+
+    b = Batcher(run_batch, run_one, max_batch=64, max_batch_work=4096, max_wait_s=0.0)
+    b.submit("hold", ["hold"])
+    time.sleep(0.1)
+    for i in range(20):  # 20 alphas: each its own group; a sentence of 15 subwords at beam 16 is 240 units
+        b.submit(("alpha", i), [f"s{i}.{k}" for k in range(64)], costs=[240] * 64)
+    for i in range(10):
+        b.submit(None, [f"map{i}"], costs=[8000])
+    small = b.submit("default", ["small"], costs=[20])
+    gate.set()
+    assert small.result(10) == ["small"]
+    before = calls[1 : next(i for i, (_, items) in enumerate(calls) if items == ["small"])]
+    keys = [key for key, _ in before]
+    assert len(keys) == len(set(keys)) == 21  # one call of each group ahead; the attention jobs: one
+    assert all(len(items) == 4096 // 240 for key, items in before if key is not None)  # each within the work
+    b.close()
+
+
+def test_a_held_answer_keeps_its_place_in_the_queue_until_released():
+    b = Batcher(lambda key, items: items, lambda item: item, max_queue=1, max_wait_s=0.0)
+    answered = b.submit("k", ["a"], hold=True)  # the app holds it until the client has taken the answer
+    assert answered.result(5) == ["a"]
+    with pytest.raises(QueueFull):
+        b.submit("k", ["b"])
+    b.release(answered)
+    assert b.submit("k", ["b"]).result(5) == ["b"] and not b.pending  # not held: freed when answered
     b.close()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -45,16 +46,33 @@ def test_fresh_run_into_an_earlier_run_is_refused_and_overwrite_clears_it(tmp_pa
 def test_a_full_disk_while_writing_is_one_line(name, tmp_path, monkeypatch):
     real_open, real_write = open, Path.write_bytes
 
+    real_os_open = os.open
+
     def full(path):
-        if Path(path).name == name or Path(path).name.startswith(f".{name}.tmp"):  # the file or its temp file
+        if Path(path).name == name or Path(path).name.startswith(f".{name}."):  # the file or its temp file
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
     monkeypatch.setattr("builtins.open", lambda p, *a, **k: full(p) or real_open(p, *a, **k))
+    monkeypatch.setattr(os, "open", lambda p, *a, **k: full(p) or real_os_open(p, *a, **k))
     monkeypatch.setattr(Path, "write_bytes", lambda self, data: full(self) or real_write(self, data))
     monkeypatch.setattr(Path, "write_text", lambda self, text, **k: full(self) or real_open(
         self, "w", **k).write(text))
     result = cli("train", "-c", write_config(tmp_path / "c.yaml", *SHORT), "--out", tmp_path / "run")
     one_line_error(result, 1, name, "No space left on device")
+
+
+def test_results_are_written_without_following_a_planted_link(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    for name in ("results.json", "test_hyps.txt"):  # the temp names the writer used to take
+        (tmp_path / f".{name}.tmp").symlink_to(victim)
+    run = RunDir(tmp_path)
+    run.write_results({"bleu": 1.0}, ["a"])
+    assert victim.read_text() == "mine" and json.loads(run.results.read_text()) == {"bleu": 1.0}
+    assert not run.results.is_symlink() and (tmp_path / "test_hyps.txt").read_text() == "a\n"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert run.results.stat().st_mode & 0o777 == 0o666 & ~umask  # like any other file the run writes
 
 
 def test_free_space_check_counts_kept_snapshots(tmp_path, monkeypatch):
