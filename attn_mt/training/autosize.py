@@ -1,0 +1,204 @@
+"""Budget runs that size themselves to the machine: `model.size: auto`.
+
+A run with a clock budget (`train.max_minutes`) and `model.size: auto` first times a few training
+steps of each shape of LADDER on its own batches, at this machine's speed and precision (at most
+MEASURE_SHARE of the budget), then predicts for each shape how many epochs of this corpus the rest of
+the budget trains, evaluations included, and picks the shape whose measured learning curve (CURVES:
+validation BLEU against epochs, on Multi30k) is highest there. The warmup is fitted to the predicted
+number of steps, so a short run leaves warmup early enough to learn.
+
+`choose` is a pure function of the measured speeds, the corpus size and the budget; `measure` does
+the timing; `apply` turns a choice into the config the run trains (and `Choice.overrides` into the
+`--set` line that reproduces it without the automatic choice).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from attn_mt.config import ExperimentConfig
+from attn_mt.data.batching import token_batches
+from attn_mt.data.corpus import Corpus
+from attn_mt.decoding.search import translate
+from attn_mt.device import autocast, sync
+from attn_mt.models import build_model, count_params
+from attn_mt.training.trainer import TrainStep
+
+log = logging.getLogger(__name__)
+MEASURE_SHARE = 0.05  # of the budget, at most, spent timing the ladder
+WARMUP_SHARE = 0.15  # the fitted warmup: at most this share of the predicted steps
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One rung of the ladder: a Transformer shape and its batch size (target tokens per step)."""
+
+    name: str
+    d_model: int
+    n_heads: int
+    n_layers: int
+    d_ff: int
+    batch_tokens: int
+
+
+LADDER = (
+    Shape("d256-L3", 256, 4, 3, 1024, 4096),  # the 7.6M-parameter Multi30k model
+    Shape("d128-L3", 128, 4, 3, 512, 4096),
+)
+
+# Validation BLEU (greedy, the first 300 validation sentences) after each epoch on Multi30k de -> en
+# (29k pairs), with configs/multi30k_quick.yaml's recipe (lr 1e-3, warmup 200, inverse square root,
+# dropout 0.1, 8k joint BPE). BLEU against epochs does not depend on the machine's speed: docs/results.md
+# ("Budget runs that size themselves") gives the runs that measured them.
+CURVES: dict[str, tuple[tuple[float, float], ...]] = {
+    "d256-L3": (),
+    "d128-L3": (),
+}
+
+
+def predicted_bleu(name: str, epochs: float) -> float:
+    """The curve of shape `name` at `epochs`: linear between measured epochs (from 0 BLEU at epoch 0),
+    flat after the last one (no extrapolation upwards)."""
+    points = ((0.0, 0.0), *CURVES[name])
+    if epochs >= points[-1][0]:
+        return points[-1][1]
+    for (e0, b0), (e1, b1) in zip(points, points[1:], strict=False):
+        if epochs <= e1:
+            return b0 + (b1 - b0) * (epochs - e0) / (e1 - e0)
+    return points[-1][1]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One shape timed on this machine: training and evaluation speed, and its batches per epoch."""
+
+    shape: Shape
+    tokens_per_s: float  # target tokens of training per second
+    eval_s: float  # seconds one evaluation takes (validation loss and greedy BLEU)
+    steps_per_epoch: int
+    params: int = 0
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The chosen shape, what was predicted for it, and every candidate's prediction (for the log)."""
+
+    shape: Shape
+    steps: int  # predicted optimizer steps in the budget
+    epochs: float
+    bleu: float  # predicted validation BLEU
+    warmup_steps: int
+    table: tuple[dict, ...]
+    measure_s: float = 0.0
+
+    def overrides(self) -> list[str]:
+        """`--set` items that train this shape without the automatic choice."""
+        s = self.shape
+        return ["model.size=fixed", f"model.d_model={s.d_model}", f"model.n_heads={s.n_heads}",
+                f"model.n_layers={s.n_layers}", f"model.d_ff={s.d_ff}", f"train.batch_tokens={s.batch_tokens}",
+                f"train.warmup_steps={self.warmup_steps}"]
+
+    def to_json(self) -> dict:
+        return {"chosen": self.shape.name, "shape": asdict(self.shape), "predicted_steps": self.steps,
+                "predicted_epochs": round(self.epochs, 2), "predicted_valid_bleu": round(self.bleu, 2),
+                "warmup_steps": self.warmup_steps, "measure_s": round(self.measure_s, 1),
+                "candidates": list(self.table), "set": " ".join(f"--set {o}" for o in self.overrides())}
+
+
+def choose(measured: list[Measured], corpus_tokens: int, budget_s: float, warmup_steps: int) -> Choice:
+    """The shape with the highest predicted validation BLEU after `budget_s` seconds of training and
+    evaluation (one evaluation per epoch) on a corpus of `corpus_tokens` target tokens; ties go to the
+    faster shape. `warmup_steps` (the config's) is cut to WARMUP_SHARE of the predicted steps."""
+    if not measured:
+        raise ValueError("no shape was measured")
+    rows, best = [], None
+    for m in sorted(measured, key=lambda m: -m.tokens_per_s):  # the faster shape first: it wins ties
+        epoch_s = corpus_tokens / m.tokens_per_s + m.eval_s  # one epoch of training and its evaluation
+        epochs = budget_s / epoch_s
+        steps = int(epochs * m.steps_per_epoch)
+        bleu = predicted_bleu(m.shape.name, epochs)
+        rows.append({"shape": m.shape.name, "params": m.params, "tokens_per_s": round(m.tokens_per_s),
+                     "eval_s": round(m.eval_s, 1), "predicted_epochs": round(epochs, 2), "predicted_steps": steps,
+                     "predicted_valid_bleu": round(bleu, 2)})
+        if best is None or bleu > best[2] + 1e-9:
+            best = (m, steps, bleu, epochs)
+    m, steps, bleu, epochs = best
+    warmup = max(1, min(warmup_steps, int(WARMUP_SHARE * steps)))
+    return Choice(m.shape, steps, epochs, bleu, warmup, tuple(rows))
+
+
+def apply(cfg: ExperimentConfig, shape: Shape, warmup_steps: int) -> ExperimentConfig:
+    """The config trained with `shape` and the fitted warmup (model.size stays as it was: `auto` in a sized
+    run's config.yaml and checkpoints says the shape was chosen, and `--resume` keeps it)."""
+    model = replace(cfg.model, d_model=shape.d_model, n_heads=shape.n_heads,
+                    n_layers=shape.n_layers, d_ff=shape.d_ff)
+    return replace(cfg, model=model, train=replace(cfg.train, batch_tokens=shape.batch_tokens,
+                                                   warmup_steps=warmup_steps))
+
+
+def measure(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precision: str,
+            ladder: tuple[Shape, ...] = LADDER, steps: int = 2) -> list[Measured]:
+    """Time `steps` training steps (after one untimed) and one short greedy translation of each shape on
+    this corpus, within MEASURE_SHARE of the budget: a shape not reached in time is left out."""
+    tc, split = cfg.train, cfg.data.splits.train
+    limit_s = MEASURE_SHARE * tc.max_minutes * 60
+    valid_src = corpus.text[cfg.data.splits.valid][0]
+    n_valid = min(len(valid_src), tc.bleu_sentences)
+    probe = valid_src[:16]
+    t_start, out = time.perf_counter(), []
+    for shape in ladder:
+        if out and time.perf_counter() - t_start > limit_s:
+            log.info("size: %s not measured (the ladder's share of the budget is spent)", shape.name)
+            break
+        shaped = apply(cfg, shape, tc.warmup_steps)
+        torch.manual_seed(tc.seed)
+        model = build_model(shaped.model, **corpus.tok.sizes()).to(device).train()
+        step = TrainStep(model, shaped.train, device, precision)
+        index = token_batches(*corpus.lengths(split), shape.batch_tokens, tc.seed, 0)
+        batches = [b.to(device) for b in corpus.batches(split, index[: steps + 1])]
+        for i, batch in enumerate(batches):
+            if i == 1:
+                sync(device)
+                t0 = time.perf_counter()
+            step.apply(step.backward([batch], batch.n_tokens), 1e-9)  # a tiny rate: timing, not learning
+        sync(device)
+        train_s = time.perf_counter() - t0
+        tokens_per_s = sum(b.n_tokens for b in batches[1:]) / train_s
+        t0 = time.perf_counter()
+        with autocast(device, precision):
+            translate(model.eval(), corpus.tok, probe, replace(cfg.decode, beam_size=1, nbest=1), device)
+        sync(device)
+        valid_tokens = sum(corpus.lengths(cfg.data.splits.valid)[1])
+        eval_s = (time.perf_counter() - t0) * n_valid / max(1, len(probe)) + valid_tokens / (3 * tokens_per_s)
+        out.append(Measured(shape, tokens_per_s, eval_s, len(index), count_params(model)))
+        log.info("size: %s (%.2fM parameters) trains %.0f tokens/s, evaluates in %.1f s", shape.name,
+                 count_params(model) / 1e6, tokens_per_s, eval_s)
+        del model, step
+    return out
+
+
+def corpus_tokens(cfg: ExperimentConfig, corpus: Corpus) -> int:
+    """Target tokens of one epoch of the training split (with eos), what tokens/s counts."""
+    tgt = corpus.lengths(cfg.data.splits.train)[1]
+    return int(sum(tgt)) + len(tgt)
+
+
+def size_run(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precision: str) -> tuple[ExperimentConfig,
+                                                                                                 Choice]:
+    """Measure the ladder, choose, log what was measured and chosen and why; (the sized config, the choice)."""
+    t0 = time.perf_counter()
+    measured = measure(cfg, corpus, device, precision)
+    spent = time.perf_counter() - t0
+    choice = choose(measured, corpus_tokens(cfg, corpus), cfg.train.max_minutes * 60 - spent, cfg.train.warmup_steps)
+    choice = replace(choice, measure_s=spent)
+    for row in choice.table:
+        log.info("size: %-8s %6.2fM  %6d tokens/s  ~%5.1f epochs, %5d steps  -> valid BLEU ~%.1f", row["shape"],
+                 row["params"] / 1e6, row["tokens_per_s"], row["predicted_epochs"], row["predicted_steps"],
+                 row["predicted_valid_bleu"])
+    log.info("size: chose %s (measured in %.0f s); the same run without the automatic choice: %s",
+             choice.shape.name, spent, " ".join(f"--set {o}" for o in choice.overrides()))
+    return apply(cfg, choice.shape, choice.warmup_steps), choice

@@ -1,0 +1,93 @@
+"""model.size: auto: the choice as a pure function of measured speed, corpus size and budget; the timing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from attn_mt.training import autosize
+from attn_mt.training.autosize import LADDER, Measured, Shape, choose, predicted_bleu
+
+BIG, SMALL = (next(s for s in LADDER if s.name == n) for n in ("d256-L3", "d128-L3"))
+CORPUS = 400_000  # target tokens of one epoch, about Multi30k's
+
+
+def measured(shape: Shape, tokens_per_s: float, eval_s: float = 10.0, steps_per_epoch: int = 120) -> Measured:
+    return Measured(shape, tokens_per_s, eval_s, steps_per_epoch)
+
+
+def test_the_curves_are_measured_for_every_rung_and_rise_from_the_first_epoch():
+    for shape in LADDER:
+        points = autosize.CURVES[shape.name]
+        assert len(points) >= 6, shape.name
+        assert [e for e, _ in points] == sorted(e for e, _ in points) and points[0][0] == 1
+        assert points[-1][1] > points[0][1]
+
+
+def test_predicted_bleu_interpolates_and_never_extrapolates_upwards(monkeypatch):
+    monkeypatch.setitem(autosize.CURVES, "x", ((1, 10.0), (3, 30.0), (5, 34.0)))
+    assert predicted_bleu("x", 0) == 0.0
+    assert predicted_bleu("x", 0.5) == pytest.approx(5.0)
+    assert predicted_bleu("x", 2) == pytest.approx(20.0)
+    assert predicted_bleu("x", 4) == pytest.approx(32.0)
+    assert predicted_bleu("x", 50) == 34.0
+
+
+def test_a_slow_machine_gets_the_small_shape_and_a_fast_one_the_big(monkeypatch):
+    monkeypatch.setitem(autosize.CURVES, BIG.name, ((1, 5.0), (4, 28.0), (10, 38.0)))
+    monkeypatch.setitem(autosize.CURVES, SMALL.name, ((1, 8.0), (4, 27.0), (10, 33.0), (20, 34.0)))
+    slow = choose([measured(BIG, 2_000), measured(SMALL, 5_000)], CORPUS, 600, warmup_steps=200)
+    fast = choose([measured(BIG, 7_500), measured(SMALL, 18_000)], CORPUS, 600, warmup_steps=200)
+    assert slow.shape == SMALL and fast.shape == BIG
+    # the epochs count training and one evaluation per epoch: 600 s / (400k / 5000 + 10 s) for the small shape
+    assert slow.epochs == pytest.approx(600 / (CORPUS / 5_000 + 10))
+    assert slow.steps == int(slow.epochs * 120)
+    assert {row["shape"] for row in slow.table} == {BIG.name, SMALL.name}
+
+
+def test_the_warmup_is_fitted_to_the_predicted_steps(monkeypatch):
+    monkeypatch.setitem(autosize.CURVES, BIG.name, ((1, 5.0), (10, 38.0)))
+    short = choose([measured(BIG, 1_000)], CORPUS, 600, warmup_steps=200)  # 1.4 epochs: 171 steps
+    long = choose([measured(BIG, 8_000)], CORPUS, 3600, warmup_steps=200)
+    assert short.warmup_steps == int(autosize.WARMUP_SHARE * short.steps) < 200
+    assert long.warmup_steps == 200  # the config's warmup when the run is long enough
+
+
+def test_equal_predictions_go_to_the_faster_shape(monkeypatch):
+    monkeypatch.setitem(autosize.CURVES, BIG.name, ((1, 30.0),))
+    monkeypatch.setitem(autosize.CURVES, SMALL.name, ((1, 30.0),))
+    assert choose([measured(BIG, 2_000), measured(SMALL, 6_000)], CORPUS, 3600, 200).shape == SMALL
+
+
+def test_the_set_line_reproduces_the_choice(tiny_cfg):
+    cfg = tiny_cfg("model.size=auto", "train.max_minutes=10")
+    choice = autosize.Choice(SMALL, steps=900, epochs=7.5, bleu=33.0, warmup_steps=135, table=())
+    sized = autosize.apply(cfg, choice.shape, choice.warmup_steps)
+    again = tiny_cfg("model.size=auto", "train.max_minutes=10", *choice.overrides())
+    assert sized.model.size == "auto" and again.model.size == "fixed"
+    assert replace(sized, model=replace(sized.model, size="fixed")) == again
+    assert (again.model.d_model, again.model.n_layers, again.train.batch_tokens, again.train.warmup_steps) == (
+        128, 3, 4096, 135)
+    assert choice.to_json()["set"] == " ".join(f"--set {o}" for o in choice.overrides())
+
+
+def test_auto_needs_a_clock_budget(tiny_cfg):
+    from attn_mt.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.size=auto.*train.max_minutes"):
+        tiny_cfg("model.size=auto", "train.max_minutes=0")
+
+
+def test_measure_times_each_shape_on_the_corpus_within_its_share(tiny_cfg):
+    from attn_mt.data.corpus import load_corpus
+
+    cfg = tiny_cfg("model.size=auto", "train.max_minutes=10")
+    corpus = load_corpus(cfg, cfg.model.max_positions)
+    ladder = (Shape("a", 32, 2, 1, 64, 600), Shape("b", 16, 2, 1, 32, 300))
+    import torch
+
+    out = autosize.measure(cfg, corpus, torch.device("cpu"), "fp32", ladder)
+    assert [m.shape for m in out] == list(ladder)
+    assert all(m.tokens_per_s > 0 and m.eval_s > 0 and m.params > 0 for m in out)
+    assert out[1].steps_per_epoch > out[0].steps_per_epoch  # half the tokens per batch: more batches
