@@ -141,7 +141,7 @@ def apply(cfg: ExperimentConfig, shape: Shape, warmup_steps: int) -> ExperimentC
 
 
 def measure(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precision: str,
-            ladder: tuple[Shape, ...] = LADDER, steps: int = 2) -> list[Measured]:
+            ladder: tuple[Shape, ...] | None = None, steps: int = 2) -> list[Measured]:
     """Time `steps` training steps (after one untimed) and one short greedy translation of each shape on
     this corpus, within MEASURE_SHARE of the budget: a shape not reached in time is left out."""
     tc, split = cfg.train, cfg.data.splits.train
@@ -150,7 +150,7 @@ def measure(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precisi
     n_valid = min(len(valid_src), tc.bleu_sentences)
     probe = valid_src[:16]
     t_start, out = time.perf_counter(), []
-    for shape in ladder:
+    for shape in LADDER if ladder is None else ladder:
         if out and time.perf_counter() - t_start > limit_s:
             log.info("size: %s not measured (the ladder's share of the budget is spent)", shape.name)
             break
@@ -179,6 +179,24 @@ def measure(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precisi
                  count_params(model) / 1e6, tokens_per_s, eval_s)
         del model, step
     return out
+
+
+def wanted(cfg: ExperimentConfig) -> bool:
+    """Whether the config asks for an automatic size (model.size: auto, a Transformer)."""
+    return getattr(cfg.model, "size", "fixed") == "auto"
+
+
+def as_resumed(cfg: ExperimentConfig, saved: dict) -> ExperimentConfig:
+    """An automatic size resumes with the shape and warmup it chose (read from the checkpoint's config)."""
+    if not wanted(cfg):
+        return cfg
+    model, train = saved.get("model", {}), saved.get("train", {})
+    try:
+        shape = Shape("resumed", int(model["d_model"]), int(model["n_heads"]), int(model["n_layers"]),
+                      int(model["d_ff"]), int(train["batch_tokens"]))
+        return apply(cfg, shape, int(train["warmup_steps"]))
+    except (KeyError, TypeError, ValueError):
+        return cfg  # the resume check names what differs
 
 
 def corpus_tokens(cfg: ExperimentConfig, corpus: Corpus) -> int:

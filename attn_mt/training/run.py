@@ -23,13 +23,13 @@ import torch
 from torch import nn
 
 from attn_mt import checkpoint
-from attn_mt.config import ExperimentConfig
+from attn_mt.config import ConfigError, ExperimentConfig
 from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.cache import Resumed, open_entry
 from attn_mt.data.corpus import Corpus, read_corpus
 from attn_mt.device import pick_device, pick_precision, rng_state
 from attn_mt.models import build_model, count_params
-from attn_mt.training import distributed
+from attn_mt.training import autosize, distributed
 from attn_mt.training.board import Board
 from attn_mt.training.progress import Progress, time_left, write
 from attn_mt.training.resume import check_resumable, finished, optimizer_state, restore
@@ -122,12 +122,23 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         logging.getLogger("attn_mt").setLevel(logging.WARNING)  # rank 0 reports
     resumed = checkpoint.load(files.last) if resume else None
     if resumed is not None:
+        cfg = autosize.as_resumed(cfg, resumed["config"])  # an automatic size keeps the shape it chose
         check_resumable(resumed, files.last, cfg)
     if tc.threads:
         torch.set_num_threads(tc.threads)
     precision = pick_precision(tc.precision, device)
     torch.manual_seed(tc.seed)
     corpus = prepare_data(cfg, files, world, resumed)
+    measure_s = 0.0
+    if autosize.wanted(cfg) and resumed is None:
+        if world.enabled:
+            raise ConfigError("model.size=auto sizes one process to its machine; under torchrun give the shape "
+                              "(the --set line a single-process auto run logs)")
+        cfg, choice = autosize.size_run(cfg, corpus, device, precision)
+        files.write_config(cfg)
+        files.write_size(choice.to_json())
+        measure_s = choice.measure_s  # counted in the budget
+        torch.manual_seed(tc.seed)
     model = build_model(cfg.model, **corpus.tok.sizes()).to(device)
     if world.main:
         files.check_space(model, tc.keep_last)
@@ -147,7 +158,8 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
     board = Board(files.tensorboard, tc.tensorboard and world.main, trainer.state.step)
     if board.writer is not None:
         log.info("TensorBoard events in %s; view them with: tensorboard --logdir %s", files.tensorboard, files.path)
-    return Run(cfg, files, world, corpus, trainer, board, start=time.perf_counter() - trainer.state.elapsed_s)
+    return Run(cfg, files, world, corpus, trainer, board,
+               start=time.perf_counter() - trainer.state.elapsed_s - measure_s)
 
 
 def prepare_data(cfg: ExperimentConfig, files: RunDir, world: distributed.World, resumed: dict | None) -> Corpus:
@@ -300,6 +312,8 @@ def finish(run: Run) -> Path:
                "train_seconds": round(train_seconds, 1), "steps": st.step, "skipped_steps": st.skipped_steps,
                "params": count_params(tr.model), "device": str(tr.device), "precision": tr.precision,
                "threads": torch.get_num_threads(), "torch": torch.__version__}
+    if (size := files.read_size()) is not None:
+        results["size"] = size
     files.write_results(results, hyps)
     write_test_texts(run)
     return test_path

@@ -6,6 +6,7 @@ names; disk checks before training. Checkpoints themselves are written atomicall
     checkpoint_last.pt  checkpoint_best.pt     resume from last; translate with best
     checkpoint_step{N}.pt  checkpoint_avg.pt   the last train.keep_last evaluations, their average
     metrics.jsonl  results.json  test_hyps.txt one line per evaluation; the final scores
+    size.json                                  model.size: auto: what was measured and chosen (autosize.py)
     {test split}.{lang}                        the test sources and references, line-aligned with test_hyps.txt
     tensorboard/                               TensorBoard events (train.tensorboard)
 """
@@ -25,7 +26,7 @@ from attn_mt.data.cache import Entry
 from attn_mt.training.trainer import TrainError
 
 # what a run writes once it trains: an earlier run's files that a fresh run must not overwrite
-RUN_FILES = ("checkpoint_*.pt", "metrics.jsonl", "results.json", "test_hyps.txt")
+RUN_FILES = ("checkpoint_*.pt", "metrics.jsonl", "results.json", "test_hyps.txt", "size.json")
 
 
 class RunDir:
@@ -39,6 +40,7 @@ class RunDir:
         self.config, self.hyps = self.path / "config.yaml", self.path / "test_hyps.txt"
         self.record = self.path / "tokenizer.json"  # the data cache entry the run used, and its tokenizer settings
         self.tensorboard = self.path / "tensorboard"
+        self.size = self.path / "size.json"
 
     def earlier_run(self) -> list[Path]:
         """The files of an earlier run in this directory (none for a new or only-prepared one)."""
@@ -131,6 +133,17 @@ class RunDir:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return key if isinstance(key, str) else None
+
+    def write_size(self, size: dict) -> None:
+        """size.json: an automatic size's measurements and choice, read back into results.json (`read_size`)."""
+        _write_atomic(self.size, json.dumps(size, indent=2) + "\n")
+
+    def read_size(self) -> dict | None:
+        """The automatic size's record, or None (a fixed size, or a damaged file)."""
+        try:
+            return json.loads(self.size.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
 
     def write_results(self, results: dict, hyps: list[str]) -> None:
         """test_hyps.txt and results.json, each written whole or not at all."""

@@ -91,3 +91,50 @@ def test_measure_times_each_shape_on_the_corpus_within_its_share(tiny_cfg):
     assert [m.shape for m in out] == list(ladder)
     assert all(m.tokens_per_s > 0 and m.eval_s > 0 and m.params > 0 for m in out)
     assert out[1].steps_per_epoch > out[0].steps_per_epoch  # half the tokens per batch: more batches
+
+
+TINY_LADDER = (Shape("t32", 32, 2, 1, 64, 600), Shape("t16", 16, 2, 1, 32, 300))
+
+
+@pytest.mark.slow
+def test_an_auto_sized_run_says_what_it_measured_and_chose_and_resumes_with_that_shape(tiny_cfg, tmp_path,
+                                                                                        monkeypatch, caplog):
+    """A real short budget run on the toy corpus, with a two-rung ladder of tiny shapes whose curves favour
+    the bigger one once it gets a few epochs."""
+    import json
+    import logging
+
+    from attn_mt import checkpoint
+    from attn_mt.training.run import train
+
+    monkeypatch.setattr(autosize, "LADDER", TINY_LADDER)
+    monkeypatch.setitem(autosize.CURVES, "t32", ((1, 5.0), (2, 40.0)))
+    monkeypatch.setitem(autosize.CURVES, "t16", ((1, 10.0), (2, 20.0)))
+    cfg = tiny_cfg("model.size=auto", "train.max_minutes=0.25", "train.max_epochs=3", "train.warmup_steps=50")
+    with caplog.at_level(logging.INFO, logger="attn_mt"):
+        train(cfg, tmp_path)
+    size = json.loads((tmp_path / "results.json").read_text())["size"]
+    assert {row["shape"] for row in size["candidates"]} == {"t32", "t16"} and size["chosen"] == "t32"
+    assert size["measure_s"] <= 0.05 * 15 + 2  # the ladder's share of the budget (plus one shape's overrun)
+    assert size["set"] == "--set model.size=fixed --set model.d_model=32 --set model.n_heads=2 --set " \
+                          f"model.n_layers=1 --set model.d_ff=64 --set train.batch_tokens=600 --set " \
+                          f"train.warmup_steps={size['warmup_steps']}"
+    assert size["warmup_steps"] <= 50
+    assert any("size: chose t32" in r.getMessage() and "--set model.size=fixed" in r.getMessage()
+               for r in caplog.records)
+    saved = checkpoint.load(tmp_path / "checkpoint_last.pt")["config"]
+    assert (saved["model"]["size"], saved["model"]["d_model"], saved["train"]["batch_tokens"]) == ("auto", 32, 600)
+    # --resume with a bigger budget keeps the chosen shape (nothing is measured again)
+    monkeypatch.setattr(autosize, "measure", lambda *a, **k: pytest.fail("measured again on --resume"))
+    train(tiny_cfg("model.size=auto", "train.max_minutes=0.25", "train.max_epochs=4", "train.warmup_steps=50"),
+          tmp_path, resume=True)
+    again = checkpoint.load(tmp_path / "checkpoint_last.pt")
+    assert again["config"]["model"]["d_model"] == 32 and again["step"] > 0
+    assert json.loads((tmp_path / "results.json").read_text())["size"]["chosen"] == "t32"
+
+
+def test_auto_for_an_rnn_is_an_unknown_key():
+    from attn_mt.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="unknown key 'model.size'"):
+        load_config(None, ["model.kind=rnn", "model.size=auto", "train.max_minutes=1"])
