@@ -408,3 +408,24 @@ def bench(config: ConfigOpt, overrides: SetOpt = None,
     if json_out:
         json_out.write_text(json.dumps(result, indent=2) + "\n")
     typer.echo(format_report(result))
+
+
+@app.command()
+@_user_errors
+def heads(checkpoint: CkptOpt, src: Annotated[Path, typer.Option(help="Source sentences, one a line.")],
+          ref: Annotated[Path, typer.Option(help="Their references, line-aligned with --src.")],
+          sentences: Annotated[int, typer.Option(min=1, help="Use the first N lines.")] = 200,
+          json_out: Annotated[Path | None, typer.Option("--json", help="Write every number to this file.")] = None,
+          png: Annotated[Path | None, typer.Option(help="Draw every head's importance and role in one PNG.")] = None,
+          prune: Annotated[int, typer.Option(min=0, help="Remove the N least important heads (with --out).")] = 0,
+          out: Annotated[Path | None, typer.Option(help="Where --prune writes the pruned checkpoint.")] = None,
+          device: DeviceOpt = "auto") -> None:
+    """Mask each attention head in turn: the BLEU and loss it costs, and where its attention goes."""
+    from attn_mt.analysis import overview
+    from attn_mt.analysis.heads import analyse_heads
+
+    report = analyse_heads(checkpoint, src, ref, n_sentences=sentences, prune_n=prune, out=out, device=device)
+    typer.echo(overview.table(report))
+    for path in (json_out and overview.write_json(report, json_out), png and overview.plot(report, png)):
+        if path:
+            typer.echo(str(path))
