@@ -125,10 +125,13 @@ def test_explain_is_fast_on_a_tiny_model(tiny_run):
     model, cfg, tok = load_model(tiny_run / "checkpoint_best.pt")
     dcfg = replace(cfg.decode, beam_size=1)
     explain(model, tok, SOURCES[0], dcfg=dcfg)  # warm-up
-    start = time.perf_counter()
     for kind in ("encoder", "decoder", "cross"):
-        explain(model, tok, SOURCES[0], kind=kind, dcfg=dcfg)
-    assert (time.perf_counter() - start) / 3 < 0.5
+        times = []
+        for _ in range(3):  # the best of 3: other processes on a shared machine only add
+            start = time.perf_counter()
+            explain(model, tok, SOURCES[0], kind=kind, dcfg=dcfg)
+            times.append(time.perf_counter() - start)
+        assert min(times) < 0.5, (kind, times)  # 0.15-0.25 s measured on one thread of a busy 2-core machine
 
 
 def test_cli_prints_the_steps_and_writes_the_json(noisy, tmp_path):

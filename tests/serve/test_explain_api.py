@@ -92,3 +92,20 @@ def test_an_export_has_nothing_to_explain(ckpt, tmp_path):
     with TestClient(create_app(tmp_path / "ct2", device="cpu"), base_url=LOCAL) as c:
         r = c.post("/api/explain", json={"text": "a dog"})
         assert r.status_code == 404 and "PyTorch checkpoint" in r.json()["error"]
+
+
+def test_an_rnn_checkpoint_says_what_explain_supports(tiny_run, tmp_path):
+    from dataclasses import replace
+
+    from attn_mt import checkpoint
+    from attn_mt.config import load_config, to_dict
+    from attn_mt.models import build_model
+
+    _, cfg, tok = checkpoint.load_model(tiny_run / "checkpoint_best.pt")
+    rnn = load_config(None, ["model.kind=rnn", "model.d_embed=16", "model.d_hidden=16", "model.d_attn=16"]).model
+    checkpoint.save({"model": build_model(rnn, **tok.sizes()).state_dict(), "config": to_dict(replace(cfg, model=rnn)),
+                     "tokenizer": tok.state()}, tmp_path / "rnn.pt")
+    with TestClient(create_app(tmp_path / "rnn.pt", device="cpu"), base_url=LOCAL) as c:
+        r = c.post("/api/explain", json={"text": "a dog"})
+        assert r.status_code == 422 and r.json()["field"] == "checkpoint"
+        assert "explain recomputes a Transformer's attention" in r.json()["error"]
