@@ -293,8 +293,8 @@ def render(e: Explanation, top: int = 5) -> str:
     masked = "future" if e.kind == "decoder_self" else "padding"
     reads = "" if e.query_input == e.query_token else f", reading {e.query_input!r}"
     lines = [
-        f"{NAMES[e.kind]}, layer {e.layer}, head {e.head} of {e.n_heads}: query {e.query_index} "
-        f"{e.query_token!r}{reads}",
+        *textwrap.wrap(f"{NAMES[e.kind]}, layer {e.layer}, head {e.head} of {e.n_heads}: query {e.query_index} "
+                       f"{e.query_token!r}{reads}", 80, subsequent_indent="  "),
         *textwrap.wrap(f"source       {e.source}", 80, subsequent_indent=" " * 13),
         *textwrap.wrap(f"translation  {e.translation}", 80, subsequent_indent=" " * 13),
         f"d_model {e.d_model} = {e.n_heads} heads x d_k {e.d_k}; scores are divided by sqrt({e.d_k}) = "
@@ -329,4 +329,4 @@ def render(e: Explanation, top: int = 5) -> str:
         f"   the model's  {_vec(e.model_output, 5)}",
         f"   max |recomputed - model| = {e.max_abs_diff:.1e}",
     ]
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
