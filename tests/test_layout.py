@@ -28,8 +28,8 @@ ALLOWED = {
     "export": BASE | {"decoding"},  # CTranslate2 results become the same Translation objects
     "training": BASE | {"decoding"},  # validation and test BLEU
     "measure": BASE | {"decoding", "training"},  # the training step, never the run (below)
-    "serve": BASE | {"decoding", "export", "analysis"},
     "analysis": BASE | {"decoding"},
+    "serve": BASE | {"decoding", "export", "analysis"},
     "__init__": set(),
     "__main__": {"cli"},
     "cli": BASE | PACKAGES,
