@@ -1,6 +1,6 @@
 """attn-mt heads: masking a head is zeroing its columns of W_o, the roles on constructed attention, a pruned
-checkpoint that scores what `heads` reported (and that translate, evaluate and the exporters accept), and
-the one-line errors."""
+checkpoint that scores what `heads` reported (and that translate, evaluate, serve and both exporters accept),
+and the one-line errors."""
 
 from __future__ import annotations
 
@@ -162,6 +162,14 @@ def test_pruned_checkpoint_scores_what_heads_reported(trained, tmp_path):
     translated = cli("translate", "--checkpoint", out, "--beam", "1", "--input", src)
     assert translated.stdout.splitlines() == want
     assert want != translate(model, tok, lines, dcfg)  # pruning changed something
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from attn_mt.serve import Limits, create_app
+
+    with TestClient(create_app(out, Limits(), device="cpu"), base_url="http://localhost") as client:
+        served = client.post("/api/translate", json={"texts": lines, "beam": 1}).json()["results"]
+    assert [r["hypotheses"][0]["text"] for r in served] == want
     pytest.importorskip("ctranslate2")
     assert cli("export", "--checkpoint", out, "--out", tmp_path / "ct2").exit_code == 0
     assert cli("translate", "--checkpoint", tmp_path / "ct2", "--beam", "1", "--input", src).stdout == translated.stdout
