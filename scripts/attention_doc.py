@@ -127,10 +127,12 @@ def document(args, report: HeadsReport, explanations: list, png: str | None) -> 
         "## One head, one query: the five steps (`attn-mt explain`)",
         "",
     ]
-    for e in explanations:
+    why = ["The cross-attention head whose alignment is the most monotone (see below):",
+           "The decoder self-attention head that looks at the previous token most; here the mask hides the future:"]
+    for e, intro in zip(explanations, why, strict=True):
         cmd = (f"attn-mt explain --checkpoint {placeholder(args.checkpoint)} \"{e.source}\" --kind "
                f"{e.kind.split('_')[0]} --layer {e.layer} --head {e.head} --token {e.query_index}")
-        lines += [*walk(e, cmd), ""]
+        lines += [intro, "", *walk(e, cmd), ""]
     lines += ["## What each head does (`attn-mt heads`)", "",
               f"Each of the {len(report.heads)} heads masked alone ({report.seconds_per_head:.1f} s per head, "
               f"{report.seconds:.0f} s in all with the pruning below, on {args.machine}):", "",
@@ -176,13 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     report.out = "pruned.pt" if args.prune else None  # a temporary file, gone
     sentence = args.sentence or read_lines(args.src)[0]
     cross = max((r for r in report.heads if r["kind"] == "cross"), key=lambda r: r["roles"]["mono"])
+    previous = max((r for r in report.heads if r["kind"] == "decoder"), key=lambda r: r["roles"]["prev"])
     first = explain_checkpoint(args.checkpoint, sentence, kind="cross", layer=cross["layer"], head=cross["head"],
                                device="cpu")
     middle = len(first.target_tokens) // 2  # a query inside the sentence: the decoder self-attention's mask shows
     explanations = [explain_checkpoint(args.checkpoint, sentence, kind="cross", layer=cross["layer"],
                                        head=cross["head"], token=middle, device="cpu"),
-                    explain_checkpoint(args.checkpoint, sentence, kind="decoder", layer=1, head=1, token=middle,
-                                       device="cpu")]
+                    explain_checkpoint(args.checkpoint, sentence, kind="decoder", layer=previous["layer"],
+                                       head=previous["head"], token=middle, device="cpu")]
     png = overview.plot(report, args.png).name if args.png else None
     args.out.write_text(document(args, report, explanations, png), encoding="utf-8")
     if args.json:
