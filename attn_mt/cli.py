@@ -201,6 +201,32 @@ def attention(checkpoint: CkptOpt, text: Annotated[str, typer.Argument(help="A s
 
 @app.command()
 @_user_errors
+def explain(checkpoint: CkptOpt, text: Annotated[str, typer.Argument(help="A source sentence.")],
+            kind: Annotated[str, typer.Option(help="encoder, decoder or cross (attention).")] = "cross",
+            layer: Annotated[int, typer.Option(help="Layer, from 1.")] = 1,
+            head: Annotated[int, typer.Option(help="Head, from 1.")] = 1,
+            token: Annotated[str, typer.Option(help="The query: its position (from 0) or its text; decoder "
+                                                    "queries are named by the token they predict.")] = "0",
+            beam: Annotated[int, typer.Option(help="Beam size of the translation; 1 is greedy.")] = 1,
+            json_out: Annotated[Path | None, typer.Option("--json", help="Write every number to this file.")] = None,
+            device: DeviceOpt = "auto") -> None:
+    """One head's attention for one query token, step by step (Q, K, V; scores; scaled; mask and softmax;
+    values; W_o), recomputed from the model's weights and checked against its own output."""
+    from attn_mt.analysis.explain import ExplainError, explain_checkpoint, render
+
+    try:
+        result = explain_checkpoint(checkpoint, text, kind=kind, layer=layer, head=head, token=token, beam=beam,
+                                    device=device)
+    except ExplainError as e:
+        typer.echo(f"error: {'TEXT' if e.field == 'text' else '--' + e.field}: {e.message}", err=True)
+        raise typer.Exit(2) from None
+    if json_out:
+        json_out.write_text(result.to_json() + "\n", encoding="utf-8")
+    typer.echo(render(result))
+
+
+@app.command()
+@_user_errors
 def serve(checkpoint: Annotated[Path, typer.Option("--checkpoint", help="A checkpoint written by `attn-mt train`, "
                                                                        "or a folder written by `attn-mt export`.")],
           host: Annotated[str, typer.Option(help="Interface to bind; any other than 127.0.0.1 exposes the "
@@ -298,3 +324,24 @@ def bench(config: ConfigOpt, overrides: SetOpt = None,
     if json_out:
         json_out.write_text(json.dumps(result, indent=2) + "\n")
     typer.echo(format_report(result))
+
+
+@app.command()
+@_user_errors
+def heads(checkpoint: CkptOpt, src: Annotated[Path, typer.Option(help="Source sentences, one a line.")],
+          ref: Annotated[Path, typer.Option(help="Their references, line-aligned with --src.")],
+          sentences: Annotated[int, typer.Option(min=1, help="Use the first N lines.")] = 200,
+          json_out: Annotated[Path | None, typer.Option("--json", help="Write every number to this file.")] = None,
+          png: Annotated[Path | None, typer.Option(help="Draw every head's importance and role in one PNG.")] = None,
+          prune: Annotated[int, typer.Option(min=0, help="Remove the N least important heads (with --out).")] = 0,
+          out: Annotated[Path | None, typer.Option(help="Where --prune writes the pruned checkpoint.")] = None,
+          device: DeviceOpt = "auto") -> None:
+    """Mask each attention head in turn: the BLEU and loss it costs, and where its attention goes."""
+    from attn_mt.analysis import overview
+    from attn_mt.analysis.heads import analyse_heads
+
+    report = analyse_heads(checkpoint, src, ref, n_sentences=sentences, prune_n=prune, out=out, device=device)
+    typer.echo(overview.table(report))
+    for path in (json_out and overview.write_json(report, json_out), png and overview.plot(report, png)):
+        if path:
+            typer.echo(str(path))

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "attn_mt"
 TOP_MODULES = {"__init__", "__main__", "cli", "checkpoint", "device"}
-PACKAGES = {"config", "data", "models", "decoding", "training", "measure", "export", "serve"}
+PACKAGES = {"config", "data", "models", "decoding", "training", "measure", "export", "serve", "analysis"}
 BASE = {"config", "checkpoint", "device", "data", "models"}
 # what each part of attn_mt may import besides itself (a part: a top-level module or a package)
 ALLOWED = {
@@ -29,7 +29,8 @@ ALLOWED = {
     "export": BASE | {"decoding", "training"},  # Translation objects; the run's files (training.rundir only)
     "training": BASE | {"decoding"},  # validation and test BLEU
     "measure": BASE | {"decoding", "training"},  # the training step, never the run (below)
-    "serve": BASE | {"decoding", "export"},
+    "analysis": BASE | {"decoding"},
+    "serve": BASE | {"decoding", "export", "analysis"},
     "__init__": set(),
     "__main__": {"cli"},
     "cli": BASE | PACKAGES,

@@ -95,7 +95,12 @@ class MultiHeadAttention(nn.Module):
     `impl` picks the kernel: "sdpa" (F.scaled_dot_product_attention, fast) or "reference"
     (the `attention` function above, written out). Asking for the weights always takes the
     reference path, since SDPA does not return them.
+
+    `head_mask` (H,), None unless set (attn_mt/analysis/heads.py sets it), multiplies each head's
+    output before the heads are merged: 0 removes a head as if its columns of W_o were zero.
     """
+
+    head_mask: Tensor | None = None  # a plain attribute, not a buffer: checkpoints never hold it
 
     def __init__(self, *, d_model: int, n_heads: int, dropout: float = 0.0, impl: str = "sdpa") -> None:
         super().__init__()
@@ -136,6 +141,8 @@ class MultiHeadAttention(nn.Module):
                 y, weights = attention(q, k, v, mask, self.attn_dropout if p else None)
             else:
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        if self.head_mask is not None:
+            y = y * self.head_mask.to(y.dtype).view(1, -1, 1, 1)  # (B, H, T, Dh): masked heads give 0
         return self.out_proj(self._merge_heads(y)), (weights.detach() if need_weights else None)
 
 

@@ -3,11 +3,11 @@
     api.py      request/response models, limits, errors that name the field
     guards.py   ASGI middleware: Host allow-list, body limit and body read timeout
     batcher.py  dynamic batching: one model worker thread, fair batches from every waiting request, a bounded queue
-    engine.py   the model (a checkpoint or an export folder): translate, attention maps, facts
-    app.py      the FastAPI app: page, /api/translate, /api/attention, /api/info
+    engine.py   the model (a checkpoint or an export folder): translate, attention maps, explain, facts
+    app.py      the FastAPI app: page, /api/translate, /api/attention, /api/explain, /api/info
     server.py   uvicorn: our own socket, header and answer timeouts, no body read after a refusal, a quick Ctrl-C
 
-May import config, checkpoint, device, data, models, decoding and export; never training or measure.
+May import config, checkpoint, device, data, models, decoding, export and analysis; never training or measure.
 """
 
 from __future__ import annotations

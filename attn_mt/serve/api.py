@@ -170,6 +170,79 @@ class AttentionResponse(BaseModel):
     cross: Maps = Field(description="[layer][head][target][source]; an RNN has one layer, one head.")
 
 
+class ExplainRequest(BaseModel):
+    model_config = _STRICT
+
+    text: str = Field(min_length=1, description="One source sentence.", examples=["Ein Hund rennt."])
+    kind: str = Field("cross", description="`encoder`, `decoder` or `cross` (or a map's name: `encoder_self`, "
+                                           "`decoder_self`).")
+    layer: int = Field(1, ge=1, description="Layer, from 1.")
+    head: int = Field(1, ge=1, description="Head, from 1.")
+    token: int | str = Field(0, description="The query: its position (from 0) or its text; decoder queries are "
+                                            "named by the token they predict.")
+    beam: int | None = Field(None, ge=1, description="Beam size for the translation (default: the checkpoint's).")
+
+    @field_validator("text")
+    @classmethod
+    def _text(cls, text: str) -> str:
+        if not text.strip():
+            raise ValueError("the sentence is empty")
+        return _clean(text)
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def _token(cls, token: object) -> object:  # one error naming "token", not one per type of the union
+        if isinstance(token, bool) or not isinstance(token, int | str):
+            raise ValueError("a position (an integer) or a token's text (a string)")
+        return _clean(token) if isinstance(token, str) else token
+
+    def check(self, limits: Limits) -> None:
+        _check_chars("text", len(self.text), min(limits.max_chars, limits.max_attention_chars))
+        _check_beam(self.beam, limits)
+
+
+class ExplainKey(BaseModel):
+    index: int
+    token: str
+    score: float = Field(description="q . k")
+    scaled: float = Field(description="q . k / sqrt(d_k)")
+    masked: bool = Field(description="Removed by a mask (padding, the decoder's future): weight 0.")
+    weight: float = Field(description="After softmax; the unmasked keys' weights sum to 1.")
+    contribution: float = Field(description="|weight v|: this key's share of the head's output.")
+
+
+Vector = list[float]
+
+
+class ExplainResponse(BaseModel):
+    """What `attn-mt explain --json` writes: one head's attention for one query, step by step."""
+
+    kind: str = Field(description="encoder_self, decoder_self or cross, as in /api/attention.")
+    layer: int
+    head: int
+    source: str
+    translation: str
+    source_tokens: list[str] = Field(description="Subwords of the source, with </s>.")
+    target_tokens: list[str] = Field(description="Predicted subwords with </s>: decoder query t predicts token t.")
+    query_index: int
+    query_token: str = Field(description="The query on the maps' axis: a source token or the token it predicts.")
+    query_input: str = Field(description="The token read at the query's position.")
+    d_model: int
+    n_heads: int
+    d_k: int
+    scale: float = Field(description="1 / sqrt(d_k).")
+    x: Vector = Field(description="(d_model) The query's input to the attention module.")
+    q: Vector = Field(description="(d_k) This head's query, x W_q.")
+    keys: list[ExplainKey] = Field(description="Every key token: score, scaled score, mask, weight.")
+    k: list[Vector] = Field(description="(keys, d_k) This head's keys.")
+    v: list[Vector] = Field(description="(keys, d_k) This head's values.")
+    head_output: Vector = Field(description="(d_k) sum_j weight_j v_j.")
+    head_outputs: list[Vector] = Field(description="(heads, d_k) Every head's output for this query.")
+    output: Vector = Field(description="(d_model) W_o [head_1; ...; head_H] + b_o, recomputed.")
+    model_output: Vector = Field(description="(d_model) The model's own attention output for this query.")
+    max_abs_diff: float = Field(description="max |output - model_output|: about 1e-7 in fp32.")
+
+
 def _check_chars(field: str, n: int, most: int) -> None:
     if n > most:
         raise ApiError(413, field, f"{n} characters; at most {most} per request")

@@ -20,6 +20,8 @@ from .api import (
     ApiError,
     AttentionRequest,
     AttentionResponse,
+    ExplainRequest,
+    ExplainResponse,
     Limits,
     TranslateRequest,
     TranslateResponse,
@@ -43,9 +45,10 @@ Errors are `{"error": "<field>: <why>", "field": "<field>"}` with a 4xx status."
 def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto",
                allowed_hosts: tuple[str, ...] = LOOPBACK) -> FastAPI:
     """The FastAPI app serving `checkpoint` (a checkpoint file or an export folder): `/` (page),
-    `/api/translate`, `/api/attention`, `/api/info`; requests whose Host is not in `allowed_hosts` get 400."""
+    `/api/translate`, `/api/attention`, `/api/explain`, `/api/info`; requests whose Host is not in `allowed_hosts`
+    get 400."""
     engine = Engine(checkpoint, device)
-    batcher = Batcher(engine.translate, engine.attention_json, max_batch=engine.decode.batch_size,
+    batcher = Batcher(engine.translate, engine.run_one, max_batch=engine.decode.batch_size,
                       max_batch_work=limits.max_batch_work, max_wait_s=limits.max_wait_ms / 1000,
                       max_queue=limits.max_queue)
     engine.interrupt = batcher.check  # a call whose clients all left stops at its next decoder step
@@ -92,9 +95,22 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
                                         "export (serve RUN/checkpoint_best.pt to see them)")
         dcfg = engine.decode_config(body.beam)
         check_work("text", engine.work([body.text], dcfg.beam_size), limits)
-        future = batcher.submit(None, [(body.text, dcfg)], hold=True)
+        future = batcher.submit(None, [("attention", (body.text, dcfg))], hold=True)
         with _releasing(batcher, future):  # encoded by the model worker: a big answer does not stall the loop
             return Answer(await _answer(request, future), lambda: batcher.release(future))
+
+    @app.post("/api/explain", response_model=ExplainResponse, responses=_ERRORS)
+    async def explain(body: ExplainRequest, request: Request):
+        """Translate one sentence; one head's attention for one query token, step by step, recomputed from the
+        model's weights (`attn-mt explain --json`)."""
+        body.check(limits)
+        engine.check_explain(body)
+        dcfg = engine.decode_config(body.beam)
+        check_work("text", engine.work([body.text], dcfg.beam_size), limits)
+        result = await _answer(request, batcher.submit(None, [("explain", (body, dcfg))]))
+        if isinstance(result, ApiError):  # a token the sentence or its translation does not have
+            raise result
+        return result
 
     @app.get("/api/info")
     def info() -> dict:

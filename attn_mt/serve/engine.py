@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from pydantic_core import to_json
 
+from attn_mt.analysis.explain import ExplainError, check, explain
 from attn_mt.config import DecodeConfig
 from attn_mt.config.yamlconf import OptionError
 from attn_mt.decoding.attention_maps import attention_maps
@@ -17,7 +18,7 @@ from attn_mt.decoding.translator import decode_options, hypotheses_json
 from attn_mt.export.ct2_translator import open_translator
 from attn_mt.models import count_params
 
-from .api import ApiError
+from .api import ApiError, ExplainRequest
 
 KINDS = ("encoder_self", "decoder_self", "cross")
 FIELDS = {"beam_size": "beam", "alpha": "alpha", "nbest": "nbest", "batch_size": "batch_size"}  # decode_options'
@@ -86,6 +87,33 @@ class Engine:
         head = to_json({"translation": translation, "source_tokens": cross.keys, "target_tokens": cross.queries,
                         "target_input_tokens": bos + cross.queries[:-1]})
         return head[:-1] + b"".join(b',"%s":[%s]' % (kind.encode(), b",".join(layers[kind])) for kind in KINDS) + b"}"
+
+    def run_one(self, job: tuple[str, object]):
+        """A job that runs alone: ("attention", (text, dcfg)) -> the encoded answer (`attention_json`), or
+        ("explain", (request, dcfg)) -> `explain`'s dict or ApiError."""
+        name, item = job
+        return {"attention": self.attention_json, "explain": self.explain}[name](item)
+
+    def check_explain(self, body: ExplainRequest) -> None:
+        """Refuse (ApiError) what can be refused before translating: an export, a kind, layer or head not there."""
+        if self.translator.model is None:
+            raise ApiError(404, "text", "explain needs a PyTorch checkpoint; this server runs a CTranslate2 export "
+                                        "(serve RUN/checkpoint_best.pt)")
+        try:
+            check(self.translator.model, body.text, body.kind, body.layer, body.head)
+        except ExplainError as e:
+            raise ApiError(422, e.field, e.message) from None
+
+    def explain(self, item: tuple[ExplainRequest, DecodeConfig]) -> dict | ApiError:
+        """What `attn-mt explain --json` writes; a token that is not in the sentence: the ApiError to answer."""
+        body, dcfg = item
+        model, tok = self.translator.model, self.tok
+        try:
+            result = explain(model, tok, body.text, kind=body.kind, layer=body.layer, head=body.head,
+                             token=body.token, dcfg=dcfg, device=self.translator.device)
+        except ExplainError as e:  # returned, not raised: the worker logs what it raises as a failure
+            return ApiError(422, e.field, e.message)
+        return asdict(result)
 
     def info(self) -> dict:
         """Model facts for the page and /api/info; `model` says what was loaded: "checkpoint" or "export"."""

@@ -231,6 +231,47 @@ def test_an_export_translates_and_says_why_there_are_no_maps(browser, tiny_run, 
         assert parse_qs(urlsplit(share).query) == {k: [v] for k, v in settings.items()}  # no map to name
 
 
+@pytest.mark.slow
+def test_clicking_a_cell_opens_the_steps_inside(browser, url, tmp_path):
+    text = "the old man sees a small dog."
+    wait = open_page(browser, f"{url}/?text={quote(text)}&beam=1&kind=cross&layer=2&head=all")
+    wait.until(translated(1))
+    inside = browser.find_element(By.ID, "inside")
+    assert not inside.is_displayed()
+    att = browser.execute_script("return state.att")  # what /api/attention answered the page
+
+    def shown(view: str):
+        return lambda d: inside.get_attribute("data-shown") == view
+
+    head2 = browser.find_elements(By.CSS_SELECTOR, "#heatmaps table")[1]
+    head2.find_element(By.CSS_SELECTOR, "td[data-q='1'][data-k='0']").click()  # head 2, query 1
+    wait.until(shown("cross/2/2/1"))
+    assert [s.find_element(By.TAG_NAME, "h3").text.split("\n")[0] for s in
+            inside.find_elements(By.CSS_SELECTOR, "#inside-steps > li")] == ["1", "2–4", "5", "W_o"]
+    for words in ("q = x W_q", "q · k", "softmax", "Σ weight · v", "W_o", "max |recomputed − model| = "):
+        assert words in inside.text, words
+    assert inside.find_element(By.CSS_SELECTOR, ".diff.ok")  # the recomputation is the model's output
+    rows = inside.find_elements(By.CSS_SELECTOR, "#inside-steps table.keys:not(.mix) tbody tr")
+    weights = [float(r.find_elements(By.CSS_SELECTOR, "td .num")[2].text) for r in rows]
+    assert weights == pytest.approx(att["cross"][1][1][1], abs=6e-4)  # the map's row, as the page shows it
+    assert head2.find_elements(By.CSS_SELECTOR, "tr.picked")  # the row explained stands out
+
+    grid = inside.find_elements(By.CSS_SELECTOR, "#inside-grid button")
+    assert len(grid) == 4 and len(inside.find_elements(By.CSS_SELECTOR, "#inside-grid button.open")) == 1
+    grid[0].click()  # layer 1, head 1
+    wait.until(shown("cross/1/1/1"))
+
+    Select(browser.find_element(By.ID, "kind")).select_by_value("decoder_self")
+    browser.find_elements(By.CSS_SELECTOR, "#tgt-tokens .tok")[2].click()  # a query's chip
+    wait.until(shown("decoder_self/2/1/2"))
+    notes = [n.text for n in inside.find_elements(By.CSS_SELECTOR, "#inside-steps .mask-note")]
+    assert notes == ["masked (future)"] * (len(att["target_input_tokens"]) - 3)  # keys after position 2
+    screenshot(browser, tmp_path / "inside.png", 1280)
+    browser.set_window_size(390, 900)
+    assert overflow(browser)[0] <= overflow(browser)[1]
+    screenshot(browser, tmp_path / "inside_390.png", 390)
+
+
 # for each endpoint and the intro: content wider than its box (a <pre> scrolls inside, which is fine)
 SPILLS = "return [...document.querySelectorAll('#api > section')].filter(s => s.scrollWidth > s.clientWidth).length"
 GAP = """const [intro, first] = document.querySelectorAll('#api > section');
@@ -242,7 +283,7 @@ return [b.top - a.bottom, Math.abs(a.width - b.width)];"""
 def test_docs_read_well_at_desktop_and_phone_width(browser, url, tmp_path):
     browser.set_window_size(1280, 900)
     browser.get(f"{url}/docs")
-    WebDriverWait(browser, 30).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "section.endpoint")) == 3)
+    WebDriverWait(browser, 30).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "section.endpoint")) == 4)
     browser.execute_script("document.querySelectorAll('details').forEach(d => d.open = true)")
     assert browser.find_elements(By.CSS_SELECTOR, ".intro p code")  # `...` in a description is code
     fields = browser.find_element(By.CSS_SELECTOR, "#post--api-translate .fields").text
@@ -251,7 +292,7 @@ def test_docs_read_well_at_desktop_and_phone_width(browser, url, tmp_path):
     info = json.load(urlopen(f"{url}/api/info"))
     examples = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "section.endpoint pre.example")]
     sentence = info.get("example") or LANGUAGES[info["languages"]["source"]][1]
-    assert len(examples) == 3 and json.dumps({"texts": [sentence]}, ensure_ascii=False) in examples[0]
+    assert len(examples) == 4 and json.dumps({"texts": [sentence]}, ensure_ascii=False) in examples[0]
     for example in examples if shutil.which("curl") else []:  # each runs as shown
         answer = json.loads(subprocess.run(["bash", "-c", example], capture_output=True, check=True, timeout=60).stdout)
         assert "error" not in answer, (example, answer)

@@ -143,6 +143,7 @@ async function translate() {
     if (maps) {
       state.att = att;
       state.hover = null;
+      insideReset();  // inside.js: an explanation of the last sentence no longer matches
       showTokens();
       fillView();
     }
@@ -237,12 +238,15 @@ function drawMaps() {
   let max = 1e-9;
   for (const h of sel.heads) for (const row of sel.weights[h]) for (const x of row) max = Math.max(max, x);
   const grid = sel.head === "all";
-  $("heatmaps").replaceChildren(...sel.heads.map((h) => heatmap(sel.weights[h], sel.axes, max, grid ? h : null)));
+  const tables = sel.heads.map((h) => heatmap(sel.weights[h], sel.axes, max, grid ? h : null));
+  tables.forEach((table, i) => { table.dataset.head = sel.heads[i] + 1; });  // for a click: which head
+  $("heatmaps").replaceChildren(...tables);
   $("heatmaps").classList.toggle("grid", grid);
   $("heatmaps").dataset.map = `${sel.kind}/${sel.layer}/${sel.head}`;
   $("legend").replaceChildren(el("span", {textContent: "0"}), el("span", {className: "ramp"}),
                               el("span", {textContent: max.toFixed(2)}));
   applyHover();
+  markPicked();  // inside.js: the query whose steps are shown
 }
 
 function heatmap(w, axes, max, head) {

@@ -1,0 +1,269 @@
+"""Which heads matter and what each one does: mask one head at a time and measure the change in BLEU and
+loss (Michel et al., NeurIPS 2019), measure its roles (roles.py), and prune the least important heads.
+
+Masking sets a head's entry of `head_mask` to 0 (attn_mt/models/attention.py): its output is dropped
+before W_o, exactly as if its columns of W_o were zero. BLEU is greedy (`attn-mt evaluate --beam 1`
+scores the same), loss is the mean per-token cross-entropy of the references, teacher-forced.
+
+Pruning removes, one at a time, the head whose masking raises the loss least, re-measuring the others
+after each removal (the loss is smooth where BLEU on a few hundred sentences moves in noisy steps),
+then writes the result into the weights: the head's rows of W_q, W_k and W_v (and their biases) and its
+columns of W_o become zero. The checkpoint keeps its shapes, since the exporters need every layer to
+have as many heads: pruning removes the heads' effect, not their size or their cost. It lists them
+under `pruned_heads`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from attn_mt import checkpoint as ckpt
+from attn_mt.config import ConfigError, DecodeConfig, from_dict
+from attn_mt.data.batching import Batch, collate
+from attn_mt.data.sources import DataError, read_lines
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.decoding.metrics import bleu
+from attn_mt.decoding.search import translate
+from attn_mt.device import pick_device
+from attn_mt.models import AttentionWeights, loss_sum
+from attn_mt.models.attention import MultiHeadAttention, SelfAttention
+from attn_mt.models.transformer import Transformer
+
+from .roles import RoleSums, key_info
+
+KINDS = ("encoder", "decoder", "cross")  # encoder self-, decoder self- and cross-attention
+BATCH = 50  # sentences per teacher-forced batch
+
+
+class HeadsError(DataError):
+    """Bad input to `attn-mt heads` (one line naming the flag)."""
+
+
+@dataclass(frozen=True, order=True)
+class Head:
+    kind: str  # one of KINDS
+    layer: int  # from 1, as in `attn-mt attention`'s figures
+    head: int  # from 1
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.layer}.{self.head}"
+
+
+def attention_modules(model: Transformer) -> dict[str, list[MultiHeadAttention]]:
+    """The attention modules of each kind, by layer."""
+    return {"encoder": [layer.self_attn for layer in model.encoder],
+            "decoder": [layer.self_attn for layer in model.decoder],
+            "cross": [layer.cross_attn for layer in model.decoder]}
+
+
+def all_heads(model: Transformer) -> list[Head]:
+    return [Head(kind, i + 1, h + 1) for kind, mods in attention_modules(model).items()
+            for i, m in enumerate(mods) for h in range(m.n_heads)]
+
+
+@contextmanager
+def masked(model: Transformer, heads: Iterable[Head]) -> Iterator[Transformer]:
+    """Within the block the model runs without `heads`: their outputs are multiplied by 0 before W_o."""
+    modules = attention_modules(model)
+    try:
+        for h in heads:
+            m = modules[h.kind][h.layer - 1]
+            if m.head_mask is None:
+                m.head_mask = torch.ones(m.n_heads, device=m.out_proj.weight.device)
+            m.head_mask[h.head - 1] = 0.0
+        yield model
+    finally:
+        for m in (m for mods in modules.values() for m in mods):
+            m.head_mask = None
+
+
+@torch.no_grad()
+def prune(model: Transformer, heads: Iterable[Head]) -> None:
+    """Zero each head's rows of W_q, W_k, W_v (weights and biases) and its columns of W_o, in place."""
+    modules = attention_modules(model)
+    for h in heads:
+        m = modules[h.kind][h.layer - 1]
+        lo, hi = (h.head - 1) * m.d_head, h.head * m.d_head
+        m.out_proj.weight[:, lo:hi] = 0
+        fused = [(m.qkv_proj, 3)] if isinstance(m, SelfAttention) else [(m.q_proj, 1), (m.kv_proj, 2)]
+        for proj, parts in fused:  # [W_q; W_k; W_v] (or [W_k; W_v]) stacked by rows, D each
+            for p in range(parts):
+                proj.weight[p * m.d_model + lo : p * m.d_model + hi] = 0
+                proj.bias[p * m.d_model + lo : p * m.d_model + hi] = 0
+
+
+@dataclass
+class Sentences:
+    """The analysed sentences: texts for BLEU, teacher-forced batches (reference targets) for loss and roles,
+    and how often each subword occurs in them, per side (the rarest token of roles.py)."""
+
+    src: list[str]
+    ref: list[str]
+    batches: list[Batch]
+    src_counts: Counter
+    tgt_counts: Counter
+
+
+def sentences(src: list[str], ref: list[str], tok: Tokenizer, limit: int) -> Sentences:
+    """Batches of `src` and `ref` of at most `limit` positions a side (the model's), sorted by length."""
+    s_ids = [s[: limit - 1] for s in tok.encode_src(src)]  # collate appends eos
+    t_ids = [t[: limit - 1] for t in tok.encode_tgt(ref)]  # and puts bos in front of the decoder input
+    order = sorted(range(len(src)), key=lambda i: (len(s_ids[i]), len(t_ids[i])))
+    chunks = [order[i : i + BATCH] for i in range(0, len(order), BATCH)]
+    batches = [collate([s_ids[i] for i in c], [t_ids[i] for i in c], tok.pad_id, tok.bos_id, tok.eos_id)
+               for c in chunks]
+    return Sentences(src, ref, batches, Counter(i for s in s_ids for i in s), Counter(i for t in t_ids for i in t))
+
+
+@torch.inference_mode()
+def mean_loss(model: Transformer, data: Sentences, device: torch.device) -> float:
+    """Mean per-token cross-entropy (no label smoothing) of the references, teacher-forced."""
+    total, n = 0.0, 0
+    for batch in data.batches:
+        total += float(loss_sum(model, batch.to(device), 0.0, model.pad_id))
+        n += batch.n_tokens
+    return total / max(n, 1)
+
+
+def measure(model: Transformer, tok: Tokenizer, data: Sentences, dcfg: DecodeConfig,
+            device: torch.device) -> tuple[float, float]:
+    """(BLEU of the translations, loss of the references) on the analysed sentences."""
+    return bleu(translate(model, tok, data.src, dcfg, device), data.ref), mean_loss(model, data, device)
+
+
+@torch.inference_mode()
+def measure_roles(model: Transformer, tok: Tokenizer, data: Sentences, device: torch.device,
+                  ) -> dict[Head, dict[str, float | None]]:
+    """Every head's roles (roles.py) on the teacher-forced references."""
+    sums = {(kind, i): RoleSums(m.n_heads) for kind, mods in attention_modules(model).items()
+            for i, m in enumerate(mods)}
+    for batch in data.batches:
+        weights = AttentionWeights()
+        src, tgt_in = batch.src.to(device), batch.tgt_in.to(device)
+        src_mask = model.src_mask(src)
+        model.decode(tgt_in, model.encode(src, src_mask, weights), src_mask, weights=weights)
+        src_keys = key_info(batch.src, tok.src, data.src_counts, tok.pad_id, tok.eos_id)
+        tgt_keys = key_info(batch.tgt_in, tok.tgt, data.tgt_counts, tok.pad_id, tok.bos_id)
+        for kind, ws, keys, queries in (("encoder", weights.encoder_self, src_keys, src_keys.valid),
+                                        ("decoder", weights.decoder_self, tgt_keys, tgt_keys.valid),
+                                        ("cross", weights.cross, src_keys, tgt_keys.valid)):
+            for i, w in enumerate(ws):
+                sums[kind, i].add(w.float().cpu(), queries, keys, self_attention=kind != "cross",
+                                  causal=kind == "decoder")
+    return {Head(kind, i + 1, h + 1): shares for (kind, i), s in sums.items()
+            for h, shares in enumerate(s.shares())}
+
+
+@dataclass
+class HeadsReport:
+    """What `attn-mt heads` found (BLEU greedy; layers and heads count from 1)."""
+
+    checkpoint: str
+    sentences: int
+    bleu: float
+    loss: float
+    heads: list[dict]  # per head: kind, layer, head, bleu, loss (masked), d_bleu, d_loss, roles
+    seconds_per_head: float
+    seconds: float = 0.0
+    pruned_before: list[str] = field(default_factory=list)  # listed by the checkpoint (not pruned again)
+    pruned: list[dict] = field(default_factory=list)  # per removal: head, bleu and loss with it (and those before) gone
+    bleu_after: float | None = None
+    loss_after: float | None = None
+    out: str | None = None
+
+
+def check_request(path: Path, src: Path, ref: Path, prune_n: int, out: Path | None) -> None:
+    """The one-line errors that need no model: a folder, --prune without --out, --out over --checkpoint."""
+    if path.is_dir():
+        raise ckpt.CheckpointError(f"--checkpoint {path}: a folder (an export?); heads needs a PyTorch "
+                                   "checkpoint file written by `attn-mt train`, e.g. RUN/checkpoint_best.pt")
+    if prune_n and out is None:
+        raise HeadsError(f"--prune {prune_n} needs --out FILE: where to write the pruned checkpoint")
+    if out is not None and not prune_n:
+        raise HeadsError("--out is where --prune N writes the pruned checkpoint; give --prune N too")
+    if out is not None and out.resolve() == path.resolve():
+        raise HeadsError(f"--out {out} is the --checkpoint itself; write the pruned checkpoint to another file")
+
+
+def analyse_heads(path: Path, src: Path, ref: Path, *, n_sentences: int = 200, prune_n: int = 0,
+                  out: Path | None = None, device: str = "auto") -> HeadsReport:
+    """Mask every head of every layer and kind in turn on the first `n_sentences` of src/ref; measure
+    the roles; with `prune_n`, prune that many heads greedily and write the checkpoint to `out`."""
+    path, src, ref = Path(path), Path(src), Path(ref)
+    check_request(path, src, ref, prune_n, out)
+    sources, refs = read_lines(src), read_lines(ref)
+    if len(sources) != len(refs):
+        raise HeadsError(f"--src and --ref differ: {src} has {len(sources)} lines, {ref} has {len(refs)}")
+    dev = pick_device(device)
+    state = ckpt.load(path)
+    try:
+        kind = from_dict(state["config"]).model.kind
+        model, cfg, tok = ckpt.model_from_state(state, dev) if kind == "transformer" else (None, None, None)
+    except (ConfigError, ckpt.CheckpointError) as e:
+        raise ckpt.CheckpointError(f"{path}: {e}") from None
+    if not isinstance(model, Transformer):
+        raise ckpt.CheckpointError(f"--checkpoint {path}: an {kind.upper()} model; heads needs a Transformer "
+                                   "(the RNN has one additive attention, no heads)")
+    before = [Head(**h) for h in state.get("pruned_heads", [])]
+    heads = all_heads(model)
+    if prune_n > len(heads) - len(before):
+        left = f" ({len(before)} pruned already)" if before else ""
+        raise HeadsError(f"--prune {prune_n}: the model has {len(heads)} heads{left}")
+    data = sentences(sources[:n_sentences], refs[:n_sentences], tok, model.max_positions)
+    dcfg = replace(cfg.decode, beam_size=1, nbest=1)
+    start = time.perf_counter()
+    base_bleu, base_loss = measure(model, tok, data, dcfg, dev)
+    masked_scores = {}
+    for h in tqdm(heads, desc="masking heads", unit="head", disable=None, leave=False):
+        with masked(model, [h]):
+            masked_scores[h] = measure(model, tok, data, dcfg, dev)
+    per_head = (time.perf_counter() - start) / (len(heads) + 1)
+    roles = measure_roles(model, tok, data, dev)
+    rows = [{"kind": h.kind, "layer": h.layer, "head": h.head, "bleu": b, "loss": round(loss, 4),
+             "d_bleu": round(b - base_bleu, 2), "d_loss": round(loss - base_loss, 4), "roles": roles[h]}
+            for h, (b, loss) in masked_scores.items()]
+    report = HeadsReport(str(path), len(data.src), base_bleu, round(base_loss, 4), rows, round(per_head, 2),
+                         pruned_before=[str(h) for h in before])
+    if prune_n:
+        gone = prune_greedily(model, tok, data, dcfg, dev, prune_n, [h for h in heads if h not in before],
+                              {h: s[1] for h, s in masked_scores.items()}, before, report)
+        prune(model, gone)
+        bleu_after, loss_after = measure(model, tok, data, dcfg, dev)  # the pruned weights, no mask
+        report.bleu_after, report.loss_after, report.out = bleu_after, round(loss_after, 4), str(out)
+        kept = {k: state[k] for k in ("config", "tokenizer", "step", "epoch", "best_bleu") if k in state}
+        ckpt.save({**kept, "model": {k: v.cpu() for k, v in model.state_dict().items()},
+                   "pruned_heads": [asdict(h) for h in [*before, *gone]], "pruned_from": path.name}, out)
+    report.seconds = round(time.perf_counter() - start, 1)
+    return report
+
+
+def prune_greedily(model: Transformer, tok: Tokenizer, data: Sentences, dcfg: DecodeConfig, dev: torch.device,
+                   n: int, candidates: list[Head], first_losses: dict[Head, float], before: list[Head],
+                   report: HeadsReport) -> list[Head]:
+    """Remove, n times, the candidate whose masking (with those removed so far) raises the loss least;
+    each step's BLEU and loss go into `report.pruned`. Returns the removed heads in order."""
+    gone, left = [], list(candidates)
+    bar = tqdm(total=sum(len(left) - k for k in range(1, n)), desc="pruning", unit="head", disable=None,
+               leave=False)
+    for k in range(n):
+        losses = dict(first_losses) if k == 0 else {}  # first step: the masking pass measured them
+        for h in left if k else ():
+            with masked(model, [*before, *gone, h]):
+                losses[h] = mean_loss(model, data, dev)
+            bar.update()
+        best = min(left, key=lambda h: (losses[h], h))
+        left.remove(best)
+        gone.append(best)
+        with masked(model, [*before, *gone]):
+            b = bleu(translate(model, tok, data.src, dcfg, dev), data.ref)
+        report.pruned.append({"head": str(best), "bleu": b, "loss": round(losses[best], 4)})
+    bar.close()
+    return gone

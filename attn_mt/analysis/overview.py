@@ -1,0 +1,83 @@
+"""`attn-mt heads`'s report as an 80-column table, as JSON and as one PNG overview of every head."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .heads import KINDS, HeadsReport
+from .roles import ROLES
+
+SHARES = ("prev", "same", "next", "rare", "eos", "punct")  # where a head's weight goes; conf and mono apart
+
+
+def _cell(value: float | None, width: int = 6) -> str:
+    return f"{'-' if value is None else f'{value:.2f}':>{width}}"
+
+
+def table(report: HeadsReport) -> str:
+    """Every head's importance and roles, one line each, then the pruning (80 columns)."""
+    lines = [f"BLEU {report.bleu:.2f} (greedy), loss {report.loss:.4f} on {report.sentences} sentences; "
+             f"{report.seconds_per_head:.1f} s per head",
+             "dBLEU, dloss: the change when that head alone is masked. Then where its",
+             "attention goes: the previous, same, next, rarest token, eos (the decoder: bos),",
+             "punctuation; conf: its mean largest weight; mono: the rank correlation of",
+             "cross-attention's argmax source position with the target position",
+             "",
+             f"{'head':<12}{'dBLEU':>7}{'dloss':>8}" + "".join(f"{r:>6}" for r in ROLES)]
+    for row in report.heads:
+        name = f"{row['kind']} {row['layer']}.{row['head']}"
+        lines.append(f"{name:<12}{row['d_bleu']:>+7.2f}{row['d_loss']:>+8.3f}"
+                     + "".join(_cell(row["roles"][r]) for r in ROLES))
+    if report.pruned_before:
+        lines.append(f"pruned before (by the checkpoint): {', '.join(report.pruned_before)}")
+    if report.pruned:
+        lines += ["", f"pruned {len(report.pruned)} heads, each the one whose masking raised the loss least:"]
+        lines += [f"{i:>4}. {p['head']:<12} BLEU {p['bleu']:6.2f}  loss {p['loss']:.4f}"
+                  for i, p in enumerate(report.pruned, 1)]
+        lines += [f"BLEU {report.bleu:.2f} -> {report.bleu_after:.2f}, loss {report.loss:.4f} -> "
+                  f"{report.loss_after:.4f}; wrote {report.out}",
+                  "(same shapes: the pruned heads' rows of W_q, W_k, W_v and columns of W_o are 0)"]
+    return "\n".join(lines)
+
+
+def write_json(report: HeadsReport, path: Path) -> Path:
+    Path(path).write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
+    return Path(path)
+
+
+def _label(row: dict) -> str:
+    """A cell's text: the BLEU change, the largest share and (cross-attention) the monotony."""
+    roles = row["roles"]
+    top = max((r for r in SHARES if roles[r] is not None), key=lambda r: roles[r])
+    text = f"{row['d_bleu']:+.1f}\n{top} {roles[top]:.2f}"
+    return text + (f"\nmono {roles['mono']:.2f}" if roles["mono"] is not None else "")
+
+
+def plot(report: HeadsReport, path: Path) -> Path:
+    """One PNG: a layer x head grid per kind, coloured by the BLEU change when the head is masked."""
+    by_kind = {k: [r for r in report.heads if r["kind"] == k] for k in KINDS}
+    layers = max(r["layer"] for r in report.heads)
+    heads = max(r["head"] for r in report.heads)
+    worst = max(0.5, max(abs(r["d_bleu"]) for r in report.heads))
+    fig = Figure(figsize=(3 * max(2.0, 1.1 * heads), 1.0 + 0.9 * layers), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(KINDS), squeeze=False)[0]
+    for ax, kind in zip(axes, KINDS, strict=True):
+        grid = [[0.0] * heads for _ in range(layers)]
+        for r in by_kind[kind]:
+            grid[r["layer"] - 1][r["head"] - 1] = r["d_bleu"]
+            ax.text(r["head"] - 1, r["layer"] - 1, _label(r), ha="center", va="center", fontsize=6)
+        img = ax.imshow(grid, cmap="RdBu", vmin=-worst, vmax=worst, aspect="auto")
+        ax.set_title({"encoder": "encoder self", "decoder": "decoder self", "cross": "cross"}[kind], fontsize=9)
+        ax.set_xticks(range(heads), [f"head {h + 1}" for h in range(heads)], fontsize=7)
+        ax.set_yticks(range(layers), [f"layer {i + 1}" for i in range(layers)], fontsize=7)
+    fig.colorbar(img, ax=list(axes), shrink=0.8, label="BLEU change, head masked")
+    fig.suptitle(f"heads of {Path(report.checkpoint).name}: BLEU {report.bleu:.2f} on {report.sentences} "
+                 "sentences (greedy)", fontsize=10)
+    fig.savefig(path, dpi=110)
+    return Path(path)
