@@ -124,9 +124,9 @@ class TransformerConfig:
     tie_embeddings: bool = True
     max_positions: int = 256
     attention: Literal["sdpa", "reference"] = "sdpa"
-    size: Literal["fixed", "auto"] = "fixed"  # auto: with train.max_minutes, the run measures a ladder of shapes
-    #     on this machine and trains the one the budget trains best (d_model, n_heads, n_layers, d_ff, and
-    #     train.batch_tokens and warmup_steps are then chosen; attn_mt/training/autosize.py)
+    size: Literal["fixed", "auto"] = "fixed"  # auto: with train.max_minutes (else ignored), the run times a
+    #     ladder of shapes on this machine and trains the one the budget trains best (d_model, n_heads, n_layers,
+    #     d_ff, train.batch_tokens and warmup_steps are then chosen; attn_mt/training/autosize.py)
 
     def __post_init__(self) -> None:
         check_limits("model", self)
@@ -281,11 +281,6 @@ class ExperimentConfig:
     model: ModelConfig = field(default_factory=TransformerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
-
-    def __post_init__(self) -> None:
-        if getattr(self.model, "size", "fixed") == "auto" and not self.train.max_minutes:
-            raise ConfigError("model.size=auto: sizes the model to a clock budget; set train.max_minutes "
-                              "(or model.size: fixed)")
 
 
 def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -139,6 +139,8 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         files.write_size(choice.to_json())
         measure_s = choice.measure_s  # counted in the budget
         torch.manual_seed(tc.seed)
+    elif getattr(cfg.model, "size", "fixed") == "auto" and resumed is None:
+        log.info("model.size: auto sizes a clock budget (train.max_minutes); without one the configured shape trains")
     model = build_model(cfg.model, **corpus.tok.sizes()).to(device)
     if world.main:
         files.check_space(model, tc.keep_last)

@@ -9,7 +9,7 @@ import pytest
 from attn_mt.training import autosize
 from attn_mt.training.autosize import LADDER, Measured, Shape, choose, predicted_bleu
 
-BIG, SMALL = (next(s for s in LADDER if s.name == n) for n in ("d256-L3", "d128-L3"))
+BIG, SMALL = LADDER
 CORPUS = 400_000  # target tokens of one epoch, about Multi30k's
 
 
@@ -20,9 +20,9 @@ def measured(shape: Shape, tokens_per_s: float, eval_s: float = 10.0, steps_per_
 def test_the_curves_are_measured_for_every_rung_and_rise_from_the_first_epoch():
     for shape in LADDER:
         points = autosize.CURVES[shape.name]
-        assert len(points) >= 6, shape.name
+        assert len(points) >= 5, shape.name
         assert [e for e, _ in points] == sorted(e for e, _ in points) and points[0][0] == 1
-        assert points[-1][1] > points[0][1]
+        assert [b for _, b in points] == sorted(b for _, b in points)  # the best so far: what a run tests
 
 
 def test_predicted_bleu_interpolates_and_never_extrapolates_upwards(monkeypatch):
@@ -72,11 +72,10 @@ def test_the_set_line_reproduces_the_choice(tiny_cfg):
     assert choice.to_json()["set"] == " ".join(f"--set {o}" for o in choice.overrides())
 
 
-def test_auto_needs_a_clock_budget(tiny_cfg):
-    from attn_mt.config import ConfigError
-
-    with pytest.raises(ConfigError, match="model.size=auto.*train.max_minutes"):
-        tiny_cfg("model.size=auto", "train.max_minutes=0")
+def test_auto_sizes_only_a_clock_budget(tiny_cfg):
+    assert autosize.wanted(tiny_cfg("model.size=auto", "train.max_minutes=10"))
+    assert not autosize.wanted(tiny_cfg("model.size=auto", "train.max_minutes=0", "train.max_steps=100"))
+    assert not autosize.wanted(tiny_cfg("train.max_minutes=10"))
 
 
 def test_measure_times_each_shape_on_the_corpus_within_its_share(tiny_cfg):
@@ -138,3 +137,13 @@ def test_auto_for_an_rnn_is_an_unknown_key():
 
     with pytest.raises(ConfigError, match="unknown key 'model.size'"):
         load_config(None, ["model.kind=rnn", "model.size=auto", "train.max_minutes=1"])
+
+
+def test_the_measured_curves_pick_the_big_shape_here_and_the_small_one_on_a_much_slower_machine():
+    """With the shipped curves: at about this 2-core CPU's fp32 speeds the 7.6M model (more BLEU per epoch)
+    wins; on a machine about 6x slower, or for a 2-minute budget, the small one (more epochs) does."""
+    here = [measured(BIG, 3_000, eval_s=15), measured(SMALL, 8_000, eval_s=6)]
+    slow = [measured(BIG, 500, eval_s=90), measured(SMALL, 1_400, eval_s=30)]
+    assert choose(here, CORPUS, 600, 200).shape == BIG
+    assert choose(slow, CORPUS, 600, 200).shape == SMALL
+    assert choose(here, CORPUS, 120, 200).shape == SMALL
