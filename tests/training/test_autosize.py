@@ -109,12 +109,12 @@ def test_an_auto_sized_run_says_what_it_measured_and_chose_and_resumes_with_that
     monkeypatch.setattr(autosize, "LADDER", TINY_LADDER)
     monkeypatch.setitem(autosize.CURVES, "t32", ((1, 5.0), (2, 40.0)))
     monkeypatch.setitem(autosize.CURVES, "t16", ((1, 10.0), (2, 20.0)))
-    cfg = tiny_cfg("model.size=auto", "train.max_minutes=0.25", "train.max_epochs=3", "train.warmup_steps=50")
+    cfg = tiny_cfg("model.size=auto", "train.max_minutes=1", "train.max_epochs=2", "train.warmup_steps=50")
     with caplog.at_level(logging.INFO, logger="attn_mt"):
         train(cfg, tmp_path)
     size = json.loads((tmp_path / "results.json").read_text())["size"]
     assert {row["shape"] for row in size["candidates"]} == {"t32", "t16"} and size["chosen"] == "t32"
-    assert size["measure_s"] <= 0.05 * 15 + 2  # the ladder's share of the budget (plus one shape's overrun)
+    assert size["measure_s"] <= 0.05 * 60 + 2  # the ladder's share of the budget (plus one shape's overrun)
     assert size["set"] == "--set model.size=fixed --set model.d_model=32 --set model.n_heads=2 --set " \
                           f"model.n_layers=1 --set model.d_ff=64 --set train.batch_tokens=600 --set " \
                           f"train.warmup_steps={size['warmup_steps']}"
@@ -123,12 +123,13 @@ def test_an_auto_sized_run_says_what_it_measured_and_chose_and_resumes_with_that
                for r in caplog.records)
     saved = checkpoint.load(tmp_path / "checkpoint_last.pt")["config"]
     assert (saved["model"]["size"], saved["model"]["d_model"], saved["train"]["batch_tokens"]) == ("auto", 32, 600)
-    # --resume with a bigger budget keeps the chosen shape (nothing is measured again)
+    steps = checkpoint.load(tmp_path / "checkpoint_last.pt")["step"]
+    # --resume with one more epoch trains it with the chosen shape (nothing is measured again)
     monkeypatch.setattr(autosize, "measure", lambda *a, **k: pytest.fail("measured again on --resume"))
-    train(tiny_cfg("model.size=auto", "train.max_minutes=0.25", "train.max_epochs=4", "train.warmup_steps=50"),
+    train(tiny_cfg("model.size=auto", "train.max_minutes=1", "train.max_epochs=3", "train.warmup_steps=50"),
           tmp_path, resume=True)
     again = checkpoint.load(tmp_path / "checkpoint_last.pt")
-    assert again["config"]["model"]["d_model"] == 32 and again["step"] > 0
+    assert again["config"]["model"]["d_model"] == 32 and again["epoch"] == 3 and again["step"] > steps
     assert json.loads((tmp_path / "results.json").read_text())["size"]["chosen"] == "t32"
 
 
