@@ -170,24 +170,15 @@ class AttentionResponse(BaseModel):
     cross: Maps = Field(description="[layer][head][target][source]; an RNN has one layer, one head.")
 
 
-class ExplainRequest(BaseModel):
-    model_config = _STRICT
+class ExplainRequest(AttentionRequest):
+    """An attention request (same text, beam and limits) and which head and query to explain."""
 
-    text: str = Field(min_length=1, description="One source sentence.", examples=["Ein Hund rennt."])
     kind: str = Field("cross", description="`encoder`, `decoder` or `cross` (or a map's name: `encoder_self`, "
                                            "`decoder_self`).")
     layer: int = Field(1, ge=1, description="Layer, from 1.")
     head: int = Field(1, ge=1, description="Head, from 1.")
     token: int | str = Field(0, description="The query: its position (from 0) or its text; decoder queries are "
                                             "named by the token they predict.")
-    beam: int | None = Field(None, ge=1, description="Beam size for the translation (default: the checkpoint's).")
-
-    @field_validator("text")
-    @classmethod
-    def _text(cls, text: str) -> str:
-        if not text.strip():
-            raise ValueError("the sentence is empty")
-        return _clean(text)
 
     @field_validator("token", mode="before")
     @classmethod
@@ -195,10 +186,6 @@ class ExplainRequest(BaseModel):
         if isinstance(token, bool) or not isinstance(token, int | str):
             raise ValueError("a position (an integer) or a token's text (a string)")
         return _clean(token) if isinstance(token, str) else token
-
-    def check(self, limits: Limits) -> None:
-        _check_chars("text", len(self.text), min(limits.max_chars, limits.max_attention_chars))
-        _check_beam(self.beam, limits)
 
 
 class ExplainKey(BaseModel):
