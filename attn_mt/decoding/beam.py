@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -31,13 +32,48 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5 + length) / 6) ** alpha
 
 
-def _best_possible(log_prob: Tensor, length: int, max_len: Tensor, alpha: float) -> Tensor:
-    """Upper bound on the score of any continuation of active beams. log_prob: (B, k) -> (B,).
+class Candidates(NamedTuple):
+    """One beam step's choice for B sentences of k beams, from the 2k best extensions of each."""
+
+    top: Tensor  # (B, 2k) log P of the candidates, best first
+    origin: Tensor  # (B, 2k) the beam each extends
+    token: Tensor  # (B, 2k) the token it adds
+    ended: Tensor  # (B, 2k) eos among the k best: a finished hypothesis
+    keep: Tensor  # (B, k) the candidates that continue as the new beams (the k best not ending)
+    scores: Tensor  # (B, k) their log P (-inf where fewer than k do not end)
+
+
+def candidates(scores: Tensor, logp: Tensor, forced: Tensor, eos_id: int) -> Candidates:
+    """scores (B, k) log P of the beams, logp (B, k, V) of their next tokens, forced (B,) sentences whose
+    last position this is (only eos allowed) -> the step's `Candidates`. Offline and continuous beam search
+    (decoding/continuous.py) both decide with this."""
+    b, k, v = logp.shape
+    if bool(forced.any()):
+        only_eos = torch.full((v,), -math.inf, device=logp.device)
+        only_eos[eos_id] = 0.0
+        logp = torch.where(forced[:, None, None], logp + only_eos, logp)
+    cand = (scores[:, :, None] + logp).view(b, k * v)  # (B, k*V)
+    top, idx = cand.topk(min(2 * k, k * v), dim=1)  # (B, 2k), best first
+    origin, token = idx // v, idx % v
+    is_eos = token == eos_id
+    ended = is_eos & (torch.arange(top.size(1), device=logp.device) < k) & top.isfinite()
+    keep = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :k]  # (B, k)
+    scores = top.gather(1, keep).masked_fill(is_eos.gather(1, keep), -math.inf)
+    return Candidates(top, origin, token, ended, keep, scores)
+
+
+def best_possible(log_prob: Tensor, length: int | Tensor, max_len: Tensor, alpha: float) -> Tensor:
+    """Upper bound on the score of any continuation of active beams. log_prob: (B, k) -> (B,);
+    `length` the output length after one more token (an int, or (B,) per sentence).
 
     log P only falls as tokens are added, so the best a beam can do is finish with its current
     log P at the length (between `length` and `max_len`) that divides it by the largest lp.
     """
-    lp = length_penalty(max_len.float(), alpha).clamp(min=length_penalty(length, alpha))  # (B,)
+    if isinstance(length, Tensor):  # per sentence: the int version's values, rounded once to float32
+        least = length_penalty(length.double(), alpha).float()
+    else:
+        least = length_penalty(length, alpha)
+    lp = length_penalty(max_len.float(), alpha).clamp(min=least)  # (B,)
     return log_prob.max(dim=1).values / lp
 
 
@@ -56,7 +92,7 @@ def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eo
         use_cache: feed only the newest token each step (else re-run the whole prefix).
 
     Finished hypotheses are collected until the `nbest`-th best of them can no longer be beaten
-    by any continuation of the active beams (see `_best_possible`), or the length limit.
+    by any continuation of the active beams (see `best_possible`), or the length limit.
     """
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest={nbest} must be between 1 and beam_size={beam_size}")
@@ -75,33 +111,20 @@ def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eo
     for step in range(int(max_len.max())):
         inp = ys[:, -1:] if use_cache else ys
         logp = model.decode(inp, memory, src_mask, cache)[:, -1].float().log_softmax(-1)  # (B*k, V)
-        v = logp.size(-1)
-        logp = logp.view(b, k, v)
         forced = step + 1 >= max_len  # (B,) last position: only eos is allowed
-        if bool(forced.any()):
-            only_eos = torch.full((v,), -math.inf, device=dev)
-            only_eos[eos_id] = 0.0
-            logp = torch.where(forced[:, None, None], logp + only_eos, logp)
-        cand = (scores[:, :, None] + logp).view(b, k * v)  # (B, k*V)
-        top, idx = cand.topk(min(2 * k, k * v), dim=1)  # (B, 2k), best first
-        origin, token = idx // v, idx % v
-        is_eos = token == eos_id
-        # eos among the k best candidates finishes a hypothesis
-        ended = is_eos & (torch.arange(top.size(1), device=dev) < k) & top.isfinite()
-        if bool(ended.any()):
-            s_idx, c_idx = ended.nonzero(as_tuple=True)
-            prefixes = ys[s_idx * k + origin[s_idx, c_idx], 1:].tolist()
-            for s, lp, prefix in zip(s_idx.tolist(), top[s_idx, c_idx].tolist(), prefixes, strict=True):
+        c = candidates(scores, logp.view(b, k, -1), forced, eos_id)
+        if bool(c.ended.any()):
+            s_idx, c_idx = c.ended.nonzero(as_tuple=True)
+            prefixes = ys[s_idx * k + c.origin[s_idx, c_idx], 1:].tolist()
+            for s, lp, prefix in zip(s_idx.tolist(), c.top[s_idx, c_idx].tolist(), prefixes, strict=True):
                 if s in active:
                     finished[s].append(Hypothesis(prefix, lp, lp / length_penalty(step + 1, alpha)))
-        # the k best candidates that do not end continue as the new beams
-        keep = torch.sort(is_eos.int(), dim=1, stable=True).indices[:, :k]  # (B, k)
-        scores = top.gather(1, keep).masked_fill(is_eos.gather(1, keep), -math.inf)
-        rows = (block + origin.gather(1, keep)).view(-1)  # (B*k,) surviving rows
-        ys = torch.cat([ys[rows], token.gather(1, keep).view(-1, 1)], dim=1)
+        scores = c.scores
+        rows = (block + c.origin.gather(1, c.keep)).view(-1)  # (B*k,) surviving rows
+        ys = torch.cat([ys[rows], c.token.gather(1, c.keep).view(-1, 1)], dim=1)
         if cache is not None:
             cache.reorder(rows)
-        bound = _best_possible(scores, step + 2, max_len, alpha).tolist()  # (B,)
+        bound = best_possible(scores, step + 2, max_len, alpha).tolist()  # (B,)
         for s in list(active):
             scores_s = sorted((h.score for h in finished[s]), reverse=True)
             if len(scores_s) >= nbest and scores_s[nbest - 1] >= bound[s]:

@@ -27,8 +27,10 @@ class PositionalEncoding(nn.Module):
             pe[:, 1::2] = torch.cos(pos * freq)
         self.register_buffer("pe", pe, persistent=False)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """x: (B, T, D) embeddings of positions offset..offset+T-1."""
+    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
+        """x: (B, T, D) embeddings of positions offset..offset+T-1; `offset` an int, or (B, 1) one per row."""
+        if isinstance(offset, Tensor):
+            return x + self.pe[offset + torch.arange(x.size(1), device=x.device)]  # (B, T, D)
         return x + self.pe[offset : offset + x.size(1)]
 
 
@@ -78,13 +80,32 @@ class EncoderLayer(nn.Module):
 @dataclass
 class DecoderCache:
     """Per decoder layer: self-attention keys/values of the positions so far, and the cross-attention
-    keys/values of the memory (computed at the first step, then reused)."""
+    keys/values of the memory (computed at the first step, then reused).
+
+    A cache from `Transformer.begin` holds rows at different steps (continuous batching, where sentences
+    join and leave a running batch: decoding/continuous.py). It then also keeps each row's position, which
+    self-attention columns hold its tokens (right-aligned: a row that joined late has padding on the
+    left), and the source mask of its memory (padded on the right to the longest source).
+    """
 
     self_attn: list[KV]
     cross_attn: list[KV]
+    positions: Tensor | None = None  # (B,) tokens each row has decoded; None: all rows are in step
+    key_mask: Tensor | None = None  # (B, L) True where column l of the self-attention cache is this row's
+    memory_mask: Tensor | None = None  # (B, 1, 1, S) the source mask of the cross-attention keys
 
-    def __len__(self) -> int:  # positions decoded so far
+    def __len__(self) -> int:  # positions decoded so far (columns, for rows at different steps)
         return len(self.self_attn[0])
+
+    def advance(self, t: int) -> tuple[int | Tensor, Tensor | None]:
+        """Before decoding t new positions: their position offset (an int, or (B, 1) one per row) and the
+        self-attention mask (None, or (B, 1, 1, L + t)); counts them as decoded."""
+        if self.positions is None:
+            return len(self), None
+        offset = self.positions[:, None]
+        self.positions = self.positions + t
+        self.key_mask = torch.cat([self.key_mask, self.key_mask.new_ones(len(offset), t)], dim=1)
+        return offset, self.key_mask[:, None, None, :]
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows `index` (B',) of the self-attention caches, in place (beam search).
@@ -94,6 +115,50 @@ class DecoderCache:
         """
         for kv in self.self_attn:
             kv.select(index)
+        if self.positions is not None:
+            self.positions, self.key_mask = self.positions[index], self.key_mask[index]
+
+    def select(self, index: Tensor) -> None:
+        """Keep rows `index` of everything (rows that leave a running batch, beams that are copied), then
+        drop the self-attention columns and source positions no row kept uses."""
+        self.reorder(index)
+        for kv in self.cross_attn:
+            kv.select(index)
+        self.memory_mask = self.memory_mask[index]
+        used = self.key_mask.any(0)  # (L,) columns some row holds; they end at the last column
+        first = int(used.int().argmax()) if bool(used.any()) else used.numel()
+        source = self.memory_mask.flatten(1).any(0)  # (S,)
+        last = source.numel() - int(source.flip(0).int().argmax()) if bool(source.any()) else 0
+        self.key_mask, self.memory_mask = self.key_mask[:, first:], self.memory_mask[..., :last]
+        for kv in self.self_attn:
+            kv.k, kv.v = kv.k[:, :, first:], kv.v[:, :, first:]
+        for kv in self.cross_attn:
+            kv.k, kv.v = kv.k[:, :, :last], kv.v[:, :, :last]
+
+    def join(self, other: DecoderCache) -> None:
+        """Append the rows of `other` (both from `Transformer.begin`) after these: self-attention columns
+        right-aligned (the shorter padded on the left), sources padded on the right."""
+        cols = max(len(self), len(other))
+        src = max(self.memory_mask.size(-1), other.memory_mask.size(-1))
+
+        def cat(a: Tensor, b: Tensor, dim: int, size: int, left: bool, value=0) -> Tensor:
+            def padded(x: Tensor) -> Tensor:
+                gap = size - x.size(dim)
+                if not gap:
+                    return x
+                shape = list(x.shape)
+                shape[dim] = gap
+                fill = x.new_full(shape, value)
+                return torch.cat([fill, x] if left else [x, fill], dim=dim)
+            return torch.cat([padded(a), padded(b)], dim=0)
+
+        for mine, theirs in zip(self.self_attn, other.self_attn, strict=True):
+            mine.k, mine.v = cat(mine.k, theirs.k, 2, cols, True), cat(mine.v, theirs.v, 2, cols, True)
+        for mine, theirs in zip(self.cross_attn, other.cross_attn, strict=True):
+            mine.k, mine.v = cat(mine.k, theirs.k, 2, src, False), cat(mine.v, theirs.v, 2, src, False)
+        self.key_mask = cat(self.key_mask, other.key_mask, 1, cols, True, False)
+        self.memory_mask = cat(self.memory_mask, other.memory_mask, 3, src, False, False)
+        self.positions = torch.cat([self.positions, other.positions])
 
 
 class DecoderLayer(nn.Module):
@@ -105,12 +170,14 @@ class DecoderLayer(nn.Module):
         self.ff = FeedForward(d, cfg.d_ff, p_act)
         self.sub = nn.ModuleList(Sublayer(d, p, cfg.norm_first) for _ in range(3))
 
-    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, self_kv: KV | None = None,
-                cross_kv: KV | None = None, weights: AttentionWeights | None = None) -> Tensor:
+    def forward(self, x: Tensor, memory: Tensor | None, src_mask: Tensor, self_kv: KV | None = None,
+                cross_kv: KV | None = None, weights: AttentionWeights | None = None,
+                self_mask: Tensor | None = None) -> Tensor:
         # Target padding sits after every real token, so the causal mask alone keeps real
-        # queries off pad keys; outputs at pad positions are ignored by the loss.
+        # queries off pad keys; outputs at pad positions are ignored by the loss. `self_mask`
+        # (B, 1, 1, L): the cached columns of each row, when rows are at different steps.
         want = weights is not None
-        x = self.sub[0](x, lambda y: _keep(self.self_attn(y, causal=True, cache=self_kv, need_weights=want),
+        x = self.sub[0](x, lambda y: _keep(self.self_attn(y, self_mask, causal=True, cache=self_kv, need_weights=want),
                                            weights.decoder_self if want else None))
         x = self.sub[1](x, lambda y: _keep(self.cross_attn(y, memory, src_mask, cache=cross_kv, need_weights=want),
                                            weights.cross if want else None))
@@ -156,15 +223,29 @@ class Transformer(Seq2Seq):
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: DecoderCache | None = None,
                weights: AttentionWeights | None = None) -> Tensor:
-        """tgt_in: (B, T) ids -> logits (B, T, V); with `cache`, only the new positions."""
-        x = self._embed(self.tgt_embed, tgt_in, 0 if cache is None else len(cache))
+        """tgt_in: (B, T) ids -> logits (B, T, V); with `cache`, only the new positions (a cache from
+        `begin` has its cross-attention keys already: memory may be None, src_mask is its memory_mask)."""
+        offset, self_mask = (0, None) if cache is None else cache.advance(tgt_in.size(1))
+        x = self._embed(self.tgt_embed, tgt_in, offset)
         for i, layer in enumerate(self.decoder):
             kv = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])
-            x = layer(x, memory, src_mask, *kv, weights)
+            x = layer(x, memory, src_mask, *kv, weights, self_mask)
         return self.out_proj(self.dec_norm(x))
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache([KV() for _ in self.decoder], [KV() for _ in self.decoder])
+
+    def begin(self, src: Tensor) -> DecoderCache:
+        """Encode new sentences src (B, S) for a running batch: a cache of B rows at position 0, with the
+        cross-attention keys and values of their memory computed once (rows join others with `join`)."""
+        src_mask = self.src_mask(src)  # (B, 1, 1, S)
+        memory = self.encode(src, src_mask)  # (B, S, D)
+        cross = [KV(*layer.cross_attn.project_kv(memory)) for layer in self.decoder]
+        b, h, dh = src.size(0), self.cfg.n_heads, self.d_model // self.cfg.n_heads
+        empty = memory.new_zeros(b, h, 0, dh)  # (B, H, 0, Dh): nothing decoded yet
+        return DecoderCache([KV(empty, empty) for _ in self.decoder], cross,
+                            positions=torch.zeros(b, dtype=torch.long, device=src.device),
+                            key_mask=torch.zeros(b, 0, dtype=torch.bool, device=src.device), memory_mask=src_mask)
 
     def set_attention_impl(self, impl: str) -> None:
         """Switch every attention module between "sdpa" and "reference"."""

@@ -103,6 +103,9 @@ class TranslateRequest(BaseModel):
     alpha: float | None = Field(None, ge=0.0, le=10.0, allow_inf_nan=False,
                                 description="GNMT length penalty exponent (default: the checkpoint's).")
     nbest: int | None = Field(None, ge=1, description="Hypotheses per sentence, at most beam (default 1).")
+    stream: bool = Field(False, description="Answer as server-sent events while decoding: `token` (greedy: the "
+                                            "translation so far), `hypothesis` (beam: one finished), `result` (a "
+                                            "sentence done), then `done` with the whole answer, or `error`.")
 
     @field_validator("texts")
     @classmethod

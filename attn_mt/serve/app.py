@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic_core import to_json
 from starlette.exceptions import HTTPException
@@ -32,6 +32,7 @@ from .api import (
 from .batcher import Batcher, QueueFull, Stopping
 from .engine import Engine
 from .guards import LOOPBACK, BodyLimit, HostCheck
+from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
@@ -48,10 +49,15 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
     `/api/translate`, `/api/attention`, `/api/explain`, `/api/info`; requests whose Host is not in `allowed_hosts`
     get 400."""
     engine = Engine(checkpoint, device)
-    batcher = Batcher(engine.translate, engine.run_one, max_batch=engine.decode.batch_size,
-                      max_batch_work=limits.max_batch_work, max_wait_s=limits.max_wait_ms / 1000,
-                      max_queue=limits.max_queue)
-    engine.interrupt = batcher.check  # a call whose clients all left stops at its next decoder step
+    batcher: Batcher | Scheduler
+    if engine.continuous:  # sentences join and leave the running batch at every decoder step
+        batcher = Scheduler(engine.open_batch, engine.run_one, max_batch=engine.decode.batch_size,
+                            max_batch_work=limits.max_batch_work, max_queue=limits.max_queue)
+    else:  # whole model calls
+        batcher = Batcher(engine.translate, engine.run_one, max_batch=engine.decode.batch_size,
+                          max_batch_work=limits.max_batch_work, max_wait_s=limits.max_wait_ms / 1000,
+                          max_queue=limits.max_queue)
+        engine.interrupt = batcher.check  # a call whose clients all left stops at its next decoder step
     facts = {**engine.info(), "limits": asdict(limits), "allowed_hosts": list(allowed_hosts)}
 
     @asynccontextmanager
@@ -82,6 +88,8 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
         dcfg = engine.decode_config(body.beam, body.alpha, body.nbest)
         costs = engine.work(body.texts, dcfg.beam_size)
         check_work("texts", costs, limits)
+        if body.stream:
+            return _stream(batcher, engine, dcfg, body.texts, costs)
         future = batcher.submit(dcfg, body.texts, costs, hold=True)
         with _releasing(batcher, future):
             return Answer(to_json({"results": await _answer(request, future)}), lambda: batcher.release(future))
@@ -115,10 +123,11 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
     @app.get("/api/info")
     def info() -> dict:
         """What was loaded (`model`: checkpoint or export), architecture, parameters, vocabulary, training step,
-        validation BLEU, decoding defaults, limits, allowed hosts; `served`: model calls so far, the sentences
-        they decoded (their ratio is the mean batch) and the requests waiting now."""
+        validation BLEU, decoding defaults, limits, allowed hosts; `served`: model calls so far (decoder steps,
+        for a checkpoint: requests join and leave between them), the sentences they decoded, the mean
+        sentences per call, and the requests waiting now."""
         return {**facts, "served": {"batches": batcher.batches, "sentences": batcher.items,
-                                    "waiting": len(batcher.pending)}}
+                                    "mean_batch": round(batcher.mean_batch, 2), "waiting": len(batcher.pending)}}
 
     return app
 
@@ -142,6 +151,42 @@ class Answer(Response):
             await send({"type": "http.response.body", "body": b""})  # waits while the client has not read it
         finally:
             self.release()
+
+
+def _stream(batcher: Batcher | Scheduler, engine: Engine, dcfg, texts: list[str], costs: list[int],
+            ) -> StreamingResponse:
+    """A translation answered as server-sent events while it is decoded (`"stream": true`): what the worker
+    reports (engine.progress: `token`, `hypothesis`, `result`, each with the sentence's `index`), then `done`
+    with the answer a plain request gets, or `error`. The job holds its place in the queue until the stream
+    ends; a client that leaves cancels it (its rows leave the running batch at the next step)."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+
+    def watch(i: int, kind: str, value) -> None:  # in the worker thread, in order
+        name, payload = engine.progress(kind, value)
+        loop.call_soon_threadsafe(events.put_nowait, (name, {"index": i, **payload}))
+
+    future = batcher.submit(dcfg, texts, costs, hold=True, watch=watch)
+    future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, None))
+
+    async def lines():
+        try:
+            while (item := await events.get()) is not None:
+                yield _event(*item)
+            if future.cancelled():
+                return
+            error = future.exception()
+            yield _event("error", error_body("queue", str(error))) if error else _event(
+                "done", {"results": future.result()})
+        finally:
+            future.cancel()  # the client left: the job leaves the queue or the running batch
+            batcher.release(future)
+
+    return StreamingResponse(lines(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+
+def _event(name: str, data: dict) -> bytes:
+    return b"event: %s\ndata: %s\n\n" % (name.encode(), to_json(data))
 
 
 @contextmanager

@@ -53,6 +53,7 @@ class Job:
     items: list[Any]
     costs: list[int]  # work units of each item
     hold: bool = False  # keep its place in the queue after its answer, until Batcher.release
+    watch: Callable[[int, str, Any], None] | None = None  # (item, kind, value): progress, in the worker
     future: Future = field(default_factory=Future)
     results: dict[int, Any] = field(default_factory=dict)
     next: int = 0  # the first item not yet handed to the model
@@ -66,37 +67,29 @@ class Job:
             pass
 
 
-class Batcher:
-    """A bounded, fair queue of jobs in front of one worker thread that calls the model.
+class JobQueue:
+    """A bounded queue of jobs in front of one worker thread, the only one that calls the model; subclasses
+    say how the worker takes jobs (`_work`): `Batcher` in whole model calls, serve/scheduler.py's `Scheduler`
+    at every decoder step.
 
-    Args:
-        run_batch: (key, items) -> one result per item, for jobs with a key (translation).
-        run_one: (item) -> result, for jobs without a key (attention maps).
-        max_batch: items per model call.
-        max_batch_work: work units per model call (a single larger item still runs, alone).
-        max_wait_s: how long the first job of a call waits for company.
-        max_queue: requests waiting or decoding; `submit` raises QueueFull beyond.
+    At most `max_queue` requests wait or decode at once (`submit` raises QueueFull beyond).
     """
 
-    def __init__(self, run_batch: Callable[[Hashable, list], list], run_one: Callable[[Any], Any], *,
-                 max_batch: int = 64, max_batch_work: int = 1 << 62, max_wait_s: float = 0.005,
-                 max_queue: int = 64) -> None:
-        self.run_batch, self.run_one = run_batch, run_one
-        self.max_batch, self.max_batch_work, self.max_wait_s, self.max_queue = (
-            max_batch, max_batch_work, max_wait_s, max_queue)
+    def __init__(self, run_one: Callable[[Any], Any], max_queue: int) -> None:
+        self.run_one, self.max_queue = run_one, max_queue
         self.waiting: deque[Job] = deque()  # jobs with items not yet handed to the model
         self.pending: dict[Future, Job] = {}  # jobs not answered, or held until released: what max_queue bounds
         self.batches = self.items = 0  # model calls and the items they took, for /api/info
-        self._running: list[Job] = []
         self._stopping = False
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
     def submit(self, key: Hashable | None, items: list, costs: list[int] | None = None, hold: bool = False,
-               ) -> Future:
+               watch: Callable[[int, str, Any], None] | None = None) -> Future:
         """Queue a job; its future gets the list of results (or the single result when key is None).
-        With `hold`, an answered job counts against max_queue until `release(future)`."""
-        job = Job(key, items, costs or [1] * len(items), hold=hold)
+        With `hold`, an answered job counts against max_queue until `release(future)`; `watch(i, kind, value)`
+        gets item i's progress, where the worker has any ("token", "hypothesis"), then ("done", its result)."""
+        job = Job(key, items, costs or [1] * len(items), hold=hold, watch=watch)
         with self._cond:
             if self._stopping:
                 raise Stopping("the server is shutting down")
@@ -120,11 +113,6 @@ class Batcher:
         """A held job's answer has been delivered (or never will be): its place in the queue is free."""
         self.pending.pop(future, None)
 
-    def check(self) -> None:
-        """Called by the model at each decoder step: raise Abandoned if nobody waits for this call."""
-        if self._stopping or (self._running and all(job.future.cancelled() for job in self._running)):
-            raise Abandoned
-
     def stop(self) -> None:
         """Stop the running call at its next step and fail the waiting jobs; only sets a flag."""
         self._stopping = True
@@ -136,13 +124,50 @@ class Batcher:
             self._thread.join(timeout)
 
     def _work(self) -> None:
-        while (call := self._next_call()) is not None:
-            if call[1]:  # empty when every job of the group left while it waited for company
-                self._run(*call)
+        raise NotImplementedError
+
+    def _fail_waiting(self) -> None:
         with self._cond:
             for job in self.waiting:
                 job.settle(error=Stopping("the server is shutting down"))
             self.waiting.clear()
+
+
+class Batcher(JobQueue):
+    """A bounded, fair queue of jobs in front of one worker thread that calls the model in whole calls.
+
+    Args:
+        run_batch: (key, items) -> one result per item, for jobs with a key (translation).
+        run_one: (item) -> result, for jobs without a key (attention maps).
+        max_batch: items per model call.
+        max_batch_work: work units per model call (a single larger item still runs, alone).
+        max_wait_s: how long the first job of a call waits for company.
+        max_queue: requests waiting or decoding; `submit` raises QueueFull beyond.
+    """
+
+    def __init__(self, run_batch: Callable[[Hashable, list], list], run_one: Callable[[Any], Any], *,
+                 max_batch: int = 64, max_batch_work: int = 1 << 62, max_wait_s: float = 0.005,
+                 max_queue: int = 64) -> None:
+        super().__init__(run_one, max_queue)
+        self.run_batch = run_batch
+        self.max_batch, self.max_batch_work, self.max_wait_s = max_batch, max_batch_work, max_wait_s
+        self._running: list[Job] = []
+
+    @property
+    def mean_batch(self) -> float:
+        """Sentences per model call so far."""
+        return self.items / self.batches if self.batches else 0.0
+
+    def check(self) -> None:
+        """Called by the model at each decoder step: raise Abandoned if nobody waits for this call."""
+        if self._stopping or (self._running and all(job.future.cancelled() for job in self._running)):
+            raise Abandoned
+
+    def _work(self) -> None:
+        while (call := self._next_call()) is not None:
+            if call[1]:  # empty when every job of the group left while it waited for company
+                self._run(*call)
+        self._fail_waiting()
 
     def _next_call(self) -> tuple[Hashable | None, list[tuple[Job, int]]] | None:
         """(key, [(job, item index)]): items taken from every job of the first job's group in turn."""
@@ -209,6 +234,8 @@ class Batcher:
             self._running = []
         for (job, i), result in zip(picks, results, strict=True):
             job.results[i] = result
+            if job.watch is not None and key is not None:
+                job.watch(i, "done", result)
             if key is None:
                 job.settle(result)
             elif len(job.results) == len(job.items):

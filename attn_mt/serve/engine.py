@@ -14,6 +14,8 @@ from attn_mt.analysis.explain import ExplainError, check, explain
 from attn_mt.config import DecodeConfig
 from attn_mt.config.yamlconf import OptionError
 from attn_mt.decoding.attention_maps import attention_maps
+from attn_mt.decoding.continuous import Event, RunningBatch, supports
+from attn_mt.decoding.search import Translation, prepare_sources
 from attn_mt.decoding.translator import decode_options, hypotheses_json
 from attn_mt.export.ct2_translator import open_translator
 from attn_mt.models import count_params
@@ -62,6 +64,26 @@ class Engine:
         """Work units of each text: its source subwords (with </s>) times the beam size; 0 for an empty one."""
         return [(len(ids) + 1) * beam if text.strip() else 0
                 for text, ids in zip(texts, self.tok.encode_src(texts), strict=True)]
+
+    @property
+    def continuous(self) -> bool:
+        """Whether requests can join and leave a running batch at every step (a Transformer checkpoint);
+        else they are decoded in whole calls (`translate`: an RNN checkpoint, a CTranslate2 export)."""
+        return self.translator.model is not None and supports(self.translator.model)
+
+    def open_batch(self, dcfg: DecodeConfig) -> Live:
+        """An empty running batch for the scheduler, decoding with `dcfg`."""
+        return Live(self, dcfg)
+
+    def progress(self, kind: str, value) -> tuple[str, dict]:
+        """A streamed event from the worker's ("token", ids so far), ("hypothesis", a Hypothesis) or ("done",
+        the result): ("token", {"text": the translation so far}), ("hypothesis", {"hypothesis": {text, score,
+        log_prob}}) or ("result", {"result": the object of `translate`})."""
+        if kind == "token":
+            return kind, {"text": self.tok.decode_tgt([value])[0]}
+        if kind == "hypothesis":
+            return kind, {"hypothesis": hypotheses_json(_translations(self.tok, [value]))[0]}
+        return "result", {"result": value}
 
     def translate(self, dcfg: DecodeConfig, texts: list[str]) -> list[dict]:
         """The objects of `attn-mt translate --format jsonl`, one per text, in order."""
@@ -135,3 +157,53 @@ class Engine:
             "attention": [] if cfg is None else list(KINDS) if cfg.model.kind == "transformer" else ["cross"],
             "device": t.device,
         }
+
+
+class Live:
+    """One decoding setting's running batch, as the scheduler sees it: texts join, and each sentence's
+    result is the object of `translate` (an empty text is answered at the next step, never decoded)."""
+
+    def __init__(self, engine: Engine, dcfg: DecodeConfig) -> None:
+        tok, self.engine = engine.tok, engine
+        self.batch = RunningBatch(engine.translator.model, dcfg, bos_id=tok.bos_id, eos_id=tok.eos_id,
+                                  pad_id=tok.pad_id)
+        self.sources: dict = {}  # tag -> its text
+        self.ready: list[Event] = []  # empty texts, answered at the next step
+
+    def __len__(self) -> int:
+        return len(self.batch) + len(self.ready)
+
+    def add(self, items: list[tuple]) -> None:
+        for tag, text in items:
+            if not text.strip():
+                self.ready.append(Event(tag, "done", {"source": text, "hypotheses": hypotheses_json(
+                    [Translation("", 0.0, 0.0)])}))
+        todo = [(tag, text) for tag, text in items if text.strip()]
+        if todo:
+            model = self.engine.translator.model
+            srcs = prepare_sources(self.engine.tok, [text.strip() for _, text in todo], model.max_positions)
+            self.sources.update(todo)
+            self.batch.add([(tag, ids) for (tag, _), ids in zip(todo, srcs, strict=True)])
+
+    def step(self) -> list[Event]:
+        events, self.ready = self.ready + self.batch.step(), []
+        out = []
+        for e in events:
+            if e.kind == "done" and e.tag in self.sources:  # the n-best list, as `translate`'s object
+                source = self.sources.pop(e.tag)
+                e = Event(e.tag, "done", {"source": source, "hypotheses": hypotheses_json(
+                    _translations(self.engine.tok, e.value))})
+            out.append(e)
+        return out
+
+    def drop(self, tags: set) -> None:
+        self.batch.drop(tags)
+        self.ready = [e for e in self.ready if e.tag not in tags]
+        for tag in tags:
+            self.sources.pop(tag, None)
+
+
+def _translations(tok, nbest: list) -> list[Translation]:
+    """Hypotheses (token ids) as texts with their scores."""
+    texts = tok.decode_tgt([h.tokens for h in nbest])
+    return [Translation(t, h.log_prob, h.score) for t, h in zip(texts, nbest, strict=True)]

@@ -1,0 +1,177 @@
+"""Continuous (iteration-level) decoding: sentences join and leave a running batch at every decoder step.
+
+`RunningBatch` is the decoder state of the sentences being translated together. `add` encodes newcomers
+alone (the encoder runs once per sentence), computes their cross-attention keys and values once, and
+appends their rows to the running batch; `step` runs one decoder step for every row and returns what
+happened: a new token of each greedy row, each finished beam hypothesis, and the sentences that ended
+(eos or their length limit), whose rows leave the batch at once. Rows sit at different positions, so the
+cache keeps a position per row and masks the self-attention columns a row does not own
+(`models.transformer.DecoderCache`). Each sentence's decisions look at its own rows only, with the same
+rules as offline search (`search.greedy_search`, `beam.candidates`), so its translation does not depend
+on who shares the batch, nor on when it joined. No threads here: serve/scheduler.py drives it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from attn_mt.config import DecodeConfig
+from attn_mt.data.batching import pad
+from attn_mt.decoding.beam import Hypothesis, best_possible, candidates, length_penalty
+from attn_mt.decoding.search import max_lengths
+from attn_mt.models.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class Event:
+    """What one step did for a sentence: `kind` "token" (greedy: its token ids so far), "hypothesis"
+    (beam: a Hypothesis it finished), or "done" (its n-best list, best first; its rows have left)."""
+
+    tag: Hashable
+    kind: str
+    value: object
+
+
+def supports(model: object) -> bool:
+    """Whether `model` can decode in a running batch (a Transformer; the RNN decodes in whole calls)."""
+    return isinstance(model, Transformer)
+
+
+class RunningBatch:
+    """Sentences decoded together, each with k = `cfg.beam_size` consecutive rows (greedy: one).
+
+    Args:
+        model: a Transformer in eval mode; call add/step under torch.inference_mode().
+        cfg: beam size, alpha, n-best and length limits, the same for every sentence of this batch.
+    """
+
+    def __init__(self, model: Transformer, cfg: DecodeConfig, *, bos_id: int, eos_id: int, pad_id: int) -> None:
+        self.model, self.cfg, self.k = model, cfg, cfg.beam_size
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+        self.cache = None  # DecoderCache of all rows, from model.begin
+        self.tags: list[Hashable] = []  # (n,) the sentences, in row order
+        self.steps: list[int] = []  # (n,) tokens each has decoded
+        self.max_len: list[int] = []  # (n,) its output limit, eos included
+        self.finished: list[list[Hypothesis]] = []  # (n,) beam: hypotheses ended so far
+        self.ys: list[list[int]] = []  # (n*k,) tokens of each row so far (without bos)
+        self.scores: Tensor | None = None  # (n, k) log P of each sentence's beams (greedy: k = 1)
+
+    def __len__(self) -> int:  # sentences
+        return len(self.tags)
+
+    @property
+    def rows(self) -> int:
+        return len(self.ys)
+
+    def add(self, items: list[tuple[Hashable, list[int]]]) -> None:
+        """Sentences (tag, source ids with eos) join; they take part from the next step on."""
+        if not items:
+            return
+        dev = next(self.model.parameters()).device
+        src = pad([ids for _, ids in items], self.pad_id).to(dev)  # (m, S)
+        cache = self.model.begin(src)
+        m, k = len(items), self.k
+        if k > 1:
+            cache.select(torch.arange(m, device=dev).repeat_interleave(k))  # (m*k) rows: k beams each
+        limit = max_lengths(torch.tensor([len(ids) for _, ids in items]), self.cfg, self.model.max_positions)
+        scores = torch.full((m, k), -math.inf, device=dev)
+        scores[:, 0] = 0.0  # one live beam at first, so the first step does not pick k copies
+        if self.cache is None:
+            self.cache, self.scores = cache, scores
+        else:
+            self.cache.join(cache)
+            self.scores = torch.cat([self.scores, scores])
+        self.tags += [tag for tag, _ in items]
+        self.steps += [0] * m
+        self.max_len += limit.tolist()
+        self.finished += [[] for _ in range(m)]
+        self.ys += [[] for _ in range(m * k)]
+
+    def drop(self, tags: set[Hashable]) -> None:
+        """Sentences nobody waits for leave now."""
+        self._keep([s for s, tag in enumerate(self.tags) if tag not in tags])
+
+    @torch.inference_mode()
+    def step(self) -> list[Event]:
+        """One decoder step for every row; the events of this step, in row order."""
+        if not self.tags:
+            return []
+        dev = self.scores.device
+        last = [y[-1] if y else self.bos_id for y in self.ys]
+        inp = torch.tensor(last, device=dev)[:, None]  # (R, 1)
+        logits = self.model.decode(inp, None, self.cache.memory_mask, self.cache)
+        logp = logits[:, -1].float().log_softmax(-1)  # (R, V)
+        forced = torch.tensor([s + 1 >= m for s, m in zip(self.steps, self.max_len, strict=True)], device=dev)
+        events = self._greedy(logp, forced) if self.k == 1 else self._beam(logp, forced)
+        self.steps = [s + 1 for s in self.steps]
+        ended = {e.tag for e in events if e.kind == "done"}
+        if ended:
+            self._keep([s for s, tag in enumerate(self.tags) if tag not in ended])
+        return events
+
+    def _greedy(self, logp: Tensor, forced: Tensor) -> list[Event]:
+        """search.greedy_search's rule: the most likely token; eos at the length limit."""
+        nxt = logp.argmax(-1)
+        nxt = torch.where(forced, torch.full_like(nxt, self.eos_id), nxt)  # (R,)
+        self.scores = self.scores + logp.gather(1, nxt[:, None])
+        events = []
+        for s, (token, lp) in enumerate(zip(nxt.tolist(), self.scores[:, 0].tolist(), strict=True)):
+            tag = self.tags[s]
+            if token == self.eos_id:
+                tokens = self.ys[s]
+                events.append(Event(tag, "done", [Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1,
+                                                                                             self.cfg.alpha))]))
+            else:
+                self.ys[s].append(token)
+                events.append(Event(tag, "token", tuple(self.ys[s])))
+        return events
+
+    def _beam(self, logp: Tensor, forced: Tensor) -> list[Event]:
+        """beam.beam_search's rule, per sentence: the k best continuations, hypotheses ended by eos among the
+        k best, until the n-best can no longer be beaten (beam.best_possible) or the length limit."""
+        n, k, alpha, events = len(self.tags), self.k, self.cfg.alpha, []
+        c = candidates(self.scores, logp.view(n, k, -1), forced, self.eos_id)
+        if bool(c.ended.any()):
+            s_idx, c_idx = c.ended.nonzero(as_tuple=True)
+            origins = c.origin[s_idx, c_idx].tolist()
+            for s, o, lp in zip(s_idx.tolist(), origins, c.top[s_idx, c_idx].tolist(), strict=True):
+                hyp = Hypothesis(list(self.ys[s * k + o]), lp, lp / length_penalty(self.steps[s] + 1, alpha))
+                self.finished[s].append(hyp)
+                events.append(Event(self.tags[s], "hypothesis", hyp))
+        self.scores = c.scores
+        block = torch.arange(n, device=logp.device)[:, None] * k
+        rows = (block + c.origin.gather(1, c.keep)).view(-1)  # (n*k,) the rows the new beams extend
+        self.ys = [self.ys[r] + [t] for r, t in zip(rows.tolist(), c.token.gather(1, c.keep).view(-1).tolist(),
+                                                        strict=True)]
+        self.cache.reorder(rows)
+        lengths = torch.tensor(self.steps, device=logp.device) + 2
+        bound = best_possible(self.scores, lengths, torch.tensor(self.max_len, device=logp.device), alpha).tolist()
+        nbest = self.cfg.nbest
+        for s, tag in enumerate(self.tags):
+            scores = sorted((h.score for h in self.finished[s]), reverse=True)
+            if self.steps[s] + 1 >= self.max_len[s] or (len(scores) >= nbest and scores[nbest - 1] >= bound[s]):
+                events.append(Event(tag, "done", sorted(self.finished[s], key=lambda h: -h.score)[:nbest]))
+        return events
+
+    def _keep(self, sentences: list[int]) -> None:
+        """Keep these sentences (indices, in order) and their rows; the rest leave the batch."""
+        if len(sentences) == len(self.tags):
+            return
+        k = self.k
+        rows = [s * k + j for s in sentences for j in range(k)]
+        self.tags = [self.tags[s] for s in sentences]
+        self.steps = [self.steps[s] for s in sentences]
+        self.max_len = [self.max_len[s] for s in sentences]
+        self.finished = [self.finished[s] for s in sentences]
+        self.ys = [self.ys[r] for r in rows]
+        if not sentences:
+            self.cache = self.scores = None
+            return
+        index = torch.tensor(sentences, device=self.scores.device)
+        self.scores = self.scores[index]
+        self.cache.select(torch.tensor(rows, device=index.device))
