@@ -1,0 +1,165 @@
+"""Iteration-level scheduling with a fake model: who joins when, limits, early answers, cancellation, stop."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from attn_mt.serve.batcher import QueueFull
+from attn_mt.serve.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class Event:
+    tag: object
+    kind: str
+    value: object
+
+
+class Fake:
+    """A running batch whose items are (name, steps): each sentence ends after that many steps."""
+
+    def __init__(self, key, log: list, fail: bool = False, pause: float = 0.002) -> None:
+        self.key, self.log, self.fail, self.pause, self.left, self.names = key, log, fail, pause, {}, {}
+
+    def __len__(self) -> int:
+        return len(self.left)
+
+    def add(self, items):
+        self.log.append(("add", self.key, [name for _, (name, _) in items]))
+        for tag, (name, steps) in items:
+            self.left[tag], self.names[tag] = steps, name
+
+    def step(self):
+        time.sleep(self.pause)
+        if self.fail:
+            raise RuntimeError("model failed")
+        self.log.append(("step", self.key, sorted(self.names[t] for t in self.left)))
+        events = []
+        for tag in list(self.left):
+            self.left[tag] -= 1
+            events.append(Event(tag, "token", self.left[tag]))
+            if not self.left[tag]:
+                del self.left[tag]
+                events.append(Event(tag, "done", self.names[tag]))
+        return events
+
+    def drop(self, tags):
+        self.log.append(("drop", self.key, sorted(self.names[t] for t in tags)))
+        for tag in tags:
+            self.left.pop(tag, None)
+
+
+def scheduler(log, run_one=lambda item: item, bad=(), **kw) -> Scheduler:
+    return Scheduler(lambda key: Fake(key, log, fail=key in bad), run_one, **kw)
+
+
+def steps_of(log, name):
+    return [i for i, (what, _, names) in enumerate(log) if what == "step" and name in names]
+
+
+def test_a_newcomer_joins_at_the_next_free_row_before_the_rest_of_a_huge_request():
+    log = []
+    s = scheduler(log, max_batch=4)
+    huge = s.submit("k", [(f"h{i}", 5) for i in range(40)])
+    while len([e for e in log if e[0] == "step"]) < 3:
+        time.sleep(0.001)
+    small = s.submit("k", [("small", 2)])
+    assert small.result(5) == ["small"] and huge.result(10) == [f"h{i}" for i in range(40)]
+    assert max(len(names) for what, _, names in log if what == "step") == 4  # never more than max_batch
+    joined = next(i for i, (what, _, names) in enumerate(log) if what == "add" and "small" in names)
+    adds_before = [names for what, _, names in log[:joined] if what == "add"]
+    assert sum(map(len, adds_before)) <= 4 + 1  # it joined when the first rows came free (the huge one's first 4)
+    assert steps_of(log, "small")[-1] < steps_of(log, "h4")[0] + 5  # answered while the huge one was running
+
+
+def test_a_sentence_that_ends_early_is_answered_at_once():
+    log, done_when = [], {}
+    s = scheduler(log)
+    long = s.submit("k", [("long", 40)])
+    short = s.submit("k", [("short", 2)])
+    short.add_done_callback(lambda f: done_when.setdefault("short", long.done()))
+    assert short.result(5) == ["short"] and long.result(5) == ["long"]
+    assert done_when["short"] is False  # answered while the long one was still decoding
+    assert len(steps_of(log, "short")) == 2
+
+
+def test_rows_and_work_are_bounded_and_a_larger_sentence_runs_alone():
+    log = []
+    s = scheduler(log, max_batch=3, max_batch_work=25)
+    jobs = [s.submit("k", [(f"a{i}", 3)], costs=[10]) for i in range(5)] + [s.submit("k", [("big", 3)], costs=[40])]
+    assert [j.result(5) for j in jobs][-1] == ["big"]
+    live = [names for what, _, names in log if what == "step"]
+    assert max(map(len, live)) == 2  # 2 x 10 units fit in 25, a third does not
+    assert all(names == ["big"] for names in live if "big" in names)
+
+
+def test_a_job_whose_client_left_leaves_the_running_batch_at_the_next_step():
+    log = []
+    s = scheduler(log)
+    gone = s.submit("k", [("g0", 1000), ("g1", 1000)])
+    stay = s.submit("k", [("stay", 60)])
+    while len(steps_of(log, "g0")) < 3:
+        time.sleep(0.001)
+    gone.cancel()
+    assert stay.result(5) == ["stay"]
+    dropped = next(i for i, e in enumerate(log) if e[0] == "drop")
+    assert log[dropped][2] == ["g0", "g1"]
+    assert len([i for i in steps_of(log, "g0") if i > dropped]) == 0
+    assert len(steps_of(log, "g0")) < 30  # it ran a few steps, not a thousand
+
+
+def test_settings_take_turns_and_attention_jobs_run_between_steps():
+    log = []
+
+    def run_one(item):
+        log.append(("one", None, [item]))
+        return item
+
+    s = scheduler(log, run_one=run_one)
+    a = s.submit("a", [("a", 6)])
+    b = s.submit("b", [("b", 6)])
+    m = s.submit(None, ["map"])
+    assert a.result(5) == ["a"] and b.result(5) == ["b"] and m.result(5) == "map"
+    stepped = [key for what, key, _ in log if what == "step"]
+    assert stepped[:4] in (["a", "b", "a", "b"], ["a", "a", "b", "a"])  # b joined at once or one step later
+    one = log.index(("one", None, ["map"]))
+    assert one < steps_of(log, "a")[-1]  # the map ran while a was still decoding, not after
+
+
+def test_watch_gets_progress_then_the_result():
+    log, seen = [], []
+    s = scheduler(log)
+    f = s.submit("k", [("x", 3), ("y", 1)], watch=lambda i, kind, value: seen.append((i, kind, value)))
+    assert f.result(5) == ["x", "y"]
+    assert [e for e in seen if e[0] == 0] == [(0, "token", 2), (0, "token", 1), (0, "token", 0), (0, "done", "x")]
+    assert (1, "done", "y") in seen
+
+
+def test_a_failed_step_fails_its_jobs_only_and_the_worker_goes_on():
+    log = []
+    s = scheduler(log, bad={"bad"})
+    bad, good = s.submit("bad", [("b", 3)]), s.submit("good", [("g", 3)])
+    with pytest.raises(RuntimeError, match="model failed"):
+        bad.result(5)
+    assert good.result(5) == ["g"] and s.submit("good", [("again", 2)]).result(5) == ["again"]
+
+
+def test_the_queue_is_bounded_and_stop_fails_the_waiting_and_the_running():
+    log = []
+    s = scheduler(log, max_batch=1, max_queue=2)
+    running = s.submit("k", [("r", 10_000)])
+    waiting = s.submit("k", [("w", 1)])
+    with pytest.raises(QueueFull):
+        s.submit("k", [("one too many", 1)])
+    while not steps_of(log, "r"):
+        time.sleep(0.001)
+    start = time.monotonic()
+    s.close()
+    for f in (running, waiting):
+        with pytest.raises(Exception, match="shutting down"):
+            f.result(5)
+    assert time.monotonic() - start < 1 and not s._thread.is_alive()
+    assert not any(what == "add" and "w" in names for what, _, names in log)
