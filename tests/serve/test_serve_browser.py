@@ -174,6 +174,9 @@ def test_page_translates_switches_maps_and_hovers(browser, url, tmp_path):
     wait.until(translated(1))
     assert browser.find_element(By.ID, "text").get_attribute("value") == text
     assert browser.find_element(By.CSS_SELECTOR, "#nbest-list li .hyp").text
+    # it was streamed: the translation grew token by token, then the final list replaced it
+    assert int(browser.find_element(By.ID, "nbest-list").get_attribute("data-events") or 0) >= 2
+    assert not browser.find_elements(By.CSS_SELECTOR, "#nbest-list li.growing")
     assert "parameters" in browser.find_element(By.ID, "facts-list").text
     src = browser.find_elements(By.CSS_SELECTOR, "#src-tokens .tok")
     assert len(src) >= 2 and src[-1].text == "</s>"

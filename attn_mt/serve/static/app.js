@@ -135,8 +135,9 @@ async function translate() {
   $("go").disabled = true;
   try {
     const maps = state.info.attention.length > 0;
+    const growing = (event) => { if (id === state.request) showProgress(event); };
     const [tr, att] = await Promise.all([
-      api("/api/translate", {texts: [text], beam, nbest}), maps ? api("/api/attention", {text, beam}) : null]);
+      streamed({texts: [text], beam, nbest}, growing), maps ? api("/api/attention", {text, beam}) : null]);
     if (id !== state.request) return;  // a newer request is on its way
     showNbest(tr.results[0].hypotheses);
     state.shown = {text, beam, nbest};
@@ -155,6 +156,49 @@ async function translate() {
   } finally {
     if (id === state.request) $("go").disabled = false;
   }
+}
+
+// /api/translate with "stream": true: each server-sent event goes to `onEvent` as it arrives (the translation
+// growing token by token, or beam hypotheses as they finish); resolves to the answer of the final `done` event.
+async function streamed(body, onEvent) {
+  const response = await fetch("/api/translate", {
+    method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify({...body, stream: true}),
+  });
+  if (!response.ok) {
+    const data = await response.json().catch(() => ({}));
+    throw new Error(data.error || `HTTP ${response.status}`);
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) throw new Error("the server closed the stream early");
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const name = block.match(/^event: (.*)$/m)[1], data = JSON.parse(block.match(/^data: (.*)$/m)[1]);
+      if (name === "done") return data;
+      if (name === "error") throw new Error(data.error);
+      onEvent({name, ...data});
+    }
+  }
+}
+
+// While decoding: greedy shows the translation so far, beam search the hypotheses finished so far.
+function showProgress(event) {
+  if (event.index !== 0 || event.name === "result") return;
+  const list = $("nbest-list");
+  if (list.dataset.growing !== String(state.request)) {
+    list.replaceChildren();
+    list.dataset.growing = String(state.request);
+  }
+  list.dataset.events = String(Number(list.dataset.events || 0) + 1);  // for tests: the stream was shown
+  const text = event.name === "token" ? event.text : event.hypothesis.text;
+  const item = el("li", {className: "growing"}, [el("span", {className: "hyp", textContent: text}),
+    el("span", {className: "score", textContent: event.name === "token" ? "decoding…" : "finished hypothesis"})]);
+  if (event.name === "token") list.replaceChildren(item); else list.append(item);
 }
 
 function showNbest(hypotheses) {
