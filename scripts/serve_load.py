@@ -1,14 +1,19 @@
-"""Load on `attn-mt serve`: concurrent clients against batch translation of the same sentences.
+"""Load on `attn-mt serve` (continuous batching) against offline translation of the same sentences.
 
-Starts `attn-mt serve` on 127.0.0.1 (a free port) and, round after round, takes turns between
-  - server, N clients: N threads send one sentence per request until every sentence is answered;
-  - server, 1 client: one sentence at a time (the latency of a single sentence);
-  - batch: `decode.translate_nbest` on all the sentences in this process (what `attn-mt translate` does).
-Every request has a timeout and the request count is fixed; any error or timeout is counted and
-reported. Medians over the rounds; the background load (os.getloadavg) is recorded around every run.
+Starts `attn-mt serve` on 127.0.0.1 (a free port), then takes turns, round after round, between:
+  - server-N, for each N of --clients (1 8 32): N closed-loop clients, one sentence per request;
+  - offline-N: `translate_nbest` with batch size N on the same sentences in this process (what
+    `attn-mt translate --batch-size N` does; offline-1 times each sentence, for its latency);
+  - mixed: one request of --big sentences among 8 single-sentence clients (its latency, and theirs);
+  - big: that request alone, and offline-big: those sentences translated offline in one batch;
+  - baseline-8 (with --baseline CHECKOUT): the same 8 clients against the server of another checkout
+    (a git worktree of an older commit), started the same way, with --baseline-checkpoint.
+Server-1 and offline-1 use the first --single sentences, the rest all --sentences. Every request has a
+timeout and the request count is fixed; errors are counted. Medians over the rounds; the background
+load (os.getloadavg) is recorded around every run.
 
     python scripts/serve_load.py --checkpoint /path/to/checkpoint.pt \\
-        --src /path/to/multi30k/test2016.de --out-json docs/serve_load.json
+        --src /path/to/multi30k/test2016.de --threads 1 --out-json docs/serve_load.json
 """
 
 from __future__ import annotations
@@ -46,29 +51,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
-    """`attn-mt serve` in its own process, with the same torch threads as the batch runs here."""
-    cmd = [sys.executable, "-m", "attn_mt", "--quiet", "serve", "--checkpoint", str(args.checkpoint),
-           "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
+def start_server(checkpoint: Path, threads: int, checkout: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """`attn-mt serve` in its own process (of `checkout`'s code when given), with `threads` torch threads."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "attn_mt", "--quiet", "serve", "--checkpoint", str(checkpoint),
+           "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--max-queue", "128"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    if checkout is not None:
+        env["PYTHONPATH"] = str(checkout)
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, cwd=checkout)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
     while time.monotonic() < deadline:
         if server.poll() is not None:
             raise RuntimeError(f"attn-mt serve exited with status {server.returncode}")
         try:
-            httpx.get(f"http://127.0.0.1:{port}/api/info", timeout=2).raise_for_status()
-            return server
+            httpx.get(f"{url}/api/info", timeout=2).raise_for_status()
+            return server, url
         except httpx.HTTPError:
             time.sleep(0.5)
     server.kill()
     raise RuntimeError("attn-mt serve did not answer within 120 s")
 
 
-def clients(url: str, sentences: list[str], n: int, beam: int, timeout: float) -> dict:
-    """n threads share the sentences, one per request; latencies, errors, wall time and the answers."""
-    todo, lock = iter(range(len(sentences))), threading.Lock()
-    latencies, errors, answers = [], [], [None] * len(sentences)
+def percentiles(latencies: list[float]) -> dict:
+    q = statistics.quantiles(latencies, n=20) if len(latencies) > 1 else latencies * 19
+    return {"p50_ms": round(1000 * statistics.median(latencies), 1), "p95_ms": round(1000 * q[18], 1)}
+
+
+def clients(url: str, requests: list[list[str]], n: int, beam: int, timeout: float) -> dict:
+    """n closed-loop threads share the requests; latencies, errors, wall time and the answers (texts)."""
+    todo, lock = iter(range(len(requests))), threading.Lock()
+    latencies, errors, answers = [None] * len(requests), [], [None] * len(requests)
 
     def client() -> None:
         with httpx.Client(base_url=url, timeout=timeout) as http:
@@ -79,13 +92,13 @@ def clients(url: str, sentences: list[str], n: int, beam: int, timeout: float) -
                     return
                 t0 = time.perf_counter()
                 try:
-                    r = http.post("/api/translate", json={"texts": [sentences[i]], "beam": beam})
+                    r = http.post("/api/translate", json={"texts": requests[i], "beam": beam})
                     r.raise_for_status()
-                    answers[i] = r.json()["results"][0]["hypotheses"][0]["text"]
+                    answers[i] = [x["hypotheses"][0]["text"] for x in r.json()["results"]]
                 except (httpx.HTTPError, KeyError, ValueError) as e:
                     errors.append(f"{i}: {type(e).__name__}: {e}")
                     continue
-                latencies.append(time.perf_counter() - t0)
+                latencies[i] = time.perf_counter() - t0
 
     threads = [threading.Thread(target=client) for _ in range(n)]
     t0 = time.perf_counter()
@@ -94,91 +107,138 @@ def clients(url: str, sentences: list[str], n: int, beam: int, timeout: float) -
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    q = statistics.quantiles(latencies, n=20) if len(latencies) > 1 else latencies * 19
-    return {"seconds": round(wall, 3), "sentences_per_s": round(len(latencies) / wall, 2),
-            "answered": len(latencies), "errors": errors[:10], "n_errors": len(errors),
-            "p50_ms": round(1000 * statistics.median(latencies), 1), "p95_ms": round(1000 * q[18], 1),
-            "answers": answers}
+    done = [x for x in latencies if x is not None]
+    sentences = sum(len(r) for r, x in zip(requests, latencies, strict=True) if x is not None)
+    return {"seconds": round(wall, 3), "sentences_per_s": round(sentences / wall, 2), "answered": len(done),
+            "requests": len(requests), "n_errors": len(errors), "errors": errors[:10], **percentiles(done),
+            "latencies": latencies, "answers": answers}
 
 
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     model, cfg, tok = load_model(args.checkpoint, "cpu")
     sentences = read_lines(args.src)[: args.sentences]
-    single = sentences[: args.single]
+    single, big = sentences[: args.single], sentences[: args.big]
     dcfg = replace(cfg.decode, beam_size=args.beam, nbest=1)
-    port = free_port()
-    server = start_server(args, port)
-    url = f"http://127.0.0.1:{port}"
+    servers = {"server": start_server(args.checkpoint, args.threads)}
+    if args.baseline:
+        servers["baseline"] = start_server(args.baseline_checkpoint or args.checkpoint, args.threads, args.baseline)
+    offline_text = [n[0].text for n in translate_nbest(model, tok, sentences, dcfg)]  # warm-up, and the reference
+    for _, url in servers.values():
+        clients(url, [[s] for s in sentences[:64]], 8, args.beam, args.timeout)
+    runs: dict[str, dict] = {}
+
+    def offline(batch: int, texts: list[str]) -> dict:
+        """translate_nbest at batch size `batch`; at batch 1 each sentence is timed (its latency)."""
+        t0, latencies, out = time.perf_counter(), [], []
+        if batch == 1:
+            for s in texts:
+                t1 = time.perf_counter()
+                out += [n[0].text for n in translate_nbest(model, tok, [s], replace(dcfg, batch_size=1))]
+                latencies.append(time.perf_counter() - t1)
+        else:
+            out = [n[0].text for n in translate_nbest(model, tok, texts, replace(dcfg, batch_size=batch))]
+        wall = time.perf_counter() - t0
+        return {"seconds": round(wall, 3), "sentences_per_s": round(len(texts) / wall, 2),
+                **(percentiles(latencies) if latencies else {}), "answers": out}
+
+    def mixed(url: str) -> dict:
+        """One request of the big sentences among 8 single-sentence clients sending the others."""
+        box: dict = {}
+        t = threading.Thread(target=lambda: box.update(clients(url, [big], 1, args.beam, args.timeout)))
+        t.start()
+        small = clients(url, [[s] for s in sentences[args.big:]], 8, args.beam, args.timeout)
+        t.join()
+        return {"big_seconds": box["seconds"], "big_errors": box["n_errors"], "small": small,
+                "seconds": max(box["seconds"], small["seconds"])}
+
+    def one(name: str) -> float:
+        before = load1()
+        kind, _, n = name.partition("-")
+        url = servers["baseline" if kind == "baseline" else "server"][1]
+        if kind == "offline":
+            runs[name] = offline(len(big) if n == "big" else int(n), big if n == "big" else
+                                 single if n == "1" else sentences)
+        elif kind == "mixed":
+            runs[name] = mixed(url)
+        elif n == "big":
+            runs[name] = clients(url, [big], 1, args.beam, args.timeout)
+        else:
+            served = httpx.get(f"{url}/api/info").json()["served"]
+            runs[name] = clients(url, [[s] for s in (single if n == "1" else sentences)], int(n), args.beam,
+                                 args.timeout)
+            after = httpx.get(f"{url}/api/info").json()["served"]
+            runs[name]["mean_batch"] = round((after["sentences"] - served["sentences"])
+                                             / max(1, after["batches"] - served["batches"]), 2)
+        runs[name]["loadavg_1min"] = [before, load1()]
+        return runs[name]["seconds"]
+
+    names = ([f"server-{n}" for n in args.clients] + [f"offline-{n}" for n in args.clients]
+             + ["mixed", "server-big", "offline-big"] + (["baseline-8"] if args.baseline else []))
     rounds: list[dict] = []
+
+    def end_of_round(name: str, r: int, seconds: float) -> None:
+        if len(runs) < len(names):
+            return
+        for key, result in runs.items():
+            answers = result.pop("answers", None)
+            result.pop("latencies", None)
+            if answers is not None and key.endswith(("-8", "-32")):
+                flat = [a[0] if isinstance(a, list) else a for a in answers]
+                result["same_text_as_offline"] = sum(a == b for a, b in zip(flat, offline_text, strict=True))
+        rounds.append(dict(runs))
+        runs.clear()
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v.get('sentences_per_s', v['seconds'])}"
+                                            for k, v in rounds[-1].items()), file=sys.stderr)
+
     try:
-        clients(url, sentences[:64], args.clients, args.beam, args.timeout)  # warm-up both sides
-        translate_nbest(model, tok, sentences[:64], dcfg)
-        runs: dict[str, dict] = {}
-        batch: list[str] = []
-
-        def one(name: str) -> float:
-            """One timed run of `name` into runs[name]; its wall-clock seconds."""
-            before = load1()
-            if name == "batch":
-                t0 = time.perf_counter()
-                batch[:] = [n[0].text for n in translate_nbest(model, tok, sentences, dcfg)]
-                wall = time.perf_counter() - t0
-                runs[name] = {"seconds": round(wall, 3), "sentences_per_s": round(len(sentences) / wall, 2)}
-            else:
-                n, texts = (args.clients, sentences) if name == "server" else (1, single)
-                served = httpx.get(f"{url}/api/info").json()["served"]
-                runs[name] = clients(url, texts, n, args.beam, args.timeout)
-                after = httpx.get(f"{url}/api/info").json()["served"]
-                runs[name]["mean_batch"] = round((after["sentences"] - served["sentences"])
-                                                 / max(1, after["batches"] - served["batches"]), 2)
-            runs[name]["loadavg_1min"] = [before, load1()]
-            return runs[name]["seconds"]
-
-        def end_of_round(name: str, r: int, seconds: float) -> None:
-            if len(runs) < 3:
-                return
-            answers = runs["server"].pop("answers")
-            runs["single"].pop("answers")
-            runs["server"]["same_text_as_batch"] = sum(a == b for a, b in zip(answers, batch, strict=True))
-            rounds.append(dict(runs))
-            runs.clear()
-            print(f"round {r + 1}: " + ", ".join(f"{k} {v['sentences_per_s']} sent/s" for k, v in rounds[-1].items()),
-                  file=sys.stderr)
-
-        # the three take turns, each first in one round of three (measure.timing's rotating rounds)
-        alternate({name: functools.partial(one, name) for name in ("server", "single", "batch")}, args.rounds,
-                  after=end_of_round)
+        alternate({name: functools.partial(one, name) for name in names}, args.rounds, after=end_of_round)
     finally:
-        server.terminate()
-        try:
-            server.wait(15)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        for server, _ in servers.values():
+            server.terminate()
+            try:
+                server.wait(15)
+            except subprocess.TimeoutExpired:
+                server.kill()
     return summary(args, rounds, len(sentences))
 
 
 def summary(args: argparse.Namespace, rounds: list[dict], n_sentences: int) -> dict:
-    def med(name: str, key: str) -> float:
-        return round(statistics.median(r[name][key] for r in rounds), 2)
+    def med(name: str, key: str, sub: str | None = None) -> float:
+        return round(statistics.median((r[name][sub] if sub else r[name])[key] for r in rounds), 2)
 
-    server, batch = med("server", "sentences_per_s"), med("batch", "sentences_per_s")
-    return {
+    out: dict = {
         "command": "python scripts/serve_load.py --checkpoint CHECKPOINT --src SRC " + " ".join(
-            f"--{k} {getattr(args, k)}" for k in ("sentences", "single", "clients", "beam", "rounds", "threads",
-                                                   "timeout")),
+            f"--{k} {getattr(args, k)}" for k in ("sentences", "single", "big", "beam", "rounds", "threads",
+                                                   "timeout")) + " --clients " + " ".join(map(str, args.clients)),
         "checkpoint": Path(args.checkpoint).name, "src": Path(args.src).name, "sentences": n_sentences,
-        "beam": args.beam, "clients": args.clients, "rounds": args.rounds, "timeout_s": args.timeout,
-        "server_sentences_per_s": server, "batch_sentences_per_s": batch, "ratio": round(server / batch, 3),
-        "server_p50_ms": med("server", "p50_ms"), "server_p95_ms": med("server", "p95_ms"),
-        "server_mean_batch": med("server", "mean_batch"),
-        "single_client_p50_ms": med("single", "p50_ms"), "single_client_p95_ms": med("single", "p95_ms"),
-        "single_client_sentences": args.single,
-        "all_answered": all(r[k]["answered"] == (n_sentences if k == "server" else args.single) and
-                            not r[k]["n_errors"] for r in rounds for k in ("server", "single")),
-        "loadavg_1min": sorted({x for r in rounds for v in r.values() for x in v["loadavg_1min"]}),
-        "machine": machine(torch.device("cpu")), "rounds_detail": rounds,
+        "single_sentences": args.single, "big_request": args.big, "beam": args.beam, "rounds": args.rounds,
+        "threads": args.threads, "timeout_s": args.timeout,
     }
+    for n in args.clients:
+        server, offline = med(f"server-{n}", "sentences_per_s"), med(f"offline-{n}", "sentences_per_s")
+        out[f"clients_{n}"] = {"server_sentences_per_s": server, "offline_sentences_per_s": offline,
+                               "ratio": round(server / offline, 3), "p50_ms": med(f"server-{n}", "p50_ms"),
+                               "p95_ms": med(f"server-{n}", "p95_ms"), "mean_batch": med(f"server-{n}", "mean_batch")}
+    if 1 in args.clients:
+        out["clients_1"]["offline_p50_ms"] = med("offline-1", "p50_ms")
+        out["clients_1"]["p50_vs_offline"] = round(out["clients_1"]["p50_ms"] / out["clients_1"]["offline_p50_ms"], 3)
+    big, offline_big = med("server-big", "seconds"), med("offline-big", "seconds")
+    out["big_alone"] = {"server_seconds": big, "offline_seconds": offline_big, "ratio": round(big / offline_big, 3)}
+    out["mixed"] = {"big_seconds": med("mixed", "big_seconds"), "small_p50_ms": med("mixed", "p50_ms", "small"),
+                    "small_p95_ms": med("mixed", "p95_ms", "small"),
+                    "small_sentences_per_s": med("mixed", "sentences_per_s", "small")}
+    if args.baseline:
+        base = med("baseline-8", "sentences_per_s")
+        out["baseline_8"] = {"server_sentences_per_s": base, "p50_ms": med("baseline-8", "p50_ms"),
+                             "p95_ms": med("baseline-8", "p95_ms"),
+                             "speedup": round(out["clients_8"]["server_sentences_per_s"] / base, 3)}
+    out["all_answered"] = all(
+        v.get("n_errors", 0) == 0 and v.get("big_errors", 0) == 0 and v.get("answered", 1) == v.get("requests", 1)
+        and v.get("small", {}).get("n_errors", 0) == 0 for r in rounds for v in r.values())
+    out["loadavg_1min"] = sorted({x for r in rounds for v in r.values() for x in v["loadavg_1min"]})
+    out["machine"], out["rounds_detail"] = machine(torch.device("cpu")), rounds
+    return out
 
 
 def main() -> None:
@@ -186,21 +246,28 @@ def main() -> None:
     p.add_argument("--checkpoint", type=Path, required=True)
     p.add_argument("--src", type=Path, required=True, help="one sentence a line, e.g. test2016.de")
     p.add_argument("--sentences", type=int, default=1000, help="the first N lines")
-    p.add_argument("--single", type=int, default=200, help="sentences for the one-client latency run")
-    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--single", type=int, default=200, help="sentences for the one-client and batch-1 runs")
+    p.add_argument("--big", type=int, default=64, help="sentences of the one big request")
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--beam", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads, both sides")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    p.add_argument("--baseline", type=Path, help="another checkout whose server is measured with 8 clients")
+    p.add_argument("--baseline-checkpoint", type=Path, help="the checkpoint for it (default: --checkpoint)")
     p.add_argument("--out-json", type=Path)
     args = p.parse_args()
+    if 8 not in args.clients and args.baseline:
+        p.error("--baseline is compared at 8 clients: include 8 in --clients")
     report = run(args)
-    print(f"{report['clients']} clients: {report['server_sentences_per_s']} sentences/s "
-          f"(p50 {report['server_p50_ms']} ms, p95 {report['server_p95_ms']} ms, mean batch "
-          f"{report['server_mean_batch']}); batch translate "
-          f"{report['batch_sentences_per_s']} sentences/s; ratio {report['ratio']}; one client: "
-          f"p50 {report['single_client_p50_ms']} ms, p95 {report['single_client_p95_ms']} ms; "
-          f"all answered: {report['all_answered']}; load average {report['loadavg_1min']}")
+    for n in args.clients:
+        c = report[f"clients_{n}"]
+        print(f"{n} clients: {c['server_sentences_per_s']} sentences/s (p50 {c['p50_ms']} ms, p95 {c['p95_ms']} ms, "
+              f"mean batch {c['mean_batch']}); offline batch {n}: {c['offline_sentences_per_s']}; ratio {c['ratio']}")
+    print(f"{args.big} sentences in one request: {report['big_alone']}; mixed: {report['mixed']}")
+    if args.baseline:
+        print(f"baseline server, 8 clients: {report['baseline_8']}")
+    print(f"all answered: {report['all_answered']}; load average {report['loadavg_1min']}")
     if args.out_json:
         args.out_json.parent.mkdir(parents=True, exist_ok=True)
         args.out_json.write_text(json.dumps(report, indent=2) + "\n")
