@@ -2,9 +2,11 @@
 
     api.py      request/response models, limits, errors that name the field
     guards.py   ASGI middleware: Host allow-list, body limit and body read timeout
-    batcher.py  dynamic batching: one model worker thread, fair batches from every waiting request, a bounded queue
+    batcher.py  the bounded job queue and one model worker thread; whole model calls (exports, RNN checkpoints)
+    scheduler.py  continuous batching (Transformer checkpoints): requests join and leave at every decoder step
     engine.py   the model (a checkpoint or an export folder): translate, attention maps, explain, facts
-    app.py      the FastAPI app: page, /api/translate, /api/attention, /api/explain, /api/info
+    app.py      the FastAPI app: page, /api/translate (JSON or streamed events), /api/attention, /api/explain,
+                /api/info
     server.py   uvicorn: our own socket, header and answer timeouts, no body read after a refusal, a quick Ctrl-C
 
 May import config, checkpoint, device, data, models, decoding, export and analysis; never training or measure.

@@ -1,4 +1,8 @@
-"""Dynamic batching: one worker thread owns the model; requests from many clients share its batches.
+"""The job queue in front of the one thread that owns the model, and batching in whole model calls.
+
+`JobQueue` is what both ways of batching share: a bounded queue of jobs, held answers, stop. `Batcher`
+(export folders, RNN checkpoints) decodes in whole calls, as below; serve/scheduler.py's `Scheduler`
+(Transformer checkpoints) lets sentences join and leave at every decoder step.
 
 Each request becomes a `Job` with a `concurrent.futures.Future`. Jobs with the same decoding settings
 (`key`) form a group; all attention jobs (key None) form one. The worker serves the groups in turn:

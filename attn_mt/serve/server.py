@@ -1,10 +1,11 @@
 """Running the app under uvicorn: our own listening socket, header and answer timeouts, and a quick Ctrl-C.
 
 - `listen(host, port)` binds before anything is printed, so a busy port is one error line.
-- `Timeouts` sends without delay (TCP_NODELAY), and closes a connection whose request headers are not complete within the limit (uvicorn
-  times out only idle keep-alive connections, and every byte received restarts that clock), one whose
-  client takes no part of its answer within the limit, and one answered before its body was read whole
-  (uvicorn would go on reading and discarding that body for as long as the client sends it).
+- `Timeouts` sends without delay (TCP_NODELAY), and closes a connection whose request headers are not
+  complete within the limit (uvicorn times out only idle keep-alive connections, and every byte received
+  restarts that clock), one whose client takes no part of its answer within the limit, and one answered
+  before its body was read whole (uvicorn would go on reading and discarding that body for as long as the
+  client sends it).
 - `make_server` stops the model worker at the first SIGINT/SIGTERM: the running call ends at its next
   decoder step and queued requests are answered 503, so the server exits within a few seconds.
 """
