@@ -71,6 +71,15 @@ class Job:
             pass
 
 
+def _tell(job: Job, i: int, kind: str, value: Any) -> None:
+    """Progress to a job's watcher; one that fails (its event loop closed) is told nothing more."""
+    try:
+        job.watch(i, kind, value)
+    except Exception:  # noqa: BLE001 - the worker must outlive any watcher
+        log.exception("a job's watcher failed")
+        job.watch = None
+
+
 class JobQueue:
     """A bounded queue of jobs in front of one worker thread, the only one that calls the model; subclasses
     say how the worker takes jobs (`_work`): `Batcher` in whole model calls, serve/scheduler.py's `Scheduler`
@@ -239,7 +248,7 @@ class Batcher(JobQueue):
         for (job, i), result in zip(picks, results, strict=True):
             job.results[i] = result
             if job.watch is not None and key is not None:
-                job.watch(i, "done", result)
+                _tell(job, i, "done", result)
             if key is None:
                 job.settle(result)
             elif len(job.results) == len(job.items):

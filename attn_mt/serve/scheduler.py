@@ -27,7 +27,7 @@ import logging
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
-from .batcher import Job, JobQueue, Stopping
+from .batcher import Job, JobQueue, Stopping, _tell
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class Scheduler(JobQueue):
         for event in events:
             job, i = event.tag
             if job.watch is not None:
-                job.watch(i, event.kind, event.value)
+                _tell(job, i, event.kind, event.value)
             if event.kind != "done":
                 continue
             job.results[i] = event.value

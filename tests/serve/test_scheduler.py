@@ -163,3 +163,14 @@ def test_the_queue_is_bounded_and_stop_fails_the_waiting_and_the_running():
             f.result(5)
     assert time.monotonic() - start < 1 and not s._thread.is_alive()
     assert not any(what == "add" and "w" in names for what, _, names in log)
+
+
+def test_a_watcher_that_fails_is_dropped_and_the_worker_goes_on():
+    log = []
+    s = scheduler(log)
+
+    def broken(i, kind, value):
+        raise RuntimeError("event loop is closed")
+
+    assert s.submit("k", [("x", 3)], watch=broken).result(5) == ["x"]  # answered all the same
+    assert s.submit("k", [("y", 2)]).result(5) == ["y"] and s._thread.is_alive()
