@@ -168,8 +168,8 @@ def run(args: argparse.Namespace) -> dict:
             runs[name] = clients(url, [[s] for s in (single if n == "1" else sentences)], int(n), args.beam,
                                  args.timeout)
             after = httpx.get(f"{url}/api/info").json()["served"]
-            runs[name]["mean_batch"] = round((after["sentences"] - served["sentences"])
-                                             / max(1, after["batches"] - served["batches"]), 2)
+            rows = after.get("rows", after["sentences"]) - served.get("rows", served["sentences"])  # older servers
+            runs[name]["mean_batch"] = round(rows / max(1, after["batches"] - served["batches"]), 2)
         runs[name]["loadavg_1min"] = [before, load1()]
         return runs[name]["seconds"]
 

@@ -124,10 +124,10 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
     def info() -> dict:
         """What was loaded (`model`: checkpoint or export), architecture, parameters, vocabulary, training step,
         validation BLEU, decoding defaults, limits, allowed hosts; `served`: model calls so far (decoder steps,
-        for a checkpoint: requests join and leave between them), the sentences they decoded, the mean
-        sentences per call, and the requests waiting now."""
+        for a checkpoint: requests join and leave between them), the sentences they decoded, `rows`: the
+        sentences in each call, summed (rows / batches is the mean batch), and the requests waiting now."""
         return {**facts, "served": {"batches": batcher.batches, "sentences": batcher.items,
-                                    "mean_batch": round(batcher.mean_batch, 2), "waiting": len(batcher.pending)}}
+                                    "rows": batcher.rows, "waiting": len(batcher.pending)}}
 
     return app
 

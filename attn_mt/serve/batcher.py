@@ -167,9 +167,14 @@ class Batcher(JobQueue):
         self._running: list[Job] = []
 
     @property
+    def rows(self) -> int:
+        """Sentences decoded, summed over the model calls (each is in one call)."""
+        return self.items
+
+    @property
     def mean_batch(self) -> float:
         """Sentences per model call so far."""
-        return self.items / self.batches if self.batches else 0.0
+        return self.rows / self.batches if self.batches else 0.0
 
     def check(self) -> None:
         """Called by the model at each decoder step: raise Abandoned if nobody waits for this call."""

@@ -59,7 +59,7 @@ class Scheduler(JobQueue):
                  max_batch: int = 64, max_batch_work: int = 1 << 62, max_queue: int = 64) -> None:
         super().__init__(run_one, max_queue)
         self.open_batch, self.max_batch, self.max_batch_work = open_batch, max_batch, max_batch_work
-        self.steps = self.rows = 0  # decoder steps, and the sentences they decoded (their sum over steps)
+        self.steps = self.rows = 0  # decoder steps; the sentences of every call, summed
         self._batches: dict[Hashable, Running] = {}
         self._live: dict[Job, set[int]] = {}  # job -> its items in a running batch
         self._work_units = 0
@@ -69,8 +69,8 @@ class Scheduler(JobQueue):
 
     @property
     def mean_batch(self) -> float:
-        """Sentences per decoder step so far."""
-        return self.rows / self.steps if self.steps else 0.0
+        """Sentences per model call (decoder step, or attention job) so far."""
+        return self.rows / self.batches if self.batches else 0.0
 
     def _work(self) -> None:
         while not self._stopping:
@@ -125,6 +125,7 @@ class Scheduler(JobQueue):
 
     def _run_one(self, job: Job) -> None:
         self.batches += 1
+        self.rows += 1
         try:
             job.settle(self.run_one(job.items[0]))
         except Exception as e:  # noqa: BLE001 - the worker must outlive any request

@@ -411,7 +411,7 @@ def test_concurrent_clients_share_batches(ckpt):
         batcher = app.state.batcher
         assert batcher.mean_batch > 1.5  # decoder steps ran several clients' sentences together
         assert c.get("/api/info").json()["served"] == {"batches": batcher.batches, "sentences": 16,
-                                                        "mean_batch": round(batcher.mean_batch, 2), "waiting": 0}
+                                                        "rows": batcher.rows, "waiting": 0}
 
 
 def test_a_client_that_disconnects_costs_nothing(ckpt):
