@@ -6,7 +6,7 @@ Starts `attn-mt serve` on 127.0.0.1 (a free port), then takes turns, round after
     `attn-mt translate --batch-size N` does; offline-1 times each sentence, for its latency);
   - mixed: one request of --big sentences among 8 single-sentence clients (its latency, and theirs);
   - big: that request alone, and offline-big: those sentences translated offline in one batch;
-  - baseline-8 (with --baseline CHECKOUT): the same 8 clients against the server of another checkout
+  - baseline<i>-8 (each --baseline CHECKOUT): the same 8 clients against the server of another checkout
     (a git worktree of an older commit), started the same way, with --baseline-checkpoint.
 Server-1 and offline-1 use the first --single sentences, the rest all --sentences. Every request has a
 timeout and the request count is fixed; errors are counted. Medians over the rounds; the background
@@ -121,8 +121,8 @@ def run(args: argparse.Namespace) -> dict:
     single, big = sentences[: args.single], sentences[: args.big]
     dcfg = replace(cfg.decode, beam_size=args.beam, nbest=1)
     servers = {"server": start_server(args.checkpoint, args.threads)}
-    if args.baseline:
-        servers["baseline"] = start_server(args.baseline_checkpoint or args.checkpoint, args.threads, args.baseline)
+    for i, checkout in enumerate(args.baseline or [], 1):
+        servers[f"baseline{i}"] = start_server(args.baseline_checkpoint or args.checkpoint, args.threads, checkout)
     offline_text = [n[0].text for n in translate_nbest(model, tok, sentences, dcfg)]  # warm-up, and the reference
     for _, url in servers.values():
         clients(url, [[s] for s in sentences[:64]], 8, args.beam, args.timeout)
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> dict:
     def one(name: str) -> float:
         before = load1()
         kind, _, n = name.partition("-")
-        url = servers["baseline" if kind == "baseline" else "server"][1]
+        url = servers[kind if kind.startswith("baseline") else "server"][1]
         if kind == "offline":
             runs[name] = offline(len(big) if n == "big" else int(n), big if n == "big" else
                                  single if n == "1" else sentences)
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> dict:
         return runs[name]["seconds"]
 
     names = ([f"server-{n}" for n in args.clients] + [f"offline-{n}" for n in args.clients]
-             + ["mixed", "server-big", "offline-big"] + (["baseline-8"] if args.baseline else []))
+             + ["mixed", "server-big", "offline-big"] + [f"{b}-8" for b in servers if b != "server"])
     rounds: list[dict] = []
 
     def end_of_round(name: str, r: int, seconds: float) -> None:
@@ -228,11 +228,12 @@ def summary(args: argparse.Namespace, rounds: list[dict], n_sentences: int) -> d
     out["mixed"] = {"big_seconds": med("mixed", "big_seconds"), "small_p50_ms": med("mixed", "p50_ms", "small"),
                     "small_p95_ms": med("mixed", "p95_ms", "small"),
                     "small_sentences_per_s": med("mixed", "sentences_per_s", "small")}
-    if args.baseline:
-        base = med("baseline-8", "sentences_per_s")
-        out["baseline_8"] = {"server_sentences_per_s": base, "p50_ms": med("baseline-8", "p50_ms"),
-                             "p95_ms": med("baseline-8", "p95_ms"),
-                             "speedup": round(out["clients_8"]["server_sentences_per_s"] / base, 3)}
+    out["baselines_8"] = []
+    for i, checkout in enumerate(args.baseline or [], 1):
+        base = med(f"baseline{i}-8", "sentences_per_s")
+        out["baselines_8"].append({"checkout": Path(checkout).name, "server_sentences_per_s": base,
+                                   "p50_ms": med(f"baseline{i}-8", "p50_ms"), "p95_ms": med(f"baseline{i}-8", "p95_ms"),
+                                   "speedup": round(out["clients_8"]["server_sentences_per_s"] / base, 3)})
     out["all_answered"] = all(
         v.get("n_errors", 0) == 0 and v.get("big_errors", 0) == 0 and v.get("answered", 1) == v.get("requests", 1)
         and v.get("small", {}).get("n_errors", 0) == 0 for r in rounds for v in r.values())
@@ -253,7 +254,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads, both sides")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
-    p.add_argument("--baseline", type=Path, help="another checkout whose server is measured with 8 clients")
+    p.add_argument("--baseline", type=Path, action="append", help="another checkout whose server is measured "
+                                                                  "with 8 clients (may be repeated)")
     p.add_argument("--baseline-checkpoint", type=Path, help="the checkpoint for it (default: --checkpoint)")
     p.add_argument("--out-json", type=Path)
     args = p.parse_args()
@@ -265,8 +267,8 @@ def main() -> None:
         print(f"{n} clients: {c['server_sentences_per_s']} sentences/s (p50 {c['p50_ms']} ms, p95 {c['p95_ms']} ms, "
               f"mean batch {c['mean_batch']}); offline batch {n}: {c['offline_sentences_per_s']}; ratio {c['ratio']}")
     print(f"{args.big} sentences in one request: {report['big_alone']}; mixed: {report['mixed']}")
-    if args.baseline:
-        print(f"baseline server, 8 clients: {report['baseline_8']}")
+    for base in report["baselines_8"]:
+        print(f"baseline server {base['checkout']}, 8 clients: {base}")
     print(f"all answered: {report['all_answered']}; load average {report['loadavg_1min']}")
     if args.out_json:
         args.out_json.parent.mkdir(parents=True, exist_ok=True)
