@@ -5,7 +5,8 @@ n-best; decoding/continuous.py's `RunningBatch` behind the engine) and loops:
 
 1. Jobs whose client left (future cancelled) are dropped: from the queue, and their sentences from the
    running batches, whose rows are free from this step on.
-2. Newcomers are taken from the queue, one sentence of each waiting job in turn (a huge request gets
+2. Newcomers are taken from the queue (at once when nothing decodes, else every `join_every` steps, so
+   that several are encoded together), one sentence of each waiting job in turn (a huge request gets
    one sentence in, then everyone else's), while the running batches together hold fewer than
    `max_batch` sentences and `max_batch_work` units of work (source tokens x beam; a single larger
    sentence joins an empty batch alone). The first sentence that does not fit waits at the head of the
@@ -15,8 +16,9 @@ n-best; decoding/continuous.py's `RunningBatch` behind the engine) and loops:
 4. Every sentence that ended is answered at once (its job when it was the job's last); progress
    (each new token of a greedy sentence, each finished beam hypothesis) goes to the job's `watch`.
 
-So a request waits for at most one decoder step (and at most one attention job) before its first
-sentence is decoded, and a sentence that ends early is answered then, not when its batch ends.
+So a request waits for at most `join_every` decoder steps (and at most one attention job) before its
+first sentence is decoded, when there is room, and a sentence that ends early is answered then, not
+when its batch ends.
 `stop()` (a flag, safe in a signal handler) ends the loop after the current step: every waiting and
 running job fails with `Stopping`.
 """
@@ -53,12 +55,15 @@ class Scheduler(JobQueue):
         max_batch: sentences in the running batches at once.
         max_batch_work: their work units at once (a single larger sentence still runs, alone).
         max_queue: requests waiting or decoding; `submit` raises QueueFull beyond.
+        join_every: while sentences decode, newcomers join every this many steps (an empty batch: at once).
     """
 
     def __init__(self, open_batch: Callable[[Hashable], Running], run_one: Callable[[Any], Any], *,
-                 max_batch: int = 64, max_batch_work: int = 1 << 62, max_queue: int = 64) -> None:
+                 max_batch: int = 64, max_batch_work: int = 1 << 62, max_queue: int = 64, join_every: int = 2,
+                 ) -> None:
         super().__init__(run_one, max_queue)
         self.open_batch, self.max_batch, self.max_batch_work = open_batch, max_batch, max_batch_work
+        self.join_every, self._joined = join_every, -join_every  # the step of the last join
         self.steps = self.rows = 0  # decoder steps; the sentences of every call, summed
         self._batches: dict[Hashable, Running] = {}
         self._live: dict[Job, set[int]] = {}  # job -> its items in a running batch
@@ -100,6 +105,9 @@ class Scheduler(JobQueue):
                     break
                 self._cond.wait(0.1)
             joining: dict[Hashable, list] = {}
+            # newcomers join an empty batch at once, a running one every `join_every` steps: encoding them
+            # together costs much less than one at a time (the encoder's weights are read once a call)
+            admit = not self._live or self.steps - self._joined >= self.join_every
             while self.waiting and not self._stopping:
                 job = self.waiting[0]
                 if job.key is None:
@@ -107,6 +115,8 @@ class Scheduler(JobQueue):
                         break
                     self.waiting.popleft()
                     return job, {}
+                if not admit:
+                    break
                 cost, live = job.costs[job.next], sum(map(len, self._live.values()))
                 if live >= self.max_batch or (live and self._work_units + cost > self.max_batch_work):
                     break  # it waits at the head until rows are free
@@ -118,6 +128,8 @@ class Scheduler(JobQueue):
                 self._live.setdefault(job, set()).add(i)
                 self._work_units += cost
                 self.items += 1
+            if joining:
+                self._joined = self.steps
             return None, joining
 
     def _leave(self, job: Job, items: set[int]) -> None:

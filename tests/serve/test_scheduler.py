@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -118,7 +119,7 @@ def test_settings_take_turns_and_attention_jobs_run_between_steps():
         log.append(("one", None, [item]))
         return item
 
-    s = scheduler(log, run_one=run_one)
+    s = scheduler(log, run_one=run_one, join_every=1)
     a = s.submit("a", [("a", 6)])
     b = s.submit("b", [("b", 6)])
     m = s.submit(None, ["map"])
@@ -174,3 +175,19 @@ def test_a_watcher_that_fails_is_dropped_and_the_worker_goes_on():
 
     assert s.submit("k", [("x", 3)], watch=broken).result(5) == ["x"]  # answered all the same
     assert s.submit("k", [("y", 2)]).result(5) == ["y"] and s._thread.is_alive()
+
+
+def test_newcomers_join_a_running_batch_every_join_every_steps_and_an_empty_one_at_once():
+    log = []
+    s = scheduler(log, join_every=3)
+    assert s.submit("k", [("alone", 2)]).result(5) == ["alone"]
+    assert log[0] == ("add", "k", ["alone"])  # an empty batch: joined at once
+    long = s.submit("k", [("long", 60)])
+    for i in range(12):  # newcomers arriving while the long one decodes
+        s.submit("k", [(f"n{i}", 2)])
+        time.sleep(0.003)
+    assert long.result(5) == ["long"]
+    steps_before = [sum(1 for e in log[:i] if e[0] == "step") for i, e in enumerate(log) if e[0] == "add"]
+    gaps = [b - a for a, b in itertools.pairwise(steps_before[1:])]
+    assert gaps and min(gaps) >= 3  # joins while decoding are 3 steps apart
+    assert max(len(names) for what, _, names in log if what == "add") >= 2  # so newcomers joined together
