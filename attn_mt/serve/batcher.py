@@ -62,6 +62,14 @@ class Job:
     results: dict[int, Any] = field(default_factory=dict)
     next: int = 0  # the first item not yet handed to the model
 
+    def tell(self, i: int, kind: str, value: Any) -> None:
+        """Progress to the watcher; one that fails (its event loop closed) is told nothing more."""
+        try:
+            self.watch(i, kind, value)
+        except Exception:  # noqa: BLE001 - the worker must outlive any watcher
+            log.exception("a job's watcher failed")
+            self.watch = None
+
     def settle(self, result: Any = None, error: BaseException | None = None) -> None:
         if self.future.done():
             return
@@ -69,15 +77,6 @@ class Job:
             self.future.set_exception(error) if error else self.future.set_result(result)
         except InvalidStateError:
             pass
-
-
-def _tell(job: Job, i: int, kind: str, value: Any) -> None:
-    """Progress to a job's watcher; one that fails (its event loop closed) is told nothing more."""
-    try:
-        job.watch(i, kind, value)
-    except Exception:  # noqa: BLE001 - the worker must outlive any watcher
-        log.exception("a job's watcher failed")
-        job.watch = None
 
 
 class JobQueue:
@@ -253,7 +252,7 @@ class Batcher(JobQueue):
         for (job, i), result in zip(picks, results, strict=True):
             job.results[i] = result
             if job.watch is not None and key is not None:
-                _tell(job, i, "done", result)
+                job.tell(i, "done", result)
             if key is None:
                 job.settle(result)
             elif len(job.results) == len(job.items):

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
-from .batcher import Job, JobQueue, Stopping, _tell
+from .batcher import Job, JobQueue, Stopping
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class Scheduler(JobQueue):
         for event in events:
             job, i = event.tag
             if job.watch is not None:
-                _tell(job, i, event.kind, event.value)
+                job.tell(i, event.kind, event.value)
             if event.kind != "done":
                 continue
             job.results[i] = event.value
