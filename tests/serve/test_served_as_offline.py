@@ -1,0 +1,81 @@
+"""Continuous batching under load: 1000 sentences sent by 8 and by 32 concurrent clients get, every one,
+the translation `attn-mt translate` gives them (greedy and beam 5, fp32)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import pytest
+from conftest import serving
+
+from attn_mt.decoding.translator import checkpoint_translator, hypotheses_json
+
+pytest.importorskip("fastapi")  # the serve extra
+httpx = pytest.importorskip("httpx")
+
+from attn_mt.serve import Limits, create_app  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(tiny_run):
+    app = create_app(tiny_run / "checkpoint_best.pt", Limits(max_queue=64), device="cpu")
+    with serving(app) as url:
+        yield app, url
+
+
+def load(url: str, texts: list[str], clients: int, beam: int) -> list[dict]:
+    """The texts in requests of 1 to 4 sentences, sent by `clients` closed-loop clients; the answers in order."""
+    sizes = [1 + (i * 7) % 4 for i in range(len(texts))]
+    chunks, start = [], 0
+    for n in sizes:
+        if start < len(texts):
+            chunks.append(range(start, min(start + n, len(texts))))
+            start += n
+    answers: list = [None] * len(texts)
+    todo = iter(chunks)
+    lock = threading.Lock()
+
+    def client():
+        with httpx.Client(timeout=60) as c:
+            while True:
+                with lock:
+                    chunk = next(todo, None)
+                if chunk is None:
+                    return
+                r = c.post(f"{url}/api/translate", json={"texts": [texts[i] for i in chunk], "beam": beam})
+                for i, result in zip(chunk, r.json()["results"] if r.status_code == 200 else [r.text] * len(chunk),
+                                     strict=True):
+                    answers[i] = result
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return answers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("beam", [1, 5])
+def test_sentences_served_under_load_get_translate_s_translation(server, tiny_run, beam):
+    """A test2016-sized input (1000 sentences), in requests of 1 to 4 sentences, by 8 and by 32 concurrent
+    clients: every answer is what `attn-mt translate` gives for the file (fp32), none differs."""
+    from attn_mt.data.toy import make_toy_corpus
+
+    app, url = server
+    texts = [s for s, _ in make_toy_corpus(1200)["train"][:1000]]
+    translator = checkpoint_translator(tiny_run / "checkpoint_best.pt", "cpu")
+    dcfg = replace(translator.decode, beam_size=beam, nbest=1)
+    want = [{"source": t, "hypotheses": hypotheses_json(n)} for t, n in
+            zip(texts, translator.translate_nbest(texts, dcfg), strict=True)]
+    batcher = app.state.batcher
+    for clients in (8, 32):
+        rows, steps = batcher.rows, batcher.steps
+        got = load(url, texts, clients, beam)
+        assert (batcher.rows - rows) / (batcher.steps - steps) > clients / 2  # clients' sentences share steps
+        differ = [i for i, (a, b) in enumerate(zip(got, want, strict=True))
+                  if not isinstance(a, dict) or a["hypotheses"][0]["text"] != b["hypotheses"][0]["text"]]
+        assert not differ, (clients, len(differ), [(got[i], want[i]) for i in differ[:3]])
+        scores = [(a["hypotheses"][0]["score"], b["hypotheses"][0]["score"]) for a, b in zip(got, want, strict=True)]
+        assert max(abs(a - b) for a, b in scores) <= 2e-4
