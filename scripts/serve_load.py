@@ -186,6 +186,7 @@ def run(args: argparse.Namespace) -> dict:
             after = httpx.get(f"{url}/api/info").json()["served"]
             rows = after.get("rows", after["sentences"]) - served.get("rows", served["sentences"])  # older servers
             runs[name]["mean_batch"] = round(rows / max(1, after["batches"] - served["batches"]), 2)
+            runs[name]["calls_per_s"] = round((after["batches"] - served["batches"]) / runs[name]["seconds"], 1)
         runs[name]["loadavg_1min"] = [before, load1()]
         return runs[name]["seconds"]
 
@@ -199,6 +200,9 @@ def run(args: argparse.Namespace) -> dict:
         for key, result in runs.items():
             answers = result.pop("answers", None)
             result.pop("latencies", None)
+            for part in ("small",):  # the mixed run's single-sentence clients
+                if part in result:
+                    result[part].pop("answers", None), result[part].pop("latencies", None)
             if answers is not None and key.endswith(("-8", "-32")):
                 flat = [a[0] if isinstance(a, list) else a for a in answers]
                 result["same_text_as_offline"] = sum(a == b for a, b in zip(flat, offline_text, strict=True))
