@@ -199,6 +199,7 @@ def test_the_cards_config_names_no_path_of_this_machine():
     assert (data["dir"], data["cache_dir"]) == ("/path/to/multi30k", "/path/to/cache")
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch: 2-3 s
 def test_the_transformers_exporter_does_not_load_the_ctranslate2_exporter():
     """Both exporters share checkpoint_reader.py; neither needs the other's module."""
     import subprocess
