@@ -10,7 +10,9 @@ from typing import Annotated
 
 import typer
 from typer import Argument, Option
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
+
+from attn_mt.training.memory import reuse_freed_memory  # torch-free, like everything imported up here
 
 
 class _GlobalOptionsAnywhere(TyperGroup):
@@ -26,26 +28,22 @@ class _GlobalOptionsAnywhere(TyperGroup):
 
 app = typer.Typer(cls=_GlobalOptionsAnywhere, add_completion=False, no_args_is_help=True,
                   pretty_exceptions_enable=False, help="Train, run and measure Transformer translation models.")
-_debug = False
 
 
 @app.callback()
-def main(debug: Annotated[bool, Option(help="Show tracebacks on errors.")] = False,
+def main(debug: Annotated[bool, Option(help="Show tracebacks on errors.")] = False,  # read by _Verb.invoke
          quiet: Annotated[bool, Option(help="Only warnings and errors on stderr.")] = False) -> None:
-    global _debug
-    _debug = debug
-    from attn_mt.training.memory import reuse_freed_memory
-
     reuse_freed_memory()  # ~20-30% faster CPU training steps (attn_mt/training/memory.py)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s",
                         stream=sys.stderr, force=True)
 
 
-def _user_errors(fn):
-    """Known failures end in one line on stderr and exit status 2 (config), 130 (Ctrl-C) or 1 (the rest)."""
+class _Verb(TyperCommand):
+    """A subcommand whose known failures end in one line on stderr and exit status 2 (config), 130 (Ctrl-C)
+    or 1 (the rest); with --debug they end in their traceback."""
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def invoke(self, ctx):
+        from attn_mt.analysis.explain import ExplainError
         from attn_mt.checkpoint import CheckpointError
         from attn_mt.config.yamlconf import ConfigError, OptionError
         from attn_mt.data.download import DownloadError
@@ -55,11 +53,14 @@ def _user_errors(fn):
 
         known = (ConfigError, DataError, CheckpointError, TrainError, DownloadError, DeviceError)
         try:
-            return fn(*args, **kwargs)
+            return super().invoke(ctx)
         except OptionError as e:  # a flag's value: usage, one line naming the flag, status 2
-            raise typer.BadParameter(str(e), param_hint=e.option) from None
+            raise typer.BadParameter(str(e), ctx=ctx, param_hint=e.option) from None
+        except ExplainError as e:  # a value only the model can check (its layers, heads, tokens): status 2
+            typer.echo(f"error: {'TEXT' if e.field == 'text' else '--' + e.field}: {e.message}", err=True)
+            raise typer.Exit(2) from None
         except (*known, KeyboardInterrupt, OSError) as e:
-            if _debug:
+            if ctx.find_root().params["debug"]:
                 raise
             if isinstance(e, known):
                 kind = {ConfigError: "config error", TrainInterrupted: "interrupted"}.get(type(e), "error")
@@ -71,18 +72,14 @@ def _user_errors(fn):
             typer.echo(line, err=True)
             raise typer.Exit(status) from None
 
-    return wrapper
+
+_verb = functools.partial(app.command, cls=_Verb)  # @_verb(): a subcommand of `attn-mt`
 
 
-def _verb(name: str | None = None):
-    """A subcommand of `attn-mt`, its known errors ending in one line (`_user_errors`)."""
-    return lambda fn: app.command(name)(_user_errors(fn))
-
-
-# options and arguments that several verbs share
 ConfigOpt = Annotated[Path, Option("--config", "-c", help="YAML experiment config.")]
 SetOpt = Annotated[list[str] | None, Option("--set", help="Override a key: section.key=value.")]
 CkptOpt = Annotated[Path, Option("--checkpoint", help="A checkpoint written by `attn-mt train`.")]
+ModelOpt = Annotated[Path, Option("--checkpoint", help="A checkpoint, or a folder written by `attn-mt export`.")]
 DeviceOpt = Annotated[str, Option(help="cpu, cuda, mps or auto.")]
 _CKPT = "(default: the checkpoint's decode section)"
 BeamOpt = Annotated[int | None, Option("--beam", help=f"Beam size; 1 is greedy {_CKPT}.")]
@@ -114,7 +111,7 @@ def train(config: ConfigOpt, overrides: SetOpt = None,
 
 
 @_verb()
-def translate(checkpoint: CkptOpt,
+def translate(checkpoint: ModelOpt,
               texts: Annotated[list[str] | None, Argument(help="Sentences to translate.")] = None,
               input: Annotated[Path | None, Option("--input", "-i", help="Input file.")] = None,
               beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None, device: DeviceOpt = "auto",
@@ -124,8 +121,8 @@ def translate(checkpoint: CkptOpt,
                                                   "inputs go in pieces of 1000).")] = False) -> None:
     """Translate text from arguments, --input FILE or stdin, in input order, one result per line.
 
-    A terminal on stdin gets a prompt, and each line is translated as it is entered. --checkpoint may
-    also be a directory written by `attn-mt export`, which decodes with CTranslate2."""
+    A terminal on stdin gets a prompt, and each line is translated as it is entered. An export folder
+    (--checkpoint) decodes with CTranslate2."""
     if fmt not in ("text", "jsonl"):
         raise typer.BadParameter(f"{fmt!r} is not one of 'text', 'jsonl'", param_hint="--format")
     from attn_mt.data.sources import input_lines
@@ -141,7 +138,7 @@ def translate(checkpoint: CkptOpt,
 
 
 @_verb()
-def evaluate(checkpoint: CkptOpt, src: SrcOpt, ref: RefOpt,
+def evaluate(checkpoint: ModelOpt, src: SrcOpt, ref: RefOpt,
              beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None, device: DeviceOpt = "auto",
              as_json: Annotated[bool, Option("--json", help="Print JSON.")] = False) -> None:
     """Translate --src and score it against --ref with sacrebleu BLEU and chrF (--checkpoint: file or export)."""
@@ -161,8 +158,7 @@ def evaluate(checkpoint: CkptOpt, src: SrcOpt, ref: RefOpt,
 @_verb()
 def average(checkpoints: Annotated[list[Path], Argument(help="Checkpoints of one run, e.g. RUN/checkpoint_step*.pt.")],
             out: Annotated[Path, Option(help="Where to write the averaged checkpoint.")],
-            force: Annotated[bool, Option(help="Average checkpoints of different runs (other config or seed) "
-                                               "too.")] = False) -> None:
+            force: Annotated[bool, Option(help="Also average checkpoints of different runs.")] = False) -> None:
     """Average the weights of several checkpoints of one run into one checkpoint for translate/evaluate."""
     from attn_mt.training.rundir import average_files
 
@@ -176,8 +172,7 @@ def download(dataset: Annotated[str, Argument(help="Dataset name: multi30k.")] =
     """Fetch a corpus (Hugging Face hub, else its original URL) into line-aligned text files."""
     from attn_mt.data.download import download as run_download
 
-    for path in run_download(dataset, out):
-        typer.echo(str(path))
+    typer.echo("\n".join(map(str, run_download(dataset, out))))
 
 
 @_verb()
@@ -201,28 +196,19 @@ def explain(checkpoint: CkptOpt, text: TextArg,
             json_out: JsonOpt = None, device: DeviceOpt = "auto") -> None:
     """One head's attention for one query token, step by step (Q, K, V; scores; scaled; mask and softmax;
     values; W_o), recomputed from the model's weights and checked against its own output."""
-    from attn_mt.analysis.explain import ExplainError, explain_checkpoint, render
+    from attn_mt.analysis.explain import explain_checkpoint, render
 
-    try:
-        result = explain_checkpoint(checkpoint, text, kind=kind, layer=layer, head=head, token=token, beam=beam,
-                                    device=device)
-    except ExplainError as e:
-        typer.echo(f"error: {'TEXT' if e.field == 'text' else '--' + e.field}: {e.message}", err=True)
-        raise typer.Exit(2) from None
-    if json_out:
-        json_out.write_text(result.to_json() + "\n", encoding="utf-8")
-    typer.echo(render(result))
+    typer.echo(render(explain_checkpoint(checkpoint, text, kind=kind, layer=layer, head=head, token=token,
+                                         beam=beam, device=device, json_out=json_out)))
 
 
 @_verb()
-def serve(checkpoint: Annotated[Path, Option("--checkpoint", help="A checkpoint written by `attn-mt train`, or a "
-                                                                 "folder written by `attn-mt export`.")],
+def serve(checkpoint: ModelOpt,
           host: Annotated[str, Option(help="Interface to bind; any other than 127.0.0.1 exposes the server to the "
                                            "network.")] = "127.0.0.1",
           port: Annotated[int, Option(min=1, max=65535)] = 8000, device: DeviceOpt = "auto",
-          allow_host: Annotated[list[str] | None, Option(help="Also answer requests whose Host header names this "
-                                                              "(repeatable); loopback names and --host always "
-                                                              "are.")] = None,
+          allow_host: Annotated[list[str] | None, Option(help="Also answer this Host header (repeatable); loopback "
+                                                              "names and --host always are answered.")] = None,
           max_texts: Annotated[int, Option(min=1, help="Most sentences per request.")] = 64,
           max_chars: Annotated[int, Option(min=1, help="Most characters per request.")] = 10_000,
           max_work: Annotated[int, Option(min=1, help="Most source subwords x beam per request.")] = 20_000,
@@ -296,9 +282,7 @@ def bench(config: ConfigOpt, overrides: SetOpt = None, json_out: JsonOpt = None,
     from attn_mt.measure.bench import format_report, run_bench
 
     result = run_bench(load_config(config, overrides or []), checkpoint=checkpoint, repeats=repeats,
-                       steps=steps, compile=compiled, sentences=sentences)
-    if json_out:
-        json_out.write_text(json.dumps(result, indent=2) + "\n")
+                       steps=steps, compile=compiled, sentences=sentences, json_out=json_out)
     typer.echo(format_report(result))
 
 
