@@ -51,7 +51,12 @@ def steps(data: Path, out: Path, dry: bool) -> dict[str, tuple[list[str], int]]:
                                                      "compare.decode_repeats=1", "compare.beam_size=2",
                                                      "decode.beam_size=2", "decode.max_len_b=4",
                                                      "train.device=cpu", "train.precision=fp32",
-                                                     "data.toy_size=300", "tokenizer.vocab_size=120"])], 300),
+                                                     "data.toy_size=300", "tokenizer.vocab_size=120",
+                                                     "train.bleu_sentences=5", "train.batch_tokens=500",
+                                                     "transformer.model.d_model=32", "transformer.model.n_heads=2",
+                                                     "transformer.model.n_layers=1", "transformer.model.d_ff=64",
+                                                     "rnn.model.d_embed=32", "rnn.model.d_hidden=24",
+                                                     "rnn.model.d_attn=32"])], 300),
             "train": ([*cli, "train", "--config", "configs/toy.yaml", "--out", str(out / "run"),
                        *sets([*tiny, *model, "train.max_steps=4", "train.batch_tokens=600"])], 300),
         }

@@ -72,8 +72,9 @@ def multi30k() -> Path:
     return MULTI30K
 
 
-def cli(*args, input: str | bytes | None = None):
-    """Run the CLI in this process with --quiet (no 2-second start): click's Result, stderr only the error line."""
+def cli(*args, input: str | bytes | None = None, quiet: bool = True):
+    """Run the CLI in this process (no 2-second start), with --quiet first unless `quiet` is False: click's
+    Result, stderr only the error line."""
     import logging
 
     from typer.testing import CliRunner
@@ -82,7 +83,7 @@ def cli(*args, input: str | bytes | None = None):
 
     handlers = logging.getLogger().handlers[:]
     try:
-        return CliRunner().invoke(app, ["--quiet", *map(str, args)], input=input)
+        return CliRunner().invoke(app, [*(["--quiet"] if quiet else []), *map(str, args)], input=input)
     finally:
         logging.getLogger().handlers[:] = handlers  # the CLI pointed logging at the runner's stream
 

@@ -1,13 +1,11 @@
 """Checkpoint averaging: `checkpoint.average`, train.keep_last, and `attn-mt average`."""
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import cli
 
 from attn_mt import checkpoint
 from attn_mt.checkpoint import CheckpointError, average, load_model, save
@@ -37,12 +35,12 @@ def test_average_refuses_checkpoints_of_different_models(tmp_path, tiny_run, tin
         average([])
 
 
-@pytest.mark.slow
 def test_keep_last_keeps_n_and_tests_the_better_of_average_and_best(tmp_path, tiny_cfg):
     run_dir = tmp_path / "run"
-    train(tiny_cfg("train.max_epochs=4", "train.keep_last=3"), run_dir)
+    train(tiny_cfg("train.max_steps=8", "train.eval_every=2", "train.bleu_sentences=10", "train.keep_last=3"),
+          run_dir)
     kept = sorted(p.name for p in run_dir.glob("checkpoint_step*.pt"))
-    assert len(kept) == 3  # of 4 evaluations
+    assert len(kept) == 3  # of 4 evaluations (steps 2, 4, 6, 8)
     steps = [checkpoint.load(run_dir / name)["step"] for name in kept]
     assert steps == sorted(steps) and steps[-1] == checkpoint.load(run_dir / "checkpoint_last.pt")["step"]
     results = json.loads((run_dir / "results.json").read_text())
@@ -53,18 +51,14 @@ def test_keep_last_keeps_n_and_tests_the_better_of_average_and_best(tmp_path, ti
     assert sum(p.numel() for p in model.parameters()) == results["params"]
 
 
-@pytest.mark.slow
 def test_average_command(tmp_path, tiny_run):
-    venv = Path(sys.executable).parent / "attn-mt"  # pytest may run without the venv on PATH
-    exe = str(venv) if venv.exists() else shutil.which("attn-mt") or pytest.skip("attn-mt is not installed")
+    """In this process (README's `attn-mt average` example runs the installed command)."""
     ckpt = tiny_run / "checkpoint_best.pt"
-    out = subprocess.run([exe, "average", str(ckpt), str(tiny_run / "checkpoint_last.pt"), "--out",
-                          str(tmp_path / "avg.pt")], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert "averaged 2 checkpoints" in out.stdout
-    bad = subprocess.run([exe, "average", str(ckpt), str(tmp_path / "missing.pt"), "--out",
-                          str(tmp_path / "x.pt")], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 1 and bad.stderr.strip() == f"error: {tmp_path / 'missing.pt'}: checkpoint not found"
+    out = cli("average", ckpt, tiny_run / "checkpoint_last.pt", "--out", tmp_path / "avg.pt")
+    assert out.exit_code == 0, out.output
+    assert "averaged 2 checkpoints" in out.stdout and (tmp_path / "avg.pt").exists()
+    bad = cli("average", ckpt, tmp_path / "missing.pt", "--out", tmp_path / "x.pt")
+    assert bad.exit_code == 1 and bad.stderr.strip() == f"error: {tmp_path / 'missing.pt'}: checkpoint not found"
 
 
 def _with_config(state: dict, path: Path, **changes) -> Path:

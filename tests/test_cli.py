@@ -36,6 +36,8 @@ def test_help_lists_commands():
 
 @pytest.mark.slow
 def test_train_translate_evaluate(tmp_path):
+    """The installed command trains; the run's checkpoint translates and evaluates (in this process: their own
+    installed-command tests are test_stdin_lines_end_at_newline_only and the interactive prompt's)."""
     cfg = write_config(tmp_path / "tiny.yaml")
     out = tmp_path / "run"
     result = run("train", "--config", str(cfg), "--out", str(out), "--set", "train.max_epochs=1")
@@ -44,22 +46,22 @@ def test_train_translate_evaluate(tmp_path):
     assert (out / "test.en").read_text().count("\n") == (out / "test_hyps.txt").read_text().count("\n")
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["train"]["max_epochs"] == 1 and saved["model"]["d_model"] == 32
-    ckpt = str(out / "checkpoint_best.pt")
+    ckpt = out / "checkpoint_best.pt"
 
     lines = ["the dog sees a cat.", "", "a woman says that the men find a book."]
-    result = run("translate", "--checkpoint", ckpt, stdin="\n".join(lines) + "\n")
-    assert result.returncode == 0, result.stderr
+    result = cli("translate", "--checkpoint", ckpt, input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.output
     outputs = result.stdout.split("\n")[:-1]
     assert len(outputs) == 3 and outputs[1] == ""
 
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("the dog sees a cat.\nthe men like the horse.\n")
     ref.write_text("der Hund sieht eine Katze.\ndie Männer mögen das Pferd.\n")
-    hyps = run("translate", "--checkpoint", ckpt, "--input", str(src)).stdout.splitlines()
+    hyps = cli("translate", "--checkpoint", ckpt, "--input", src).stdout.splitlines()
     assert len(hyps) == 2
-    assert run("translate", "--checkpoint", ckpt, "the dog sees a cat.").stdout.count("\n") == 1
-    result = run("evaluate", "--checkpoint", ckpt, "--src", str(src), "--ref", str(ref), "--json")
-    assert result.returncode == 0, result.stderr
+    assert cli("translate", "--checkpoint", ckpt, "the dog sees a cat.").stdout.count("\n") == 1
+    result = cli("evaluate", "--checkpoint", ckpt, "--src", src, "--ref", ref, "--json")
+    assert result.exit_code == 0, result.output
     scores = json.loads(result.stdout)
     refs = ref.read_text().splitlines()  # evaluate scores what translate writes, against the references
     assert scores["bleu"] == round(BLEU().corpus_score(hyps, [refs]).score, 2)
@@ -67,13 +69,9 @@ def test_train_translate_evaluate(tmp_path):
     assert scores["bleu_signature"].startswith("nrefs:1")
 
 
-@pytest.mark.slow
 def test_config_error_exit_code_and_one_line(tmp_path):
-    cfg = write_config(tmp_path / "tiny.yaml")
-    result = run("train", "--config", str(cfg), "--set", "model.n_heads=3")
-    assert result.returncode == 2
-    assert result.stderr.strip().count("\n") == 0 and "n_heads=3" in result.stderr
-    assert "Traceback" not in result.stderr
+    one_line_error(cli("train", "--config", write_config(tmp_path / "tiny.yaml"), "--set", "model.n_heads=3"), 2,
+                   "config error: ", "n_heads=3")
 
 
 @pytest.mark.slow
@@ -98,13 +96,11 @@ def test_nbest_without_beam_names_the_flags(tiny_run):
     assert result.exit_code == 2 and "--beam 0" in result.output and "decode.beam_size" not in result.output
 
 
-@pytest.mark.slow
 def test_global_options_after_the_command(tmp_path):
     missing = tmp_path / "missing.pt"
-    out = subprocess.run([ATTN_MT, "translate", "--checkpoint", str(missing), "a dog.", "--quiet"],
-                         capture_output=True, text=True)
-    assert out.returncode == 1 and out.stderr == f"error: {missing}: checkpoint not found\n"
-    result = cli("translate", "--checkpoint", missing, "a dog.", "--debug")
+    result = cli("translate", "--checkpoint", missing, "a dog.", "--quiet", quiet=False)
+    assert result.exit_code == 1 and result.stderr == f"error: {missing}: checkpoint not found\n"
+    result = cli("translate", "--checkpoint", missing, "a dog.", "--debug", quiet=False)
     assert type(result.exception).__name__ == "CheckpointError"  # --debug lets the exception through
 
 

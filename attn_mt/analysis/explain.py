@@ -259,8 +259,10 @@ def explain(model: Seq2Seq, tok: Tokenizer, text: str, *, kind: str = "cross", l
 
 
 def explain_checkpoint(path: Path, text: str, *, kind: str = "cross", layer: int = 1, head: int = 1,
-                       token: int | str = 0, beam: int = 1, device: str = "auto") -> Explanation:
-    """`explain` on a checkpoint file, translating with its decode settings and beam size `beam`."""
+                       token: int | str = 0, beam: int = 1, device: str = "auto",
+                       json_out: Path | None = None) -> Explanation:
+    """`explain` on a checkpoint file, translating with its decode settings and beam size `beam`; with
+    `json_out`, every number of the explanation is written there too."""
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"{path}: a folder (an export?) keeps no weights to explain; give a PyTorch "
@@ -273,7 +275,10 @@ def explain_checkpoint(path: Path, text: str, *, kind: str = "cross", layer: int
         dcfg = replace(cfg.decode, beam_size=beam, nbest=1)
     except ConfigError:
         raise ExplainError("beam", f"must be >= 1, not {beam}") from None
-    return explain(model, tok, text, kind=kind, layer=layer, head=head, token=token, dcfg=dcfg, device=dev)
+    result = explain(model, tok, text, kind=kind, layer=layer, head=head, token=token, dcfg=dcfg, device=dev)
+    if json_out:
+        Path(json_out).write_text(result.to_json() + "\n", encoding="utf-8")
+    return result
 
 
 NAMES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",

@@ -45,6 +45,12 @@ def table(report: HeadsReport) -> str:
     return "\n".join(lines)
 
 
+def save(report: HeadsReport, json_path: Path | None = None, png_path: Path | None = None) -> list[Path]:
+    """Write the report as JSON and draw it as a PNG, each where a path is given; returns the files written."""
+    written = [write_json(report, json_path)] if json_path else []
+    return written + ([plot(report, png_path)] if png_path else [])
+
+
 def write_json(report: HeadsReport, path: Path) -> Path:
     Path(path).write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
     return Path(path)

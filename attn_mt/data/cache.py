@@ -112,6 +112,11 @@ class Entry:
         """The tokenizer section of the config the entry was built with."""
         return dict(self.marker["config"]["tokenizer"])
 
+    def describe(self) -> str:
+        """Where the entry is and what it holds (`attn-mt prepare` prints it)."""
+        return (f"data cache: {self.path}\n{self.pairs} training pairs, {self.tokens['src']} + {self.tokens['tgt']} "
+                "tokens")
+
 
 def _check(marker: dict, key: str) -> None:
     """complete.json as a build writes it, consistent with itself; ValueError, KeyError or TypeError if not."""

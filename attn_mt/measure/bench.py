@@ -24,6 +24,7 @@ measured peak of a large square matmul at the same precision.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import os
@@ -166,8 +167,9 @@ def _train_row(v: Variant, rounds: list[float], median: float, tokens: int, flop
 
 
 def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats: int = 5, steps: int = 2,
-              compile: bool = False, sentences: int = 100) -> dict:
-    """Measure everything in one run (see the module docstring); returns JSON-ready figures."""
+              compile: bool = False, sentences: int = 100, json_out: Path | None = None) -> dict:
+    """Measure everything in one run (see the module docstring); returns JSON-ready figures, also written to
+    `json_out` if given."""
     if cfg.model.kind != "transformer":
         raise ConfigError(f"model.kind={cfg.model.kind}: the benchmark compares Transformers")
     load_before = os.getloadavg()
@@ -206,7 +208,7 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
     ref = {p: by["torch", p]["tokens_per_s"] for p in precisions}
     main = start.precision
     data_s = med["data/plan"] / len(index) + med["data/collate"] / steps
-    return {
+    result = {
         "config": cfg.name, "device": str(device), "machine": describe(device),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "precision": main,
         "repeats": repeats, "steps": steps, "batch_tokens": tc.batch_tokens, "tokens_per_round": tokens,
@@ -222,6 +224,9 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
                        "sentences_per_s": len(texts) / med[n]} for n in fns if n.startswith("translate/")],
         "load_before": load_before, "load_after": os.getloadavg(),
     }
+    if json_out:
+        Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
 
 
 def format_report(r: dict) -> str:

@@ -112,7 +112,8 @@ def test_generate_gives_our_translations(hf, trained, norm):
     run, folder = trained(norm)
     theirs, hf_tok = _load(hf, folder)
     model, cfg, tok = checkpoint.load_model(run / "checkpoint_best.pt")
-    texts, refs = (run / "test.en").read_text().splitlines(), (run / "test.de").read_text().splitlines()
+    n = 50  # of the 100 test sentences: both decoders translate them greedily and with beam 5
+    texts, refs = (run / "test.en").read_text().splitlines()[:n], (run / "test.de").read_text().splitlines()[:n]
     # alpha 0: both beam searches rank by log P alone (their |Y|^alpha and our GNMT penalty differ otherwise)
     ours = {beam: translate_nbest(model, tok, texts, replace(cfg.decode, beam_size=beam, alpha=0.0)) for beam in (1, 5)}
 
@@ -198,6 +199,7 @@ def test_the_cards_config_names_no_path_of_this_machine():
     assert (data["dir"], data["cache_dir"]) == ("/path/to/multi30k", "/path/to/cache")
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch: 2-3 s
 def test_the_transformers_exporter_does_not_load_the_ctranslate2_exporter():
     """Both exporters share checkpoint_reader.py; neither needs the other's module."""
     import subprocess

@@ -17,13 +17,14 @@ from attn_mt.training.validation import score_test_split
 CPU = torch.device("cpu")
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "compare.yaml"
 
-# --quick, made smaller still: 300 toy pairs, tiny models, 4 s of training each
+BUDGET_MIN = 0.03  # 1.8 s of training each, evaluated about every 0.9 s
+# --quick, made smaller still: 300 toy pairs, tiny models, 2 s of training each
 SMALL = [
     "data.toy_size=300", "tokenizer.vocab_size=120", "train.bleu_sentences=20", "train.device=cpu",
     "train.precision=fp32", "train.threads=1",  # one thread: tiny ops, and robust to a busy machine
     "transformer.model.d_model=32", "transformer.model.d_ff=64", "transformer.model.n_heads=2",
     "rnn.model.d_embed=32", "rnn.model.d_hidden=40", "rnn.model.d_attn=32",
-    "compare.budget_minutes=0.07", "compare.eval_every_minutes=0.03", "compare.lengths=[8,32]",
+    f"compare.budget_minutes={BUDGET_MIN}", f"compare.eval_every_minutes={BUDGET_MIN / 2}", "compare.lengths=[8,32]",
     "compare.length_batch_tokens=256", "compare.repeats=2", "compare.decode_sentences=16",
     "compare.decode_repeats=1", "compare.beam_size=2", "decode.beam_size=2", "decode.max_len_b=4",
 ]
@@ -51,7 +52,7 @@ def test_compare_rnn_writes_a_valid_report(tmp_path):
         assert m["beam_sentences_per_s"] > 0 and m["peak_memory_mb"] > 0
         assert m["curve"] and all({"elapsed_s", "valid_bleu"} <= p.keys() for p in m["curve"])
         times = [p["elapsed_s"] for p in m["curve"]]
-        assert times == sorted(times) and times[-1] >= 0.07 * 60
+        assert times == sorted(times) and times[-1] >= BUDGET_MIN * 60
     assert [r["length"] for r in report["length_scaling"]] == [8, 32]
     for row in report["length_scaling"]:
         assert row["transformer_ms"] > 0 and row["rnn_ms"] > 0

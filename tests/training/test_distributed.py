@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import write_config
 
+from attn_mt.config import load_config
+from attn_mt.data.cache import prepare
+from attn_mt.training.run import train
+
 # the venv's torchrun (pytest may run as .venv/bin/python without the venv on PATH), else PATH's
 _VENV_TORCHRUN = Path(sys.executable).parent / "torchrun"
 TORCHRUN = (str(_VENV_TORCHRUN) if _VENV_TORCHRUN.exists() else shutil.which("torchrun")) or pytest.skip(
@@ -35,9 +39,7 @@ def records(run_dir: Path) -> list[dict]:
 def test_two_processes_match_one(tmp_path):
     cfg = write_config(tmp_path / "tiny.yaml", "train.max_steps=8", "train.eval_every=4", "train.log_every=4")
     one, two = tmp_path / "one", tmp_path / "two"
-    single = subprocess.run([sys.executable, "-m", "attn_mt", "train", "--config", str(cfg), "--out", str(one)],
-                            capture_output=True, text=True, env=env(), timeout=300)
-    assert single.returncode == 0, single.stderr
+    train(load_config(cfg, []), one)  # the one-process run, in this process (one torch thread, as the ranks)
     multi = subprocess.run(torchrun("train", "--config", str(cfg), "--out", str(two)),
                            capture_output=True, text=True, env=env(), timeout=300)
     assert multi.returncode == 0, multi.stderr
@@ -91,11 +93,13 @@ def _is_rank(proc: Path, root_pid: int, rank: str) -> bool:
 
 def test_rank0_tests_alone_without_a_barrier_to_time_out(tmp_path):
     """The other ranks leave when training ends; rank 0's slow test decoding outlasts the group timeout."""
+    # an untrained model's beam-8 translations run to the length limit: the test split takes rank 0 about
+    # 5 s (2 CPU cores), well past the 2 s group timeout; validation decodes 4 sentences only
     cfg = write_config(tmp_path / "tiny.yaml", "train.max_steps=4", "train.eval_every=4", "decode.beam_size=8",
-                    "decode.max_len_a=8.0", "decode.max_len_b=100", "decode.batch_size=4")
+                       "decode.max_len_a=8.0", "decode.max_len_b=100", "decode.batch_size=10",
+                       "train.bleu_sentences=4")
     # the data cache entry first: with a 2 s group timeout, rank 1 could not wait at the barrier for its build
-    subprocess.run([sys.executable, "-m", "attn_mt", "prepare", "--config", str(cfg)], env=env(), check=True,
-                   capture_output=True)
+    prepare(load_config(cfg, []))
     job = subprocess.run(torchrun("train", "--config", str(cfg), "--out", str(tmp_path / "run")),
                          capture_output=True, text=True, env={**env(), "ATTN_MT_DIST_TIMEOUT_S": "2"}, timeout=600)
     assert job.returncode == 0, job.stderr[-2000:]

@@ -25,14 +25,15 @@ ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
 
 @pytest.mark.slow
 def test_fresh_run_into_an_earlier_run_is_refused_and_overwrite_clears_it(tmp_path):
-    config = write_config(tmp_path / "c.yaml", "train.max_epochs=2", "train.keep_last=2", "train.bleu_sentences=5")
+    config = write_config(tmp_path / "c.yaml", "train.max_steps=4", "train.eval_every=2", "train.keep_last=2",
+                          "train.bleu_sentences=5")
     run = tmp_path / "run"
-    assert cli("train", "-c", config, "--out", run).exit_code == 0
+    assert cli("train", "-c", config, "--out", run).exit_code == 0  # evaluations and snapshots at steps 2 and 4
     before = snapshot(run)
-    again = cli("train", "-c", config, "--out", run, "--set", "train.max_epochs=1")
+    again = cli("train", "-c", config, "--out", run, "--set", "train.max_steps=2")
     one_line_error(again, 1, "holds an earlier run", "--resume", "--overwrite")
     assert snapshot(run) == before  # nothing touched
-    assert cli("train", "-c", config, "--out", run, "--set", "train.max_epochs=1", "--overwrite").exit_code == 0
+    assert cli("train", "-c", config, "--out", run, "--set", "train.max_steps=2", "--overwrite").exit_code == 0
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     snaps = sorted(p.name for p in run.glob("checkpoint_step*.pt"))
     assert len(steps) == 1 and snaps == [f"checkpoint_step{steps[0]:07d}.pt"]  # none of the old run's left
