@@ -46,7 +46,7 @@ class RunningBatch:
     """Sentences decoded together, each with k = `cfg.beam_size` consecutive rows (greedy: one).
 
     Args:
-        model: a Transformer in eval mode; call add/step under torch.inference_mode().
+        model: a Transformer in eval mode (add, step and drop run under torch.inference_mode).
         cfg: beam size, alpha, n-best and length limits, the same for every sentence of this batch.
     """
 
@@ -68,6 +68,7 @@ class RunningBatch:
     def rows(self) -> int:
         return len(self.ys)
 
+    @torch.inference_mode()
     def add(self, items: list[tuple[Hashable, list[int]]]) -> None:
         """Sentences (tag, source ids with eos) join; they take part from the next step on."""
         if not items:
@@ -92,6 +93,7 @@ class RunningBatch:
         self.finished += [[] for _ in range(m)]
         self.ys += [[] for _ in range(m * k)]
 
+    @torch.inference_mode()
     def drop(self, tags: set[Hashable]) -> None:
         """Sentences nobody waits for leave now."""
         self._keep([s for s, tag in enumerate(self.tags) if tag not in tags])
