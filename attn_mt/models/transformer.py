@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn_mt.config import TransformerConfig
@@ -141,23 +143,17 @@ class DecoderCache:
         cols = max(len(self), len(other))
         src = max(self.memory_mask.size(-1), other.memory_mask.size(-1))
 
-        def cat(a: Tensor, b: Tensor, dim: int, size: int, left: bool, value=0) -> Tensor:
-            def padded(x: Tensor) -> Tensor:
-                gap = size - x.size(dim)
-                if not gap:
-                    return x
-                shape = list(x.shape)
-                shape[dim] = gap
-                fill = x.new_full(shape, value)
-                return torch.cat([fill, x] if left else [x, fill], dim=dim)
-            return torch.cat([padded(a), padded(b)], dim=0)
+        def cat(a: Tensor, b: Tensor, pad: Callable[[Tensor], tuple[int, ...]]) -> Tensor:
+            return torch.cat([F.pad(a, pad(a), value=False), F.pad(b, pad(b), value=False)])  # zeros, or False
 
-        for mine, theirs in zip(self.self_attn, other.self_attn, strict=True):
-            mine.k, mine.v = cat(mine.k, theirs.k, 2, cols, True), cat(mine.v, theirs.v, 2, cols, True)
-        for mine, theirs in zip(self.cross_attn, other.cross_attn, strict=True):
-            mine.k, mine.v = cat(mine.k, theirs.k, 2, src, False), cat(mine.v, theirs.v, 2, src, False)
-        self.key_mask = cat(self.key_mask, other.key_mask, 1, cols, True, False)
-        self.memory_mask = cat(self.memory_mask, other.memory_mask, 3, src, False, False)
+        for mine, theirs in zip(self.self_attn, other.self_attn, strict=True):  # (B, H, L, Dh): pad L on the left
+            mine.k, mine.v = (cat(x, y, lambda t: (0, 0, cols - t.size(2), 0)) for x, y in
+                              ((mine.k, theirs.k), (mine.v, theirs.v)))
+        for mine, theirs in zip(self.cross_attn, other.cross_attn, strict=True):  # (B, H, S, Dh): S on the right
+            mine.k, mine.v = (cat(x, y, lambda t: (0, 0, 0, src - t.size(2))) for x, y in
+                              ((mine.k, theirs.k), (mine.v, theirs.v)))
+        self.key_mask = cat(self.key_mask, other.key_mask, lambda t: (cols - t.size(1), 0))
+        self.memory_mask = cat(self.memory_mask, other.memory_mask, lambda t: (0, src - t.size(-1)))
         self.positions = torch.cat([self.positions, other.positions])
 
 

@@ -69,9 +69,6 @@ class Scheduler(JobQueue):
         self._live: dict[Job, set[int]] = {}  # job -> its items in a running batch
         self._work_units = 0
 
-    def check(self) -> None:
-        """Kept for the engine's per-step hook; a step is short, so nothing to abandon here."""
-
     @property
     def mean_batch(self) -> float:
         """Sentences per model call (decoder step, or attention job) so far."""
