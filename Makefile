@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
+# offline; and Python's bytecode cache even where the environment turns it off: every command a test starts
+# would compile attn_mt anew, and pytest would rewrite every test module's asserts in each worker
+TEST_ENV := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 PYTHONDONTWRITEBYTECODE=
 
 .PHONY: setup test test-fast demo clean-demo lint smoke clean
 
@@ -18,10 +21,10 @@ $(BIN)/attn-mt: pyproject.toml
 setup: $(BIN)/attn-mt  ## create .venv and install attn-mt with its dependencies
 
 test: setup  ## run the whole test suite, slow tests included (CPU, a few minutes; a plain pytest skips the slow ones)
-	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not network"
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not network"
 
 test-fast: setup  ## the tests not marked slow: no real training runs or started commands (about a minute)
-	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not network"
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not network"
 
 DEMO := runs/toy
 demo: setup  ## train the built-in toy config once (later runs reuse it), translate three sentences

@@ -6,19 +6,45 @@ import functools
 import os
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
 from attn_mt.config import load_config
+
+if TYPE_CHECKING:
+    import torch
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Tiny test models are many small ops: one thread is as fast on a quiet machine and ~10x faster
 # than two when the 2 cores are shared (measured 2.7 s vs 36 s for the decoding tests' model).
-torch.set_num_threads(1)
+# The commands tests start get one thread too (torch reads OMP_NUM_THREADS when it loads): two pytest
+# workers each running a 2-thread command is 4 threads on 2 cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def pytest_collection_modifyitems(items):
+    """Files with slow tests first (the most first), then the others (the largest first). pytest-xdist hands
+    out whole files in this order (the Makefile's --dist loadfile --no-loadscope-reorder), so the long files
+    start early and the short ones fill the end: by number of tests alone, a 30-second one-test file ran
+    last on one worker while the other stood idle."""
+    def file(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    size, slow = Counter(map(file, items)), Counter(file(i) for i in items if i.get_closest_marker("slow"))
+    items.sort(key=lambda item: (-slow[file(item)], -size[file(item)], file(item)))  # stable within a file
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    # a fixture, not an import here: pytest-xdist's controller loads this file too, and needs no torch (2 s)
+    import torch
+
+    torch.set_num_threads(1)
 
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
 
@@ -128,6 +154,8 @@ class Evil:
 def random_checkpoint(tiny_cfg, tiny_run: Path, path: Path, *overrides: str):
     """(model, tokenizer) of an untrained 2-layer model with noisy weights (every LayerNorm and bias
     matters), saved as a checkpoint at `path`: what the exporters' equality tests compare against."""
+    import torch
+
     from attn_mt import checkpoint
     from attn_mt.config import to_dict
     from attn_mt.data.tokenizer import Tokenizer
@@ -183,6 +211,8 @@ PAD, BOS, EOS, V = 0, 2, 3, 16
 
 def sources(n: int, seed: int, vocab: int = V) -> list[list[int]]:
     """Random source ids of 1..11 tokens, eos-terminated."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(1, 12, (n,), generator=g).tolist()
     return [torch.randint(4, vocab, (k,), generator=g).tolist() + [EOS] for k in lens]
@@ -192,6 +222,7 @@ def sources(n: int, seed: int, vocab: int = V) -> list[list[int]]:
 def train_reverser(vocab: int = V, steps: int = 100) -> torch.nn.Module:
     """A small Transformer half-trained to reverse its input: confident enough to end with eos,
     unsure enough that beam search and greedy often disagree."""
+    import torch
     import torch.nn.functional as F
 
     from attn_mt.config import TransformerConfig
@@ -215,6 +246,8 @@ def train_reverser(vocab: int = V, steps: int = 100) -> torch.nn.Module:
 
 def batch(srcs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Padded sources and their output limits 1.5 |src| + 3."""
+    import torch
+
     from attn_mt.data.batching import pad
 
     lens = torch.tensor([len(s) for s in srcs])

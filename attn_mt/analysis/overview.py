@@ -6,9 +6,6 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
 from .heads import KINDS, HeadsReport
 from .roles import ROLES
 
@@ -66,6 +63,9 @@ def _label(row: dict) -> str:
 
 def plot(report: HeadsReport, path: Path) -> Path:
     """One PNG: a layer x head grid per kind, coloured by the BLEU change when the head is masked."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib loads when drawing (0.75 s)
+    from matplotlib.figure import Figure
+
     by_kind = {k: [r for r in report.heads if r["kind"] == k] for k in KINDS}
     layers = max(r["layer"] for r in report.heads)
     heads = max(r["head"] for r in report.heads)

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from torch import Tensor
 
 from attn_mt.checkpoint import CheckpointError, load_model
@@ -63,6 +61,9 @@ def attention_maps(model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeConfig,
 
 def plot(m: AttentionMap, path: Path) -> Path:
     """One PNG with a panel per head: queries down the side, keys along the bottom."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib loads when drawing (0.75 s)
+    from matplotlib.figure import Figure
+
     h, tq, tk = m.weights.shape
     panel = max(2.0, 0.22 * max(tq, tk) + 1.0)  # inches; tokens stay readable
     fig = Figure(figsize=(h * panel, panel + 0.6), layout="constrained")

@@ -109,15 +109,17 @@ class RunningBatch:
         logits = self.model.decode(inp, None, self.cache.memory_mask, self.cache)
         logp = logits[:, -1].float().log_softmax(-1)  # (R, V)
         forced = torch.tensor([s + 1 >= m for s, m in zip(self.steps, self.max_len, strict=True)], device=dev)
-        events = self._greedy(logp, forced) if self.k == 1 else self._beam(logp, forced)
+        events, moved = self._greedy(logp, forced) if self.k == 1 else self._beam(logp, forced)
         self.steps = [s + 1 for s in self.steps]
         ended = {e.tag for e in events if e.kind == "done"}
-        if ended:
-            self._keep([s for s, tag in enumerate(self.tags) if tag not in ended])
+        if ended:  # one copy of the cache: the beams' moves and the rows that leave together
+            self._keep([s for s, tag in enumerate(self.tags) if tag not in ended], moved)
+        elif moved is not None:
+            self.cache.reorder(moved)
         return events
 
-    def _greedy(self, logp: Tensor, forced: Tensor) -> list[Event]:
-        """search.greedy_search's rule: the most likely token; eos at the length limit."""
+    def _greedy(self, logp: Tensor, forced: Tensor) -> tuple[list[Event], None]:
+        """search.greedy_search's rule: the most likely token; eos at the length limit. Rows stay where they are."""
         nxt = logp.argmax(-1)
         nxt = torch.where(forced, torch.full_like(nxt, self.eos_id), nxt)  # (R,)
         self.scores = self.scores + logp.gather(1, nxt[:, None])
@@ -131,11 +133,12 @@ class RunningBatch:
             else:
                 self.ys[s].append(token)
                 events.append(Event(tag, "token", tuple(self.ys[s])))
-        return events
+        return events, None
 
-    def _beam(self, logp: Tensor, forced: Tensor) -> list[Event]:
+    def _beam(self, logp: Tensor, forced: Tensor) -> tuple[list[Event], Tensor]:
         """beam.beam_search's rule, per sentence: the k best continuations, hypotheses ended by eos among the
-        k best, until the n-best can no longer be beaten (beam.best_possible) or the length limit."""
+        k best, until the n-best can no longer be beaten (beam.best_possible) or the length limit. Also the
+        rows (n*k,) the new beams extend: the cache's rows to move there."""
         n, k, alpha, events = len(self.tags), self.k, self.cfg.alpha, []
         c = candidates(self.scores, logp.view(n, k, -1), forced, self.eos_id)
         if bool(c.ended.any()):
@@ -150,7 +153,6 @@ class RunningBatch:
         rows = (block + c.origin.gather(1, c.keep)).view(-1)  # (n*k,) the rows the new beams extend
         self.ys = [self.ys[r] + [t] for r, t in zip(rows.tolist(), c.token.gather(1, c.keep).view(-1).tolist(),
                                                         strict=True)]
-        self.cache.reorder(rows)
         lengths = torch.tensor(self.steps, device=logp.device) + 2
         bound = best_possible(self.scores, lengths, torch.tensor(self.max_len, device=logp.device), alpha).tolist()
         nbest = self.cfg.nbest
@@ -158,11 +160,14 @@ class RunningBatch:
             scores = sorted((h.score for h in self.finished[s]), reverse=True)
             if self.steps[s] + 1 >= self.max_len[s] or (len(scores) >= nbest and scores[nbest - 1] >= bound[s]):
                 events.append(Event(tag, "done", sorted(self.finished[s], key=lambda h: -h.score)[:nbest]))
-        return events
+        return events, rows
 
-    def _keep(self, sentences: list[int]) -> None:
-        """Keep these sentences (indices, in order) and their rows; the rest leave the batch."""
+    def _keep(self, sentences: list[int], moved: Tensor | None = None) -> None:
+        """Keep these sentences (indices, in order) and their rows; the rest leave the batch. `moved`: the
+        cache rows that the rows are to take first (beam search's), else they stay where they are."""
         if len(sentences) == len(self.tags):
+            if moved is not None:
+                self.cache.reorder(moved)
             return
         k = self.k
         rows = [s * k + j for s in sentences for j in range(k)]
@@ -176,4 +181,5 @@ class RunningBatch:
             return
         index = torch.tensor(sentences, device=self.scores.device)
         self.scores = self.scores[index]
-        self.cache.select(torch.tensor(rows, device=index.device))
+        keep = torch.tensor(rows, device=index.device)
+        self.cache.select(keep if moved is None else moved[keep])

@@ -12,8 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from attn_mt.config import ConfigError, DecodeConfig
 from attn_mt.data.tokenizer import Tokenizer
@@ -58,8 +56,11 @@ class Board:
             self.writer.close()
 
 
-def _figure(m) -> Figure:
+def _figure(m):
     """Heads side by side: predicted tokens down, source tokens along."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib loads when drawing (0.75 s)
+    from matplotlib.figure import Figure
+
     h, tq, tk = m.weights.shape
     fig = Figure(figsize=(2.0 + 0.25 * tk * h, 1.5 + 0.25 * tq), layout="constrained")
     FigureCanvasAgg(fig)

@@ -1,6 +1,5 @@
 import json
 
-import datasets
 import pytest
 from conftest import cli, one_line_error, write_config
 
@@ -50,6 +49,8 @@ def test_jsonl(tmp_path):
 
 
 def test_hf_dataset_from_local_dir(tmp_path):
+    import datasets  # here, not at the top: 1 s of every pytest worker's collection
+
     dd = datasets.DatasetDict({
         "train": datasets.Dataset.from_dict({"translation": [{"de": "ein Hund", "en": "a dog"},
                                                              {"de": "Haus", "en": "house"}]}),
