@@ -281,6 +281,8 @@ def main() -> None:
     args = p.parse_args()
     if 8 not in args.clients and args.baseline:
         p.error("--baseline is compared at 8 clients: include 8 in --clients")
+    if args.sentences <= args.big:
+        p.error(f"--sentences {args.sentences}: more than --big {args.big} (the mixed load's small clients send the rest)")
     report = run(args)
     for n in args.clients:
         c = report[f"clients_{n}"]
