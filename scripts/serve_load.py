@@ -200,9 +200,9 @@ def run(args: argparse.Namespace) -> dict:
         for key, result in runs.items():
             answers = result.pop("answers", None)
             result.pop("latencies", None)
-            for part in ("small",):  # the mixed run's single-sentence clients
-                if part in result:
-                    result[part].pop("answers", None), result[part].pop("latencies", None)
+            if "small" in result:  # the mixed run's single-sentence clients
+                result["small"].pop("answers", None)
+                result["small"].pop("latencies", None)
             if answers is not None and key.endswith(("-8", "-32")):
                 flat = [a[0] if isinstance(a, list) else a for a in answers]
                 result["same_text_as_offline"] = sum(a == b for a, b in zip(flat, offline_text, strict=True))
@@ -282,7 +282,8 @@ def main() -> None:
     if 8 not in args.clients and args.baseline:
         p.error("--baseline is compared at 8 clients: include 8 in --clients")
     if args.sentences <= args.big:
-        p.error(f"--sentences {args.sentences}: more than --big {args.big} (the mixed load's small clients send the rest)")
+        p.error(f"--sentences {args.sentences}: must be more than --big {args.big} (the mixed load's small clients "
+                "send the rest)")
     report = run(args)
     for n in args.clients:
         c = report[f"clients_{n}"]

@@ -46,6 +46,7 @@ def _one_torch_thread():
 
     torch.set_num_threads(1)
 
+
 MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
 
 TINY = [

@@ -112,10 +112,7 @@ class RunningBatch:
         events, moved = self._greedy(logp, forced) if self.k == 1 else self._beam(logp, forced)
         self.steps = [s + 1 for s in self.steps]
         ended = {e.tag for e in events if e.kind == "done"}
-        if ended:  # one copy of the cache: the beams' moves and the rows that leave together
-            self._keep([s for s, tag in enumerate(self.tags) if tag not in ended], moved)
-        elif moved is not None:
-            self.cache.reorder(moved)
+        self._keep([s for s, tag in enumerate(self.tags) if tag not in ended], moved)
         return events
 
     def _greedy(self, logp: Tensor, forced: Tensor) -> tuple[list[Event], None]:
@@ -164,7 +161,8 @@ class RunningBatch:
 
     def _keep(self, sentences: list[int], moved: Tensor | None = None) -> None:
         """Keep these sentences (indices, in order) and their rows; the rest leave the batch. `moved`: the
-        cache rows that the rows are to take first (beam search's), else they stay where they are."""
+        cache rows that the rows are to take first (beam search's), else they stay where they are. One copy
+        of the cache either way: the beams' moves and the rows that leave are one select."""
         if len(sentences) == len(self.tags):
             if moved is not None:
                 self.cache.reorder(moved)

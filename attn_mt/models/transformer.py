@@ -145,7 +145,7 @@ class DecoderCache:
 
         def cat(a: Tensor, b: Tensor, pad: Callable[[Tensor], tuple[int, ...]]) -> Tensor:
             # zeros, or False; only the shorter is padded (the running batch's caches are copied once, by cat)
-            return torch.cat([F.pad(x, pad(x), value=False) if any(pad(x)) else x for x in (a, b)])
+            return torch.cat([F.pad(x, gap, value=False) if any(gap := pad(x)) else x for x in (a, b)])
 
         for mine, theirs in zip(self.self_attn, other.self_attn, strict=True):  # (B, H, L, Dh): pad L on the left
             mine.k, mine.v = (cat(x, y, lambda t: (0, 0, cols - t.size(2), 0)) for x, y in
