@@ -46,6 +46,7 @@ class Shape:
 
 
 LADDER = (
+    Shape("d256-L3-b1024", 256, 4, 3, 1024, 1024),  # the same model, four times the updates of a 4096-token epoch
     Shape("d256-L3-b2048", 256, 4, 3, 1024, 2048),  # the 7.6M-parameter Multi30k model, twice the updates per epoch
     Shape("d128-L3-b4096", 128, 4, 3, 512, 4096),  # 2.4M parameters, about 3x fewer FLOPs per token
 )
@@ -55,6 +56,7 @@ LADDER = (
 # dropout 0.1, 8k joint BPE). BLEU against epochs does not depend on the machine's speed: docs/results.md
 # ("Budget runs that size themselves") gives the runs that measured them.
 CURVES: dict[str, tuple[tuple[float, float], ...]] = {  # (epochs, best validation BLEU so far)
+    "d256-L3-b1024": ((1, 22.44), (2, 28.56), (3, 33.36), (4, 34.54), (5, 37.02), (6, 37.64), (6.5, 37.87)),
     "d256-L3-b2048": ((1, 11.73), (2, 27.85), (3, 31.13), (4, 33.67), (5, 34.63), (6, 35.71)),
     "d128-L3-b4096": ((1, 2.81), (2, 9.41), (3, 17.72), (4, 20.38), (5, 24.41), (6, 26.95), (7, 27.30),
                       (8, 28.60), (9, 29.28), (10, 30.55), (11, 31.59), (12, 31.59)),
