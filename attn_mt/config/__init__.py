@@ -189,6 +189,8 @@ class TrainConfig:
     batch_tokens: int = 4096  # target tokens per optimizer step (before accumulation)
     accum_steps: int = 1
     clip_norm: float = 1.0  # 0 disables clipping
+    ema_decay: float = 0.0  # evaluate and save a moving average of the weights (0.99: about the last 100
+    #                         steps; attn_mt/training/ema.py); 0: the trained weights themselves
     max_epochs: int = 20
     max_steps: int = 0  # 0: no limit
     max_minutes: float = 0.0  # wall-clock budget; 0: no limit
@@ -221,6 +223,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{key}={getattr(self, key)}: must be >= 0")
         if not 0.0 <= self.warmup_fraction <= 1.0:
             raise ConfigError(f"train.warmup_fraction={self.warmup_fraction}: must be in [0, 1]")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"train.ema_decay={self.ema_decay}: must be in [0, 1)")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"train.label_smoothing={self.label_smoothing}: must be in [0, 1)")
         if self.log_every < 1:

@@ -78,12 +78,19 @@ def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConf
     """Load a checkpoint_last.pt dict into model, optimizer, scaler and RNG; returns where the run stood."""
     check_config(resumed["config"], cfg)
     check_tokenizer(resumed["tokenizer"], tok)
+    trained = resumed["model"]
     try:
-        trainer.model.load_state_dict(check_weights(resumed["model"], trainer.model.state_dict()))
+        if trainer.ema is not None:  # `model` is the average (ema.py); the optimizer continues the trained weights
+            if "trained_model" not in resumed:
+                raise CheckpointError("train.ema_decay is set but the checkpoint holds no trained_model weights")
+            trained = resumed["trained_model"]
+            trainer.ema.load(check_weights(resumed["model"], trainer.model.state_dict()),
+                             int(resumed.get("ema_updates", 0)))
+        trainer.model.load_state_dict(check_weights(trained, trainer.model.state_dict()))
     except CheckpointError as e:
         raise TrainError(f"--resume: checkpoint_last.pt: {e}") from None
     load_optimizer(trainer.opt, trainer.model, resumed["optimizer"], resumed.get("format_version", FORMAT_VERSION),
-                   resumed["model"])
+                   trained)
     if resumed.get("scaler") and trainer.scaler.is_enabled():
         trainer.scaler.load_state_dict(resumed["scaler"])
     st = TrainState(**{f.name: resumed[f.name] for f in fields(TrainState) if f.name in resumed})

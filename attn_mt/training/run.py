@@ -143,7 +143,7 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         log.info("model.size: auto sizes a clock budget (train.max_minutes); without one the configured shape trains")
     model = build_model(cfg.model, **corpus.tok.sizes()).to(device)
     if world.main:
-        files.check_space(model, tc.keep_last)
+        files.check_space(model, tc.keep_last, averaged=bool(tc.ema_decay))
     if world.enabled:
         torch.manual_seed(tc.seed + world.rank)  # same initial weights, different dropout per rank
     trainer = Trainer(model, cfg, corpus, device, precision, net=wrap(model, cfg, world, device), world=world)
@@ -245,7 +245,10 @@ def checkpoint_state(run: Run, rngs: list[dict]) -> dict:
     """What checkpoint_last.pt holds: weights, optimizer, config, tokenizer, every rank's RNG, TrainState."""
     st, tr = run.state, run.trainer
     st.elapsed_s = run.elapsed()
-    return {**checkpoint.model_state(tr.model.state_dict(), run.cfg, run.corpus.tok),
+    weights, trained = tr.model.state_dict(), {}
+    if tr.ema is not None:  # the average is the model; --resume continues from the trained weights
+        weights, trained = tr.ema.state_dict(tr.model), {"trained_model": weights, "ema_updates": tr.ema.updates}
+    return {**checkpoint.model_state(weights, run.cfg, run.corpus.tok), **trained,
             "optimizer": optimizer_state(tr.opt, tr.model), "rng": rngs[0],
             "rng_ranks": rngs if run.world.enabled else None,
             "scaler": tr.scaler.state_dict() if tr.scaler.is_enabled() else None, **asdict(st)}
@@ -273,15 +276,16 @@ def validate_and_save(run: Run, rngs: list[dict], reason: str | None) -> str | N
     """Validation loss and BLEU into metrics.jsonl; checkpoint_best/last and the kept snapshots.
     Returns `reason` or early stopping's, recorded in the checkpoints (`TrainState.stopped`)."""
     st, tc, tr = run.state, run.cfg.train, run.trainer
-    valid_loss, valid_bleu = validate(tr.model, run.corpus, run.cfg, tr.device, tr.precision)
+    with tr.evaluated():
+        valid_loss, valid_bleu = validate(tr.model, run.corpus, run.cfg, tr.device, tr.precision)
+        run.board.attention(st.step, tr.model, run.corpus.tok, run.corpus.text[run.cfg.data.splits.valid][0][0],
+                            run.cfg.decode, tr.device)
     run.files.append_metrics({
         "step": st.step, "epoch": st.epoch, "train_loss": round(st.train_loss, 4), "valid_loss": round(valid_loss, 4),
         "valid_bleu": valid_bleu, "lr": tr.opt.param_groups[0]["lr"], "skipped_steps": st.skipped_steps,
         "tokens_per_s": round(run.tokens_per_s, 1), "elapsed_s": round(run.elapsed(), 1)})
     write(f"step {st.step} epoch {st.epoch}: valid loss {valid_loss:.3f}, valid BLEU {valid_bleu:.2f}")
     run.board.scalars(st.step, "valid", {"loss": valid_loss, "bleu": valid_bleu})
-    run.board.attention(st.step, tr.model, run.corpus.tok, run.corpus.text[run.cfg.data.splits.valid][0][0],
-                        run.cfg.decode, tr.device)
     if valid_bleu > st.best_bleu:
         st.best_bleu, st.bad_evals = valid_bleu, 0
     else:

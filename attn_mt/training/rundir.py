@@ -71,13 +71,15 @@ class RunDir:
             with contextlib.suppress(OSError):
                 probe.unlink(missing_ok=True)
 
-    def check_space(self, model: nn.Module, keep_last: int) -> None:
+    def check_space(self, model: nn.Module, keep_last: int, averaged: bool = False) -> None:
         """Fail before training when the disk cannot hold what the run will write: checkpoint_last and
-        _best plus one being written (weights and 2 AdamW moments each), the `keep_last` weight
-        snapshots, their average, and one more snapshot being written."""
+        _best plus one being written (weights and 2 AdamW moments each, and the trained weights beside
+        their moving average when `averaged`), the `keep_last` weight snapshots, their average, and one
+        more snapshot being written."""
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         snapshots = keep_last + 1 + (1 if keep_last >= 2 else 0) if keep_last else 0
-        need = 3 * 3 * weights + snapshots * weights - sum(f.stat().st_size for f in self.path.glob("checkpoint_*.pt"))
+        held = sum(f.stat().st_size for f in self.path.glob("checkpoint_*.pt"))
+        need = 3 * (4 if averaged else 3) * weights + snapshots * weights - held
         free = shutil.disk_usage(self.path).free
         if free < need:
             raise TrainError(f"{self.path}: {free / 2**20:.1f} MiB free on disk, checkpoints need about "

@@ -24,6 +24,7 @@ from attn_mt.device import autocast
 from attn_mt.models import Seq2Seq, loss_sum
 from attn_mt.training import distributed
 from attn_mt.training.distributed import World
+from attn_mt.training.ema import WeightEMA
 from attn_mt.training.schedule import budget_spent, lr_at
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class TrainStep:
         self.opt = make_optimizer(model, cfg)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.grad_norm: float | None = None  # of the last step, before clipping (when train.clip_norm is set)
+        self.ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay else None  # evaluated and saved, when on
 
     def backward(self, batches: Iterable[Batch], n_tokens: int, weights: list[float] | None = None) -> torch.Tensor:
         """Accumulate the gradient of the mean token loss over `batches`; returns their summed loss."""
@@ -76,6 +78,11 @@ class TrainStep:
                 self.scaler.scale(loss * self.world.size / n_tokens).backward()
             total += loss.detach()
         return total
+
+    def evaluated(self) -> contextlib.AbstractContextManager:
+        """A block in which the model holds the weights that are evaluated and saved: the moving average
+        with train.ema_decay, else the trained weights themselves."""
+        return contextlib.nullcontext() if self.ema is None else self.ema.swapped_into(self.model)
 
     def apply(self, loss: torch.Tensor, lr: float) -> float | None:
         """Clip and apply the gradients at rate `lr`; returns the summed loss, or None when the loss
@@ -93,6 +100,8 @@ class TrainStep:
         finite = all(math.isfinite(v) for v in values)
         if finite:
             self.scaler.step(self.opt)
+            if self.ema is not None:
+                self.ema.update(self.model)
         self.scaler.update()
         self.opt.zero_grad(set_to_none=True)
         return values[0] if finite else None

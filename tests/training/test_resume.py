@@ -83,8 +83,10 @@ def results(run_dir) -> dict:
 def assert_same_state(a: dict, b: dict) -> None:
     """Model and optimizer state of two checkpoints are equal, bit for bit."""
     assert a["step"] == b["step"] and a["model"].keys() == b["model"].keys()
-    for name in a["model"]:
-        assert torch.equal(a["model"][name], b["model"][name]), name
+    assert a.keys() == b.keys()
+    for weights in ("model", "trained_model") if "trained_model" in a else ("model",):  # with train.ema_decay
+        for name in a[weights]:
+            assert torch.equal(a[weights][name], b[weights][name]), (weights, name)
     opt_a, opt_b = a["optimizer"]["state"], b["optimizer"]["state"]
     assert opt_a.keys() == opt_b.keys()
     for i in opt_a:
@@ -117,7 +119,8 @@ def reference(tmp_path_factory):
     (kill_saving("checkpoint_best.pt"), 18, 16, ()),  # the evaluation's record is written, no checkpoint
     (kill_saving("checkpoint_last.pt"), 18, 16, ()),  # ... checkpoint_best.pt is written, but not the last
     (kill_at_step, 8, 4, ("train.accum_steps=2",)),  # 9 steps an epoch, 2 batches a step
-], ids=["mid-epoch", "after-epoch-end", "saving-best", "saving-last", "accumulation"])
+    (kill_at_step, 11, 8, ("train.ema_decay=0.9",)),  # the average and the trained weights both come back
+], ids=["mid-epoch", "after-epoch-end", "saving-best", "saving-last", "accumulation", "ema"])
 def test_killed_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch, reference, kill, at, saved_step,
                                       overrides):
     cfg = tiny_cfg(*RESUMABLE, *overrides)

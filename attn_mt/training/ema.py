@@ -1,0 +1,63 @@
+"""An exponential moving average of the weights (`train.ema_decay`), the model that is evaluated and saved.
+
+After every optimizer step each averaged weight moves a fraction 1 - decay towards the trained one:
+w_avg <- decay * w_avg + (1 - decay) * w. With decay 0.99 the average spans roughly the last 100 steps,
+which smooths out the noise of small batches; in a 10-minute run it scores about as a learning rate
+annealed to zero would, without deciding in advance when the run ends (docs/results.md). The first
+updates use decay n / (n + 1), a plain mean of the n weights so far, so the random initial weights
+fade out at once instead of lingering in the average.
+
+The optimizer keeps training the raw weights. Checkpoints hold the average as `model` (what translate,
+evaluate, export and `attn-mt average` read) and the raw weights as `trained_model` (what --resume
+continues from).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+
+class WeightEMA:
+    """The averaged copy of `model`'s parameters (tied parameters once), on the model's device."""
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        self.decay, self.updates = decay, 0
+        self.names = [n for n, _ in model.named_parameters()]
+        self.weights = [p.detach().clone() for p in model.parameters()]
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        """Move the average towards the model's current parameters (after an optimizer step)."""
+        self.updates += 1
+        decay = min(self.decay, self.updates / (self.updates + 1))
+        torch._foreach_lerp_(self.weights, [p.detach() for p in model.parameters()], 1.0 - decay)
+
+    @contextlib.contextmanager
+    @torch.no_grad()
+    def swapped_into(self, model: nn.Module) -> Iterator[None]:
+        """Inside the block `model` holds the averaged weights; afterwards its trained ones again."""
+        params = [p.detach() for p in model.parameters()]
+        trained = [p.clone() for p in params]
+        torch._foreach_copy_(params, self.weights)
+        try:
+            yield
+        finally:
+            torch._foreach_copy_(params, trained)
+
+    def state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """`model.state_dict()` with the averaged parameters in place of the trained ones (buffers as they
+        are; a tied parameter's names share one tensor, as in the model's own state_dict)."""
+        averaged = {id(p): w for p, w in zip(model.parameters(), self.weights, strict=True)}
+        params = dict(model.named_parameters(remove_duplicate=False))
+        return {k: averaged[id(params[k])] if k in params else v for k, v in model.state_dict().items()}
+
+    @torch.no_grad()
+    def load(self, weights: dict[str, torch.Tensor], updates: int) -> None:
+        """Restore the average from a checkpoint's `model` weights (checked against the model already)."""
+        for w, name in zip(self.weights, self.names, strict=True):
+            w.copy_(weights[name])
+        self.updates = updates
