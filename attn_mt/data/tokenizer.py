@@ -19,6 +19,15 @@ log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 JOINT, SEPARATE = "spm.model", ("spm.src.model", "spm.tgt.model")  # SentencePiece model file names
+# SentencePiece's list calls hand the work to a thread pool: 75 us for one sentence (against 5 us alone) and
+# threads woken on the core the model runs on (a server encodes one sentence per request). Under this many
+# texts, one call per text is faster (2-core AMD EPYC: 8 sentences 0.04 against 0.13 ms; 512: 5.5 against 3.4).
+SMALL_BATCH = 32
+
+
+def _each(fn, items: list) -> list:
+    """fn over a list: one call per item for a few (SMALL_BATCH), else SentencePiece's own batch call."""
+    return [fn(x) for x in items] if len(items) < SMALL_BATCH else fn(items)
 
 
 class Tokenizer:
@@ -49,13 +58,13 @@ class Tokenizer:
                 "shared_vocab": self.joint}
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
-        return self.src.encode(texts)
+        return _each(self.src.encode, texts)
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
-        return self.tgt.encode(texts)
+        return _each(self.tgt.encode, texts)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        return self.tgt.decode(ids)
+        return _each(self.tgt.decode, ids)
 
     def src_pieces(self, text: str) -> list[str]:
         return self.src.encode(text, out_type=str)

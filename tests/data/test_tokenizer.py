@@ -1,7 +1,7 @@
 from conftest import cli, one_line_error, write_config
 
 from attn_mt.config import TokenizerConfig
-from attn_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
+from attn_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SMALL_BATCH, UNK_ID, Tokenizer, train_tokenizer
 from attn_mt.data.toy import make_toy_corpus
 
 PAIRS = make_toy_corpus(300)["train"]
@@ -16,6 +16,15 @@ def test_round_trip_and_special_ids():
     assert tok.decode_tgt(ids) == TGT[:5]
     assert all(i > EOS_ID for s in ids for i in s)  # specials are never produced by encoding
     assert tok.joint and list(tok.files()) == ["spm.model"]
+
+
+def test_few_texts_are_coded_one_at_a_time_as_sentencepiece_codes_them_together():
+    tok = train_tokenizer(TokenizerConfig(vocab_size=150), SRC, TGT)
+    for n in (0, 1, SMALL_BATCH - 1, SMALL_BATCH, 3 * SMALL_BATCH):
+        texts = [*SRC[:n - 1], ""][:n]  # an empty text among them
+        ids = tok.encode_src(texts)
+        assert ids == tok.src.encode(texts) and len(ids) == n
+        assert tok.decode_tgt(ids) == (tok.tgt.decode(ids) if n else [])  # SentencePiece decodes [] as ""
 
 
 def test_separate_vocabularies_and_state():
