@@ -92,6 +92,34 @@ def test_measure_times_each_shape_on_the_corpus_within_its_share(tiny_cfg):
     assert out[1].steps_per_epoch > out[0].steps_per_epoch  # half the tokens per batch: more batches
 
 
+def test_measure_times_each_batch_after_its_first_sight(tiny_cfg, monkeypatch):
+    """bf16 kernels are slow the first time they meet a shape: that first pass is not what a long run trains at."""
+    import time
+
+    import torch
+
+    from attn_mt.data.corpus import load_corpus
+    from attn_mt.training.trainer import TrainStep
+
+    cfg = tiny_cfg("model.size=auto", "train.max_minutes=10")
+    corpus = load_corpus(cfg, cfg.model.max_positions)
+    seen, real = set(), TrainStep.backward
+
+    def slow_at_first_sight(self, batches, n_tokens):
+        key = id(batches[0])
+        if key not in seen:
+            seen.add(key)
+            time.sleep(0.5)
+        return real(self, batches, n_tokens)
+
+    monkeypatch.setattr(TrainStep, "backward", slow_at_first_sight)
+    (m,) = autosize.measure(cfg, corpus, torch.device("cpu"), "fp32", (Shape("a", 32, 2, 1, 64, 600),), steps=3)
+    assert len(seen) == 3  # three batches, each met once untimed
+    tokens = sum(b.n_tokens for b in corpus.batches(cfg.data.splits.train, autosize.token_batches(
+        *corpus.lengths(cfg.data.splits.train), 600, cfg.train.seed, 0)[:3]))
+    assert m.tokens_per_s > tokens / 0.5  # the timed pass took less than one first sight
+
+
 TINY_LADDER = (Shape("t32", 32, 2, 1, 64, 600), Shape("t16", 16, 2, 1, 32, 300))
 
 
