@@ -9,7 +9,7 @@ fade out at once instead of lingering in the average.
 
 The optimizer keeps training the raw weights. Checkpoints hold the average as `model` (what translate,
 evaluate, export and `attn-mt average` read) and the raw weights as `trained_model` (what --resume
-continues from).
+continues from); the number of updates is the run's step count (one per finite optimizer step).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConf
                 raise CheckpointError("train.ema_decay is set but the checkpoint holds no trained_model weights")
             trained = resumed["trained_model"]
             trainer.ema.load(check_weights(resumed["model"], trainer.model.state_dict()),
-                             int(resumed.get("ema_updates", 0)))
+                             int(resumed["step"]))  # one update per counted (finite) step
         trainer.model.load_state_dict(check_weights(trained, trainer.model.state_dict()))
     except CheckpointError as e:
         raise TrainError(f"--resume: checkpoint_last.pt: {e}") from None

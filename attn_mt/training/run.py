@@ -247,7 +247,7 @@ def checkpoint_state(run: Run, rngs: list[dict]) -> dict:
     st.elapsed_s = run.elapsed()
     weights, trained = tr.model.state_dict(), {}
     if tr.ema is not None:  # the average is the model; --resume continues from the trained weights
-        weights, trained = tr.ema.state_dict(tr.model), {"trained_model": weights, "ema_updates": tr.ema.updates}
+        weights, trained = tr.ema.state_dict(tr.model), {"trained_model": weights}
     return {**checkpoint.model_state(weights, run.cfg, run.corpus.tok), **trained,
             "optimizer": optimizer_state(tr.opt, tr.model), "rng": rngs[0],
             "rng_ranks": rngs if run.world.enabled else None,

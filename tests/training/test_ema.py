@@ -77,7 +77,7 @@ def test_state_dict_keeps_buffers_and_ties_and_round_trips():
 def test_a_run_evaluates_saves_and_tests_the_average(tiny_cfg, tmp_path):
     train(tiny_cfg("train.ema_decay=0.9", "train.max_epochs=1"), tmp_path)
     saved = checkpoint.load(tmp_path / "checkpoint_last.pt")
-    assert saved["ema_updates"] == saved["step"] > 0
+    assert saved["step"] > 0 and "ema_updates" not in saved  # the update count is the step count
     assert any(not torch.equal(saved["model"][k], saved["trained_model"][k]) for k in saved["model"])
     model, cfg, _ = load_model(tmp_path / "checkpoint_last.pt")  # what translate reads: the average
     corpus = load_corpus(cfg, cfg.model.max_positions)
