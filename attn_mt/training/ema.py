@@ -22,31 +22,34 @@ from torch import nn
 
 
 class WeightEMA:
-    """The averaged copy of `model`'s parameters (tied parameters once), on the model's device."""
+    """The averaged copy of `model`'s parameters (tied parameters once), on the model's device.
+
+    It keeps views of the model's parameters (the optimizer and load_state_dict change them in place), so a
+    step's update builds nothing."""
 
     def __init__(self, model: nn.Module, decay: float) -> None:
         self.decay, self.updates = decay, 0
         self.names = [n for n, _ in model.named_parameters()]
-        self.weights = [p.detach().clone() for p in model.parameters()]
+        self.params = [p.detach() for p in model.parameters()]  # (views) the trained weights
+        self.weights = [p.clone() for p in self.params]
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
+    def update(self) -> None:
         """Move the average towards the model's current parameters (after an optimizer step)."""
         self.updates += 1
         decay = min(self.decay, self.updates / (self.updates + 1))
-        torch._foreach_lerp_(self.weights, [p.detach() for p in model.parameters()], 1.0 - decay)
+        torch._foreach_lerp_(self.weights, self.params, 1.0 - decay)
 
     @contextlib.contextmanager
     @torch.no_grad()
-    def swapped_into(self, model: nn.Module) -> Iterator[None]:
-        """Inside the block `model` holds the averaged weights; afterwards its trained ones again."""
-        params = [p.detach() for p in model.parameters()]
-        trained = [p.clone() for p in params]
-        torch._foreach_copy_(params, self.weights)
+    def swapped_in(self) -> Iterator[None]:
+        """Inside the block the model holds the averaged weights; afterwards its trained ones again."""
+        trained = [p.clone() for p in self.params]
+        torch._foreach_copy_(self.params, self.weights)
         try:
             yield
         finally:
-            torch._foreach_copy_(params, trained)
+            torch._foreach_copy_(self.params, trained)
 
     def state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """`model.state_dict()` with the averaged parameters in place of the trained ones (buffers as they

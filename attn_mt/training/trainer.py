@@ -82,7 +82,7 @@ class TrainStep:
     def evaluated(self) -> contextlib.AbstractContextManager:
         """A block in which the model holds the weights that are evaluated and saved: the moving average
         with train.ema_decay, else the trained weights themselves."""
-        return contextlib.nullcontext() if self.ema is None else self.ema.swapped_into(self.model)
+        return contextlib.nullcontext() if self.ema is None else self.ema.swapped_in()
 
     def apply(self, loss: torch.Tensor, lr: float) -> float | None:
         """Clip and apply the gradients at rate `lr`; returns the summed loss, or None when the loss
@@ -101,7 +101,7 @@ class TrainStep:
         if finite:
             self.scaler.step(self.opt)
             if self.ema is not None:
-                self.ema.update(self.model)
+                self.ema.update()
         self.scaler.update()
         self.opt.zero_grad(set_to_none=True)
         return values[0] if finite else None

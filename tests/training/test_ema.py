@@ -38,22 +38,22 @@ def test_average_starts_as_a_plain_mean_then_decays():
     ema = WeightEMA(model, decay=0.9)
     for value in (3.0, 6.0):  # decays 1/2 then 2/3: the mean of 0, 3 and 6
         set_all(model, value)
-        ema.update(model)
+        ema.update()
     assert all(torch.allclose(w, torch.full_like(w, 3.0)) for w in ema.weights)
     for _ in range(20):  # then towards 6, never past it
-        ema.update(model)
+        ema.update()
     assert all(bool(((w > 5.0) & (w < 6.0)).all()) for w in ema.weights)
 
 
-def test_swapped_into_holds_the_average_and_restores_the_trained_weights_exactly():
+def test_swapped_in_holds_the_average_and_restores_the_trained_weights_exactly():
     torch.manual_seed(0)
     model = Tied()
     ema = WeightEMA(model, decay=0.5)
     trained = {k: v.clone() for k, v in model.state_dict().items()}
     set_all(model, 1.0)
-    ema.update(model)  # the average: halfway between the initial weights and 1
+    ema.update()  # the average: halfway between the initial weights and 1
     after = {k: v.clone() for k, v in model.state_dict().items()}
-    with ema.swapped_into(model):
+    with ema.swapped_in():
         for k, v in model.state_dict().items():
             if k != "scale":
                 assert torch.allclose(v, (trained[k] + 1.0) / 2), k
@@ -64,7 +64,7 @@ def test_state_dict_keeps_buffers_and_ties_and_round_trips():
     model = Tied()
     ema = WeightEMA(model, decay=0.5)
     set_all(model, 2.0)
-    ema.update(model)
+    ema.update()
     state = ema.state_dict(model)
     assert state.keys() == model.state_dict().keys()
     assert state["a.weight"] is state["b.weight"]  # one tensor, as in the model's own state_dict
