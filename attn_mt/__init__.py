@@ -1,3 +1,66 @@
-"""attn-mt: a small, readable Transformer translation trainer, measured against an RNN baseline."""
+"""attn-mt: a small, readable Transformer translation trainer, measured against an RNN baseline.
+
+The public API (docs/api.md); importing `attn_mt` loads nothing else until a name is used:
+
+    >>> import attn_mt
+    >>> run = attn_mt.train("configs/toy.yaml", "runs/toy")                # train, test BLEU, a Run
+    >>> model = attn_mt.load("runs/toy/checkpoint_best.pt")               # a checkpoint or an export folder
+    >>> model.translate("the old man sees a small dog.", beam=5)
+    >>> model.score("a dog runs.", "ein Hund rennt.").log_prob            # forced decoding
+    >>> model.attention("a dog runs.")                                    # every head; a view in a notebook
+    >>> model.explain("a dog runs.", kind="encoder", layer=1, head=2, token="dog")   # the five steps
+    >>> model.heads(sources, refs), model.prune(2, sources, refs), model.evaluate(sources, refs)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_HOMES = {
+    "load": "attn_mt.api.model", "Model": "attn_mt.api.model",
+    "train": "attn_mt.api.training", "configure": "attn_mt.api.training", "Run": "attn_mt.api.training",
+    "Attention": "attn_mt.api.attention",
+    "average": "attn_mt.api.commands", "download": "attn_mt.api.commands", "export_model": "attn_mt.api.commands",
+    "prepare": "attn_mt.api.commands", "compare_rnn": "attn_mt.api.commands", "bench": "attn_mt.api.commands",
+    "create_app": "attn_mt.serve",
+    "Translation": "attn_mt.decoding.search", "Score": "attn_mt.decoding.scoring",
+    "Explanation": "attn_mt.analysis.explain", "HeadsReport": "attn_mt.analysis.heads",
+    "ExperimentConfig": "attn_mt.config", "DecodeConfig": "attn_mt.config",
+    "AttnMTError": "attn_mt.errors", "ConfigError": "attn_mt.errors", "InputError": "attn_mt.errors",
+    "ModelError": "attn_mt.errors", "RunError": "attn_mt.errors", "TrainError": "attn_mt.errors",
+    "Interrupted": "attn_mt.errors",
+}
+__all__ = ["Attention", "AttnMTError", "ConfigError", "DecodeConfig", "ExperimentConfig", "Explanation",
+           "HeadsReport", "InputError", "Interrupted", "Model", "ModelError", "Run", "RunError", "Score", "TrainError",
+           "Translation", "__version__", "average", "bench", "compare_rnn", "configure", "create_app", "download",
+           "export_model", "load", "prepare", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'attn_mt' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value  # (no public name is also a subpackage's: importing one would replace it)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # for editors and type checkers; at run time __getattr__ imports on first use
+    from attn_mt.analysis.explain import Explanation
+    from attn_mt.analysis.heads import HeadsReport
+    from attn_mt.api.attention import Attention
+    from attn_mt.api.commands import average, bench, compare_rnn, download, export_model, prepare
+    from attn_mt.api.model import Model, load
+    from attn_mt.api.training import Run, configure, train
+    from attn_mt.config import DecodeConfig, ExperimentConfig
+    from attn_mt.decoding.scoring import Score
+    from attn_mt.decoding.search import Translation
+    from attn_mt.errors import AttnMTError, ConfigError, InputError, Interrupted, ModelError, RunError, TrainError
+    from attn_mt.serve import create_app

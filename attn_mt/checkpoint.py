@@ -23,13 +23,14 @@ import torch
 from attn_mt.config import ConfigError, ExperimentConfig, from_dict, to_dict
 from attn_mt.config.yamlconf import first_line, show
 from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.errors import ModelError
 from attn_mt.models import Seq2Seq, build_model, empty_model
 
 FORMAT_VERSION = 2
 READABLE = (1, 2)  # formats this attn-mt loads
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ModelError):
     """A checkpoint that is missing, damaged or from an incompatible version."""
 
 
@@ -74,6 +75,29 @@ def open_new(folder: Path, prefix: str, suffix: str) -> tuple[BinaryIO, Path]:
             continue
         return os.fdopen(fd, "wb"), tmp
     raise FileExistsError(errno.EEXIST, "no free temporary file name", str(Path(folder) / prefix))
+
+
+def write_atomic(path: Path | str, data: str | bytes) -> Path:
+    """Write a file a user keeps (a report, a page) whole or not at all: a new O_EXCL temporary file beside
+    it, fsync, rename over `path`, fsync the folder. Raises OSError (naming the file) when it cannot."""
+    path, tmp = Path(path), None
+    try:
+        f, tmp = open_new(path.parent, f".{path.name}.", ".tmp")
+        with f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+    return path
 
 
 _HOST = socket.gethostname().replace("/", "_")  # temp names say which machine's process writes them

@@ -1,4 +1,7 @@
-"""The `attn-mt` command line: each verb parses, loads, calls one library function and prints."""
+"""The `attn-mt` command line: each verb parses, calls the public API (`attn_mt`, attn_mt/api/) and prints.
+
+Errors arrive as `attn_mt.AttnMTError`s naming an argument (`field`); here they become one line naming its flag.
+"""
 
 import functools
 import json
@@ -12,7 +15,7 @@ import typer
 from typer import Argument, Option
 from typer.core import TyperCommand, TyperGroup
 
-from attn_mt.training.memory import reuse_freed_memory  # torch-free, like everything imported up here
+import attn_mt
 
 
 class _GlobalOptionsAnywhere(TyperGroup):
@@ -33,38 +36,43 @@ app = typer.Typer(cls=_GlobalOptionsAnywhere, add_completion=False, no_args_is_h
 @app.callback()
 def main(debug: Annotated[bool, Option(help="Show tracebacks on errors.")] = False,  # read by _Verb.invoke
          quiet: Annotated[bool, Option(help="Only warnings and errors on stderr.")] = False) -> None:
-    reuse_freed_memory()  # ~20-30% faster CPU training steps (attn_mt/training/memory.py)
     logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s",
                         stream=sys.stderr, force=True)
 
 
+FLAGS = {"text": "TEXT", "texts": "TEXT", "beam": "--beam", "n": "--prune", "sources": "--src", "refs": "--ref",
+         "ref": "--ref", "src": "--src", "format": "--format", "json": "--json"}  # argument -> flag where they differ
+
+
+def flag(field: str) -> str:
+    """The CLI's name of an API argument: "beam" -> "--beam", "batch_size" -> "--batch-size"."""
+    return field if field.startswith("-") else FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
 class _Verb(TyperCommand):
-    """A subcommand whose known failures end in one line on stderr and exit status 2 (config), 130 (Ctrl-C)
-    or 1 (the rest); with --debug they end in their traceback."""
+    """A subcommand whose known failures end in one line on stderr and exit status 2 (config, a flag's value),
+    130 (Ctrl-C) or 1 (the rest); with --debug they end in their traceback."""
 
     def invoke(self, ctx):
-        from attn_mt.analysis.explain import ExplainError
-        from attn_mt.checkpoint import CheckpointError
-        from attn_mt.config.yamlconf import ConfigError, OptionError
-        from attn_mt.data.download import DownloadError
-        from attn_mt.data.sources import DataError
-        from attn_mt.device import DeviceError
-        from attn_mt.training.trainer import TrainError, TrainInterrupted
+        from attn_mt.api.terminal import OptionError, RequestError
+        from attn_mt.errors import AttnMTError, ConfigError, Interrupted
 
-        known = (ConfigError, DataError, CheckpointError, TrainError, DownloadError, DeviceError)
         try:
             return super().invoke(ctx)
         except OptionError as e:  # a flag's value: usage, one line naming the flag, status 2
-            raise typer.BadParameter(str(e), ctx=ctx, param_hint=e.option) from None
-        except ExplainError as e:  # a value only the model can check (its layers, heads, tokens): status 2
-            typer.echo(f"error: {'TEXT' if e.field == 'text' else '--' + e.field}: {e.message}", err=True)
+            raise typer.BadParameter(e.message, ctx=ctx, param_hint=e.field and flag(e.field)) from None
+        except RequestError as e:  # a value only the model can check (its layers, heads, tokens): status 2
+            typer.echo(f"error: {flag(e.field)}: {e.message}", err=True)
             raise typer.Exit(2) from None
-        except (*known, KeyboardInterrupt, OSError) as e:
+        except (AttnMTError, KeyboardInterrupt, OSError) as e:
             if ctx.find_root().params["debug"]:
                 raise
-            if isinstance(e, known):
-                kind = {ConfigError: "config error", TrainInterrupted: "interrupted"}.get(type(e), "error")
-                line, status = f"{kind}: {e}", {ConfigError: 2, TrainInterrupted: 130}.get(type(e), 1)
+            if isinstance(e, AttnMTError):
+                kind = "config error" if isinstance(e, ConfigError) else "interrupted" if isinstance(
+                    e, Interrupted) else "error"
+                what = f"{flag(e.field)}: {e.message}" if e.field and not isinstance(e, ConfigError) else str(e)
+                line, status = f"{kind}: {what}", 2 if isinstance(e, ConfigError) else 130 if isinstance(
+                    e, Interrupted) else 1
             elif isinstance(e, KeyboardInterrupt):
                 line, status = "interrupted", 130
             else:  # OSError: a full disk or a vanished directory while writing, anywhere
@@ -99,15 +107,16 @@ def train(config: ConfigOpt, overrides: SetOpt = None,
     """Train a model from a YAML config; writes checkpoints, metrics and results into the run directory.
 
     Under `torchrun --nproc-per-node N -m attn_mt train ...` it trains with DistributedDataParallel."""
-    from attn_mt.config import load_config
-    from attn_mt.training.progress import summary
-    from attn_mt.training.run import train as run_training
-
-    cfg = load_config(config, overrides or [])
-    run_dir = out or Path("runs") / cfg.name
-    run_training(cfg, run_dir, resume=resume, overwrite=overwrite)
+    run = attn_mt.train(config, out, overrides=overrides or [], resume=resume, overwrite=overwrite)
     if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 reports
-        typer.echo(summary(run_dir))
+        typer.echo(run.summary())
+
+
+def _decode(model, beam=None, alpha=None, nbest=None, batch_size=None):
+    """The model's decode settings with the flags given, errors naming the flags."""
+    from attn_mt.api.terminal import DECODE_FLAGS
+
+    return model.options(beam=beam, alpha=alpha, nbest=nbest, batch_size=batch_size, names=DECODE_FLAGS)
 
 
 @_verb()
@@ -125,15 +134,13 @@ def translate(checkpoint: ModelOpt,
     (--checkpoint) decodes with CTranslate2."""
     if fmt not in ("text", "jsonl"):
         raise typer.BadParameter(f"{fmt!r} is not one of 'text', 'jsonl'", param_hint="--format")
-    from attn_mt.data.sources import input_lines
-    from attn_mt.decoding.translator import decode_options, translate_lines
-    from attn_mt.export.ct2_translator import open_translator
+    from attn_mt.api.terminal import input_lines, translate_lines
 
-    translator = open_translator(checkpoint, device)
-    dcfg = decode_options(translator.decode, beam_size=beam, alpha=alpha, nbest=nbest, batch_size=batch_size)
+    model = attn_mt.load(checkpoint, device=device)
+    dcfg = _decode(model, beam, alpha, nbest, batch_size)
     interactive = not texts and input is None and sys.stdin.isatty()
     lines = input_lines(texts, input, "> " if interactive else "")
-    for out in translate_lines(translator, lines, dcfg, fmt, stream=stream or interactive):
+    for out in translate_lines(model, lines, dcfg, fmt, stream=stream or interactive):
         typer.echo(out)  # click.echo flushes
 
 
@@ -142,17 +149,13 @@ def evaluate(checkpoint: ModelOpt, src: SrcOpt, ref: RefOpt,
              beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None, device: DeviceOpt = "auto",
              as_json: Annotated[bool, Option("--json", help="Print JSON.")] = False) -> None:
     """Translate --src and score it against --ref with sacrebleu BLEU and chrF (--checkpoint: file or export)."""
-    from attn_mt.data.sources import read_aligned
-    from attn_mt.decoding.translator import decode_options, evaluate_texts
-    from attn_mt.export.ct2_translator import open_translator
-
-    sources, refs = read_aligned(src, ref)
-    translator = open_translator(checkpoint, device)
-    dcfg = decode_options(translator.decode, beam_size=beam, alpha=alpha, batch_size=batch_size, nbest=1)
-    result = evaluate_texts(translator, sources, refs, dcfg)
+    model = attn_mt.load(checkpoint, device=device)
+    _decode(model, beam, alpha, None, batch_size)  # the flags' errors before any work
+    result = model.evaluate(src, ref, beam=beam, alpha=alpha, batch_size=batch_size)
+    decode = result["decode"]
     typer.echo(json.dumps(result, indent=2) if as_json else
-               f"beam {dcfg.beam_size}, alpha {dcfg.alpha}\nBLEU {result['bleu']:.2f}  ({result['bleu_signature']})\n"
-               f"chrF {result['chrf']:.2f}  ({result['chrf_signature']})")
+               f"beam {decode['beam_size']}, alpha {decode['alpha']}\nBLEU {result['bleu']:.2f}  "
+               f"({result['bleu_signature']})\nchrF {result['chrf']:.2f}  ({result['chrf_signature']})")
 
 
 @_verb()
@@ -160,29 +163,29 @@ def average(checkpoints: Annotated[list[Path], Argument(help="Checkpoints of one
             out: Annotated[Path, Option(help="Where to write the averaged checkpoint.")],
             force: Annotated[bool, Option(help="Also average checkpoints of different runs.")] = False) -> None:
     """Average the weights of several checkpoints of one run into one checkpoint for translate/evaluate."""
-    from attn_mt.training.rundir import average_files
-
-    average_files(checkpoints, out, force=force)
+    attn_mt.average(checkpoints, out, force=force)
     typer.echo(f"averaged {len(checkpoints)} checkpoints into {out}")
 
 
 @_verb()
 def download(dataset: Annotated[str, Argument(help="Dataset name: multi30k.")] = "multi30k",
              out: Annotated[Path, Option(help="Directory for {split}.{lang} files.")] = Path("data/multi30k")) -> None:
-    """Fetch a corpus (Hugging Face hub, else its original URL) into line-aligned text files."""
-    from attn_mt.data.download import download as run_download
-
-    typer.echo("\n".join(map(str, run_download(dataset, out))))
+    """Fetch a corpus (its original URL, else the Hugging Face hub) into line-aligned text files."""
+    typer.echo("\n".join(map(str, attn_mt.download(dataset, out))))
 
 
 @_verb()
 def attention(checkpoint: CkptOpt, text: TextArg, out: Annotated[Path, Option(help="Directory for the PNG figures.")],
-              beam: BeamOpt = None, device: DeviceOpt = "auto") -> None:
+              beam: BeamOpt = None, device: DeviceOpt = "auto",
+              html: Annotated[Path | None, Option(help="Also write the interactive head view as an HTML page.")] = None,
+              ) -> None:
     """Translate one sentence and draw every attention head of every layer as PNGs in --out."""
-    from attn_mt.decoding.attention_maps import attention_figures
-
-    translation, paths = attention_figures(checkpoint, text, out, beam=beam, device=device)
-    typer.echo("\n".join([translation, *map(str, paths)]))
+    if not text.strip():
+        raise typer.BadParameter("the sentence is empty", param_hint="TEXT")
+    model = attn_mt.load(checkpoint, device=device)
+    att = model.attention(text, beam=beam)
+    paths = att.save_png(out) + ([att.save_html(html)] if html else [])
+    typer.echo("\n".join([att.translation, *map(str, paths)]))
 
 
 @_verb()
@@ -196,10 +199,15 @@ def explain(checkpoint: CkptOpt, text: TextArg,
             json_out: JsonOpt = None, device: DeviceOpt = "auto") -> None:
     """One head's attention for one query token, step by step (Q, K, V; scores; scaled; mask and softmax;
     values; W_o), recomputed from the model's weights and checked against its own output."""
-    from attn_mt.analysis.explain import explain_checkpoint, render
+    from attn_mt.api.terminal import RequestError, explanation_text
 
-    typer.echo(render(explain_checkpoint(checkpoint, text, kind=kind, layer=layer, head=head, token=token,
-                                         beam=beam, device=device, json_out=json_out)))
+    if not text.strip():  # before loading the model
+        raise RequestError("text", "the sentence is empty")
+    model = attn_mt.load(checkpoint, device=device)
+    result = model.explain(text, kind=kind, layer=layer, head=head, token=token, beam=beam)
+    if json_out:
+        result.save_json(json_out)
+    typer.echo(explanation_text(result))
 
 
 @_verb()
@@ -221,7 +229,7 @@ def serve(checkpoint: ModelOpt,
     sock = listen(host, port)  # before the model loads and the banner: a busy port is one error line
     limits = Limits(max_texts=max_texts, max_chars=max_chars, max_work=max_work, max_queue=max_queue,
                     header_timeout_s=read_timeout, body_timeout_s=read_timeout)
-    server = create_app(checkpoint, limits, device=device, allowed_hosts=allowed_hosts(host, allow_host))
+    server = create_app(attn_mt.load(checkpoint, device=device), limits, allowed_hosts=allowed_hosts(host, allow_host))
     typer.echo(f"attn-mt serve: http://{host}:{port}/  (API docs /docs; Ctrl-C stops)")
     run(server, sock, limits)
 
@@ -234,9 +242,7 @@ def export(checkpoint: CkptOpt,
     """Write a Transformer checkpoint as a CTranslate2 model (`translate` and `evaluate` take the directory as
     --checkpoint; the export extra) or, with --format transformers, as a Hugging Face model folder with a model
     card, ready to push to the hub (the hf extra)."""
-    from attn_mt.export import export_model
-
-    typer.echo("\n".join(map(str, export_model(checkpoint, out, fmt, quantization))))
+    typer.echo("\n".join(map(str, attn_mt.export_model(checkpoint, out, format=fmt, quantization=quantization))))
 
 
 @_verb()
@@ -246,14 +252,12 @@ def prepare(config: ConfigOpt, overrides: SetOpt = None,
                                                           "and lock files no process holds.")] = False) -> None:
     """Train the tokenizer and tokenize the training split into the data cache (data.cache_dir), ahead of
     `train`: a cluster job, its ranks and later runs of the same data then start from it."""
-    from attn_mt.config import load_config
-    from attn_mt.data import cache, tidy
+    from attn_mt.api.commands import cache_survey
 
-    cfg = load_config(config, overrides or [])
     if list_ or clean:
-        typer.echo("\n".join((tidy.clean if clean else tidy.survey)(cache.cache_root(cfg.data))))
+        typer.echo("\n".join(cache_survey(config, overrides or [], clean=clean)))
     else:
-        typer.echo(cache.prepare(cfg).describe())
+        typer.echo(attn_mt.prepare(config, overrides or []).describe())
 
 
 @_verb("compare-rnn")
@@ -261,13 +265,11 @@ def compare_rnn(config: ConfigOpt, overrides: SetOpt = None,
                 out: Annotated[Path | None, Option(help="Report directory (runs/compare).")] = None,
                 quick: Annotated[bool, Option(help="Toy corpus, small models.")] = False) -> None:
     """Train the Transformer and the RNN on the same data and clock; report speed, BLEU, length scaling."""
-    from attn_mt.config.compare_rnn import load_compare_config
-    from attn_mt.measure.compare import compare_rnn as run_compare
-    from attn_mt.measure.report import summary
+    from attn_mt.api.terminal import compare_text
 
-    setup = load_compare_config(config, overrides or [], quick=quick)
     out = out or Path("runs") / ("compare_quick" if quick else "compare")
-    typer.echo(f"{summary(run_compare(setup, out))}\nreport: {out / 'report.md'}")
+    typer.echo(f"{compare_text(attn_mt.compare_rnn(config, overrides or [], out=out, quick=quick))}\n"
+               f"report: {out / 'report.md'}")
 
 
 @_verb()
@@ -278,23 +280,29 @@ def bench(config: ConfigOpt, overrides: SetOpt = None, json_out: JsonOpt = None,
           sentences: Annotated[int, Option(min=1, help="Test sentences to translate.")] = 100,
           compiled: Annotated[bool, Option("--compile", help="Also time ours under torch.compile.")] = False) -> None:
     """Training tokens/s against torch.nn.Transformer, MFU against the matmul peak, translation speed."""
-    from attn_mt.config import load_config
-    from attn_mt.measure.bench import format_report, run_bench
+    from attn_mt.api.terminal import bench_text
 
-    result = run_bench(load_config(config, overrides or []), checkpoint=checkpoint, repeats=repeats,
-                       steps=steps, compile=compiled, sentences=sentences, json_out=json_out)
-    typer.echo(format_report(result))
+    result = attn_mt.bench(config, overrides or [], checkpoint=checkpoint, repeats=repeats, steps=steps,
+                           compile=compiled, sentences=sentences, json_out=json_out)
+    typer.echo(bench_text(result))
 
 
 @_verb()
 def heads(checkpoint: CkptOpt, src: SrcOpt, ref: RefOpt, json_out: JsonOpt = None, device: DeviceOpt = "auto",
           sentences: Annotated[int, Option(min=1, help="Use the first N lines.")] = 200,
           png: Annotated[Path | None, Option(help="Draw every head's importance and role in one PNG.")] = None,
+          html: Annotated[Path | None, Option(help="The table and the picture as an HTML page.")] = None,
           prune: Annotated[int, Option(min=0, help="Remove the N least important heads (with --out).")] = 0,
           out: Annotated[Path | None, Option(help="Where --prune writes the pruned checkpoint.")] = None) -> None:
     """Mask each attention head in turn: the BLEU and loss it costs, and where its attention goes."""
-    from attn_mt.analysis import overview
-    from attn_mt.analysis.heads import analyse_heads
+    from attn_mt.api.terminal import heads_table, save_heads_report
 
-    report = analyse_heads(checkpoint, src, ref, n_sentences=sentences, prune_n=prune, out=out, device=device)
-    typer.echo("\n".join([overview.table(report), *map(str, overview.save(report, json_out, png))]))
+    if prune and out is None:
+        raise attn_mt.InputError(f"--prune {prune} needs --out FILE: where to write the pruned checkpoint")
+    if out is not None and not prune:
+        raise attn_mt.InputError("--out is where --prune N writes the pruned checkpoint; give --prune N too")
+    model = attn_mt.load(checkpoint, device=device)
+    report = model.prune(prune, src, ref, sentences=sentences, out=out).report if prune else \
+        model.heads(src, ref, sentences=sentences)
+    written = save_heads_report(report, json_out, png) + ([report.save_html(html)] if html else [])
+    typer.echo("\n".join([heads_table(report), *map(str, written)]))

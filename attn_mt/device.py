@@ -9,10 +9,12 @@ import platform
 
 import torch
 
+from attn_mt.errors import RunError
+
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
-class DeviceError(RuntimeError):
+class DeviceError(RunError):
     """A device or precision this machine does not have; the message says which."""
 
 

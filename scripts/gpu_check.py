@@ -114,7 +114,7 @@ def collect(out: Path, results: dict[str, dict]) -> None:
     report = out / "compare" / "report.json"
     if report.exists():
         results["compare"]["report"] = json.loads(report.read_text())
-    from attn_mt.training.rundir import RunDir
+    from attn_mt.rundir import RunDir
 
     run = RunDir(out / "run")
     if run.results.exists():

@@ -24,23 +24,26 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attn_mt.checkpoint import CheckpointError, load_model
+from attn_mt.checkpoint import CheckpointError, load_model, write_atomic
 from attn_mt.config import ConfigError, DecodeConfig
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.search import max_lengths, prepare_sources, search
 from attn_mt.device import pick_device
+from attn_mt.errors import InputError
 from attn_mt.models import Seq2Seq
 from attn_mt.models.attention import CrossAttention, MultiHeadAttention, SelfAttention
 
 KINDS = {"encoder": "encoder_self", "decoder": "decoder_self", "cross": "cross"}  # flag -> attention map name
 
 
-class ExplainError(ValueError):
+class ExplainError(InputError):
     """A request `explain` cannot answer; `field` names the argument at fault (layer, head, token, ...)."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field, self.message = field, message
+        super().__init__(message, field)
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,13 @@ class Explanation:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
+
+    def save_json(self, path: str | Path) -> Path:
+        """Every number of the explanation as JSON, written atomically."""
+        return write_atomic(path, self.to_json() + "\n")
+
+    def __str__(self) -> str:
+        return render(self)
 
 
 def _g(x: float | Tensor) -> float:

@@ -201,7 +201,7 @@ def analyse_heads(path: Path, src: Path, ref: Path, *, n_sentences: int = 200, p
     check_request(path, src, ref, prune_n, out)
     sources, refs = read_lines(src), read_lines(ref)
     if len(sources) != len(refs):
-        raise HeadsError(f"--src and --ref differ: {src} has {len(sources)} lines, {ref} has {len(refs)}")
+        raise HeadsError(f"{src} has {len(sources)} lines, {ref} has {len(refs)}", "ref")
     dev = pick_device(device)
     state = ckpt.load(path)
     try:
@@ -212,11 +212,41 @@ def analyse_heads(path: Path, src: Path, ref: Path, *, n_sentences: int = 200, p
     if not isinstance(model, Transformer):
         raise ckpt.CheckpointError(f"--checkpoint {path}: an {kind.upper()} model; heads needs a Transformer "
                                    "(the RNN has one additive attention, no heads)")
-    before = [Head(**h) for h in state.get("pruned_heads", [])]
+    report, gone = analyse(model, cfg, tok, sources, refs, name=str(path), before=pruned_list(state),
+                           n_sentences=n_sentences, prune_n=prune_n, device=dev)
+    if prune_n:
+        report.out = str(out)
+        ckpt.save(pruned_state(model, state, gone, path.name), out)
+    return report
+
+
+def pruned_list(state: dict) -> list[Head]:
+    """The heads a checkpoint lists as pruned already."""
+    return [Head(**h) for h in state.get("pruned_heads") or []]
+
+
+def pruned_state(model: Transformer, state: dict, gone: list[Head], source: str) -> dict:
+    """The checkpoint dict of `model`, pruned from the one `state` describes (its config, tokenizer and step
+    kept; `pruned_heads` lists those pruned before and `gone`)."""
+    kept = {k: state[k] for k in ("config", "tokenizer", "step", "epoch", "best_bleu") if k in state}
+    return {**kept, "model": {k: v.cpu() for k, v in model.state_dict().items()},
+            "pruned_heads": [asdict(h) for h in [*pruned_list(state), *gone]], "pruned_from": source}
+
+
+def analyse(model: Transformer, cfg, tok: Tokenizer, sources: list[str], refs: list[str], *, name: str,
+            before: list[Head] = (), n_sentences: int = 200, prune_n: int = 0, device: torch.device | str = "cpu",
+            ) -> tuple[HeadsReport, list[Head]]:
+    """Mask every head of a loaded Transformer in turn on the first `n_sentences` of `sources`/`refs`, measure
+    the roles, and with `prune_n` prune that many heads greedily, in place; returns the report and the heads
+    pruned (`name` labels the report: the checkpoint's path)."""
+    if len(sources) != len(refs):
+        raise HeadsError(f"sources and references differ: {len(sources)} against {len(refs)} lines", "ref")
+    dev = torch.device(device)
+    before = list(before)
     heads = all_heads(model)
     if prune_n > len(heads) - len(before):
         left = f" ({len(before)} pruned already)" if before else ""
-        raise HeadsError(f"--prune {prune_n}: the model has {len(heads)} heads{left}")
+        raise HeadsError(f"{prune_n}: the model has {len(heads)} heads{left}", "prune")
     data = sentences(sources[:n_sentences], refs[:n_sentences], tok, model.max_positions)
     dcfg = replace(cfg.decode, beam_size=1, nbest=1)
     start = time.perf_counter()
@@ -230,19 +260,17 @@ def analyse_heads(path: Path, src: Path, ref: Path, *, n_sentences: int = 200, p
     rows = [{"kind": h.kind, "layer": h.layer, "head": h.head, "bleu": b, "loss": round(loss, 4),
              "d_bleu": round(b - base_bleu, 2), "d_loss": round(loss - base_loss, 4), "roles": roles[h]}
             for h, (b, loss) in masked_scores.items()]
-    report = HeadsReport(str(path), len(data.src), base_bleu, round(base_loss, 4), rows, round(per_head, 2),
+    report = HeadsReport(name, len(data.src), base_bleu, round(base_loss, 4), rows, round(per_head, 2),
                          pruned_before=[str(h) for h in before])
+    gone: list[Head] = []
     if prune_n:
         gone = prune_greedily(model, tok, data, dcfg, dev, prune_n, [h for h in heads if h not in before],
                               {h: s[1] for h, s in masked_scores.items()}, before, report)
         prune(model, gone)
         bleu_after, loss_after = measure(model, tok, data, dcfg, dev)  # the pruned weights, no mask
-        report.bleu_after, report.loss_after, report.out = bleu_after, round(loss_after, 4), str(out)
-        kept = {k: state[k] for k in ("config", "tokenizer", "step", "epoch", "best_bleu") if k in state}
-        ckpt.save({**kept, "model": {k: v.cpu() for k, v in model.state_dict().items()},
-                   "pruned_heads": [asdict(h) for h in [*before, *gone]], "pruned_from": path.name}, out)
+        report.bleu_after, report.loss_after = bleu_after, round(loss_after, 4)
     report.seconds = round(time.perf_counter() - start, 1)
-    return report
+    return report, gone
 
 
 def prune_greedily(model: Transformer, tok: Tokenizer, data: Sentences, dcfg: DecodeConfig, dev: torch.device,

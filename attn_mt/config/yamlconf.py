@@ -20,18 +20,22 @@ from typing import Any, Literal
 
 import yaml
 
+from attn_mt.errors import ConfigError, InputError
 
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the key and what is allowed."""
+__all__ = ["ConfigError", "OptionError"]
 
 
-class OptionError(ValueError):
-    """A command's option value that cannot be used; `option` is the option as its caller names it (e.g. the
-    flag "--beam"), or None where the message already names it."""
+class OptionError(InputError):
+    """An argument's value that cannot be used; `option` (= `field`) names the argument as the Python API
+    spells it ("beam", "overwrite"), or is None where the message already names it. The CLI shows it as
+    its flag ("--beam")."""
 
     def __init__(self, message: str, option: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, option)
         self.option = option
+
+    def __str__(self) -> str:
+        return self.message
 
 
 _repr = reprlib.Repr()

@@ -10,11 +10,12 @@ import urllib.request
 from pathlib import Path
 
 from attn_mt.config.yamlconf import first_line
+from attn_mt.errors import RunError
 
 log = logging.getLogger(__name__)
 
 
-class DownloadError(RuntimeError):
+class DownloadError(RunError):
     """A corpus that could not be fetched (offline, unknown name, ...)."""
 
 

@@ -23,11 +23,12 @@ from tqdm import tqdm
 
 from attn_mt.config import DataConfig
 from attn_mt.config.yamlconf import first_line
+from attn_mt.errors import InputError
 
 log = logging.getLogger(__name__)
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """Unusable data; the message names the file, line or split."""
 
 

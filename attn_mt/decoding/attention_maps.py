@@ -98,7 +98,7 @@ def attention_figures(checkpoint: Path, text: str, out_dir: Path, *, beam: int |
     (decoded as its decode section says, with `beam` if given); a folder (an export) or an RNN is refused in
     one line."""
     if not text.strip():
-        raise OptionError("the sentence is empty", "TEXT")
+        raise OptionError("the sentence is empty", "text")
     if checkpoint.is_dir():
         raise CheckpointError(f"{checkpoint}: a folder (an export?); attention figures need a PyTorch checkpoint "
                               "file written by `attn-mt train`, e.g. RUN/checkpoint_best.pt")

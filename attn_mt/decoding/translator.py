@@ -43,10 +43,9 @@ class Translator:
 
 
 def checkpoint_translator(path: Path | str, device: str = "auto") -> Translator:
-    """A PyTorch checkpoint file written by `attn-mt train`, ready to translate (an export folder: export's
-    `open_translator`, which chooses between the two)."""
+    """A PyTorch checkpoint file written by `attn-mt train`, ready to translate (`attn_mt.load` chooses between
+    this and an export folder)."""
     from attn_mt import checkpoint
-    from attn_mt.decoding.search import translate_nbest
     from attn_mt.device import pick_device
 
     path, dev = Path(path), pick_device(device)
@@ -55,8 +54,20 @@ def checkpoint_translator(path: Path | str, device: str = "auto") -> Translator:
         model, cfg, tok = checkpoint.model_from_state(state, dev)
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    return Translator("checkpoint", path, cfg.decode, tok, functools.partial(translate_nbest, model, tok, device=dev),
-                      str(dev), model, cfg, {k: state.get(k) for k in ("step", "epoch", "best_bleu")})
+    return model_translator(model, cfg, tok, dev, path, state)
+
+
+KEPT = ("step", "epoch", "best_bleu", "pruned_heads", "pruned_from")  # what a Translator keeps of its checkpoint
+
+
+def model_translator(model, cfg, tok: Tokenizer, device, path: Path | str, state: dict | None = None) -> Translator:
+    """A loaded PyTorch model (in eval mode, on `device`) as a Translator; `state` is its checkpoint's dict."""
+    from attn_mt.decoding.search import translate_nbest
+
+    state = state or {}
+    return Translator("checkpoint", Path(path), cfg.decode, tok,
+                      functools.partial(translate_nbest, model, tok, device=device), str(device), model, cfg,
+                      {k: state.get(k) for k in KEPT})
 
 
 FLAGS = {"beam_size": "--beam", "alpha": "--alpha", "nbest": "--nbest", "batch_size": "--batch-size"}  # the CLI's

@@ -1,11 +1,11 @@
 """Export: write a checkpoint as a model folder (CTranslate2 in ctranslate2.py, Hugging Face in
 transformers.py; both read it through checkpoint_reader.py, whose `ExportError` they raise), and
-translate with a CTranslate2 one (ct2_translator.py, whose `open_translator` opens a checkpoint or an
-export). Every exporter writes through `folder.publish`: a temporary folder beside the target, renamed
-into place, replacing only an earlier export (its manifest lists its files).
+translate with a CTranslate2 one (ct2_translator.py: an export as a `Translator`). Every exporter writes
+through `folder.publish`: a temporary folder beside the target, renamed into place, replacing only an
+earlier export (its manifest lists its files).
 
-May import config, checkpoint, device, data (the tokenizer), models, decoding and training (the run
-directory's files, `training.rundir`, and nothing else of it); never measure or serve.
+May import config, checkpoint, device, data (the tokenizer), models, decoding and rundir (the run
+directory's files, for the model card); never training, measure, api or serve.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ def export_model(checkpoint: Path, out: Path, fmt: str = "ctranslate2", quantiza
     from attn_mt.export.ctranslate2 import check_quantization, export_ct2
 
     if fmt not in FORMATS:
-        raise OptionError(f"{fmt!r} is not one of {', '.join(map(repr, FORMATS))}", "--format")
+        raise OptionError(f"{fmt!r} is not one of {', '.join(map(repr, FORMATS))}", "format")
     if fmt == "ctranslate2":
         return export_ct2(checkpoint, out, quantization)
     check_quantization(quantization)
     if quantization != "float32":
-        raise OptionError("a transformers export keeps float32 weights", "--quantization")
+        raise OptionError("a transformers export keeps float32 weights", "quantization")
     from attn_mt.export.transformers import export_hf
 
     return export_hf(checkpoint, out)

@@ -1,6 +1,6 @@
 """Translating with an exported model (`attn-mt export`) through CTranslate2, returning the same
-`Translation` objects as `decode.translate_nbest`, so the CLI prints both the same way; and
-`open_translator`, which opens either a checkpoint file or an export folder as a `Translator`.
+`Translation` objects as `decode.translate_nbest`, so the CLI prints both the same way (`export_translator`:
+an export folder as a `Translator`).
 
 How our decode settings map (docs/export.md):
     beam_size 1     CTranslate2 greedy search; the same tokens as ours on the same weights.
@@ -30,7 +30,7 @@ from attn_mt.config.yamlconf import first_line
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.beam import Hypothesis, length_penalty
 from attn_mt.decoding.search import Translation, max_lengths, prepare_sources
-from attn_mt.decoding.translator import Translator, checkpoint_translator
+from attn_mt.decoding.translator import Translator
 from attn_mt.export.checkpoint_reader import ExportError
 from attn_mt.export.ctranslate2 import META, require_ctranslate2
 
@@ -106,16 +106,11 @@ def load_exported(path: Path | str, device: str = "cpu", *, compute_type: str = 
     return Exported(translator, tok, meta["decode"], meta["max_positions"], meta.get("step"))
 
 
-def open_translator(path: Path | str, device: str = "auto") -> Translator:
-    """A checkpoint file (PyTorch) or a directory written by `attn-mt export` (CTranslate2): what
-    `translate`, `evaluate` and `serve` open."""
-    return export_translator(path, device) if is_export(path) else checkpoint_translator(path, device)
-
-
-def export_translator(path: Path | str, device: str = "auto") -> Translator:
-    """An export folder as a `Translator` (no model: CTranslate2 has no attention maps to show)."""
+def export_translator(path: Path | str, device: str = "auto", threads: int = 0) -> Translator:
+    """An export folder as a `Translator` (no model: CTranslate2 has no attention maps to show); `threads` is
+    CTranslate2's intra_threads (0: its default). `attn_mt.load` chooses between this and a checkpoint."""
     dev = ct2_device(device)
-    exported = load_exported(path, dev)
+    exported = load_exported(path, dev, threads=threads)
     return Translator("export", Path(path), exported.decode, exported.tok, functools.partial(translate_nbest, exported),
                       dev, state={"step": exported.step})
 

@@ -117,7 +117,7 @@ def build_spec(weights: dict, mcfg, tok: Tokenizer):
 def check_quantization(quantization: str) -> None:
     """One of QUANTIZATIONS, else an OptionError naming `attn-mt export`'s flag."""
     if quantization not in QUANTIZATIONS:
-        raise OptionError(f"{quantization!r} is not one of {', '.join(QUANTIZATIONS)}", "--quantization")
+        raise OptionError(f"{quantization!r} is not one of {', '.join(QUANTIZATIONS)}", "quantization")
 
 
 def export_ct2(checkpoint: Path, out: Path, quantization: str = "float32") -> list[Path]:

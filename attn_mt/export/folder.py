@@ -17,10 +17,12 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from attn_mt.errors import InputError
+
 MANIFEST = "attn_mt_manifest.json"  # what the export wrote, so a later one knows what it may replace
 
 
-class FolderError(ValueError):
+class FolderError(InputError):
     """An export folder that cannot be written or replaced; one line names the folder and why."""
 
 

@@ -26,7 +26,7 @@ from attn_mt.config import ExperimentConfig, to_dict
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.export.checkpoint_reader import ExportError, read_transformer
 from attn_mt.export.folder import FolderError, publish
-from attn_mt.training.rundir import RunDir
+from attn_mt.rundir import RunDir
 
 INSTALL = "pip install 'attn-mt[hf]'"
 

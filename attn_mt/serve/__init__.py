@@ -4,12 +4,13 @@
     guards.py   ASGI middleware: Host allow-list, body limit and body read timeout
     batcher.py  the bounded job queue and one model worker thread; whole model calls (exports, RNN checkpoints)
     scheduler.py  continuous batching (Transformer checkpoints): requests join and leave at every decoder step
-    engine.py   the model (a checkpoint or an export folder): translate, attention maps, explain, facts
+    engine.py   the loaded model (`attn_mt.Model`): translate, attention maps, explain, facts
     app.py      the FastAPI app: page, /api/translate (JSON or streamed events), /api/attention, /api/explain,
                 /api/info
     server.py   uvicorn: our own socket, header and answer timeouts, no body read after a refusal, a quick Ctrl-C
 
-May import config, checkpoint, device, data, models, decoding, export and analysis; never training or measure.
+May import config, checkpoint, device, data, models, decoding, api (a loaded model, `api.Model`) and analysis;
+never training, measure or export.
 """
 
 from __future__ import annotations

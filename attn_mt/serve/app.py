@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from concurrent.futures import Future
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict
@@ -15,6 +16,8 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from pydantic_core import to_json
 from starlette.exceptions import HTTPException
+
+from attn_mt.api.model import Model, load
 
 from .api import (
     ApiError,
@@ -43,12 +46,12 @@ Requests from concurrent clients are decoded together in batches by one model wo
 Errors are `{"error": "<field>: <why>", "field": "<field>"}` with a 4xx status."""
 
 
-def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto",
+def create_app(model: Model | str | os.PathLike, limits: Limits = Limits(), device: str = "auto",
                allowed_hosts: tuple[str, ...] = LOOPBACK) -> FastAPI:
-    """The FastAPI app serving `checkpoint` (a checkpoint file or an export folder): `/` (page),
-    `/api/translate`, `/api/attention`, `/api/explain`, `/api/info`; requests whose Host is not in `allowed_hosts`
-    get 400."""
-    engine = Engine(checkpoint, device)
+    """The FastAPI app serving `model` (a loaded `attn_mt.Model`, or the path of a checkpoint file or export
+    folder to load on `device`): `/` (page), `/api/translate`, `/api/attention`, `/api/explain`, `/api/info`;
+    requests whose Host is not in `allowed_hosts` get 400."""
+    engine = Engine(model if isinstance(model, Model) else load(model, device=device))
     batcher: Batcher | Scheduler
     if engine.continuous:  # sentences join and leave the running batch at every decoder step
         batcher = Scheduler(engine.open_batch, engine.run_one, max_batch=engine.decode.batch_size,

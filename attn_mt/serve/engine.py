@@ -5,19 +5,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
 from pydantic_core import to_json
 
 from attn_mt.analysis.explain import ExplainError, check, explain
+from attn_mt.api.model import Model
 from attn_mt.config import DecodeConfig
 from attn_mt.config.yamlconf import OptionError
 from attn_mt.decoding.attention_maps import attention_maps
 from attn_mt.decoding.continuous import Event, RunningBatch, supports
 from attn_mt.decoding.search import Translation, prepare_sources
 from attn_mt.decoding.translator import decode_options, hypotheses_json
-from attn_mt.export.ct2_translator import open_translator
 from attn_mt.models import count_params
 
 from .api import ApiError, ExplainRequest
@@ -27,15 +26,15 @@ FIELDS = {"beam_size": "beam", "alpha": "alpha", "nbest": "nbest", "batch_size":
 
 
 class Engine:
-    """A checkpoint or an export folder, opened once; every method but `decode_config`, `work` and `info`
-    runs in the worker thread.
+    """A loaded model (`attn_mt.Model`: a checkpoint or an export folder); every method but `decode_config`,
+    `work` and `info` runs in the worker thread.
 
     `interrupt` is called before each decoder step of a PyTorch model (the batcher's `check`, which
     raises to abandon a call nobody waits for); CTranslate2 decodes a call to its end.
     """
 
-    def __init__(self, path: Path, device: str = "auto") -> None:
-        self.translator = open_translator(path, device)
+    def __init__(self, model: Model) -> None:
+        self.translator = model.translator
         self.tok = self.translator.tok
         self.interrupt: Callable[[], None] = lambda: None
         model = self.translator.model

@@ -1,7 +1,6 @@
 """Training: the run (`run.train`), the step (`trainer`), validation and test scoring (`validation`),
-the learning-rate schedule, resuming, the run directory's files (`rundir.RunDir`, their one owner),
-TensorBoard and torch.distributed.
+the learning-rate schedule, resuming, TensorBoard and torch.distributed.
 
-May import config, checkpoint, device, data, models and decoding (search, for validation BLEU); never
-measure, export or serve. Nothing imports the run but the CLI.
+May import config, checkpoint, device, data, models, decoding (search, for validation BLEU) and rundir (the
+run directory's files); never measure, export or serve. Nothing imports the run but the public API.
 """

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from attn_mt.training.rundir import RunDir
+from attn_mt.rundir import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -48,8 +48,8 @@ def check_resumable(resumed: dict, path: Path, cfg: ExperimentConfig) -> None:
     `attn-mt average` writes), or a config that changes the data order or the optimisation."""
     missing = [k for k in ("optimizer", "rng", "tokenizer", "step") if k not in resumed]
     if missing:
-        raise TrainError(f"--resume: {path}: holds weights only (no {', '.join(missing)}; e.g. written by "
-                         "attn-mt average): it translates and evaluates but cannot continue a run")
+        raise TrainError(f"{path}: holds weights only (no {', '.join(missing)}; e.g. written by "
+                         "attn-mt average): it translates and evaluates but cannot continue a run", "resume")
     check_config(resumed["config"], cfg)
 
 
@@ -59,18 +59,18 @@ def check_config(saved: dict, cfg: ExperimentConfig) -> None:
     try:
         changed = config_changes(saved, to_dict(cfg))
     except ConfigError as e:
-        raise TrainError(f"--resume: the checkpoint's config is not valid for this attn-mt: {e}") from None
+        raise TrainError(f"the checkpoint's config is not valid for this attn-mt: {e}", "resume") from None
     if changed:
         what = "; ".join(f"{k} is {show(now)}, the checkpoint was trained with {show(before)}"
                          for k, before, now in changed[:5])
-        raise TrainError(f"--resume: {what} (it would change the data order or the optimisation; "
-                         "start a new run with --overwrite or another --out)")
+        raise TrainError(f"{what} (it would change the data order or the optimisation; "
+                         "start a new run with --overwrite or another --out)", "resume")
 
 
 def check_tokenizer(tokenizer: dict, tok: Tokenizer) -> None:
     if tokenizer != tok.state():
-        raise TrainError("--resume: the tokenizer differs from the checkpoint's (the data or tokenizer "
-                         "settings changed); start a new run instead")
+        raise TrainError("the tokenizer differs from the checkpoint's (the data or tokenizer "
+                         "settings changed); start a new run instead", "resume")
 
 
 def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConfig,
@@ -88,7 +88,7 @@ def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConf
                              int(resumed["step"]))  # one update per counted (finite) step
         trainer.model.load_state_dict(check_weights(trained, trainer.model.state_dict()))
     except CheckpointError as e:
-        raise TrainError(f"--resume: checkpoint_last.pt: {e}") from None
+        raise TrainError(f"checkpoint_last.pt: {e}", "resume") from None
     load_optimizer(trainer.opt, trainer.model, resumed["optimizer"], resumed.get("format_version", FORMAT_VERSION),
                    trained)
     if resumed.get("scaler") and trainer.scaler.is_enabled():
@@ -129,8 +129,8 @@ def _names_by_position(saved: dict, version: int, model: nn.Module, weights: dic
             order.append(name)
     sizes = [len(g["params"]) for g in saved["param_groups"]]
     if sum(sizes) != len(order):
-        raise TrainError(f"--resume: checkpoint_last.pt (checkpoint format {version}) has optimizer state for "
-                         f"{sum(sizes)} parameters, its weights have {len(order)}; start a new run")
+        raise TrainError(f"checkpoint_last.pt (checkpoint format {version}) has optimizer state for "
+                         f"{sum(sizes)} parameters, its weights have {len(order)}; start a new run", "resume")
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return [order[a : a + n] for a, n in zip(starts, sizes, strict=True)]
 
@@ -168,5 +168,5 @@ def load_optimizer(opt: torch.optim.Optimizer, model: nn.Module, saved: dict, ve
                               "params": [ids[n] for n in want]})
         opt.load_state_dict({"state": saved["state"], "param_groups": regrouped})
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise TrainError(f"--resume: checkpoint_last.pt (checkpoint format {version}): optimizer state does not "
-                         f"fit this model: {e}; start a new run") from None
+        raise TrainError(f"checkpoint_last.pt (checkpoint format {version}): optimizer state does not "
+                         f"fit this model: {e}; start a new run", "resume") from None

@@ -29,11 +29,11 @@ from attn_mt.data.cache import Resumed, open_entry
 from attn_mt.data.corpus import Corpus, read_corpus
 from attn_mt.device import pick_device, pick_precision, rng_state
 from attn_mt.models import build_model, count_params
+from attn_mt.rundir import RunDir
 from attn_mt.training import autosize, distributed
 from attn_mt.training.board import Board
 from attn_mt.training.progress import Progress, time_left, write
 from attn_mt.training.resume import check_resumable, finished, optimizer_state, restore
-from attn_mt.training.rundir import RunDir
 from attn_mt.training.schedule import Stop, budget_spent, limit_reached
 from attn_mt.training.trainer import Trainer, TrainError, TrainInterrupted, TrainState
 from attn_mt.training.validation import score_test_split, validate
@@ -94,7 +94,7 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite:
     continues one, and a run that had already finished is not trained further.
     """
     if resume and overwrite:
-        raise OptionError("give one of --resume and --overwrite", "--overwrite")
+        raise OptionError("give one of resume and overwrite, not both", "overwrite")
     run = setup(cfg, RunDir(run_dir), resume, overwrite)
     done = finished(run.state, cfg.train) if resume else None
     if done and run.files.results.exists():

@@ -21,6 +21,7 @@ from attn_mt.config import ExperimentConfig, TrainConfig
 from attn_mt.data.batching import Batch, token_batches
 from attn_mt.data.corpus import Corpus
 from attn_mt.device import autocast
+from attn_mt.errors import Interrupted, TrainError
 from attn_mt.models import Seq2Seq, loss_sum
 from attn_mt.training import distributed
 from attn_mt.training.distributed import World
@@ -30,11 +31,7 @@ from attn_mt.training.schedule import budget_spent, lr_at
 log = logging.getLogger(__name__)
 
 
-class TrainError(RuntimeError):
-    """A run that cannot start or go on; the message says why."""
-
-
-class TrainInterrupted(TrainError):
+class TrainInterrupted(TrainError, Interrupted):
     """Ctrl-C: the run saved checkpoint_last.pt and stopped; `resume=True` continues it."""
 
 

@@ -24,10 +24,10 @@ from attn_mt import checkpoint
 from attn_mt.cli import app
 from attn_mt.config import TrainConfig
 from attn_mt.device import rng_state
+from attn_mt.rundir import RunDir
 from attn_mt.training import trainer as trainer_mod
 from attn_mt.training.distributed import World
 from attn_mt.training.run import TrainError, checkpoint_state, restore, setup, train
-from attn_mt.training.rundir import RunDir
 from attn_mt.training.trainer import TrainStep
 
 ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command

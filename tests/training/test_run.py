@@ -8,8 +8,8 @@ from conftest import SHORT
 from attn_mt import checkpoint
 from attn_mt.device import rng_state
 from attn_mt.models import build_model
+from attn_mt.rundir import RunDir
 from attn_mt.training.run import checkpoint_state, setup, train
-from attn_mt.training.rundir import RunDir
 
 
 def test_run_directory_contents(tiny_run):

@@ -15,9 +15,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import SHORT, cli, one_line_error, snapshot, write_config
 
-from attn_mt import checkpoint
-from attn_mt.training import rundir
-from attn_mt.training.rundir import RunDir
+from attn_mt import checkpoint, rundir
+from attn_mt.rundir import RunDir
 from attn_mt.training.trainer import TrainError
 
 ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command

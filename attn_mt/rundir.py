@@ -23,7 +23,7 @@ from torch import nn
 from attn_mt import checkpoint
 from attn_mt.config import ExperimentConfig, save_config
 from attn_mt.data.cache import Entry
-from attn_mt.training.trainer import TrainError
+from attn_mt.errors import TrainError
 
 # what a run writes once it trains: an earlier run's files that a fresh run must not overwrite
 RUN_FILES = ("checkpoint_*.pt", "metrics.jsonl", "results.json", "test_hyps.txt", "size.json")

@@ -1,0 +1,90 @@
+"""`Model.attention`'s answer: one sentence, its translation and every attention map, as arrays and as views."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from attn_mt.decoding.attention_maps import AttentionMap, plot
+from attn_mt.errors import InputError
+
+KINDS = {"encoder": "encoder_self", "decoder": "decoder_self", "cross": "cross"}  # argument -> map kind
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Every attention head of every layer for one sentence: `weights(kind, layer, head)` gives the arrays,
+    `source_tokens` / `target_tokens` their axes; a notebook shows it as an interactive head view.
+
+    Decoder queries are named by the token they predict (`target_tokens`, </s> last); decoder self-attention's
+    keys are the tokens read (`target_inputs`: <s> first).
+    """
+
+    source: str
+    translation: str
+    maps: list[AttentionMap] = field(repr=False)
+
+    @property
+    def source_tokens(self) -> list[str]:
+        return next(m for m in self.maps if m.kind == "cross").keys
+
+    @property
+    def target_tokens(self) -> list[str]:
+        return next(m for m in self.maps if m.kind == "cross").queries
+
+    @property
+    def target_inputs(self) -> list[str]:
+        dec = [m for m in self.maps if m.kind == "decoder_self"]
+        return dec[0].keys if dec else []
+
+    @property
+    def layers(self) -> dict[str, int]:
+        """How many layers each kind has: {"encoder": 3, "decoder": 3, "cross": 3} (the RNN: cross only)."""
+        return {k: n for k, v in KINDS.items() if (n := sum(m.kind == v for m in self.maps))}
+
+    def map(self, kind: str = "cross", layer: int = 1) -> AttentionMap:
+        """One layer's map of `kind` (encoder, decoder or cross), layers from 1."""
+        name = KINDS.get(kind, kind)
+        found = [m for m in self.maps if m.kind == name]
+        if not found:
+            raise InputError(f"{kind!r} is not one of {', '.join(self.layers)}", "kind")
+        if not 1 <= layer <= len(found):
+            raise InputError(f"{layer} is out of range: {kind} attention has {len(found)} layers", "layer")
+        return found[layer - 1]
+
+    def weights(self, kind: str = "cross", layer: int = 1, head: int | None = None) -> np.ndarray:
+        """Attention weights as a float32 array: (heads, queries, keys), or (queries, keys) for one `head`
+        (from 1). Each row sums to 1 over the keys.
+
+        >>> att.weights("encoder", layer=2, head=1)[att.source_tokens.index("▁dog")]
+        """
+        w = self.map(kind, layer).weights.float().cpu().numpy()
+        if head is None:
+            return w
+        if not 1 <= head <= w.shape[0]:
+            raise InputError(f"{head} is out of range: the model has {w.shape[0]} heads", "head")
+        return w[head - 1]
+
+    def to_html(self) -> str:
+        """The interactive head view as an HTML fragment (self-contained: no network)."""
+        from attn_mt.analysis.views import attention_html
+
+        return attention_html(self.translation, self.maps)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def save_html(self, path: str | os.PathLike) -> Path:
+        """The head view as a standalone HTML page."""
+        from attn_mt.analysis.views import save_html
+
+        return save_html(self.to_html(), Path(path), f"attention: {self.source}")
+
+    def save_png(self, out_dir: str | os.PathLike) -> list[Path]:
+        """Every layer of every kind as `{kind}_layer{n}.png` in `out_dir` (what `attn-mt attention` writes)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        return [plot(m, out / f"{m.kind}_layer{m.layer}.png") for m in self.maps]

@@ -1,0 +1,75 @@
+"""The public API's functions beyond one model: data, checkpoints of a run, exports, measurements, serving.
+Each is one command of the CLI (`attn-mt average` is `attn_mt.average`), callable from Python.
+
+    >>> attn_mt.average(["runs/toy/checkpoint_step0000300.pt", "runs/toy/checkpoint_step0000330.pt"], "avg.pt")
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from .training import Config, configure
+
+
+def average(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, force: bool = False) -> Path:
+    """Average the weights of several checkpoints of one run into `out` (`force`: of different runs too)."""
+    from attn_mt.rundir import average_files
+
+    average_files([Path(p) for p in paths], Path(out), force=force)
+    return Path(out)
+
+
+def download(dataset: str = "multi30k", out: str | os.PathLike = "data/multi30k") -> list[Path]:
+    """Fetch a corpus (its URL, else the Hugging Face hub) into line-aligned `{split}.{lang}` files in `out`."""
+    from attn_mt.data.download import download as fetch
+
+    return fetch(dataset, Path(out))
+
+
+def export_model(checkpoint: str | os.PathLike, out: str | os.PathLike, *, format: str = "ctranslate2",
+           quantization: str = "float32") -> list[Path]:
+    """Write a Transformer checkpoint as a CTranslate2 model folder (`attn_mt.load` opens it) or, with
+    format="transformers", as a Hugging Face model folder with a model card; returns the files written."""
+    from attn_mt.export import export_model as write
+
+    return write(Path(checkpoint), Path(out), format, quantization)
+
+
+def prepare(config: Config | None = None, overrides: Sequence[str] = ()):
+    """Train the tokenizer and tokenize the training split into the data cache (an `Entry`, `.describe()`)."""
+    from attn_mt.data import cache
+
+    return cache.prepare(configure(config, overrides))
+
+
+def cache_survey(config: Config | None = None, overrides: Sequence[str] = (), *, clean: bool = False) -> list[str]:
+    """The data cache's entries and leftovers, a line each; with `clean`, remove the damaged ones and leftovers
+    of stopped builds first."""
+    from attn_mt.data import cache, tidy
+
+    return (tidy.clean if clean else tidy.survey)(cache.cache_root(configure(config, overrides).data))
+
+
+def compare_rnn(config: str | os.PathLike, overrides: Sequence[str] = (), *, out: str | os.PathLike | None = None,
+                quick: bool = False):
+    """Train the Transformer and the RNN on the same data and clock, then time both against sentence length;
+    writes the report into `out` (runs/compare) and returns it."""
+    from attn_mt.config.compare_rnn import load_compare_config
+    from attn_mt.measure.compare import compare_rnn as run_compare
+
+    setup = load_compareconfigure(Path(config), list(overrides), quick=quick)
+    return run_compare(setup, Path(out) if out else Path("runs") / ("compare_quick" if quick else "compare"))
+
+
+def bench(config: Config | None = None, overrides: Sequence[str] = (), *, checkpoint: str | os.PathLike | None = None,
+          repeats: int = 5, steps: int = 2, sentences: int = 100, compile: bool = False,
+          json_out: str | os.PathLike | None = None) -> dict:
+    """Training tokens/s of ours against torch.nn.Transformer, MFU, and (with `checkpoint`) translation speed."""
+    from attn_mt.measure.bench import run_bench
+
+    return run_bench(configure(config, overrides), checkpoint=Path(checkpoint) if checkpoint else None,
+                     repeats=repeats, steps=steps, compile=compile, sentences=sentences,
+                     json_out=Path(json_out) if json_out else None)
+

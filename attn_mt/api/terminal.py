@@ -1,0 +1,16 @@
+"""The text forms of the API's results, as the CLI prints them (and a script may too), and the two errors the
+CLI shows as a flag's fault."""
+
+from attn_mt.analysis.explain import ExplainError as RequestError  # a value only the model can check
+from attn_mt.analysis.explain import render as explanation_text
+from attn_mt.analysis.overview import save as save_heads_report
+from attn_mt.analysis.overview import table as heads_table
+from attn_mt.config.yamlconf import OptionError  # a flag's value
+from attn_mt.data.sources import input_lines
+from attn_mt.decoding.translator import FLAGS as DECODE_FLAGS
+from attn_mt.decoding.translator import translate_lines
+from attn_mt.measure.bench import format_report as bench_text
+from attn_mt.measure.report import summary as compare_text
+
+__all__ = ["DECODE_FLAGS", "OptionError", "RequestError", "bench_text", "compare_text", "explanation_text",
+           "heads_table", "input_lines", "save_heads_report", "translate_lines"]

@@ -1,0 +1,55 @@
+"""The errors attn-mt raises on purpose: one base class and four kinds, each with the thing at fault.
+
+    AttnMTError          the base: `except attn_mt.AttnMTError` catches every known failure
+      ConfigError        a config key or value (the message names the key and what is allowed)
+      InputError         an argument or an input file (`field` names the argument: "beam", "token", "src")
+      ModelError         a checkpoint or export folder that cannot be opened or used
+      RunError           a run that could not go on: training, a device, a download
+        TrainError       training cannot start or go on
+        Interrupted      stopped by Ctrl-C or SIGTERM, after saving what could be saved
+
+`field` is the name of the argument, config key or file at fault, as the Python API spells it (`beam`,
+`train.lr`, `src`); `str(error)` puts it in front of the message. Only the CLI turns fields into flags
+("--beam") and errors into one-line exits (cli.py).
+
+May import nothing of attn_mt.
+"""
+
+from __future__ import annotations
+
+__all__ = ["AttnMTError", "ConfigError", "InputError", "Interrupted", "ModelError", "RunError", "TrainError"]
+
+
+class AttnMTError(Exception):
+    """A failure attn-mt expects and explains in one line; `field` names what is at fault, or is None."""
+
+    def __init__(self, message: str = "", field: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.field = message, field
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
+class ConfigError(AttnMTError, ValueError):
+    """A config that cannot be used; the message names the key and what is allowed."""
+
+
+class InputError(AttnMTError, ValueError):
+    """An argument or input that cannot be used; `field` names the argument (or the file) at fault."""
+
+
+class ModelError(AttnMTError, ValueError):
+    """A checkpoint or export that is missing, damaged, of an incompatible version, or of the wrong kind."""
+
+
+class RunError(AttnMTError, RuntimeError):
+    """Work that started and could not go on: training, a device, a download."""
+
+
+class TrainError(RunError):
+    """Training cannot start or go on (a run directory in the way, a resume that does not fit, a diverged run)."""
+
+
+class Interrupted(RunError):
+    """Stopped on request (Ctrl-C, SIGTERM) after saving what could be saved."""
