@@ -56,6 +56,7 @@ def compare_rnn(config: str | os.PathLike, overrides: Sequence[str] = (), *, out
                 quick: bool = False):
     """Train the Transformer and the RNN on the same data and clock, then time both against sentence length;
     writes the report into `out` (runs/compare) and returns it."""
+    from attn_mt.config.compare_rnn import load_compare_config
     from attn_mt.measure.compare import compare_rnn as run_compare
 
     setup = load_compare_config(Path(config), list(overrides), quick=quick)
