@@ -40,7 +40,7 @@ def main(debug: Annotated[bool, Option(help="Show tracebacks on errors.")] = Fal
                         stream=sys.stderr, force=True)
 
 
-FLAGS = {"text": "TEXT", "texts": "TEXT", "beam": "--beam", "n": "--prune", "sources": "--src", "refs": "--ref",
+FLAGS = {"text": "TEXT", "texts": "TEXT", "path": "--checkpoint", "n": "--prune", "sources": "--src", "refs": "--ref",
          "ref": "--ref", "src": "--src", "format": "--format", "json": "--json"}  # argument -> flag where they differ
 
 

@@ -106,7 +106,7 @@ def test_global_options_after_the_command(tmp_path):
 
 def test_attention_on_a_folder_says_what_it_needs(tmp_path):
     one_line_error(cli("attention", "--checkpoint", tmp_path, "a dog.", "--out", tmp_path / "figs"), 1,
-                   "attention figures need a PyTorch checkpoint file")
+                   "a folder (an export?)")
 
 
 def test_average_without_snapshots_hints_at_keep_last(tiny_run, tmp_path):

@@ -246,7 +246,7 @@ def analyse(model: Transformer, cfg, tok: Tokenizer, sources: list[str], refs: l
     heads = all_heads(model)
     if prune_n > len(heads) - len(before):
         left = f" ({len(before)} pruned already)" if before else ""
-        raise HeadsError(f"{prune_n}: the model has {len(heads)} heads{left}", "prune")
+        raise HeadsError(f"cannot prune {prune_n} heads: the model has {len(heads)}{left}", "prune")
     data = sentences(sources[:n_sentences], refs[:n_sentences], tok, model.max_positions)
     dcfg = replace(cfg.decode, beam_size=1, nbest=1)
     start = time.perf_counter()

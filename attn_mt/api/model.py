@@ -147,10 +147,11 @@ class Model:
     def _transformer(self, what: str):
         """The PyTorch Transformer, or ModelError saying why `what` cannot run on this model."""
         if self.module is None:
-            raise ModelError(f"{self.path}: a CTranslate2 export keeps no attention to show; {what} needs a "
-                             "PyTorch checkpoint file written by `attn-mt train`, e.g. RUN/checkpoint_best.pt")
-        if self.config.model.kind != "transformer" and what != "attention":
-            raise ModelError(f"{self.path}: {what} needs a Transformer, not {self.config.model.kind}")
+            raise ModelError(f"{self.path}: a folder (an export?) keeps no weights to {what}; give a PyTorch "
+                             "checkpoint file written by `attn-mt train`, e.g. RUN/checkpoint_best.pt", "path")
+        if self.config.model.kind != "transformer" and what == "heads":
+            raise ModelError(f"{self.path}: an {self.config.model.kind.upper()} model; {what} needs a Transformer (the "
+                             "RNN has one additive attention, no heads)", "path")
         return self.module
 
     def attention(self, text: str, *, beam: int | None = None):
@@ -164,7 +165,7 @@ class Model:
 
         from .attention import Attention
 
-        model = self._transformer("attention")
+        model = self._transformer("draw")
         if not isinstance(text, str) or not text.strip():
             raise InputError("the sentence is empty", "text")
         translation, maps = attention_maps(model, self.tokenizer, text, self.options(beam=beam, nbest=1),
@@ -241,7 +242,10 @@ class Model:
         model = self._transformer("heads")
         if not isinstance(sentences, int) or sentences < 1:
             raise InputError(f"must be an integer >= 1, not {sentences!r}", "sentences")
-        srcs, references = _lines(sources, "sources"), _lines(refs, "refs")
+        if isinstance(sources, os.PathLike) and isinstance(refs, os.PathLike):
+            srcs, references = read_aligned(Path(sources), Path(refs))
+        else:
+            srcs, references = _lines(sources, "sources"), _lines(refs, "refs")
         if not srcs:
             raise InputError("no sentences to measure on", "sources")
         if prune_n:

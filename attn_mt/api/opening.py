@@ -22,10 +22,14 @@ def open_translator(path: Path | str, device: str = "auto", threads: int | None 
     path = Path(path)
     if path.is_dir():
         from attn_mt.export.ct2_translator import export_translator  # CTranslate2 loads only for an export
+        from attn_mt.export.ctranslate2 import META
+
+        if not (path / META).is_file():
+            raise CheckpointError(f"{path}: a folder (an export?) without {META}; give a checkpoint file written "
+                                  "by `attn-mt train` (e.g. RUN/checkpoint_best.pt) or a folder written by "
+                                  "`attn-mt export`", "path")
 
         return export_translator(path, device, threads=threads or 0)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such checkpoint file or export folder")
     if threads is not None:
         torch.set_num_threads(threads)
     return checkpoint_translator(path, device)

@@ -89,10 +89,10 @@ def decode_options(defaults: DecodeConfig, names: Mapping[str, str] = FLAGS, *, 
     try:
         return replace(defaults, **{k: v for k, v in flags.items() if v is not None})
     except ConfigError as e:  # e.g. "decode.beam_size=0: must be >= 1" -> "--beam 0: must be >= 1"
-        message = str(e)
-        for key in given:
+        message, named = str(e), [k for k in given if f"decode.{k}=" in str(e)]
+        for key in named:
             message = message.replace(f"decode.{key}=", f"{names[key]} ")
-        raise OptionError(message) from None
+        raise OptionError(message, names[named[0]] if named else None) from None
 
 
 def evaluate_texts(translator: Translator, sources: list[str], refs: list[str], dcfg: DecodeConfig) -> dict:

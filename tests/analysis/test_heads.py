@@ -178,8 +178,14 @@ def test_pruned_checkpoint_scores_what_heads_reported(trained, tmp_path):
 
 
 def _rnn(tmp: Path, run: Path) -> Path:
+    from attn_mt.config import from_dict, load_config, to_dict
+    from attn_mt.models import build_model
+
     state = checkpoint.load(run / "checkpoint_best.pt")
-    checkpoint.save({**state, "config": {**state["config"], "model": {"kind": "rnn"}}}, tmp / "rnn.pt")
+    rnn = load_config(None, ["model.kind=rnn", "model.d_embed=16", "model.d_hidden=16", "model.d_attn=16"]).model
+    cfg = replace(from_dict(state["config"]), model=rnn)
+    model = build_model(rnn, **checkpoint.tokenizer_from_state(state["tokenizer"]).sizes())
+    checkpoint.save({**state, "model": model.state_dict(), "config": to_dict(cfg)}, tmp / "rnn.pt")
     return tmp / "rnn.pt"
 
 
@@ -189,13 +195,13 @@ def _short(tmp: Path, run: Path) -> Path:
 
 BAD = {  # name: (arguments after the checkpoint's, the checkpoint, texts of the one line)
     "lines differ": (lambda tmp, run: ["--ref", _short(tmp, run)], lambda tmp, run: run / "checkpoint_best.pt",
-                     ["--src and --ref differ", "test.en has 100 lines", "short.de has 3"]),
+                     ["line counts differ", "test.en has 100 lines", "short.de has 3"]),
     "export folder": (lambda tmp, run: [], lambda tmp, run: tmp, ["--checkpoint", "a folder (an export?)"]),
     "rnn": (lambda tmp, run: [], _rnn, ["--checkpoint", "an RNN model; heads needs a Transformer"]),
     "prune without out": (lambda tmp, run: ["--prune", "2"], lambda tmp, run: run / "checkpoint_best.pt",
                           ["--prune 2 needs --out FILE"]),
     "prune too many": (lambda tmp, run: ["--prune", "7", "--out", tmp / "p.pt"],
-                       lambda tmp, run: run / "checkpoint_best.pt", ["--prune 7: the model has 6 heads"]),
+                       lambda tmp, run: run / "checkpoint_best.pt", ["--prune: cannot prune 7 heads: the model has 6"]),
 }
 
 

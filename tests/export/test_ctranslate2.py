@@ -71,11 +71,11 @@ def test_greedy_and_beam_give_our_translations(tiny_run, exported, toy_test):
         assert theirs[-1][0].text == "" and all(h.score >= b[-1].score for b in theirs for h in b[:1])
 
 
-def test_open_translator_opens_a_checkpoint_file_with_torch_and_a_folder_with_ctranslate2(tiny_run, exported):
-    from attn_mt.export.ct2_translator import open_translator
+def test_load_opens_a_checkpoint_file_with_torch_and_a_folder_with_ctranslate2(tiny_run, exported):
+    import attn_mt
 
-    ckpt = open_translator(tiny_run / "checkpoint_best.pt", "cpu")
-    folder = open_translator(exported, "cpu")
+    ckpt = attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu").translator
+    folder = attn_mt.load(exported, device="cpu").translator
     assert (ckpt.kind, folder.kind) == ("checkpoint", "export")
     assert ckpt.model is not None and folder.model is None and folder.state["step"] == ckpt.state["step"]
     texts = ["a dog", "the old man sees a small dog."]
