@@ -1,4 +1,7 @@
-"""README's shell examples run as written, so an example that stops working fails `make test`.
+"""README's shell and Python examples run as written, so an example that stops working fails `make test`.
+
+The ```python blocks of a document run in order as one script (later blocks use what earlier ones made),
+in the same folder as the shell examples, with the same markers.
 
 Every ```sh / ```bash block of README.md (and of the docs in DOCS, whose blocks can run offline) runs
 in bash (`set -euo pipefail`) in a temporary folder, with this venv's `attn-mt` and `python` first on
@@ -39,7 +42,7 @@ from conftest import MULTI30K, TINY
 ROOT = Path(__file__).resolve().parents[1]
 # README and the linked docs whose examples run offline or are marked (the others' blocks are commands
 # of an hour's training on Multi30k, or need internet, or are run by their own tests)
-DOCS = ("README.md", "docs/compare-rnn.md", "docs/performance.md", "docs/results.md")
+DOCS = ("README.md", "docs/compare-rnn.md", "docs/performance.md", "docs/results.md", "docs/api.md")
 BIN = Path(sys.executable).parent
 MARK = re.compile(r"<!--\s*example:\s*(needs multi30k|needs gpu|not run\b[^>]*?)\s*-->")
 
@@ -62,12 +65,12 @@ SHORTEN = {  # subcommand -> arguments inserted after it
 BENCH_FLAGS = "--repeats 1 --steps 1 --sentences 4"
 
 
-def blocks(doc: str) -> list[tuple[str, str, str]]:
-    """(id, marker or "", text) of every sh/bash block in `doc`."""
+def blocks(doc: str, kinds: tuple[str, ...] = ("```sh", "```bash")) -> list[tuple[str, str, str]]:
+    """(id, marker or "", text) of every sh/bash block (or block of `kinds`) in `doc`."""
     lines = (ROOT / doc).read_text(encoding="utf-8").splitlines()
     found, i = [], 0
     while i < len(lines):
-        if lines[i].strip() in ("```sh", "```bash"):
+        if lines[i].strip() in kinds:
             start, body = i, []
             i += 1
             while i < len(lines) and lines[i].strip() != "```":
@@ -85,6 +88,7 @@ def commands(text: str) -> str:
 
 
 EXAMPLES = [b for doc in DOCS for b in blocks(doc)]
+PYTHON = {doc: found for doc in DOCS if (found := [b for b in blocks(doc, ("```python",)) if not b[1]])}
 SEEN = {}
 for where, _, text in EXAMPLES:
     SEEN.setdefault(commands(text), where)
@@ -129,8 +133,20 @@ def workdir(tmp_path: Path, toy_run: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", PYTHON)
+def test_python_examples_run_as_one_script(doc, toy_run, tmp_path):
+    cwd = workdir(tmp_path, toy_run)
+    script = "\n\n".join(f"# {where}\n{text}" for where, _, text in PYTHON[doc])
+    (cwd / "examples.py").write_text(script, encoding="utf-8")
+    result = subprocess.run([sys.executable, "examples.py"], cwd=cwd, capture_output=True, text=True, timeout=300,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, f"{doc}:\n--- stdout\n{result.stdout[-2000:]}\n--- stderr\n{result.stderr[-3000:]}"
+
+
 def test_every_block_is_found_and_marked_known():
     assert len(EXAMPLES) >= 8, "README's examples were not found"
+    assert "README.md" in PYTHON and "docs/api.md" in PYTHON, "the Python examples were not found"
     for doc in DOCS:
         text = (ROOT / doc).read_text(encoding="utf-8")
         assert len(MARK.findall(text)) == text.count("<!-- example:"), f"{doc}: a marker this test does not know"
