@@ -1,8 +1,9 @@
 """What a training run tells the person waiting for it: progress within each epoch, and one summary at the end.
 
 On a terminal each epoch gets a tqdm bar (steps, tokens/s, loss, learning rate, and the time left
-in the whole run's budget); when stderr is not a terminal (a log file, CI, `make demo | tee`) the
-same figures go out as a plain log line every `every_s` seconds instead, so long work is never silent.
+in the whole run's budget), and in a Jupyter notebook tqdm's notebook bar (`tqdm.auto`); when stderr is
+neither (a log file, CI, `make demo | tee`) the same figures go out as a plain log line every `every_s`
+seconds instead, so long work is never silent.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 from tqdm import tqdm
+from tqdm.auto import tqdm as auto_tqdm
 
 from attn_mt.rundir import RunDir
 
@@ -46,11 +48,13 @@ class Progress:
     def __init__(self, epoch: int, total: int, initial: int = 0, enabled: bool = True,
                  terminal: bool | None = None, every_s: float = PLAIN_EVERY_S) -> None:
         self.epoch, self.total, self.done, self.enabled = epoch, total, initial, enabled
-        self.terminal = sys.stderr.isatty() if terminal is None else terminal
+        notebook = terminal is None and in_notebook()
+        self.terminal = (sys.stderr.isatty() or notebook) if terminal is None else terminal
         self.every_s, self.last_line = every_s, time.perf_counter()
         self.figures: tuple | None = None  # (step, loss, lr, tokens/s, seconds left) of the last report
-        self.bar = tqdm(total=total, initial=initial, desc=f"epoch {epoch}", unit="step", dynamic_ncols=True,
-                        leave=False, disable=not (enabled and self.terminal))
+        bar = auto_tqdm if notebook else tqdm
+        self.bar = bar(total=total, initial=initial, desc=f"epoch {epoch}", unit="step", dynamic_ncols=True,
+                       leave=False, disable=not (enabled and self.terminal))
 
     def update(self) -> None:
         self.done += 1
@@ -89,6 +93,13 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (JupyterLab, VS Code, nbclient), where stderr is no terminal but shows bars."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def write(message: str) -> None:
