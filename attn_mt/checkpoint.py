@@ -259,7 +259,7 @@ def _same_run(path: Path, state: dict, first_path: Path, first: dict) -> None:
     if changed:
         what = "; ".join(f"{k} is {show(new)} there, {show(old)} in {first_path.name}" for k, old, new in changed[:4])
         raise CheckpointError(f"{path}: not of the same run as {first_path} ({what}); averaging checkpoints of "
-                              "different runs gives a broken model (--force averages them anyway)")
+                              "different runs gives a broken model (`force` averages them anyway)")
 
 
 def average(paths: list[Path | str], force: bool = False) -> dict:

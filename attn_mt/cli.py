@@ -7,6 +7,7 @@ import functools
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -77,7 +78,7 @@ class _Verb(TyperCommand):
                 line, status = "interrupted", 130
             else:  # OSError: a full disk or a vanished directory while writing, anywhere
                 line, status = f"error: {f'{e.filename}: ' if e.filename else ''}{e.strerror or e}", 1
-            typer.echo(line, err=True)
+            typer.echo(re.sub(r"`(\w+)`", lambda m: flag(m.group(1)), line), err=True)  # `resume` -> --resume
             raise typer.Exit(status) from None
 
 

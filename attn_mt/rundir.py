@@ -55,7 +55,7 @@ class RunDir:
             return
         if not overwrite:
             raise TrainError(f"{self.path}: holds an earlier run ({len(old)} files, e.g. {old[0].name}); continue it "
-                             "with --resume, start afresh with --overwrite, or choose another --out")
+                             "with `resume`, start afresh with `overwrite`, or choose another `out`")
         for f in old:
             f.unlink(missing_ok=True)
 

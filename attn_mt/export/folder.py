@@ -78,10 +78,10 @@ def _check(out: Path, reads: Sequence[Path]) -> None:
     target = out.resolve()
     for read in reads:
         if Path(read).resolve().is_relative_to(target):
-            raise FolderError(f"{out}: holds {read}, which this export reads; choose another --out")
+            raise FolderError(f"{out}: holds {read}, which this export reads; choose another `out`")
     why = _in_the_way(out)
     if why:
-        raise FolderError(f"{out}: {why}; choose another --out or remove them")
+        raise FolderError(f"{out}: {why}; choose another `out` or remove them")
 
 
 def publish(out: Path, write: Callable[[Path], None], *, reads: Sequence[Path] = ()) -> Path:

@@ -64,7 +64,7 @@ def check_config(saved: dict, cfg: ExperimentConfig) -> None:
         what = "; ".join(f"{k} is {show(now)}, the checkpoint was trained with {show(before)}"
                          for k, before, now in changed[:5])
         raise TrainError(f"{what} (it would change the data order or the optimisation; "
-                         "start a new run with --overwrite or another --out)", "resume")
+                         "start a new run with `overwrite` or another `out`)", "resume")
 
 
 def check_tokenizer(tokenizer: dict, tok: Tokenizer) -> None:

@@ -225,7 +225,7 @@ def run_epoch(run: Run, interrupt: StopOnInterrupt) -> str | None:
                     save_last(run)
             if out.interrupted:
                 save_last(run)
-                raise TrainInterrupted(f"stopped at step {st.step}; {run.files.last} saved, continue with --resume")
+                raise TrainInterrupted(f"stopped at step {st.step}; {run.files.last} saved, continue with `resume`")
     return reason
 
 
