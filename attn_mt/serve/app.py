@@ -16,6 +16,8 @@ from fastapi.staticfiles import StaticFiles
 from pydantic_core import to_json
 from starlette.exceptions import HTTPException
 
+from attn_mt.analysis.views import STATIC as VIEWS_STATIC
+
 from .api import (
     ApiError,
     AttentionRequest,
@@ -71,6 +73,7 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s, check=check_json)
     app.add_middleware(HostCheck, allowed=allowed_hosts)  # the outermost: checked first
     _error_handlers(app)
+    app.mount("/static/analysis", StaticFiles(directory=VIEWS_STATIC), name="views")  # drawSteps: shared, first
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)
