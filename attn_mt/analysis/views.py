@@ -44,7 +44,7 @@ def asset(name: str) -> str:
 
 def _json(data: object) -> str:
     """JSON that can sit inside <script>: <, > and & escaped as \\u003c ..., which JSON.parse reads back."""
-    text = json.dumps(data, ensure_ascii=False, allow_nan=False)
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
@@ -84,12 +84,14 @@ def _view(kind: str, body: str, draw: str | None = None, data: object = None) ->
 def attention_html(translation: str, maps: list[AttentionMap]) -> str:
     """The head view of one sentence's attention maps (decoding.attention_maps): pick kind, layer and head (or
     all heads); hover or click a token to see where it attends (lines and shading) and what attends to it; a
-    heat map per head. Weights are rounded to 4 decimals."""
+    heat map per head. Weights go in as integers per mille (0-1000: 3 decimals, the JSON a third as long).
+
+    About 2.7 bytes a weight: 347 KB for 6 layers x 8 heads x 3 kinds over 30 tokens (random softmax weights)."""
     if not maps:
         raise ValueError("attention_html: no attention maps to show (an RNN or an export has none)")
     payload = {"translation": translation, "maps": [
         {"kind": m.kind, "layer": m.layer, "queries": list(m.queries), "keys": list(m.keys),
-         "weights": (m.weights.float().cpu() * 1e4).round().div(1e4).tolist()}  # (H, Tq, Tk)
+         "permille": (m.weights.float().cpu() * 1000).round().int().tolist()}  # (H, Tq, Tk) weights x 1000
         for m in maps]}
     note = ('<p class="nojs">The head view draws itself with JavaScript: run the cell in a trusted notebook, or '
             f"open the saved HTML file. Translation: {html.escape(translation)}</p>")

@@ -154,8 +154,9 @@ const attnMtViews = (() => {
     return el("label", {}, [`${label} `, node]);
   }
 
-  // data: {translation, maps: [{kind, layer, queries, keys, weights: [head][query][key]}]}
+  // data: {translation, maps: [{kind, layer, queries, keys, permille: [head][query][key]}]}, weights x 1000
   function headView(root, data) {
+    for (const m of data.maps) m.weights = m.permille.map((head) => head.map((row) => row.map((x) => x / 1000)));
     const kinds = Object.keys(KIND_NAMES).filter((k) => data.maps.some((m) => m.kind === k));
     const nHeads = Math.max(...data.maps.map((m) => m.weights.length));
     const controls = el("div", {className: "controls"}, [
@@ -195,24 +196,27 @@ const attnMtViews = (() => {
       const pick = view.hover || view.pinned;
       const width = 380, left = 150, right = 230, n = Math.max(map.queries.length, map.keys.length);
       const height = n * ROW + 8;
-      const shade = {q: map.queries.map(() => 0), k: map.keys.map(() => 0)};
-      const parts = [];
+      const shade = {q: map.queries.map(() => 0), k: map.keys.map(() => 0)};  // the mean weight over the heads
+      const links = [];  // [query, key, weight, head]
       for (const h of heads) {
-        const w = map.weights[h], colour = heads.length > 1 ? HEAD_COLORS[h % HEAD_COLORS.length] : HEAD_COLORS[0];
-        w.forEach((row, q) => row.forEach((x, k) => {
+        map.weights[h].forEach((row, q) => row.forEach((x, k) => {
           if (pick && !(pick.side === "q" ? q === pick.index : k === pick.index)) return;
           if (pick) shade[pick.side === "q" ? "k" : "q"][pick.side === "q" ? k : q] += x / heads.length;
-          if (x < 0.01) return;
-          parts.push(svg("line", {x1: left + 4, y1: q * ROW + ROW / 2 + 4, x2: right - 4, y2: k * ROW + ROW / 2 + 4,
-                                  stroke: colour, "stroke-width": pick ? 2.5 : 1.5,
-                                  "stroke-opacity": (pick ? 0.15 + 0.85 * x : 0.7 * x).toFixed(3)}));
+          links.push([q, k, x, h]);
         }));
       }
+      // with a token picked, its strongest line and the most shaded token are full strength
+      const top = pick ? Math.max(...links.map((l) => l[2])) || 1 : 1 / 0.7;
+      const topShade = Math.max(...shade.q, ...shade.k) || 1;
+      const parts = links.filter(([, , x]) => x >= 0.01).map(([q, k, x, h]) => svg("line", {
+        x1: left + 4, y1: q * ROW + ROW / 2 + 4, x2: right - 4, y2: k * ROW + ROW / 2 + 4,
+        stroke: heads.length > 1 ? HEAD_COLORS[h % HEAD_COLORS.length] : HEAD_COLORS[0],
+        "stroke-width": pick ? 2.5 : 1.5, "stroke-opacity": ((pick ? 0.1 : 0) + 0.9 * x / top).toFixed(3)}));
       const tokens = (side, list, x, anchor) => list.map((t, i) => {
         const picked = pick && pick.side === side && pick.index === i;
         const g = svg("g", {class: `tok${picked ? " picked" : ""}`, "data-side": side, "data-index": i}, [
           svg("rect", {x: anchor === "end" ? x - 140 : x, y: i * ROW + 5, width: 140, height: ROW - 2, rx: 3,
-                       fill: `rgba(47, 111, 179, ${(0.85 * shade[side][i]).toFixed(3)})`}),
+                       fill: `rgba(47, 111, 179, ${(0.75 * shade[side][i] / topShade).toFixed(3)})`}),
           svg("text", {x: anchor === "end" ? x - 4 : x + 4, y: i * ROW + ROW / 2 + 8, "text-anchor": anchor},
               [t.length > 16 ? `${t.slice(0, 15)}…` : t])]);
         g.append(svg("title", {}, [`${side === "q" ? "query" : "key"} ${i}: ${t}`]));
