@@ -81,21 +81,29 @@ def _view(kind: str, body: str, draw: str | None = None, data: object = None) ->
     return "\n".join(parts)
 
 
-def attention_html(translation: str, maps: list[AttentionMap]) -> str:
-    """The head view of one sentence's attention maps (decoding.attention_maps): pick kind, layer and head (or
-    all heads); hover or click a token to see where it attends (lines and shading) and what attends to it; a
-    heat map per head. Weights go in as integers per mille (0-1000: 3 decimals, the JSON a third as long).
-
-    About 2.7 bytes a weight: 347 KB for 6 layers x 8 heads x 3 kinds over 30 tokens (random softmax weights)."""
+def attention_html(translation: str, maps: list[AttentionMap], source: str | None = None) -> str:
+    """The head view of one sentence's attention maps (decoding.attention_maps; weights a tensor or an array):
+    pick kind, layer and head (or all heads); hover or click a token to see where it attends (lines and shading)
+    and what attends to it; a heat map per head. Weights go in as integers per mille (0-1000: 3 decimals, the
+    JSON a third as long): about 2.7 bytes a weight, 347 KB for 6 layers x 8 heads x 3 kinds over 30 tokens
+    (random softmax weights)."""
     if not maps:
         raise ValueError("attention_html: no attention maps to show (an RNN or an export has none)")
-    payload = {"translation": translation, "maps": [
+    payload = {"source": source, "translation": translation, "maps": [
         {"kind": m.kind, "layer": m.layer, "queries": list(m.queries), "keys": list(m.keys),
-         "permille": (m.weights.float().cpu() * 1000).round().int().tolist()}  # (H, Tq, Tk) weights x 1000
-        for m in maps]}
+         "permille": _permille(m.weights)} for m in maps]}
     note = ('<p class="nojs">The head view draws itself with JavaScript: run the cell in a trusted notebook, or '
             f"open the saved HTML file. Translation: {html.escape(translation)}</p>")
     return _view("attention", note, "headView", payload)
+
+
+def _permille(weights) -> list:
+    """(H, Tq, Tk) weights, a tensor (any dtype or device) or an array, as nested lists of round(1000 w)."""
+    import numpy as np
+
+    if hasattr(weights, "detach"):
+        weights = weights.detach().float().cpu().numpy()
+    return np.rint(np.asarray(weights, dtype=np.float64) * 1000).astype(np.int64).tolist()
 
 
 def explanation_html(e: Explanation) -> str:

@@ -89,7 +89,9 @@ def test_the_head_view_carries_every_map_as_json_that_reads_back(made):
         got = torch.tensor(got["permille"])  # (H, Tq, Tk), weights x 1000 rounded
         assert got.shape == m.weights.shape and got.shape[0] == 2 and got.dtype == torch.int64
         assert (got / 1000 - m.weights).abs().max() <= 5.1e-4
-    assert data["maps"][0]["queries"][0] == hostile
+    assert data["maps"][0]["queries"][0] == hostile and data["source"] is None
+    arrays = [replace(m, weights=m.weights.numpy()) for m in maps]  # weights as numpy arrays: the same page
+    assert payload(views.attention_html(made["translation"], arrays, source=TEXT)) == {**data, "source": TEXT}
     with pytest.raises(ValueError, match="no attention maps"):
         views.attention_html("x", [])
 
@@ -162,6 +164,13 @@ def test_importing_explain_and_heads_leaves_the_views_unloaded():
     assert out.stdout.strip() == "False"
 
 
+def test_ipython_displays_an_explanation_and_a_heads_report_as_their_views(made):
+    formatters = pytest.importorskip("IPython.core.formatters")
+    for obj, kind in ((made["explanation"], "explanation"), (made["report"], "heads")):
+        bundle, _ = formatters.DisplayFormatter().format(obj)  # what a notebook's output holds
+        assert f'data-view="{kind}"' in bundle["text/html"] and "text/plain" in bundle
+
+
 # ---- in a browser: the saved pages, opened from disk with the network off ----
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -220,7 +229,7 @@ def test_head_views_draw_and_answer_clicks_and_selectors_from_a_saved_file(brows
     from selenium.webdriver.support.ui import Select
 
     maps = trained["maps"]
-    path = views.save_html(views.attention_html(trained["translation"], maps)
+    path = views.save_html(views.attention_html(trained["translation"], maps, source=TEXT)
                            + views.attention_html(trained["translation"], maps), tmp_path / "attention.html")
     open_file(browser, path)
     first, second = browser.find_elements("css selector", ".attn-mt-body")  # where each view draws
@@ -311,3 +320,4 @@ def test_views_draw_when_a_notebook_inserts_them_as_jupyterlab_does(browser, mad
     assert [b.get_attribute("data-shown") for b in bodies] == ["encoder_self/1/1", "cross/2/2/1"] * 2
     assert not browser.find_elements("css selector", ".nojs")
     assert not [m for m in browser.get_log("browser") if m["level"] == "SEVERE"]
+

@@ -154,7 +154,7 @@ const attnMtViews = (() => {
     return el("label", {}, [`${label} `, node]);
   }
 
-  // data: {translation, maps: [{kind, layer, queries, keys, permille: [head][query][key]}]}, weights x 1000
+  // data: {source (or null), translation, maps: [{kind, layer, queries, keys, permille: [head][query][key]}]}
   function headView(root, data) {
     for (const m of data.maps) m.weights = m.permille.map((head) => head.map((row) => row.map((x) => x / 1000)));
     const kinds = Object.keys(KIND_NAMES).filter((k) => data.maps.some((m) => m.kind === k));
@@ -171,6 +171,8 @@ const attnMtViews = (() => {
     const maps = el("div", {className: "maps"});
     root.replaceChildren(
       el("h2", {className: "title", textContent: "Attention"}),
+      ...(data.source === null ? [] : [
+        el("p", {className: "sentence"}, [el("span", {className: "side", textContent: "source"}), data.source])]),
       el("p", {className: "sentence"}, [el("span", {className: "side", textContent: "translation"}), data.translation]),
       controls, axes, el("div", {className: "panes"}, [lines, maps]));
     const ctl = (name) => root.querySelector(`select[data-control="${name}"]`);
