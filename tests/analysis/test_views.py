@@ -295,10 +295,28 @@ def test_the_explanation_and_the_heads_report_draw_from_saved_files(browser, tra
     screenshot(browser, tmp_path, "views_heads.png")
 
 
+# JupyterLab's rules for tables and paragraphs in an output (rendermime's base.css), in a dark theme's colours
+JUPYTERLAB_CSS = """
+.jp-RenderedHTMLCommon { color: #e0e0e0; }
+.jp-RenderedHTMLCommon table { border-collapse: collapse; border-spacing: 0; border: none; color: #e0e0e0;
+  font-size: 13px; table-layout: fixed; margin-left: auto; margin-bottom: 1em; margin-right: auto; }
+.jp-RenderedHTMLCommon thead { border-bottom: 1px solid #616161; vertical-align: bottom; }
+.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th, .jp-RenderedHTMLCommon tr { vertical-align: middle;
+  padding: 0.5em; line-height: normal; white-space: normal; max-width: none; border: none; }
+:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td, :not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon th,
+:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon tr { text-align: right; }
+.jp-RenderedHTMLCommon th { font-weight: bold; }
+.jp-RenderedHTMLCommon tbody tr:nth-child(odd) { background: #111111; }
+.jp-RenderedHTMLCommon tbody tr:nth-child(even) { background: #212121; }
+.jp-RenderedHTMLCommon tbody tr:hover { background: #1a237e; }
+.jp-RenderedHTMLCommon p { text-align: left; margin: 0; margin-bottom: 1em; }
+"""
+
 # JupyterLab puts an output's HTML into its node with innerHTML, then replaces each <script> with a copy so that
 # it runs (rendermime's evalInnerHTMLScriptTags); the node may join the page only afterwards.
 AS_JUPYTERLAB = """const [html, attached] = arguments;
 const host = document.createElement("div");
+host.className = "jp-RenderedHTMLCommon";
 if (attached) document.body.append(host);
 host.innerHTML = html;
 for (const script of [...host.getElementsByTagName("script")]) {
@@ -312,12 +330,19 @@ if (!attached) document.body.append(host);"""
 
 @pytest.mark.slow
 def test_views_draw_when_a_notebook_inserts_them_as_jupyterlab_does(browser, made, tmp_path):
-    open_file(browser, views.save_html("", tmp_path / "notebook.html"))
+    open_file(browser, views.save_html(f"<style>{JUPYTERLAB_CSS}</style>", tmp_path / "notebook.html"))
     for attached in (True, False):
         browser.execute_script(AS_JUPYTERLAB, views.attention_html(made["translation"], made["maps"]), attached)
         browser.execute_script(AS_JUPYTERLAB, views.explanation_html(made["explanation"]), attached)
+    browser.execute_script(AS_JUPYTERLAB, views.heads_html(made["report"]), True)
     bodies = browser.find_elements("css selector", ".attn-mt-body")
-    assert [b.get_attribute("data-shown") for b in bodies] == ["encoder_self/1/1", "cross/2/2/1"] * 2
+    assert [b.get_attribute("data-shown") for b in bodies] == ["encoder_self/1/1", "cross/2/2/1"] * 2 + [None]
     assert not browser.find_elements("css selector", ".nojs")
     assert not [m for m in browser.get_log("browser") if m["level"] == "SEVERE"]
+    looks = browser.execute_script("""const style = (selector) => getComputedStyle(document.querySelector(selector));
+        return [style(".heatmap").marginLeft, style("table.keys tbody tr").backgroundColor,
+                style("table.keys td").color, style("table.report tbody tr:nth-child(2)").backgroundColor,
+                style(".heatmap td").paddingTop, style("table.grid td").textAlign];""")
+    assert looks == ["0px", "rgba(0, 0, 0, 0)", "rgb(29, 35, 48)", "rgba(0, 0, 0, 0)", "0px", "center"]
+    screenshot(browser, tmp_path, "views_in_jupyterlab.png")
 
