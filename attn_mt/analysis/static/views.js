@@ -37,6 +37,12 @@ const attnMtViews = (() => {
     return `rgb(${a.map((v, c) => Math.round(v + (b[c] - v) * (t - i))).join(",")})`;
   }
 
+  function most(xs) {  // the largest of many numbers (Math.max(...xs) overflows the stack for a long sentence's map)
+    let top = -Infinity;
+    for (const x of xs) if (x > top) top = x;
+    return top;
+  }
+
   function norm(xs) {
     return Math.sqrt(xs.reduce((s, x) => s + x * x, 0));
   }
@@ -208,7 +214,7 @@ const attnMtViews = (() => {
         }));
       }
       // with a token picked, its strongest line and the most shaded token are full strength
-      const top = pick ? Math.max(...links.map((l) => l[2])) || 1 : 1 / 0.7;
+      const top = pick ? most(links.map((l) => l[2])) || 1 : 1 / 0.7;
       const topShade = Math.max(...shade.q, ...shade.k) || 1;
       const parts = links.filter(([, , x]) => x >= 0.01).map(([q, k, x, h]) => svg("line", {
         x1: left + 4, y1: q * ROW + ROW / 2 + 4, x2: right - 4, y2: k * ROW + ROW / 2 + 4,
@@ -231,19 +237,17 @@ const attnMtViews = (() => {
 
     // A heat map per head shown: rows the queries, columns the keys; one colour scale for the layer's heads.
     function drawMaps({map, heads}) {
-      const top = Math.max(...map.weights.flat(2)) || 1, pick = view.hover || view.pinned;
+      const top = most(map.weights.flat(2)) || 1;
       maps.classList.toggle("small", heads.length > 1);
       maps.replaceChildren(...heads.map((h) => {
         const head = el("tr", {}, [el("th"), ...map.keys.map((t, k) => el("th", {className: "col", textContent: t,
                                                                                  title: `key ${k}`}))]);
-        const rows = map.weights[h].map((row, q) => el("tr", {className: pick && pick.side === "q" && pick.index === q
-          ? "picked" : ""}, [
+        const rows = map.weights[h].map((row, q) => el("tr", {}, [
           el("th", {className: "row", textContent: map.queries[q], title: `query ${q}`}),
           ...row.map((x, k) => {
             const cell = el("td", {title: `${map.queries[q]} → ${map.keys[k]}: ${x.toFixed(3)}`});
             Object.assign(cell.dataset, {q, k});
             cell.style.backgroundColor = color(x / top);
-            if (pick && pick.side === "k" && pick.index === k) cell.classList.add("picked");
             return cell;
           })]));
         const caption = el("caption", {textContent: `head ${h + 1}`});
@@ -254,14 +258,25 @@ const attnMtViews = (() => {
       }));
     }
 
-    function draw() {
+    // The picked token's row (a query) or column (a key) in every heat map shown.
+    function markMaps(pick) {
+      for (const node of maps.querySelectorAll(".picked")) node.classList.remove("picked");
+      if (!pick) return;
+      const which = pick.side === "q" ? `tbody tr:nth-child(${pick.index + 1})` : `td[data-k="${pick.index}"]`;
+      for (const node of maps.querySelectorAll(which)) node.classList.add("picked");
+    }
+
+    // Everything after a selector changed; only the lines and the marks when a token is pointed at.
+    function draw(full = true) {
       const now = current();
-      axes.textContent = `${KIND_NAMES[now.map.kind]}, layer ${now.map.layer}. ${AXES[now.map.kind]}`;
+      if (full) {
+        axes.textContent = `${KIND_NAMES[now.map.kind]}, layer ${now.map.layer}. ${AXES[now.map.kind]}`;
+        drawMaps(now);
+        root.dataset.shown = `${now.map.kind}/${now.map.layer}/${now.head}`;
+      }
       drawLines(now);
-      drawMaps(now);
-      root.dataset.shown = `${now.map.kind}/${now.map.layer}/${now.head}`;
-      const pick = view.pinned;
-      root.dataset.picked = pick ? `${pick.side}${pick.index}` : "";
+      markMaps(view.hover || view.pinned);
+      root.dataset.picked = view.pinned ? `${view.pinned.side}${view.pinned.index}` : "";
     }
 
     function pointed(target) {  // the token a pointer is on: a token of the picture or a heat map's row or cell
@@ -287,17 +302,17 @@ const attnMtViews = (() => {
       if (!p && !e.target.closest(".lines, .maps")) return;
       view.pinned = p && !same(p, view.pinned) ? p : null;  // a second click lets go
       view.hover = null;
-      draw();
+      draw(false);
     });
     root.addEventListener("mouseover", (e) => {
       const p = pointed(e.target);
       if (same(p, view.hover) || (!p && !view.hover)) return;
       view.hover = p;
-      draw();
+      draw(false);
     });
     root.addEventListener("mouseleave", () => {
       view.hover = null;
-      draw();
+      draw(false);
     });
     fillLayers();
     draw();
