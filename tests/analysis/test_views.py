@@ -234,10 +234,10 @@ def test_head_views_draw_and_answer_clicks_and_selectors_from_a_saved_file(brows
                            + views.attention_html(trained["translation"], maps), tmp_path / "attention.html")
     open_file(browser, path)
     first, second = browser.find_elements("css selector", ".attn-mt-body")  # where each view draws
-    enc = next(m for m in maps if m.kind == "encoder_self" and m.layer == 1)
-    tq, tk = len(enc.queries), len(enc.keys)
-    for root in (first, second):  # both drew: kind encoder self-attention, layer 1, head 1
-        assert root.get_attribute("data-shown") == "encoder_self/1/1"
+    cross = next(m for m in maps if m.kind == "cross" and m.layer == 1)
+    tq, tk = len(cross.queries), len(cross.keys)
+    for root in (first, second):  # both drew: cross-attention (as the serve page starts), layer 1, head 1
+        assert root.get_attribute("data-shown") == "cross/1/1"
         assert len(root.find_elements("css selector", ".heatmap td[data-q]")) == tq * tk
         assert not root.find_elements("css selector", ".nojs")
     before = cell_colours(second)
@@ -247,29 +247,36 @@ def test_head_views_draw_and_answer_clicks_and_selectors_from_a_saved_file(brows
     assert first.get_attribute("data-picked") == "q2"
     shades = [float(g.get_attribute("data-shade")) for g in
               first.find_elements("css selector", '.lines .tok[data-side="k"]')]
-    assert shades == pytest.approx(enc.weights[0, 2].tolist(), abs=6e-4)  # the keys shaded by query 2's weights
+    assert shades == pytest.approx(cross.weights[0, 2].tolist(), abs=6e-4)  # the keys shaded by query 2's weights
     assert len(first.find_elements("css selector", ".lines line")) <= tk  # only query 2's lines
     assert first.find_elements("css selector", ".heatmap tr.picked")
     assert second.get_attribute("data-picked") == ""  # the other view did not move
 
-    Select(first.find_element("css selector", 'select[data-control="kind"]')).select_by_value("cross")
-    Select(first.find_element("css selector", 'select[data-control="layer"]')).select_by_value("2")
+    pick = {name: Select(first.find_element("css selector", f'select[data-control="{name}"]'))
+            for name in ("kind", "layer", "head")}
+    pick["kind"].select_by_value("encoder_self")
+    assert first.get_attribute("data-shown") == "encoder_self/1/1" and first.get_attribute("data-picked") == ""
+    layer1 = cell_colours(first)
+    pick["layer"].select_by_value("2")
+    assert first.get_attribute("data-shown") == "encoder_self/2/1" and cell_colours(first) != layer1
+    pick["kind"].select_by_value("cross")
+    pick["layer"].select_by_value("2")
     assert first.get_attribute("data-shown") == "cross/2/1"
     layer2 = cell_colours(first)
-    Select(first.find_element("css selector", 'select[data-control="head"]')).select_by_value("2")
+    pick["head"].select_by_value("2")
     assert first.get_attribute("data-shown") == "cross/2/2" and cell_colours(first) != layer2
-    Select(first.find_element("css selector", 'select[data-control="head"]')).select_by_value("all")
+    pick["head"].select_by_value("all")
     assert len(first.find_elements("css selector", ".heatmap")) == 2  # a map per head
     first.find_element("css selector", '.heatmap td[data-q="1"][data-k="0"]').click()  # a cell picks its query
     assert first.get_attribute("data-picked") == "q1"
     colours = {line.get_attribute("stroke") for line in first.find_elements("css selector", ".lines line")}
     assert len(colours) == 2  # a colour per head
-    assert second.get_attribute("data-shown") == "encoder_self/1/1" and cell_colours(second) == before
+    assert second.get_attribute("data-shown") == "cross/1/1" and cell_colours(second) == before
     ActionChains(browser).move_to_element(second.find_element(
         "css selector", '.lines .tok[data-side="k"][data-index="3"] text')).perform()  # what attends to key 3
     shades = [float(g.get_attribute("data-shade")) for g in
               second.find_elements("css selector", '.lines .tok[data-side="q"]')]
-    assert shades == pytest.approx(enc.weights[0, :, 3].tolist(), abs=6e-4)
+    assert shades == pytest.approx(cross.weights[0, :, 3].tolist(), abs=6e-4)
     assert second.get_attribute("data-picked") == ""  # a hover picks nothing
     assert second.find_elements("css selector", ".heatmap td.picked")  # the key's column stands out
     screenshot(browser, tmp_path, "views_attention.png")
@@ -337,7 +344,7 @@ def test_views_draw_when_a_notebook_inserts_them_as_jupyterlab_does(browser, mad
         browser.execute_script(AS_JUPYTERLAB, views.explanation_html(made["explanation"]), attached)
     browser.execute_script(AS_JUPYTERLAB, views.heads_html(made["report"]), True)
     bodies = browser.find_elements("css selector", ".attn-mt-body")
-    assert [b.get_attribute("data-shown") for b in bodies] == ["encoder_self/1/1", "cross/2/2/1"] * 2 + [None]
+    assert [b.get_attribute("data-shown") for b in bodies] == ["cross/1/1", "cross/2/2/1"] * 2 + [None]
     assert not browser.find_elements("css selector", ".nojs")
     assert not [m for m in browser.get_log("browser") if m["level"] == "SEVERE"]
     looks = browser.execute_script("""const style = (selector) => getComputedStyle(document.querySelector(selector));

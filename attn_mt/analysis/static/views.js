@@ -183,6 +183,7 @@ const attnMtViews = (() => {
       controls, axes, el("div", {className: "panes"}, [lines, maps]));
     const ctl = (name) => root.querySelector(`select[data-control="${name}"]`);
     const view = {pinned: null, hover: null};
+    if (kinds.includes("cross")) ctl("kind").value = "cross";  // as the serve page: where translation looks
 
     function current() {
       const kind = ctl("kind").value, layer = Number(ctl("layer").value);
