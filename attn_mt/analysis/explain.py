@@ -182,6 +182,17 @@ class Explanation:
     def __str__(self) -> str:
         return render(self)
 
+    def _repr_html_(self) -> str:  # a notebook shows the five steps (views.py loads only when drawn)
+        from .views import explanation_html
+
+        return explanation_html(self)
+
+    def save_html(self, path: Path | str) -> Path:
+        """The five steps as an HTML page that opens from disk."""
+        from .views import explanation_html, save_html
+
+        return save_html(explanation_html(self), path, f"attn-mt explain: {self.kind} {self.layer}.{self.head}")
+
 
 def _g(x: float | Tensor) -> float:
     return float(f"{float(x):.7g}")  # float32's 7 significant digits, without the float64 tail

@@ -179,6 +179,17 @@ class HeadsReport:
     loss_after: float | None = None
     out: str | None = None
 
+    def _repr_html_(self) -> str:  # a notebook shows the grid and the table (views.py loads only when drawn)
+        from .views import heads_html
+
+        return heads_html(self)
+
+    def save_html(self, path: Path | str) -> Path:
+        """The report as an HTML page that opens from disk (`overview.save` writes its JSON and PNG)."""
+        from .views import heads_html, save_html
+
+        return save_html(heads_html(self), path, f"attn-mt heads: {Path(self.checkpoint).name}")
+
 
 def check_request(path: Path, src: Path, ref: Path, prune_n: int, out: Path | None) -> None:
     """The one-line errors that need no model: a folder, --prune without --out, --out over --checkpoint."""

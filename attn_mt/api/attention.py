@@ -72,7 +72,7 @@ class Attention:
         """The interactive head view as an HTML fragment (self-contained: no network)."""
         from attn_mt.analysis.views import attention_html
 
-        return attention_html(self.translation, self.maps)
+        return attention_html(self.translation, self.maps, source=self.source)
 
     def _repr_html_(self) -> str:
         return self.to_html()

@@ -17,6 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic_core import to_json
 from starlette.exceptions import HTTPException
 
+from attn_mt.analysis.views import STATIC as VIEWS_STATIC
 from attn_mt.api.model import Model, load
 
 from .api import (
@@ -74,6 +75,7 @@ def create_app(model: Model | str | os.PathLike, limits: Limits = Limits(), devi
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s, check=check_json)
     app.add_middleware(HostCheck, allowed=allowed_hosts)  # the outermost: checked first
     _error_handlers(app)
+    app.mount("/static/analysis", StaticFiles(directory=VIEWS_STATIC), name="views")  # drawSteps: shared, first
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)

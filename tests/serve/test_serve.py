@@ -117,6 +117,9 @@ def test_page_static_files_and_openapi(client):
     for name in ("app.js", "style.css"):
         assert client.get(f"/static/{name}").status_code == 200
     assert "http" not in client.get("/static/app.js").text.replace("HTTP ", "")  # nothing fetched from elsewhere
+    views = client.get("/static/analysis/views.js")  # the steps' drawing, shared with the notebook's views
+    assert views.status_code == 200 and "function drawSteps" in views.text and "/static/analysis/views.js" in page.text
+    assert client.get("/static/analysis/views.css").status_code == 200
     schema = client.get("/openapi.json").json()
     assert {"/api/translate", "/api/attention", "/api/info"} <= set(schema["paths"])
     docs = client.get("/docs")  # the API reference, rendered from /openapi.json without a CDN
