@@ -298,3 +298,23 @@ def heads(checkpoint: CkptOpt, src: SrcOpt, ref: RefOpt, json_out: JsonOpt = Non
 
     report = analyse_heads(checkpoint, src, ref, n_sentences=sentences, prune_n=prune, out=out, device=device)
     typer.echo("\n".join([overview.table(report), *map(str, overview.save(report, json_out, png))]))
+
+
+@_verb()
+def score(checkpoint: ModelOpt, src: Annotated[Path | None, Option(help="Source sentences, one a line.")] = None,
+          ref: Annotated[Path | None, Option(help="Translations to score, line-aligned with --src.")] = None,
+          contrastive: Annotated[Path | None, Option(help="A contrastive set: ours (JSONL, e.g. RUN/test.contrastive"
+                                                          ".jsonl) or ContraPro's JSON.")] = None,
+          json_out: JsonOpt = None, batch_size: Annotated[int, Option(min=1, help="Sentences per batch.")] = 64,
+          device: DeviceOpt = "auto") -> None:
+    """log P of given translations under a model (forced decoding; one a line, per token in --json), and with
+    --contrastive the accuracy: the reference scored above every variant, by pronoun and antecedent distance."""
+    from attn_mt.decoding.scoring import format_scores, score_files, write_json
+    from attn_mt.export.ct2_translator import open_translator
+
+    if src is None and ref is None and contrastive is None:
+        raise typer.BadParameter("give --src and --ref, or --contrastive FILE", param_hint="--src")
+    result = score_files(open_translator(checkpoint, device), src, ref, contrastive, batch_size=batch_size)
+    typer.echo(format_scores(result))
+    if json_out is not None:
+        typer.echo(str(write_json(result, json_out)))
