@@ -307,3 +307,22 @@ def heads(checkpoint: CkptOpt, src: SrcOpt, ref: RefOpt, json_out: JsonOpt = Non
         model.heads(src, ref, sentences=sentences)
     written = save_heads_report(report, json_out, png) + ([report.save_html(html)] if html else [])
     typer.echo("\n".join([heads_table(report), *map(str, written)]))
+
+
+@_verb()
+def score(checkpoint: ModelOpt, src: Annotated[Path | None, Option(help="Source sentences, one a line.")] = None,
+          ref: Annotated[Path | None, Option(help="Translations to score, line-aligned with --src.")] = None,
+          contrastive: Annotated[Path | None, Option(help="A contrastive set: ours (JSONL, e.g. RUN/test.contrastive"
+                                                          ".jsonl) or ContraPro's JSON.")] = None,
+          json_out: JsonOpt = None, batch_size: Annotated[int, Option(min=1, help="Sentences per batch.")] = 64,
+          device: DeviceOpt = "auto") -> None:
+    """log P of given translations under a model (forced decoding; one a line, per token in --json), and with
+    --contrastive the accuracy: the reference scored above every variant, by pronoun and antecedent distance."""
+    from attn_mt.api.terminal import format_scores, score_files, write_scores
+
+    if src is None and ref is None and contrastive is None:
+        raise typer.BadParameter("give --src and --ref, or --contrastive FILE", param_hint="--src")
+    result = score_files(attn_mt.load(checkpoint, device=device), src, ref, contrastive, batch_size=batch_size)
+    typer.echo(format_scores(result))
+    if json_out is not None:
+        typer.echo(str(write_scores(result, json_out)))

@@ -8,6 +8,7 @@ names; disk checks before training. Checkpoints themselves are written atomicall
     metrics.jsonl  results.json  test_hyps.txt one line per evaluation; the final scores
     size.json                                  model.size: auto: what was measured and chosen (autosize.py)
     {test split}.{lang}                        the test sources and references, line-aligned with test_hyps.txt
+    {test split}.contrastive.jsonl             the test split's contrastive set, where the data has one
     tensorboard/                               TensorBoard events (train.tensorboard)
 """
 
@@ -172,6 +173,14 @@ class RunDir:
         """The test split's sources and references, language -> lines, line-aligned with test_hyps.txt."""
         for lang, lines in texts.items():
             _write_atomic(self.test_text(split, lang), "".join(f"{line}\n" for line in lines))
+
+    def contrastive(self, split: str) -> Path:
+        """Where the test split's contrastive set lies: `attn-mt score --contrastive RUN/test.contrastive.jsonl`."""
+        return self.path / f"{split}.contrastive.jsonl"
+
+    def write_contrastive(self, split: str, records: list[dict]) -> None:
+        """The contrastive set (data.pronoun.contrastive_records), one JSON object a line."""
+        _write_atomic(self.contrastive(split), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
     def snapshots(self) -> list[Path]:
         """The kept evaluation checkpoints, oldest first."""

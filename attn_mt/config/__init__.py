@@ -69,6 +69,7 @@ class DataConfig:
     max_len: int = 100  # training pairs with more tokens on either side are dropped
     toy_size: int = 12000  # toy: number of training pairs
     toy_seed: int = 0
+    toy_variant: Literal["", "pronoun"] = ""  # toy: "" the default corpus, or the pronoun task (data/pronoun.py)
     cache_dir: str = ""  # tokenized training data, keyed by a fingerprint of data and tokenizer, shared by runs
     #                      and `attn-mt prepare`; "": $ATTN_MT_CACHE, else ~/.cache/attn_mt (docs/data.md)
     num_proc: int = 0  # processes that tokenize the training split into the cache; 0: one per core

@@ -129,6 +129,10 @@ class Source:
         """What the split holds, as JSON: here the sha256 of each of its files."""
         return [sha256(p) for p in self.paths(split)]
 
+    def contrastive(self, split: str) -> list[dict] | None:
+        """A contrastive test set written with the split (decoding/contrastive.py's records), if it has one."""
+        return None
+
 
 class Files(Source):
     """`{dir}/{split}.{lang}`: one sentence per line, line i of one language translating line i of the other."""
@@ -239,15 +243,28 @@ class Toy(Source):
     def paths(self, split: str) -> list[Path]:
         from attn_mt.data import toy
 
+        if self.cfg.toy_variant == "pronoun":
+            from attn_mt.data import pronoun
+
+            return [Path(toy.__file__), Path(pronoun.__file__)]
         return [Path(toy.__file__)]
 
     def identity(self, split: str) -> object:
-        return [self.cfg.toy_size, self.cfg.toy_seed, *super().identity(split)]
+        variant = [self.cfg.toy_variant] if self.cfg.toy_variant else []  # the default's keys as they were
+        return [self.cfg.toy_size, self.cfg.toy_seed, *variant, *super().identity(split)]
+
+    def contrastive(self, split: str) -> list[dict] | None:
+        """The pronoun variant's contrastive test set of a split (pronoun.contrastive_records)."""
+        if self.cfg.toy_variant != "pronoun":
+            return None
+        from attn_mt.data.pronoun import contrastive_records, make_pronoun_corpus
+
+        return contrastive_records(make_pronoun_corpus(self.cfg.toy_size, self.cfg.toy_seed)[split])
 
     def chunks(self, split: str) -> Chunks:
         from attn_mt.data.toy import make_toy_corpus
 
-        corpus = make_toy_corpus(self.cfg.toy_size, self.cfg.toy_seed)
+        corpus = make_toy_corpus(self.cfg.toy_size, self.cfg.toy_seed, self.cfg.toy_variant)
         if split not in corpus:
             raise DataError(f"data.splits: the toy corpus has splits train, valid, test, not {split!r}")
         pairs = corpus[split]

@@ -16,6 +16,7 @@ from attn_mt.config import ConfigError, DecodeConfig
 from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.metrics import score
+from attn_mt.decoding.scoring import Score, score_texts
 from attn_mt.decoding.search import Translation
 
 
@@ -36,10 +37,17 @@ class Translator:
     model: Any = None
     cfg: Any = None
     state: dict | None = None  # the checkpoint's step, epoch, best_bleu (or the export's step)
+    scorer: Callable[..., list[Score]] | None = None  # (sources, targets, batch_size=) -> scores (scoring.py)
 
     def translate_nbest(self, texts: list[str], dcfg: DecodeConfig) -> list[list[Translation]]:
         """The `dcfg.nbest` best translations of each text, best first, in input order."""
         return self.run(texts, dcfg)
+
+    def score(self, sources: list[str], targets: list[str], batch_size: int = 64) -> list[Score]:
+        """log P of each given target (its pieces, per piece and in all) given its source, in input order."""
+        if self.scorer is None:
+            raise CheckpointError(f"{self.path}: this {self.kind} cannot score translations")
+        return self.scorer(sources, targets, batch_size=batch_size)
 
 
 def checkpoint_translator(path: Path | str, device: str = "auto") -> Translator:
@@ -67,7 +75,7 @@ def model_translator(model, cfg, tok: Tokenizer, device, path: Path | str, state
     state = state or {}
     return Translator("checkpoint", Path(path), cfg.decode, tok,
                       functools.partial(translate_nbest, model, tok, device=device), str(device), model, cfg,
-                      {k: state.get(k) for k in KEPT})
+                      {k: state.get(k) for k in KEPT}, functools.partial(score_texts, model, tok, device=device))
 
 
 FLAGS = {"beam_size": "--beam", "alpha": "--alpha", "nbest": "--nbest", "batch_size": "--batch-size"}  # the CLI's

@@ -29,6 +29,7 @@ from attn_mt.config import ConfigError, DecodeConfig
 from attn_mt.config.yamlconf import first_line
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.beam import Hypothesis, length_penalty
+from attn_mt.decoding.scoring import Score, check_pairs, prepare_targets
 from attn_mt.decoding.search import Translation, max_lengths, prepare_sources
 from attn_mt.decoding.translator import Translator
 from attn_mt.export.checkpoint_reader import ExportError
@@ -112,7 +113,7 @@ def export_translator(path: Path | str, device: str = "auto", threads: int = 0) 
     dev = ct2_device(device)
     exported = load_exported(path, dev, threads=threads)
     return Translator("export", Path(path), exported.decode, exported.tok, functools.partial(translate_nbest, exported),
-                      dev, state={"step": exported.step})
+                      dev, state={"step": exported.step}, scorer=functools.partial(score_texts, exported))
 
 
 def search_options(cfg: DecodeConfig, patience: float = PATIENCE) -> dict:
@@ -161,3 +162,21 @@ def translate_nbest(exp: Exported, texts: list[str], cfg: DecodeConfig) -> list[
 def translate(exp: Exported, texts: list[str], cfg: DecodeConfig) -> list[str]:
     """The best translation of each text, in input order."""
     return [n[0].text for n in translate_nbest(exp, texts, cfg)]
+
+
+def score_texts(exp: Exported, sources: list[str], targets: list[str], *, batch_size: int = 64) -> list[Score]:
+    """log P of each target given its source (decoding.scoring.score_texts for an export), by CTranslate2's
+    `score_batch`, in input order; pairs sorted by length into batches, truncated as the checkpoint's are."""
+    check_pairs(sources, targets)
+    tok = exp.tok
+    srcs = prepare_sources(tok, [s.strip() for s in sources], exp.max_positions) if sources else []
+    tgts = prepare_targets(tok, targets, exp.max_positions)
+    order = sorted(range(len(sources)), key=lambda i: (len(srcs[i]), len(tgts[i])))
+    out: list[Score | None] = [None] * len(sources)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        results = exp.translator.score_batch([[tok.src.id_to_piece(i) for i in srcs[j]] for j in chunk],
+                                             [tok.tgt_pieces(tgts[j]) for j in chunk], max_input_length=0)
+        for j, result in zip(chunk, results, strict=True):  # its tokens end with </s>, as ours
+            out[j] = Score(list(result.tokens), list(result.log_probs), float(sum(result.log_probs)))
+    return out  # type: ignore[return-value]

@@ -27,6 +27,7 @@ from attn_mt.config import ConfigError, ExperimentConfig
 from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.cache import Resumed, open_entry
 from attn_mt.data.corpus import Corpus, read_corpus
+from attn_mt.data.sources import source
 from attn_mt.device import pick_device, pick_precision, rng_state
 from attn_mt.models import build_model, count_params
 from attn_mt.rundir import RunDir
@@ -331,6 +332,8 @@ def write_test_texts(run: Run) -> None:
     data = run.cfg.data
     run.files.write_test_texts(data.splits.test, dict(zip((data.src_lang, data.tgt_lang),
                                                           run.corpus.text[data.splits.test], strict=True)))
+    if (records := source(data).contrastive(data.splits.test)) is not None:  # `attn-mt score --contrastive`
+        run.files.write_contrastive(data.splits.test, records)
 
 
 def average_snapshots(run: Run) -> tuple[Path, dict]:
