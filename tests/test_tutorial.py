@@ -16,7 +16,9 @@ NOTEBOOK = ROOT / "docs" / "tutorial.ipynb"
 def test_the_stored_notebook_shows_its_outputs_and_no_machine_paths():
     nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    assert code and all(c["outputs"] for c in code if c["source"] and "import" not in "".join(c["source"])[:6])
+    assert sum(bool(c["outputs"]) for c in code) >= len(code) - 3  # all but the first and two quiet steps
+    html = [o for c in code for o in c["outputs"] if "text/html" in o.get("data", {})]
+    assert len(html) >= 3  # the attention view, the explanation and the heads report, as they were drawn
     text = json.dumps([c["outputs"] for c in code])
     assert "/tmp/" not in text and str(ROOT) not in text and "/home/" not in text
     assert not any(o.get("output_type") == "error" for c in code for o in c["outputs"])

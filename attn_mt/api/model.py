@@ -78,7 +78,9 @@ class Model:
     info = property(lambda self: dict(self.translator.state or {}), doc="step, epoch, best_bleu, pruned heads.")
 
     def __repr__(self) -> str:
-        arch = self.config.model if self.config else "CTranslate2"
+        m = self.config.model if self.config else None
+        arch = "CTranslate2" if m is None else (f"rnn d_hidden={m.d_hidden}" if m.kind == "rnn" else
+                                                f"transformer d_model={m.d_model} layers={m.n_layers} heads={m.n_heads}")
         return f"<attn_mt.Model {self.kind} {str(self.path)!r} on {self.device}: {arch}>"
 
     def options(self, *, beam: int | None = None, alpha: float | None = None, nbest: int | None = None,
