@@ -79,8 +79,8 @@ class Model:
 
     def __repr__(self) -> str:
         m = self.config.model if self.config else None
-        arch = "CTranslate2" if m is None else (f"rnn d_hidden={m.d_hidden}" if m.kind == "rnn" else
-                                                f"transformer d_model={m.d_model} layers={m.n_layers} heads={m.n_heads}")
+        arch = ("CTranslate2" if m is None else f"rnn d_hidden={m.d_hidden}" if m.kind == "rnn" else
+                f"transformer d_model={m.d_model} layers={m.n_layers} heads={m.n_heads}")
         return f"<attn_mt.Model {self.kind} {str(self.path)!r} on {self.device}: {arch}>"
 
     def options(self, *, beam: int | None = None, alpha: float | None = None, nbest: int | None = None,
