@@ -45,13 +45,14 @@ class _Verb(TyperCommand):
     def invoke(self, ctx):
         from attn_mt.analysis.explain import ExplainError
         from attn_mt.checkpoint import CheckpointError
+        from attn_mt.config.files import OutputError
         from attn_mt.config.yamlconf import ConfigError, OptionError
         from attn_mt.data.download import DownloadError
         from attn_mt.data.sources import DataError
         from attn_mt.device import DeviceError
         from attn_mt.training.trainer import TrainError, TrainInterrupted
 
-        known = (ConfigError, DataError, CheckpointError, TrainError, DownloadError, DeviceError)
+        known = (ConfigError, DataError, CheckpointError, TrainError, DownloadError, DeviceError, OutputError)
         try:
             return super().invoke(ctx)
         except OptionError as e:  # a flag's value: usage, one line naming the flag, status 2
@@ -64,7 +65,7 @@ class _Verb(TyperCommand):
                 raise
             if isinstance(e, known):
                 kind = {ConfigError: "config error", TrainInterrupted: "interrupted"}.get(type(e), "error")
-                line, status = f"{kind}: {e}", {ConfigError: 2, TrainInterrupted: 130}.get(type(e), 1)
+                line, status = f"{kind}: {e}", {ConfigError: 2, OutputError: 2, TrainInterrupted: 130}.get(type(e), 1)
             elif isinstance(e, KeyboardInterrupt):
                 line, status = "interrupted", 130
             else:  # OSError: a full disk or a vanished directory while writing, anywhere
@@ -296,5 +297,6 @@ def heads(checkpoint: CkptOpt, src: SrcOpt, ref: RefOpt, json_out: JsonOpt = Non
     from attn_mt.analysis import overview
     from attn_mt.analysis.heads import analyse_heads
 
-    report = analyse_heads(checkpoint, src, ref, n_sentences=sentences, prune_n=prune, out=out, device=device)
-    typer.echo("\n".join([overview.table(report), *map(str, overview.save(report, json_out, png))]))
+    report = analyse_heads(checkpoint, src, ref, n_sentences=sentences, prune_n=prune, out=out, device=device,
+                           json_out=json_out, png=png)
+    typer.echo("\n".join([overview.table(report), *(str(p) for p in (json_out, png) if p)]))

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from attn_mt.checkpoint import CheckpointError, load_model
 from attn_mt.config import ConfigError, DecodeConfig
+from attn_mt.config.files import check_outputs, write_atomic
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.search import max_lengths, prepare_sources, search
 from attn_mt.device import pick_device
@@ -269,6 +270,7 @@ def explain_checkpoint(path: Path, text: str, *, kind: str = "cross", layer: int
                               "checkpoint file written by `attn-mt train`, e.g. RUN/checkpoint_best.pt")
     if not text.strip():  # before loading the model
         raise ExplainError("text", "the sentence is empty")
+    check_outputs([("--json", json_out, (".json",))], [path])
     dev = pick_device(device)
     model, cfg, tok = load_model(path, dev)
     try:
@@ -277,7 +279,7 @@ def explain_checkpoint(path: Path, text: str, *, kind: str = "cross", layer: int
         raise ExplainError("beam", f"must be >= 1, not {beam}") from None
     result = explain(model, tok, text, kind=kind, layer=layer, head=head, token=token, dcfg=dcfg, device=dev)
     if json_out:
-        Path(json_out).write_text(result.to_json() + "\n", encoding="utf-8")
+        write_atomic(Path(json_out), result.to_json() + "\n")
     return result
 
 

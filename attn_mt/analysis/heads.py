@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from attn_mt import checkpoint as ckpt
 from attn_mt.config import ConfigError, DecodeConfig, from_dict
+from attn_mt.config.files import check_outputs
 from attn_mt.data.batching import Batch, collate
 from attn_mt.data.sources import DataError, read_lines
 from attn_mt.data.tokenizer import Tokenizer
@@ -194,11 +195,15 @@ def check_request(path: Path, src: Path, ref: Path, prune_n: int, out: Path | No
 
 
 def analyse_heads(path: Path, src: Path, ref: Path, *, n_sentences: int = 200, prune_n: int = 0,
-                  out: Path | None = None, device: str = "auto") -> HeadsReport:
+                  out: Path | None = None, device: str = "auto", json_out: Path | None = None,
+                  png: Path | None = None) -> HeadsReport:
     """Mask every head of every layer and kind in turn on the first `n_sentences` of src/ref; measure
-    the roles; with `prune_n`, prune that many heads greedily and write the checkpoint to `out`."""
+    the roles; with `prune_n`, prune that many heads greedily and write the checkpoint to `out`; with
+    `json_out` or `png`, write the report there too (overview.save). Every output path is checked first."""
     path, src, ref = Path(path), Path(src), Path(ref)
     check_request(path, src, ref, prune_n, out)
+    check_outputs([("--out", out, (".pt",)), ("--json", json_out, (".json",)), ("--png", png, (".png",))],
+                  [path, src, ref])
     sources, refs = read_lines(src), read_lines(ref)
     if len(sources) != len(refs):
         raise HeadsError(f"--src and --ref differ: {src} has {len(sources)} lines, {ref} has {len(refs)}")
@@ -242,6 +247,10 @@ def analyse_heads(path: Path, src: Path, ref: Path, *, n_sentences: int = 200, p
         ckpt.save({**kept, "model": {k: v.cpu() for k, v in model.state_dict().items()},
                    "pruned_heads": [asdict(h) for h in [*before, *gone]], "pruned_from": path.name}, out)
     report.seconds = round(time.perf_counter() - start, 1)
+    if json_out or png:
+        from .overview import save  # matplotlib's module, loaded when drawing
+
+        save(report, json_out, png)
     return report
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from attn_mt import checkpoint
 from attn_mt.config import ExperimentConfig, save_config
+from attn_mt.config.files import write_atomic
 from attn_mt.data.cache import Entry
 from attn_mt.training.trainer import TrainError
 
@@ -202,13 +203,7 @@ def average_files(paths: list[Path], out: Path, force: bool = False) -> None:
 
 
 def _write_atomic(path: Path, text: str | bytes) -> None:
-    tmp = None
     try:
-        f, tmp = checkpoint.open_new(path.parent, f".{path.name}.", ".tmp")  # O_EXCL: no planted link followed
-        with f:
-            f.write(text.encode("utf-8") if isinstance(text, str) else text)
-        tmp.replace(path)
+        write_atomic(path, text)  # O_EXCL temp file: no planted link followed
     except OSError as e:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
         raise TrainError(f"{path}: cannot write ({e.strerror or e})") from None

@@ -180,3 +180,17 @@ def test_cli_on_an_rnn_says_what_is_supported(tiny_run, tmp_path):
                      "tokenizer": tok.state()}, tmp_path / "rnn.pt")
     one_line_error(cli("explain", "--checkpoint", tmp_path / "rnn.pt", "a dog", "--device", "cpu"), 2,
                    "--checkpoint: explain recomputes a Transformer's attention")
+
+
+def test_cli_refuses_to_write_the_json_over_its_checkpoint(noisy, tmp_path):
+    """`--json e.pt` used to replace the checkpoint e.pt by the JSON report, exit 0."""
+    _, _, path = noisy
+    ckpt = tmp_path / "e.pt"
+    ckpt.write_bytes(path.read_bytes())
+    for out, says in [(ckpt, "--json"), (tmp_path / "e.json", None), (tmp_path / "no" / "e.json", "--json")]:
+        result = cli("explain", "--checkpoint", ckpt, "a dog", "--json", out, "--device", "cpu")
+        if says is None:
+            assert result.exit_code == 0 and json.loads(out.read_text())["kind"] == "cross"
+        else:
+            one_line_error(result, 2, says, str(out))
+    assert ckpt.read_bytes() == path.read_bytes()

@@ -206,3 +206,24 @@ def test_bad_input_is_one_line_naming_the_flag(case, tiny_run, tmp_path):
                  "--ref", tiny_run / "test.de", *args(tmp_path, tiny_run))
     one_line_error(result, 1, *texts)
     assert not (tmp_path / "p.pt").exists()
+
+
+@pytest.mark.parametrize("args,texts", [
+    (["--json", "{ckpt}"], ["--json", "must end in .json"]),
+    (["--json", "{tmp}/in.json"], ["--json", "the same file as the input"]),
+    (["--prune", "1", "--out", "{tmp}/p.pt", "--json", "{tmp}/p.pt"], ["--json", "must end in .json"]),
+    (["--png", "{tmp}/g.pt"], ["--png", "must end in .png"]),
+    (["--prune", "1", "--out", "{tmp}/missing/p.pt", "--json", "{tmp}/r.json"], ["--out", "missing does not exist"]),
+])
+def test_output_paths_are_checked_before_any_work(args, texts, tiny_run, tmp_path):
+    """Each of these used to run the whole analysis and then write over the checkpoint or a report, or end
+    in a traceback; now one line, status 2, and every file as it was."""
+    ckpt = tmp_path / "h.pt"
+    ckpt.write_bytes((tiny_run / "checkpoint_best.pt").read_bytes())
+    src = tmp_path / "in.json"  # a source file whose name a careless --json could take
+    src.write_text((tiny_run / "test.en").read_text())
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    result = cli("heads", "--checkpoint", ckpt, "--src", src, "--ref", tiny_run / "test.de", "--device", "cpu",
+                 *[a.format(ckpt=ckpt, tmp=tmp_path) for a in args])
+    one_line_error(result, 2, *texts)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
