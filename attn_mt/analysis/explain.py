@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import re
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -187,10 +188,12 @@ def _floats(t: Tensor) -> list:
 def _pick(value: int | str, tokens: list[str], field: str, what: str) -> int:
     """A query position from an index or a token's text (the piece, or the piece without its ▁)."""
     text = str(value).strip()
-    if text.lstrip("-").isdigit():
-        i = int(text)
-        if not 0 <= i < len(tokens):
-            raise ExplainError(field, f"{i} is out of range: the {what} has {len(tokens)} tokens (0-{len(tokens) - 1})")
+    if re.fullmatch(r"-?[0-9]+", text):  # ASCII digits only: "²" is a digit to str.isdigit, not to int
+        i = int(text) if len(text) < 19 else None  # int() refuses over 4300 digits
+        if i is None or not 0 <= i < len(tokens):
+            shown = text if len(text) < 19 else text[:16] + "..."
+            raise ExplainError(field, f"{shown} is out of range: the {what} has {len(tokens)} tokens "
+                                      f"(0-{len(tokens) - 1})")
         return i
     for match in (lambda t: t == text, lambda t: t.lstrip("▁") == text.lstrip("▁")):
         found = [i for i, t in enumerate(tokens) if match(t)]

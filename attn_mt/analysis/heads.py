@@ -207,6 +207,8 @@ def analyse_heads(path: Path, src: Path, ref: Path, *, n_sentences: int = 200, p
     sources, refs = read_lines(src), read_lines(ref)
     if len(sources) != len(refs):
         raise HeadsError(f"--src and --ref differ: {src} has {len(sources)} lines, {ref} has {len(refs)}")
+    if not sources:
+        raise HeadsError(f"--src {src}: no lines to analyse")
     dev = pick_device(device)
     state = ckpt.load(path)
     try:
@@ -217,7 +219,7 @@ def analyse_heads(path: Path, src: Path, ref: Path, *, n_sentences: int = 200, p
     if not isinstance(model, Transformer):
         raise ckpt.CheckpointError(f"--checkpoint {path}: an {kind.upper()} model; heads needs a Transformer "
                                    "(the RNN has one additive attention, no heads)")
-    before = [Head(**h) for h in state.get("pruned_heads", [])]
+    before = pruned_heads(state.get("pruned_heads", []), model, path)
     heads = all_heads(model)
     if prune_n > len(heads) - len(before):
         left = f" ({len(before)} pruned already)" if before else ""
@@ -252,6 +254,21 @@ def analyse_heads(path: Path, src: Path, ref: Path, *, n_sentences: int = 200, p
 
         save(report, json_out, png)
     return report
+
+
+def pruned_heads(listed: object, model: Transformer, path: Path) -> list[Head]:
+    """A checkpoint's `pruned_heads` as Heads; CheckpointError names the file and the entry that is not a head
+    of this model ({"kind": one of KINDS, "layer": 1..layers, "head": 1..heads})."""
+    cfg, out = model.cfg, []
+    for i, h in enumerate(listed if isinstance(listed, list) else [listed]):
+        ok = (isinstance(h, dict) and set(h) == {"kind", "layer", "head"} and h["kind"] in KINDS
+              and all(type(h[k]) is int for k in ("layer", "head"))
+              and 1 <= h["layer"] <= cfg.n_layers and 1 <= h["head"] <= cfg.n_heads)
+        if not ok:
+            raise ckpt.CheckpointError(f"{path}: pruned_heads[{i}] is not a head of this model ({str(h)[:60]}); "
+                                       f"a list of {{kind, layer (1-{cfg.n_layers}), head (1-{cfg.n_heads})}}")
+        out.append(Head(**h))
+    return out
 
 
 def prune_greedily(model: Transformer, tok: Tokenizer, data: Sentences, dcfg: DecodeConfig, dev: torch.device,

@@ -160,7 +160,9 @@ def test_cli_bad_input_is_one_line_naming_the_flag(noisy, tmp_path, tiny_cfg):
                        (["--head", "3"], "--head: 3 is out of range: the model has 2 heads"),
                        (["--kind", "encoder", "--token", "9"], "--token: 9 is out of range"),
                        (["--kind", "encoder", "--token", "Katze"], "--token: 'Katze' is not a token of the source"),
-                       (["--kind", "sideways"], "--kind"), (["--beam", "0"], "--beam")]:
+                       (["--kind", "sideways"], "--kind"), (["--beam", "0"], "--beam"),
+                       (["--token", "\u00b2"], "--token: '\u00b2' is not a token"),
+                       (["--token", "1" * 5000], "--token: 1111111111111111... is out of range")]:
         one_line_error(cli(*base, *args), 2, flag)
     one_line_error(cli("explain", "--checkpoint", path, "  "), 2, "TEXT: the sentence is empty")
     export = tmp_path / "export"

@@ -71,6 +71,9 @@ BAD = [
     ({"text": "a dog", "kind": "encoder", "token": 99}, 422, "token"),
     ({"text": "a dog", "kind": "encoder", "token": "Katze"}, 422, "token"),
     ({"text": "a dog", "token": 1.5}, 422, "token"),
+    ({"text": "a dog", "token": "\u00b2"}, 422, "token"),  # str.isdigit says yes, int() says no: was a 500
+    ({"text": "a dog", "token": "--1"}, 422, "token"),
+    ({"text": "a dog", "token": "1" * 5000}, 422, "token"),  # int() refuses over 4300 digits
     ({"text": "a dog", "beam": 7}, 422, "beam"),
     ({"text": "a dog", "query": 1}, 422, "query"),  # unknown key
 ]
