@@ -44,14 +44,18 @@ class RunDir:
         self.size = self.path / "size.json"
 
     def earlier_run(self) -> list[Path]:
-        """The files of an earlier run in this directory (none for a new or only-prepared one)."""
-        return sorted(f for pattern in RUN_FILES for f in self.path.glob(pattern))
+        """The files of an earlier run in this directory (none for a new or only-prepared one, nor for one
+        killed before it wrote anything but the size ladder's choice: nothing to resume or lose)."""
+        found = sorted(f for pattern in RUN_FILES for f in self.path.glob(pattern))
+        return found if any(f != self.size for f in found) else []
 
     def claim(self, resume: bool, overwrite: bool) -> None:
         """Before anything is written: a fresh run into an earlier run's directory is refused,
         unless `overwrite` asks to delete that run's files (the tokenizer files stay: they are
         reused only if the data and settings match)."""
         old = self.earlier_run()
+        if not resume and not old:
+            self.size.unlink(missing_ok=True)  # the choice of a run killed before its first checkpoint
         if resume or not old:
             return
         if not overwrite:

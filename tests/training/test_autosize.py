@@ -188,3 +188,29 @@ def test_the_measured_curves_pick_the_small_batch_at_this_cpus_speeds_in_fp32_an
     ten_minutes = choose(fp32, CORPUS, 600, 200)
     assert ten_minutes.shape == SMALLBATCH and 1300 < ten_minutes.steps < 1600
     assert choose(bf16, CORPUS, 600, 200).shape == SMALLBATCH
+
+
+@pytest.mark.slow
+def test_a_budget_run_killed_after_its_ladder_can_be_started_again(tiny_cfg, tmp_path, monkeypatch):
+    """Killed between the ladder (size.json written) and the first checkpoint: a fresh run into the same
+    folder, without --overwrite, trains (it was refused as 'an earlier run ... size.json')."""
+    import json
+
+    from attn_mt.training import run
+
+    monkeypatch.setattr(autosize, "LADDER", TINY_LADDER)
+    monkeypatch.setitem(autosize.CURVES, "t32", ((1, 5.0), (2, 40.0)))
+    monkeypatch.setitem(autosize.CURVES, "t16", ((1, 10.0), (2, 20.0)))
+    cfg = tiny_cfg("model.size=auto", "train.max_minutes=1", "train.max_epochs=1")
+    real = run.build_model
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "build_model", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run.train(cfg, tmp_path)
+    assert (tmp_path / "size.json").exists() and not list(tmp_path.glob("checkpoint_*.pt"))
+    monkeypatch.setattr(run, "build_model", real)
+    run.train(cfg, tmp_path)
+    assert (tmp_path / "checkpoint_last.pt").exists() and json.loads((tmp_path / "size.json").read_text())
