@@ -176,8 +176,9 @@ def _stream(batcher: Batcher | Scheduler, engine: Engine, dcfg, texts: list[str]
             if future.cancelled():
                 return
             error = future.exception()
-            yield _event("error", error_body("queue", str(error))) if error else _event(
-                "done", {"results": future.result()})
+            if error is not None and not isinstance(error, QueueFull | Stopping):
+                log.error("POST /api/translate (streamed) failed: %r", error)
+            yield _event("error", failure(error)) if error else _event("done", {"results": future.result()})
         finally:
             future.cancel()  # the client left: the job leaves the queue or the running batch
             batcher.release(future)
@@ -268,4 +269,12 @@ def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def failed(request: Request, e: Exception) -> JSONResponse:
         log.error("%s %s failed: %r", request.method, request.url.path, e)
-        return JSONResponse({"error": f"internal error: {type(e).__name__}", "field": None}, status_code=500)
+        return JSONResponse(failure(e), status_code=500)
+
+
+def failure(e: BaseException) -> dict:
+    """The answer to a request that failed: the queue's reason (full, stopping), else only the kind of error,
+    the same in a stream as in a plain answer (the details, paths included, go to the log)."""
+    if isinstance(e, QueueFull | Stopping):
+        return error_body("queue", str(e))
+    return {"error": f"internal error: {type(e).__name__}", "field": None}

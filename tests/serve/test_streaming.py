@@ -80,3 +80,27 @@ def test_a_client_that_leaves_a_stream_frees_its_place_and_rows(server):
         time.sleep(0.02)
     assert not batcher.pending and not batcher._live
     assert httpx.post(f"{url}/api/translate", json={"texts": ["a dog"]}, timeout=30).status_code == 200
+
+
+def test_a_model_error_mid_stream_is_answered_as_a_plain_request_is(tiny_run, caplog):
+    """The exception's text (a path here) used to reach the client in `event: error` under "field": "queue";
+    now the stream's error is the plain request's 500 body, and the details are in the log only."""
+    app = create_app(tiny_run / "checkpoint_best.pt", Limits(max_queue=64), device="cpu")
+    model, calls = app.state.engine.translator.model, []
+    checked = model.decode
+
+    def failing(*args, **kwargs):  # the fifth decoder step fails
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("/home/someone/secret/model.bin: device lost")
+        return checked(*args, **kwargs)
+
+    model.decode = failing
+    with serving(app) as url:
+        got = events(url, {"texts": [TEXT], "beam": 1})
+        calls.clear()
+        plain = httpx.post(f"{url}/api/translate", json={"texts": [TEXT], "beam": 1}, timeout=30)
+    assert [n for n, _ in got][-1] == "error" and len(got) > 1  # some tokens streamed first
+    assert plain.status_code == 500 and got[-1][1] == plain.json() == {"error": "internal error: RuntimeError",
+                                                                       "field": None}
+    assert "secret" not in json.dumps(got) and "secret" in caplog.text
