@@ -183,7 +183,31 @@ def _stream(batcher: Batcher | Scheduler, engine: Engine, dcfg, texts: list[str]
             future.cancel()  # the client left: the job leaves the queue or the running batch
             batcher.release(future)
 
-    return StreamingResponse(lines(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+    return Stream(lines(), future.cancel, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+
+class Stream(StreamingResponse):
+    """A streamed answer that watches for the client's disconnect itself while it streams, whatever ASGI spec
+    the server announces: Starlette stops listening under spec 2.4, and uvicorn 0.29-0.32 announce it but do
+    not raise when a send finds the client gone, so the job would decode on to its end. `gone` (the job's
+    cancel) runs at the disconnect; the events then end."""
+
+    def __init__(self, content, gone, **kwargs) -> None:
+        super().__init__(content, **kwargs)
+        self.gone = gone
+
+    async def __call__(self, scope, receive, send) -> None:
+        async def watch() -> None:
+            await self.listen_for_disconnect(receive)  # the body has been read: next comes the disconnect
+            self.gone()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await self.stream_response(send)
+        except OSError:  # spec 2.4: a send to a client that left
+            self.gone()
+        finally:
+            watcher.cancel()
 
 
 def _event(name: str, data: dict) -> bytes:

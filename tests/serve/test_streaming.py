@@ -104,3 +104,85 @@ def test_a_model_error_mid_stream_is_answered_as_a_plain_request_is(tiny_run, ca
     assert plain.status_code == 500 and got[-1][1] == plain.json() == {"error": "internal error: RuntimeError",
                                                                        "field": None}
     assert "secret" not in json.dumps(got) and "secret" in caplog.text
+
+
+def _endless(app, delay_s: float = 0.01) -> None:
+    """The served model never predicts eos (every sentence runs to its length limit), a little slowly."""
+    engine = app.state.engine
+    model, eos = engine.translator.model, engine.tok.eos_id
+    checked = model.decode
+
+    def decode(*args, **kwargs):
+        time.sleep(delay_s)
+        logits = checked(*args, **kwargs)
+        logits[..., eos] = -float("inf")
+        return logits
+
+    model.decode = decode
+
+
+def test_a_client_that_leaves_a_stream_stops_its_decoding_under_asgi_spec_2_4(tiny_run):
+    """uvicorn 0.29-0.32 (which pyproject allows) announce ASGI spec 2.4, so Starlette's StreamingResponse stops
+    listening for http.disconnect, and their send() does not raise once the client is gone: the job used to
+    decode to its end. Here, a server like theirs: spec 2.4, a send that swallows what follows the disconnect."""
+    import asyncio
+
+    app = create_app(tiny_run / "checkpoint_best.pt", Limits(max_queue=64), device="cpu")
+    _endless(app)
+    batcher = app.state.batcher
+    body = json.dumps({"texts": [TEXT], "beam": 1, "stream": True}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/api/translate", "raw_path": b"/api/translate",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 80),
+             "headers": [(b"host", b"localhost"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())]}
+    left_at: list[int] = []
+
+    async def client() -> list[bytes]:
+        left, sent, messages = asyncio.Event(), [], iter([{"type": "http.request", "body": body}])
+
+        async def receive():
+            message = next(messages, None)
+            if message is not None:
+                return message
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            if left.is_set():
+                return  # uvicorn 0.29-0.32: nothing raised, nothing sent
+            sent.append(message.get("body", b""))
+            if message["type"] == "http.response.body" and b"event: token" in message["body"]:
+                left_at.append(batcher.steps)
+                left.set()  # the client leaves after its first token
+
+        await asyncio.wait_for(app(scope, receive, send), 30)
+        return sent
+
+    asyncio.run(client())
+    for _ in range(200):
+        if not batcher.pending and not batcher._live:
+            break
+        time.sleep(0.01)
+    assert left_at and not batcher.pending and not batcher._live
+    assert batcher.steps - left_at[0] <= 4, (left_at, batcher.steps)  # the limit is dozens of steps away
+    batcher.close()
+
+
+def test_a_client_that_leaves_a_long_stream_stops_its_decoding_on_a_real_server(tiny_run):
+    """The same over a socket, with whichever uvicorn is installed (run it with the oldest pyproject allows:
+    docs/reliability.md says how)."""
+    app = create_app(tiny_run / "checkpoint_best.pt", Limits(max_queue=64), device="cpu")
+    _endless(app)
+    batcher = app.state.batcher
+    with serving(app) as url:
+        with httpx.stream("POST", f"{url}/api/translate", json={"texts": [TEXT], "beam": 1, "stream": True},
+                          timeout=30) as r:
+            next(line for line in r.iter_lines() if line.startswith("data:"))
+            left_at = batcher.steps
+        for _ in range(300):
+            if not batcher.pending and not batcher._live:
+                break
+            time.sleep(0.01)
+        assert not batcher.pending and not batcher._live
+        assert batcher.steps - left_at <= 4, (left_at, batcher.steps)
