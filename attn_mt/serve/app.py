@@ -90,7 +90,7 @@ def create_app(checkpoint: Path, limits: Limits = Limits(), device: str = "auto"
         check_work("texts", costs, limits)
         if body.stream:
             return _stream(batcher, engine, dcfg, body.texts, costs)
-        future = batcher.submit(dcfg, body.texts, costs, hold=True)
+        future = batcher.submit(*engine.job(dcfg, body.texts), costs, hold=True)
         with _releasing(batcher, future):
             return Answer(to_json({"results": await _answer(request, future)}), lambda: batcher.release(future))
 
@@ -166,7 +166,7 @@ def _stream(batcher: Batcher | Scheduler, engine: Engine, dcfg, texts: list[str]
         name, payload = engine.progress(kind, value)
         loop.call_soon_threadsafe(events.put_nowait, (name, {"index": i, **payload}))
 
-    future = batcher.submit(dcfg, texts, costs, hold=True, watch=watch)
+    future = batcher.submit(*engine.job(dcfg, texts), costs, hold=True, watch=watch)
     future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, None))
 
     async def lines():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -70,6 +70,14 @@ class Engine:
         """Whether requests can join and leave a running batch at every step (a Transformer checkpoint);
         else they are decoded in whole calls (`translate`: an RNN checkpoint, a CTranslate2 export)."""
         return self.translator.model is not None and supports(self.translator.model)
+
+    def job(self, dcfg: DecodeConfig, texts: list[str]) -> tuple[DecodeConfig, list]:
+        """(key, items) of a translation job. Continuous: the key holds only what shapes the decoder call
+        (beam size, length limits), each item is (text, dcfg), so requests that differ in alpha or n-best
+        decode in one running batch; in whole calls, the key is dcfg and the items the texts."""
+        if not self.continuous:
+            return dcfg, texts
+        return replace(dcfg, alpha=self.decode.alpha, nbest=1), [(text, dcfg) for text in texts]
 
     def open_batch(self, dcfg: DecodeConfig) -> Live:
         """An empty running batch for the scheduler, decoding with `dcfg`."""
@@ -174,16 +182,17 @@ class Live:
         return len(self.batch) + len(self.ready)
 
     def add(self, items: list[tuple]) -> None:
-        for tag, text in items:
+        """Sentences (tag, (text, its DecodeConfig)) join."""
+        for tag, (text, _) in items:
             if not text.strip():
                 self.ready.append(Event(tag, "done", {"source": text, "hypotheses": hypotheses_json(
                     [Translation("", 0.0, 0.0)])}))
-        todo = [(tag, text) for tag, text in items if text.strip()]
+        todo = [(tag, text, dcfg) for tag, (text, dcfg) in items if text.strip()]
         if todo:
             model = self.engine.translator.model
-            srcs = prepare_sources(self.engine.tok, [text.strip() for _, text in todo], model.max_positions)
-            self.sources.update(todo)
-            self.batch.add([(tag, ids) for (tag, _), ids in zip(todo, srcs, strict=True)])
+            srcs = prepare_sources(self.engine.tok, [text.strip() for _, text, _ in todo], model.max_positions)
+            self.sources.update((tag, text) for tag, text, _ in todo)
+            self.batch.add([(tag, ids) for (tag, _, _), ids in zip(todo, srcs, strict=True)], [c for *_, c in todo])
 
     def step(self) -> list[Event]:
         events, self.ready = self.ready + self.batch.step(), []

@@ -383,8 +383,8 @@ def test_ctrl_c_ends_the_server_within_seconds_with_a_full_queue(tiny_run):
     engine.interrupt = lambda: time.sleep(0.05)  # a slow model: each job takes seconds
     with serving(app) as url:
         server = app.state.server
-        futures = [batcher.submit(engine.decode_config(1), ["the old man sees a small dog and the big cat"] * 2)
-                   for _ in range(39)]
+        texts = ["the old man sees a small dog and the big cat"] * 2
+        futures = [batcher.submit(*engine.job(engine.decode_config(1), texts)) for _ in range(39)]
         time.sleep(0.3)
         start = time.monotonic()
         server.handle_exit(signal.SIGINT, None)  # what Ctrl-C does

@@ -424,7 +424,7 @@ def test_a_client_that_disconnects_costs_nothing(ckpt):
     def recording(key):  # a running batch that notes every text joining it
         batch = open_batch(key)
         add = batch.add
-        batch.add = lambda items: decoded.extend(text for _, text in items) or add(items)
+        batch.add = lambda items: decoded.extend(text for _, (text, _) in items) or add(items)
         return batch
 
     batcher.open_batch = recording
@@ -497,3 +497,24 @@ def test_answers_are_sent_without_waiting_for_the_clients_ack(ckpt):
         (conn,) = app.state.server.server_state.connections
         sock = conn.transport.get_extra_info("socket")
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+
+
+def test_requests_that_differ_in_alpha_or_nbest_share_the_running_batch(ckpt):
+    """Each distinct setting used to open its own running batch, with its own decoder call every step; alpha
+    and n-best are now each sentence's own, so six alphas (greedy) and three of beam 3 open two batches."""
+    app = create_app(ckpt, LIMITS, device="cpu")
+    batcher, engine, gate, keys = app.state.batcher, app.state.engine, threading.Event(), []
+    open_batch = batcher.open_batch
+    batcher.open_batch = lambda key: keys.append(key) or open_batch(key)
+    batcher.run_one = lambda item: gate.wait(10)  # holds the worker until every job waits
+    held = batcher.submit(None, ["hold"])
+    settings = [(1, a, 1) for a in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)] + [(3, 0.0, 1), (3, 1.0, 3), (3, 0.5, 2)]
+    text = SENTENCES[0]
+    jobs = [batcher.submit(*engine.job(engine.decode_config(*s), [text])) for s in settings]
+    gate.set()
+    held.result(10)
+    results = [job.result(30)[0] for job in jobs]
+    assert len(keys) == 2 and {k.beam_size for k in keys} == {1, 3}
+    for s, result in zip(settings, results, strict=True):  # each as it is decoded alone
+        assert result == engine.translate(engine.decode_config(*s), [text])[0], s
+    batcher.close()
