@@ -218,6 +218,21 @@ def test_lone_surrogates_and_odd_text_are_translated(client):
     assert r.status_code == 200 and r.json()["results"][0]["source"] == "\ufffd dog"
 
 
+
+@pytest.mark.parametrize("path,body", [("/api/attention", {"text": "\ud800 dog"}),
+                                       ("/api/explain", {"text": "\ud800 dog", "kind": "encoder"}),
+                                       ("/api/explain", {"text": "a dog", "kind": "encoder", "token": "\udfff"})])
+def test_lone_surrogates_follow_one_rule_everywhere(client, path, body):
+    """Each becomes U+FFFD, as /api/translate does (attention and explain used to refuse them: 422 'unable to
+    parse raw data as a unicode string'): the answer is that of the text with U+FFFD in its place."""
+    r = client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+    cleaned = {k: v.replace("\ud800", "\ufffd").replace("\udfff", "\ufffd") if isinstance(v, str) else v
+               for k, v in body.items()}
+    want = client.post(path, json=cleaned)
+    assert (r.status_code, r.json()) == (want.status_code, want.json())
+    assert r.status_code == 200 or (r.status_code == 422 and r.json()["field"] == "token")
+
+
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-5, 20) | st.floats(allow_nan=False)
                            | st.text(max_size=12), lambda kids: st.lists(kids, max_size=3), max_leaves=6)
 
