@@ -30,7 +30,7 @@ from .api import (
     error_body,
 )
 from .batcher import Batcher, QueueFull, Stopping
-from .engine import Engine
+from .engine import Detokenizer, Engine
 from .guards import LOOPBACK, BodyLimit, HostCheck
 from .scheduler import Scheduler
 
@@ -162,17 +162,20 @@ def _stream(batcher: Batcher | Scheduler, engine: Engine, dcfg, texts: list[str]
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
 
-    def watch(i: int, kind: str, value) -> None:  # in the worker thread, in order
-        name, payload = engine.progress(kind, value)
-        loop.call_soon_threadsafe(events.put_nowait, (name, {"index": i, **payload}))
+    detok: dict[int, Detokenizer] = {}
+
+    def watch(i: int, kind: str, value) -> None:  # in the worker thread, in order: handed over as it is
+        loop.call_soon_threadsafe(events.put_nowait, (i, kind, value))
 
     future = batcher.submit(*engine.job(dcfg, texts), costs, hold=True, watch=watch)
     future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, None))
 
     async def lines():
         try:
-            while (item := await events.get()) is not None:
-                yield _event(*item)
+            while (item := await events.get()) is not None:  # decoded to text here, not in the worker
+                i, kind, value = item
+                name, payload = engine.progress(kind, value, detok.setdefault(i, Detokenizer(engine.tok)))
+                yield _event(name, {"index": i, **payload})
             if future.cancelled():
                 return
             error = future.exception()

@@ -83,12 +83,13 @@ class Engine:
         """An empty running batch for the scheduler, decoding with `dcfg`."""
         return Live(self, dcfg)
 
-    def progress(self, kind: str, value) -> tuple[str, dict]:
+    def progress(self, kind: str, value, detok: Detokenizer | None = None) -> tuple[str, dict]:
         """A streamed event from the worker's ("token", ids so far), ("hypothesis", a Hypothesis) or ("done",
         the result): ("token", {"text": the translation so far}), ("hypothesis", {"hypothesis": {text, score,
-        log_prob}}) or ("result", {"result": the object of `translate`})."""
+        log_prob}}) or ("result", {"result": the object of `translate`}). Runs outside the worker (the app's
+        event loop); `detok`: the sentence's, which decodes only the tokens since its last word boundary."""
         if kind == "token":
-            return kind, {"text": self.tok.decode_tgt([value])[0]}
+            return kind, {"text": detok.text(value) if detok else self.tok.decode_tgt([value])[0]}
         if kind == "hypothesis":
             return kind, {"hypothesis": hypotheses_json(_translations(self.tok, [value]))[0]}
         return "result", {"result": value}
@@ -165,6 +166,38 @@ class Engine:
             "attention": [] if cfg is None else list(KINDS) if cfg.model.kind == "transformer" else ["cross"],
             "device": t.device,
         }
+
+
+class Detokenizer:
+    """The text of one sentence's growing token ids, decoding only what follows a committed word boundary: a
+    piece that starts a word (▁) does not depend on what precedes it, so text = head + " " + decode(tail).
+    A boundary is committed, every `every` tokens, only where that equals the whole decode; a sequence that
+    is not an extension of the last starts again."""
+
+    def __init__(self, tok, every: int = 16) -> None:
+        self.tok, self.every = tok, every
+        self.ids: tuple = ()
+        self.cut, self.head = 0, ""  # ids[:cut] decode to head
+        self.tried = 0  # the length at the last try to commit
+
+    def text(self, ids) -> str:
+        ids = tuple(ids)
+        if len(ids) <= self.cut or ids[: self.cut] != self.ids[: self.cut]:
+            self.cut, self.head, self.tried = 0, "", 0
+        self.ids = ids
+        tail = self.tok.tgt.decode(list(ids[self.cut :]))
+        text = self.head + " " + tail if self.cut else tail
+        if len(ids) - max(self.cut, self.tried) >= self.every:  # try to commit the last word boundary
+            self.tried = len(ids)
+            cut = next((c for c in range(len(ids) - 1, self.cut, -1)
+                        if self.tok.tgt.id_to_piece(ids[c]).startswith("▁")), None)
+            whole = self.tok.tgt.decode(list(ids))
+            if cut is not None:
+                head = self.tok.tgt.decode(list(ids[:cut]))
+                if head and head + " " + self.tok.tgt.decode(list(ids[cut:])) == whole:
+                    self.cut, self.head = cut, head
+            return whole
+        return text
 
 
 class Live:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 from conftest import serving
@@ -186,3 +187,41 @@ def test_a_client_that_leaves_a_long_stream_stops_its_decoding_on_a_real_server(
             time.sleep(0.01)
         assert not batcher.pending and not batcher._live
         assert batcher.steps - left_at <= 4, (left_at, batcher.steps)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_run):
+    from attn_mt.checkpoint import load_model
+
+    return load_model(tiny_run / "checkpoint_best.pt")[2]
+
+
+def test_the_incremental_detokenizer_gives_the_whole_decode_of_every_prefix(tok):
+    """Streams decode each new token on the event loop, only since the last committed word boundary (the
+    worker used to decode the whole prefix for every token); every prefix's text is the whole decode's,
+    byte pieces, unknowns and control ids included; and it decodes a fraction of the tokens."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from attn_mt.serve.engine import Detokenizer
+
+    words = [i for i in range(tok.tgt_vocab_size) if tok.tgt.id_to_piece(i).startswith("▁")]
+
+    @settings(max_examples=150, deadline=None, derandomize=True)
+    @given(ids=st.lists(st.one_of(st.sampled_from(words), st.integers(0, tok.tgt_vocab_size - 1)), max_size=80),
+           every=st.integers(1, 20))
+    def prefixes(ids, every):
+        d = Detokenizer(tok, every)
+        for n in range(len(ids) + 1):
+            assert d.text(ids[:n]) == tok.tgt.decode(ids[:n]), (ids[:n], d.cut)
+        assert d.text(ids[: len(ids) // 2]) == tok.tgt.decode(ids[: len(ids) // 2])  # not an extension
+
+    prefixes()
+    decoded, real = [], tok.tgt.decode
+    d = Detokenizer(tok)
+    counting = SimpleNamespace(id_to_piece=tok.tgt.id_to_piece, decode=lambda x: decoded.append(len(x)) or real(x))
+    d.tok = SimpleNamespace(tgt=counting)
+    sentence = [i for _ in range(50) for i in tok.encode_tgt(["ein alter Mann sieht den Hund"])[0]]
+    for n in range(1, len(sentence) + 1):
+        assert d.text(sentence[:n]) == real(sentence[:n])
+    assert sum(decoded) < 0.2 * len(sentence) ** 2 / 2  # decoding every prefix whole: n^2 / 2 tokens
