@@ -72,6 +72,18 @@ def test_the_set_line_reproduces_the_choice(tiny_cfg):
     assert choice.to_json()["set"] == " ".join(f"--set {o}" for o in choice.overrides())
 
 
+def test_a_users_shape_replaced_by_the_choice_is_said(tiny_cfg):
+    """An explicit --set model.d_model=... or train.warmup_steps under model.size: auto used to be replaced by
+    the ladder's choice without a word; the log now names each value it replaces and how to keep them."""
+    cfg = tiny_cfg("model.size=auto", "train.max_minutes=10", "model.d_model=48", "train.warmup_steps=77")
+    choice = autosize.Choice(SMALL, steps=900, epochs=7.5, bleu=33.0, warmup_steps=135, table=())
+    line = autosize.replaced(cfg, choice)
+    assert "model.d_model=48 (now 128)" in line and "train.warmup_steps=77 (now 135)" in line
+    assert "set model.size=fixed" in line and "n_heads" in line  # the tiny config's 2 heads, the rung's 4
+    same = tiny_cfg("model.size=auto", "train.max_minutes=10", *choice.overrides()[1:])
+    assert autosize.replaced(same, choice) == ""
+
+
 def test_auto_sizes_only_a_clock_budget(tiny_cfg):
     assert autosize.wanted(tiny_cfg("model.size=auto", "train.max_minutes=10"))
     assert not autosize.wanted(tiny_cfg("model.size=auto", "train.max_minutes=0", "train.max_steps=100"))
