@@ -533,3 +533,26 @@ def test_requests_that_differ_in_alpha_or_nbest_share_the_running_batch(ckpt):
     for s, result in zip(settings, results, strict=True):  # each as it is decoded alone
         assert result == engine.translate(engine.decode_config(*s), [text])[0], s
     batcher.close()
+
+
+def test_messages_a_client_can_repeat_are_logged_once_a_minute(caplog):
+    """170 aborted streams logged `socket.send() raised exception.` 18 times, and each over-long input its
+    own warning; the server now lets each through once a minute, with the count held back."""
+    import logging
+
+    from attn_mt.serve.server import Aggregate
+
+    now = [0.0]
+    logger = logging.getLogger("attn_mt.test_aggregate")
+    logger.addFilter(Aggregate(60, clock=lambda: now[0]))
+    with caplog.at_level(logging.WARNING, logger="attn_mt.test_aggregate"):
+        for i in range(100):
+            now[0] = i * 0.5  # 50 s
+            logger.warning("socket.send() raised exception.")
+            logger.warning("%d input line(s) longer than the model's limit of %d tokens were truncated", 1, 64)
+        now[0] = 61.0
+        logger.warning("socket.send() raised exception.")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["socket.send() raised exception.",
+                     "1 input line(s) longer than the model's limit of 64 tokens were truncated",
+                     "socket.send() raised exception. (99 more like it in the last 61 s)"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
 from types import SimpleNamespace
 
@@ -187,6 +188,9 @@ def test_a_client_that_leaves_a_long_stream_stops_its_decoding_on_a_real_server(
             time.sleep(0.01)
         assert not batcher.pending and not batcher._live
         assert batcher.steps - left_at <= 4, (left_at, batcher.steps)
+    from attn_mt.serve.server import QUIET, Aggregate
+
+    assert all(any(isinstance(f, Aggregate) for f in logging.getLogger(name).filters) for name in QUIET)
 
 
 @pytest.fixture(scope="module")
