@@ -10,17 +10,15 @@ not, and its files still load (translate, evaluate, and resume through training/
 
 from __future__ import annotations
 
-import errno
 import os
 import pickle
-import secrets
-import socket
 from pathlib import Path
-from typing import BinaryIO
 
 import torch
 
 from attn_mt.config import ConfigError, ExperimentConfig, from_dict, to_dict
+from attn_mt.config.files import HOST as _HOST
+from attn_mt.config.files import open_new, write_atomic  # noqa: F401 - open_new: for its callers of before
 from attn_mt.config.yamlconf import first_line, show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import ModelError
@@ -35,72 +33,18 @@ class CheckpointError(ModelError):
 
 
 def save(state: dict, path: Path) -> None:
-    """Write `state` to `path` atomically: a temporary file in the same directory, fsync, rename.
-
-    A crash or SIGKILL at any moment leaves either the old file or the new one, never a mix.
+    """Write `state` to `path` atomically (config.files.write_atomic: a temporary file in the same directory,
+    fsync, rename). A crash or SIGKILL at any moment leaves either the old file or the new one, never a mix.
     Raises CheckpointError when the file cannot be written (e.g. a full disk).
     """
-    path, tmp = Path(path), None
+    path = Path(path)
     try:
-        f, tmp = open_new(path.parent, f".{path.name}.{_HOST}.", f".{os.getpid()}.tmp")
-        with f:
-            torch.save({"format_version": FORMAT_VERSION, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # make the rename itself durable
-        finally:
-            os.close(fd)
+        write_atomic(path, lambda f: torch.save({"format_version": FORMAT_VERSION, **state}, f))
     except OSError as e:
         raise CheckpointError(f"{path}: cannot write checkpoint ({e.strerror or e})") from None
-    finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
     for stale in path.parent.glob(f".{path.name}.{_HOST}.*.tmp"):
         if _writer_gone(stale):  # left by a process of this machine killed while saving
             stale.unlink(missing_ok=True)
-
-
-def open_new(folder: Path, prefix: str, suffix: str) -> tuple[BinaryIO, Path]:
-    """(file open for writing, its path): a new file `folder/{prefix}{random}{suffix}` for an atomic write,
-    created with O_EXCL, so a file or symlink planted under a name it could take is never followed or
-    overwritten; its mode is 0666 less the umask, as for any other file the run writes."""
-    for _ in range(100):
-        tmp = Path(folder) / f"{prefix}{secrets.token_hex(4)}{suffix}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-        except FileExistsError:
-            continue
-        return os.fdopen(fd, "wb"), tmp
-    raise FileExistsError(errno.EEXIST, "no free temporary file name", str(Path(folder) / prefix))
-
-
-def write_atomic(path: Path | str, data: str | bytes) -> Path:
-    """Write a file a user keeps (a report, a page) whole or not at all: a new O_EXCL temporary file beside
-    it, fsync, rename over `path`, fsync the folder. Raises OSError (naming the file) when it cannot."""
-    path, tmp = Path(path), None
-    try:
-        f, tmp = open_new(path.parent, f".{path.name}.", ".tmp")
-        with f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
-    return path
-
-
-_HOST = socket.gethostname().replace("/", "_")  # temp names say which machine's process writes them
 
 
 def _writer_gone(tmp: Path) -> bool:

@@ -55,7 +55,7 @@ class _Verb(TyperCommand):
     130 (Ctrl-C) or 1 (the rest); with --debug they end in their traceback."""
 
     def invoke(self, ctx):
-        from attn_mt.api.terminal import OptionError, RequestError
+        from attn_mt.api.terminal import OptionError, OutputError, RequestError
         from attn_mt.errors import AttnMTError, ConfigError, Interrupted
 
         try:
@@ -72,8 +72,8 @@ class _Verb(TyperCommand):
                 kind = "config error" if isinstance(e, ConfigError) else "interrupted" if isinstance(
                     e, Interrupted) else "error"
                 what = f"{flag(e.field)}: {e.message}" if e.field and not isinstance(e, ConfigError) else str(e)
-                line, status = f"{kind}: {what}", 2 if isinstance(e, ConfigError) else 130 if isinstance(
-                    e, Interrupted) else 1
+                line, status = f"{kind}: {what}", 2 if isinstance(e, ConfigError | OutputError) else 130 if \
+                    isinstance(e, Interrupted) else 1
             elif isinstance(e, KeyboardInterrupt):
                 line, status = "interrupted", 130
             else:  # OSError: a full disk or a vanished directory while writing, anywhere
@@ -181,8 +181,11 @@ def attention(checkpoint: CkptOpt, text: TextArg, out: Annotated[Path, Option(he
               html: Annotated[Path | None, Option(help="Also write the interactive head view as an HTML page.")] = None,
               ) -> None:
     """Translate one sentence and draw every attention head of every layer as PNGs in --out."""
+    from attn_mt.api.terminal import check_outputs
+
     if not text.strip():
         raise typer.BadParameter("the sentence is empty", param_hint="TEXT")
+    check_outputs([("--html", html, (".html", ".htm"))], [checkpoint])  # before any work
     model = attn_mt.load(checkpoint, device=device)
     att = model.attention(text, beam=beam)
     paths = att.save_png(out) + ([att.save_html(html)] if html else [])
@@ -200,10 +203,11 @@ def explain(checkpoint: CkptOpt, text: TextArg,
             json_out: JsonOpt = None, device: DeviceOpt = "auto") -> None:
     """One head's attention for one query token, step by step (Q, K, V; scores; scaled; mask and softmax;
     values; W_o), recomputed from the model's weights and checked against its own output."""
-    from attn_mt.api.terminal import RequestError, explanation_text
+    from attn_mt.api.terminal import RequestError, check_outputs, explanation_text
 
     if not text.strip():  # before loading the model
         raise RequestError("text", "the sentence is empty")
+    check_outputs([("--json", json_out, (".json",))], [checkpoint])
     model = attn_mt.load(checkpoint, device=device)
     result = model.explain(text, kind=kind, layer=layer, head=head, token=token, beam=beam)
     if json_out:
@@ -296,12 +300,14 @@ def heads(checkpoint: CkptOpt, src: SrcOpt, ref: RefOpt, json_out: JsonOpt = Non
           prune: Annotated[int, Option(min=0, help="Remove the N least important heads (with --out).")] = 0,
           out: Annotated[Path | None, Option(help="Where --prune writes the pruned checkpoint.")] = None) -> None:
     """Mask each attention head in turn: the BLEU and loss it costs, and where its attention goes."""
-    from attn_mt.api.terminal import heads_table, save_heads_report
+    from attn_mt.api.terminal import check_outputs, heads_table, save_heads_report
 
     if prune and out is None:
         raise attn_mt.InputError(f"--prune {prune} needs --out FILE: where to write the pruned checkpoint")
     if out is not None and not prune:
         raise attn_mt.InputError("--out is where --prune N writes the pruned checkpoint; give --prune N too")
+    check_outputs([("--out", out, (".pt",)), ("--json", json_out, (".json",)), ("--png", png, (".png",)),
+                   ("--html", html, (".html", ".htm"))], [checkpoint, src, ref])  # before any work
     model = attn_mt.load(checkpoint, device=device)
     report = model.prune(prune, src, ref, sentences=sentences, out=out).report if prune else \
         model.heads(src, ref, sentences=sentences)
@@ -318,10 +324,11 @@ def score(checkpoint: ModelOpt, src: Annotated[Path | None, Option(help="Source 
           device: DeviceOpt = "auto") -> None:
     """log P of given translations under a model (forced decoding; one a line, per token in --json), and with
     --contrastive the accuracy: the reference scored above every variant, by pronoun and antecedent distance."""
-    from attn_mt.api.terminal import format_scores, score_files, write_scores
+    from attn_mt.api.terminal import check_outputs, format_scores, score_files, write_scores
 
     if src is None and ref is None and contrastive is None:
         raise typer.BadParameter("give --src and --ref, or --contrastive FILE", param_hint="--src")
+    check_outputs([("--json", json_out, (".json",))], [checkpoint, src, ref, contrastive])
     result = score_files(attn_mt.load(checkpoint, device=device), src, ref, contrastive, batch_size=batch_size)
     typer.echo(format_scores(result))
     if json_out is not None:

@@ -23,6 +23,7 @@ from torch import nn
 
 from attn_mt import checkpoint
 from attn_mt.config import ExperimentConfig, save_config
+from attn_mt.config.files import write_atomic
 from attn_mt.data.cache import Entry
 from attn_mt.errors import TrainError
 
@@ -44,14 +45,18 @@ class RunDir:
         self.size = self.path / "size.json"
 
     def earlier_run(self) -> list[Path]:
-        """The files of an earlier run in this directory (none for a new or only-prepared one)."""
-        return sorted(f for pattern in RUN_FILES for f in self.path.glob(pattern))
+        """The files of an earlier run in this directory (none for a new or only-prepared one, nor for one
+        killed before it wrote anything but the size ladder's choice: nothing to resume or lose)."""
+        found = sorted(f for pattern in RUN_FILES for f in self.path.glob(pattern))
+        return found if any(f != self.size for f in found) else []
 
     def claim(self, resume: bool, overwrite: bool) -> None:
         """Before anything is written: a fresh run into an earlier run's directory is refused,
         unless `overwrite` asks to delete that run's files (the tokenizer files stay: they are
         reused only if the data and settings match)."""
         old = self.earlier_run()
+        if not resume and not old:
+            self.size.unlink(missing_ok=True)  # the choice of a run killed before its first checkpoint
         if resume or not old:
             return
         if not overwrite:
@@ -211,13 +216,7 @@ def average_files(paths: list[Path], out: Path, force: bool = False) -> None:
 
 
 def _write_atomic(path: Path, text: str | bytes) -> None:
-    tmp = None
     try:
-        f, tmp = checkpoint.open_new(path.parent, f".{path.name}.", ".tmp")  # O_EXCL: no planted link followed
-        with f:
-            f.write(text.encode("utf-8") if isinstance(text, str) else text)
-        tmp.replace(path)
+        write_atomic(path, text)  # O_EXCL temp file: no planted link followed
     except OSError as e:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
         raise TrainError(f"{path}: cannot write ({e.strerror or e})") from None

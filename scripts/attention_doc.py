@@ -12,15 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+import attn_mt
 from attn_mt.analysis import overview
-from attn_mt.analysis.explain import NAMES, explain_checkpoint, render
-from attn_mt.analysis.heads import HeadsReport, analyse_heads
+from attn_mt.analysis.explain import NAMES, render
+from attn_mt.analysis.heads import HeadsReport
 from attn_mt.checkpoint import load
 from attn_mt.data.sources import read_lines
 from attn_mt.device import describe, pick_device
@@ -171,21 +171,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="Write the heads report and the explanations here.")
     args = p.parse_args(argv)
     args.machine = args.machine or f"{describe(pick_device('cpu'))}, torch {torch.__version__}"
-    with tempfile.TemporaryDirectory() as tmp:
-        report = analyse_heads(args.checkpoint, args.src, args.ref, n_sentences=args.sentences,
-                               prune_n=args.prune, out=Path(tmp) / "pruned.pt" if args.prune else None,
-                               device="cpu")
-    report.out = "pruned.pt" if args.prune else None  # a temporary file, gone
+    model = attn_mt.load(args.checkpoint, device="cpu")
+    report = (model.prune(args.prune, args.src, args.ref, sentences=args.sentences).report if args.prune else
+              model.heads(args.src, args.ref, sentences=args.sentences))
+    report.out = "pruned.pt" if args.prune else None  # not written: the doc names what it would be
     sentence = args.sentence or read_lines(args.src)[0]
     cross = max((r for r in report.heads if r["kind"] == "cross"), key=lambda r: r["roles"]["mono"])
     previous = max((r for r in report.heads if r["kind"] == "decoder"), key=lambda r: r["roles"]["prev"])
-    first = explain_checkpoint(args.checkpoint, sentence, kind="cross", layer=cross["layer"], head=cross["head"],
-                               device="cpu")
+    first = model.explain(sentence, kind="cross", layer=cross["layer"], head=cross["head"])
     middle = len(first.target_tokens) // 2  # a query inside the sentence: the decoder self-attention's mask shows
-    explanations = [explain_checkpoint(args.checkpoint, sentence, kind="cross", layer=cross["layer"],
-                                       head=cross["head"], token=middle, device="cpu"),
-                    explain_checkpoint(args.checkpoint, sentence, kind="decoder", layer=previous["layer"],
-                                       head=previous["head"], token=middle, device="cpu")]
+    explanations = [model.explain(sentence, kind="cross", layer=cross["layer"], head=cross["head"], token=middle),
+                    model.explain(sentence, kind="decoder", layer=previous["layer"], head=previous["head"],
+                                  token=middle)]
     png = overview.plot(report, args.png).name if args.png else None
     args.out.write_text(document(args, report, explanations, png), encoding="utf-8")
     if args.json:

@@ -176,3 +176,19 @@ def test_record_entry_copies_the_tokenizer_and_notes_the_entry(tiny_cfg, tmp_pat
     stamp = files.record.stat().st_mtime_ns
     files.record_entry(entry)  # unchanged: not rewritten
     assert files.record.stat().st_mtime_ns == stamp and not list(files.path.glob(".*.tmp"))
+
+
+def test_a_run_killed_after_the_size_ladder_is_no_earlier_run(tmp_path):
+    """size.json alone (a budget run killed after its ladder, before any checkpoint) used to make the folder
+    'an earlier run' that only --overwrite could reuse; now a fresh run takes it and drops the stale choice."""
+    files = RunDir(tmp_path)
+    for name in ("size.json", "config.yaml", "tokenizer.json"):
+        (tmp_path / name).write_text("{}")
+    assert files.earlier_run() == []
+    files.claim(resume=False, overwrite=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "tokenizer.json"]
+    (tmp_path / "size.json").write_text("{}")
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"x")  # with a checkpoint it is a run to resume
+    assert [p.name for p in files.earlier_run()] == ["checkpoint_last.pt", "size.json"]
+    with pytest.raises(TrainError, match="holds an earlier run .2 files"):
+        files.claim(resume=False, overwrite=False)

@@ -15,20 +15,20 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import re
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from attn_mt.checkpoint import CheckpointError, load_model, write_atomic
-from attn_mt.config import ConfigError, DecodeConfig
+from attn_mt.config import DecodeConfig
+from attn_mt.config.files import write_atomic
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.search import max_lengths, prepare_sources, search
-from attn_mt.device import pick_device
 from attn_mt.errors import InputError
 from attn_mt.models import Seq2Seq
 from attn_mt.models.attention import CrossAttention, MultiHeadAttention, SelfAttention
@@ -177,7 +177,8 @@ class Explanation:
 
     def save_json(self, path: str | Path) -> Path:
         """Every number of the explanation as JSON, written atomically."""
-        return write_atomic(path, self.to_json() + "\n")
+        write_atomic(Path(path), self.to_json() + "\n")
+        return Path(path)
 
     def __str__(self) -> str:
         return render(self)
@@ -207,10 +208,12 @@ def _floats(t: Tensor) -> list:
 def _pick(value: int | str, tokens: list[str], field: str, what: str) -> int:
     """A query position from an index or a token's text (the piece, or the piece without its ▁)."""
     text = str(value).strip()
-    if text.lstrip("-").isdigit():
-        i = int(text)
-        if not 0 <= i < len(tokens):
-            raise ExplainError(field, f"{i} is out of range: the {what} has {len(tokens)} tokens (0-{len(tokens) - 1})")
+    if re.fullmatch(r"-?[0-9]+", text):  # ASCII digits only: "²" is a digit to str.isdigit, not to int
+        i = int(text) if len(text) < 19 else None  # int() refuses over 4300 digits
+        if i is None or not 0 <= i < len(tokens):
+            shown = text if len(text) < 19 else text[:16] + "..."
+            raise ExplainError(field, f"{shown} is out of range: the {what} has {len(tokens)} tokens "
+                                      f"(0-{len(tokens) - 1})")
         return i
     for match in (lambda t: t == text, lambda t: t.lstrip("▁") == text.lstrip("▁")):
         found = [i for i, t in enumerate(tokens) if match(t)]
@@ -277,29 +280,6 @@ def explain(model: Seq2Seq, tok: Tokenizer, text: str, *, kind: str = "cross", l
         x=_floats(call.x[0, i]), q=_floats(r.q[h]), keys=rows, k=_floats(r.k[h]), v=_floats(r.v[h]),
         head_output=_floats(r.heads[h]), head_outputs=_floats(r.heads), output=_floats(r.output),
         model_output=_floats(model_output), max_abs_diff=float((r.output - model_output).abs().max()))
-
-
-def explain_checkpoint(path: Path, text: str, *, kind: str = "cross", layer: int = 1, head: int = 1,
-                       token: int | str = 0, beam: int = 1, device: str = "auto",
-                       json_out: Path | None = None) -> Explanation:
-    """`explain` on a checkpoint file, translating with its decode settings and beam size `beam`; with
-    `json_out`, every number of the explanation is written there too."""
-    path = Path(path)
-    if path.is_dir():
-        raise CheckpointError(f"{path}: a folder (an export?) keeps no weights to explain; give a PyTorch "
-                              "checkpoint file written by `attn-mt train`, e.g. RUN/checkpoint_best.pt")
-    if not text.strip():  # before loading the model
-        raise ExplainError("text", "the sentence is empty")
-    dev = pick_device(device)
-    model, cfg, tok = load_model(path, dev)
-    try:
-        dcfg = replace(cfg.decode, beam_size=beam, nbest=1)
-    except ConfigError:
-        raise ExplainError("beam", f"must be >= 1, not {beam}") from None
-    result = explain(model, tok, text, kind=kind, layer=layer, head=head, token=token, dcfg=dcfg, device=dev)
-    if json_out:
-        Path(json_out).write_text(result.to_json() + "\n", encoding="utf-8")
-    return result
 
 
 NAMES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",

@@ -26,13 +26,12 @@ import torch
 from tqdm import tqdm
 
 from attn_mt import checkpoint as ckpt
-from attn_mt.config import ConfigError, DecodeConfig, from_dict
+from attn_mt.config import DecodeConfig
 from attn_mt.data.batching import Batch, collate
-from attn_mt.data.sources import DataError, read_lines
+from attn_mt.data.sources import DataError
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.metrics import bleu
 from attn_mt.decoding.search import translate
-from attn_mt.device import pick_device
 from attn_mt.models import AttentionWeights, loss_sum
 from attn_mt.models.attention import MultiHeadAttention, SelfAttention
 from attn_mt.models.transformer import Transformer
@@ -191,57 +190,13 @@ class HeadsReport:
         return save_html(heads_html(self), path, f"attn-mt heads: {Path(self.checkpoint).name}")
 
 
-def check_request(path: Path, src: Path, ref: Path, prune_n: int, out: Path | None) -> None:
-    """The one-line errors that need no model: a folder, --prune without --out, --out over --checkpoint."""
-    if path.is_dir():
-        raise ckpt.CheckpointError(f"--checkpoint {path}: a folder (an export?); heads needs a PyTorch "
-                                   "checkpoint file written by `attn-mt train`, e.g. RUN/checkpoint_best.pt")
-    if prune_n and out is None:
-        raise HeadsError(f"--prune {prune_n} needs --out FILE: where to write the pruned checkpoint")
-    if out is not None and not prune_n:
-        raise HeadsError("--out is where --prune N writes the pruned checkpoint; give --prune N too")
-    if out is not None and out.resolve() == path.resolve():
-        raise HeadsError(f"--out {out} is the --checkpoint itself; write the pruned checkpoint to another file")
-
-
-def analyse_heads(path: Path, src: Path, ref: Path, *, n_sentences: int = 200, prune_n: int = 0,
-                  out: Path | None = None, device: str = "auto") -> HeadsReport:
-    """Mask every head of every layer and kind in turn on the first `n_sentences` of src/ref; measure
-    the roles; with `prune_n`, prune that many heads greedily and write the checkpoint to `out`."""
-    path, src, ref = Path(path), Path(src), Path(ref)
-    check_request(path, src, ref, prune_n, out)
-    sources, refs = read_lines(src), read_lines(ref)
-    if len(sources) != len(refs):
-        raise HeadsError(f"{src} has {len(sources)} lines, {ref} has {len(refs)}", "ref")
-    dev = pick_device(device)
-    state = ckpt.load(path)
-    try:
-        kind = from_dict(state["config"]).model.kind
-        model, cfg, tok = ckpt.model_from_state(state, dev) if kind == "transformer" else (None, None, None)
-    except (ConfigError, ckpt.CheckpointError) as e:
-        raise ckpt.CheckpointError(f"{path}: {e}") from None
-    if not isinstance(model, Transformer):
-        raise ckpt.CheckpointError(f"--checkpoint {path}: an {kind.upper()} model; heads needs a Transformer "
-                                   "(the RNN has one additive attention, no heads)")
-    report, gone = analyse(model, cfg, tok, sources, refs, name=str(path), before=pruned_list(state),
-                           n_sentences=n_sentences, prune_n=prune_n, device=dev)
-    if prune_n:
-        report.out = str(out)
-        ckpt.save(pruned_state(model, state, gone, path.name), out)
-    return report
-
-
-def pruned_list(state: dict) -> list[Head]:
-    """The heads a checkpoint lists as pruned already."""
-    return [Head(**h) for h in state.get("pruned_heads") or []]
-
-
 def pruned_state(model: Transformer, state: dict, gone: list[Head], source: str) -> dict:
     """The checkpoint dict of `model`, pruned from the one `state` describes (its config, tokenizer and step
     kept; `pruned_heads` lists those pruned before and `gone`)."""
     kept = {k: state[k] for k in ("config", "tokenizer", "step", "epoch", "best_bleu") if k in state}
+    before = pruned_heads(state.get("pruned_heads") or [], model, source)
     return {**kept, "model": {k: v.cpu() for k, v in model.state_dict().items()},
-            "pruned_heads": [asdict(h) for h in [*pruned_list(state), *gone]], "pruned_from": source}
+            "pruned_heads": [asdict(h) for h in [*before, *gone]], "pruned_from": source}
 
 
 def analyse(model: Transformer, cfg, tok: Tokenizer, sources: list[str], refs: list[str], *, name: str,
@@ -251,7 +206,9 @@ def analyse(model: Transformer, cfg, tok: Tokenizer, sources: list[str], refs: l
     the roles, and with `prune_n` prune that many heads greedily, in place; returns the report and the heads
     pruned (`name` labels the report: the checkpoint's path)."""
     if len(sources) != len(refs):
-        raise HeadsError(f"sources and references differ: {len(sources)} against {len(refs)} lines", "ref")
+        raise HeadsError(f"sources and references differ: {len(sources)} against {len(refs)} lines", "refs")
+    if not sources:
+        raise HeadsError("no sentences to analyse", "sources")
     dev = torch.device(device)
     before = list(before)
     heads = all_heads(model)
@@ -282,6 +239,21 @@ def analyse(model: Transformer, cfg, tok: Tokenizer, sources: list[str], refs: l
         report.bleu_after, report.loss_after = bleu_after, round(loss_after, 4)
     report.seconds = round(time.perf_counter() - start, 1)
     return report, gone
+
+
+def pruned_heads(listed: object, model: Transformer, path: Path | str) -> list[Head]:
+    """A checkpoint's `pruned_heads` as Heads; CheckpointError names the file and the entry that is not a head
+    of this model ({"kind": one of KINDS, "layer": 1..layers, "head": 1..heads})."""
+    cfg, out = model.cfg, []
+    for i, h in enumerate(listed if isinstance(listed, list) else [listed]):
+        ok = (isinstance(h, dict) and set(h) == {"kind", "layer", "head"} and h["kind"] in KINDS
+              and all(type(h[k]) is int for k in ("layer", "head"))
+              and 1 <= h["layer"] <= cfg.n_layers and 1 <= h["head"] <= cfg.n_heads)
+        if not ok:
+            raise ckpt.CheckpointError(f"{path}: pruned_heads[{i}] is not a head of this model ({str(h)[:60]}); "
+                                       f"a list of {{kind, layer (1-{cfg.n_layers}), head (1-{cfg.n_heads})}}")
+        out.append(Head(**h))
+    return out
 
 
 def prune_greedily(model: Transformer, tok: Tokenizer, data: Sentences, dcfg: DecodeConfig, dev: torch.device,

@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from attn_mt.config.files import write_atomic
+
 from .heads import KINDS, HeadsReport
 from .roles import ROLES
 
@@ -49,7 +51,7 @@ def save(report: HeadsReport, json_path: Path | None = None, png_path: Path | No
 
 
 def write_json(report: HeadsReport, path: Path) -> Path:
-    Path(path).write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
+    write_atomic(Path(path), json.dumps(asdict(report), indent=2) + "\n")
     return Path(path)
 
 
@@ -85,5 +87,5 @@ def plot(report: HeadsReport, path: Path) -> Path:
     fig.colorbar(img, ax=list(axes), shrink=0.8, label="BLEU change, head masked")
     fig.suptitle(f"heads of {Path(report.checkpoint).name}: BLEU {report.bleu:.2f} on {report.sentences} "
                  "sentences (greedy)", fontsize=10)
-    fig.savefig(path, dpi=110)
+    write_atomic(Path(path), lambda f: fig.savefig(f, format="png", dpi=110))
     return Path(path)

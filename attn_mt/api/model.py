@@ -213,12 +213,12 @@ class Model:
         """
         from attn_mt import checkpoint
         from attn_mt.analysis.heads import pruned_state
+        from attn_mt.config.files import check_outputs
         from attn_mt.decoding.translator import model_translator
 
         if not isinstance(n, int) or n < 1:
             raise InputError(f"must be an integer >= 1, not {n!r}", "n")
-        if out is not None and Path(out).resolve() == self.path.resolve():
-            raise InputError(f"{out} is the model's own file; write the pruned checkpoint to another", "out")
+        check_outputs([("out", out, (".pt",))], [self.path])  # before any work
         report, model, gone = self._heads(sources, refs, sentences, n)
         state = pruned_state(model, self._state(), gone, self.path.name)
         path = Path(out) if out is not None else self.path.with_name(f"{self.path.stem}.pruned{n}.pt")
@@ -239,7 +239,7 @@ class Model:
     def _heads(self, sources: Lines, refs: Lines, sentences: int, prune_n: int):
         import copy
 
-        from attn_mt.analysis.heads import analyse, pruned_list
+        from attn_mt.analysis.heads import analyse, pruned_heads
 
         model = self._transformer("heads")
         if not isinstance(sentences, int) or sentences < 1:
@@ -252,7 +252,7 @@ class Model:
             raise InputError("no sentences to measure on", "sources")
         if prune_n:
             model = copy.deepcopy(model)
+        before = pruned_heads(self.info.get("pruned_heads") or [], model, self.path)
         report, gone = analyse(model, self.config, self.tokenizer, srcs, references, name=str(self.path),
-                               before=pruned_list(self.info), n_sentences=sentences, prune_n=prune_n,
-                               device=self.translator.device)
+                               before=before, n_sentences=sentences, prune_n=prune_n, device=self.translator.device)
         return report, model, gone

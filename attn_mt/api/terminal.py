@@ -5,6 +5,7 @@ from attn_mt.analysis.explain import ExplainError as RequestError  # a value onl
 from attn_mt.analysis.explain import render as explanation_text
 from attn_mt.analysis.overview import save as save_heads_report
 from attn_mt.analysis.overview import table as heads_table
+from attn_mt.config.files import OutputError, check_outputs  # an output path, checked before any work
 from attn_mt.config.yamlconf import OptionError  # a flag's value
 from attn_mt.data.sources import input_lines
 from attn_mt.decoding.scoring import format_scores, score_files
@@ -14,6 +15,6 @@ from attn_mt.decoding.translator import translate_lines
 from attn_mt.measure.bench import format_report as bench_text
 from attn_mt.measure.report import summary as compare_text
 
-__all__ = ["DECODE_FLAGS", "OptionError", "RequestError", "bench_text", "compare_text", "explanation_text",
-           "format_scores", "heads_table", "input_lines", "save_heads_report", "score_files", "translate_lines",
-           "write_scores"]
+__all__ = ["DECODE_FLAGS", "OptionError", "OutputError", "RequestError", "bench_text", "check_outputs",
+           "compare_text", "explanation_text", "format_scores", "heads_table", "input_lines", "save_heads_report",
+           "score_files", "translate_lines", "write_scores"]

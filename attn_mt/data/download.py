@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from attn_mt.config.files import write_atomic
 from attn_mt.config.yamlconf import first_line
 from attn_mt.errors import RunError
 
@@ -36,9 +37,8 @@ def missing_data_hint(error: Exception, offline: str) -> Exception:
 
 
 def _write(path: Path, lines: list[str]) -> None:
-    tmp = path.with_suffix(path.suffix + ".part")
-    tmp.write_text("".join(line.strip() + "\n" for line in lines), encoding="utf-8")
-    tmp.replace(path)
+    """Atomically, through a new O_EXCL temporary file: a planted file or link is never followed."""
+    write_atomic(path, "".join(line.strip() + "\n" for line in lines))
 
 
 def _hub_reachable() -> None:

@@ -14,13 +14,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attn_mt.checkpoint import CheckpointError, load_model
 from attn_mt.config import DecodeConfig
-from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.search import max_lengths, prepare_sources, search
-from attn_mt.decoding.translator import decode_options
-from attn_mt.device import pick_device
 from attn_mt.models import AttentionWeights, Seq2Seq
 
 
@@ -82,28 +78,3 @@ def plot(m: AttentionMap, path: Path) -> Path:
     fig.suptitle(f"{title}, layer {m.layer}", fontsize=10)
     fig.savefig(path, dpi=100)
     return path
-
-
-def write_attention_maps(model, tok: Tokenizer, text: str, cfg: DecodeConfig, out_dir: Path,
-                         device: torch.device | str = "cpu") -> tuple[str, list[Path]]:
-    """Translate `text` and write `{kind}_layer{n}.png` for every layer into `out_dir`."""
-    translation, maps = attention_maps(model, tok, text, cfg, device)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return translation, [plot(m, out_dir / f"{m.kind}_layer{m.layer}.png") for m in maps]
-
-
-def attention_figures(checkpoint: Path, text: str, out_dir: Path, *, beam: int | None = None,
-                      device: str = "auto") -> tuple[str, list[Path]]:
-    """`attn-mt attention`: every head of a Transformer checkpoint's layers for one sentence, as PNGs in `out_dir`
-    (decoded as its decode section says, with `beam` if given); a folder (an export) or an RNN is refused in
-    one line."""
-    if not text.strip():
-        raise OptionError("the sentence is empty", "text")
-    if checkpoint.is_dir():
-        raise CheckpointError(f"{checkpoint}: a folder (an export?); attention figures need a PyTorch checkpoint "
-                              "file written by `attn-mt train`, e.g. RUN/checkpoint_best.pt")
-    dev = pick_device(device)
-    model, cfg, tok = load_model(checkpoint, dev)
-    if cfg.model.kind != "transformer":
-        raise CheckpointError(f"{checkpoint}: attention figures need a Transformer, not {cfg.model.kind}")
-    return write_attention_maps(model, tok, text, decode_options(cfg.decode, beam_size=beam, nbest=1), out_dir, dev)

@@ -47,7 +47,8 @@ class RunningBatch:
 
     Args:
         model: a Transformer in eval mode (add, step and drop run under torch.inference_mode).
-        cfg: beam size, alpha, n-best and length limits, the same for every sentence of this batch.
+        cfg: beam size and length limits, the same for every sentence of this batch; alpha and n-best are
+            each sentence's own (`add`'s `cfgs`, else these), so settings that share the shapes share the calls.
     """
 
     def __init__(self, model: Transformer, cfg: DecodeConfig, *, bos_id: int, eos_id: int, pad_id: int) -> None:
@@ -58,6 +59,8 @@ class RunningBatch:
         self.steps: list[int] = []  # (n,) tokens each has decoded
         self.max_len: list[int] = []  # (n,) its output limit, eos included
         self.finished: list[list[Hypothesis]] = []  # (n,) beam: hypotheses ended so far
+        self.alpha: list[float] = []  # (n,) each sentence's length penalty exponent
+        self.nbest: list[int] = []  # (n,) and its n-best list's size
         self.ys: list[list[int]] = []  # (n*k,) tokens of each row so far (without bos)
         self.scores: Tensor | None = None  # (n, k) log P of each sentence's beams (greedy: k = 1)
 
@@ -69,10 +72,15 @@ class RunningBatch:
         return len(self.ys)
 
     @torch.inference_mode()
-    def add(self, items: list[tuple[Hashable, list[int]]]) -> None:
-        """Sentences (tag, source ids with eos) join; they take part from the next step on."""
+    def add(self, items: list[tuple[Hashable, list[int]]], cfgs: list[DecodeConfig] | None = None) -> None:
+        """Sentences (tag, source ids with eos) join; they take part from the next step on. `cfgs`: each one's
+        settings (alpha, nbest; the beam size and length limits must be this batch's)."""
         if not items:
             return
+        cfgs = cfgs or [self.cfg] * len(items)
+        if any(c.beam_size != self.k or (c.max_len_a, c.max_len_b) != (self.cfg.max_len_a, self.cfg.max_len_b)
+               for c in cfgs):
+            raise ValueError("a sentence's beam size and length limits must be its running batch's")
         dev = next(self.model.parameters()).device
         src = pad([ids for _, ids in items], self.pad_id).to(dev)  # (m, S)
         cache = self.model.begin(src)
@@ -91,6 +99,8 @@ class RunningBatch:
         self.steps += [0] * m
         self.max_len += limit.tolist()
         self.finished += [[] for _ in range(m)]
+        self.alpha += [c.alpha for c in cfgs]
+        self.nbest += [c.nbest for c in cfgs]
         self.ys += [[] for _ in range(m * k)]
 
     @torch.inference_mode()
@@ -126,7 +136,7 @@ class RunningBatch:
             if token == self.eos_id:
                 tokens = self.ys[s]
                 events.append(Event(tag, "done", [Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1,
-                                                                                             self.cfg.alpha))]))
+                                                                                             self.alpha[s]))]))
             else:
                 self.ys[s].append(token)
                 events.append(Event(tag, "token", tuple(self.ys[s])))
@@ -136,13 +146,13 @@ class RunningBatch:
         """beam.beam_search's rule, per sentence: the k best continuations, hypotheses ended by eos among the
         k best, until the n-best can no longer be beaten (beam.best_possible) or the length limit. Also the
         rows (n*k,) the new beams extend: the cache's rows to move there."""
-        n, k, alpha, events = len(self.tags), self.k, self.cfg.alpha, []
+        n, k, events = len(self.tags), self.k, []
         c = candidates(self.scores, logp.view(n, k, -1), forced, self.eos_id)
         if bool(c.ended.any()):
             s_idx, c_idx = c.ended.nonzero(as_tuple=True)
             origins = c.origin[s_idx, c_idx].tolist()
             for s, o, lp in zip(s_idx.tolist(), origins, c.top[s_idx, c_idx].tolist(), strict=True):
-                hyp = Hypothesis(list(self.ys[s * k + o]), lp, lp / length_penalty(self.steps[s] + 1, alpha))
+                hyp = Hypothesis(list(self.ys[s * k + o]), lp, lp / length_penalty(self.steps[s] + 1, self.alpha[s]))
                 self.finished[s].append(hyp)
                 events.append(Event(self.tags[s], "hypothesis", hyp))
         self.scores = c.scores
@@ -150,14 +160,26 @@ class RunningBatch:
         rows = (block + c.origin.gather(1, c.keep)).view(-1)  # (n*k,) the rows the new beams extend
         self.ys = [self.ys[r] + [t] for r, t in zip(rows.tolist(), c.token.gather(1, c.keep).view(-1).tolist(),
                                                         strict=True)]
-        lengths = torch.tensor(self.steps, device=logp.device) + 2
-        bound = best_possible(self.scores, lengths, torch.tensor(self.max_len, device=logp.device), alpha).tolist()
-        nbest = self.cfg.nbest
+        bound = self._bounds(logp.device)
         for s, tag in enumerate(self.tags):
-            scores = sorted((h.score for h in self.finished[s]), reverse=True)
+            scores, nbest = sorted((h.score for h in self.finished[s]), reverse=True), self.nbest[s]
             if self.steps[s] + 1 >= self.max_len[s] or (len(scores) >= nbest and scores[nbest - 1] >= bound[s]):
                 events.append(Event(tag, "done", sorted(self.finished[s], key=lambda h: -h.score)[:nbest]))
         return events, rows
+
+    def _bounds(self, dev: torch.device) -> list[float]:
+        """beam.best_possible of each sentence, computed for each alpha apart (as offline search does, with
+        the same rounding)."""
+        lengths, max_len = torch.tensor(self.steps, device=dev) + 2, torch.tensor(self.max_len, device=dev)
+        if len(set(self.alpha)) == 1:
+            return best_possible(self.scores, lengths, max_len, self.alpha[0]).tolist()
+        bound = [0.0] * len(self.tags)
+        for a in set(self.alpha):
+            rows = [s for s, x in enumerate(self.alpha) if x == a]
+            idx = torch.tensor(rows, device=dev)
+            for s, b in zip(rows, best_possible(self.scores[idx], lengths[idx], max_len[idx], a).tolist(), strict=True):
+                bound[s] = b
+        return bound
 
     def _keep(self, sentences: list[int], moved: Tensor | None = None) -> None:
         """Keep these sentences (indices, in order) and their rows; the rest leave the batch. `moved`: the
@@ -173,6 +195,8 @@ class RunningBatch:
         self.steps = [self.steps[s] for s in sentences]
         self.max_len = [self.max_len[s] for s in sentences]
         self.finished = [self.finished[s] for s in sentences]
+        self.alpha = [self.alpha[s] for s in sentences]
+        self.nbest = [self.nbest[s] for s in sentences]
         self.ys = [self.ys[r] for r in rows]
         if not sentences:
             self.cache = self.scores = None

@@ -208,24 +208,36 @@ def _shareable(cfg: ExperimentConfig) -> dict:
     return raw
 
 
+def card_header(cfg: ExperimentConfig, results: dict, data_name: str, remote: bool) -> str:
+    """The card's YAML header between its `---` lines, built as data and written by a YAML writer: a run
+    name or data folder with ':', '#', quotes or newlines stays one value."""
+    src, tgt = cfg.data.src_lang, cfg.data.tgt_lang
+    tags = ["translation", "attn-mt", "custom_code" if remote else "marian"]
+    meta: dict = {"language": [src, tgt], "license": None, "library_name": "transformers",
+                  "pipeline_tag": "translation", "tags": tags}
+    if cfg.data.name:
+        meta["datasets"] = [cfg.data.name]
+    meta["metrics"] = ["bleu", "chrf"]
+    if results:
+        meta["model-index"] = [{"name": cfg.name, "results": [{
+            "task": {"type": "translation", "name": f"Translation {src}-{tgt}"},
+            "dataset": {"name": data_name, "type": data_name, "split": results["test_split"]},
+            "metrics": [{"type": "bleu", "value": results["test_bleu"], "name": "BLEU"},
+                        {"type": "chrf", "value": results["test_chrf"], "name": "chrF"}]}]}]
+    text = yaml.safe_dump(meta, sort_keys=False, width=1 << 16)  # escaped non-ASCII: PyYAML writes U+0085 raw
+    # the one comment: no value a user gives can make a line of its own (quoted scalars escape newlines)
+    text = text.replace("\nlicense: null\n", "\nlicense: # choose one: https://huggingface.co/docs/hub/repositories-"
+                                              "licenses\n", 1)
+    return f"---\n{text}---"
+
+
 def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict, files: RunDir, *, route: str,
                params: int, length_penalty: float) -> str:
     """README.md for the hub: YAML header, what the model is, how it was trained and scored, how to use it."""
     m, d, dec, src, tgt = cfg.model, cfg.data, cfg.decode, cfg.data.src_lang, cfg.data.tgt_lang
     data_name = d.name or (Path(d.dir).name if d.dir else "") or "attn-mt toy corpus"
     remote = route == "attn_mt"
-    yaml_lines = ["---", f"language:\n- {src}\n- {tgt}",
-                  "license: # choose one: https://huggingface.co/docs/hub/repositories-licenses",
-                  "library_name: transformers", "pipeline_tag: translation",
-                  "tags:\n- translation\n- attn-mt\n- " + ("custom_code" if remote else "marian"),
-                  *([f"datasets:\n- {d.name}"] if d.name else []), "metrics:\n- bleu\n- chrf"]
-    if results:
-        yaml_lines.append(
-            f"model-index:\n- name: {cfg.name}\n  results:\n  - task:\n      type: translation\n"
-            f"      name: Translation {src}-{tgt}\n    dataset:\n      name: {data_name}\n"
-            f"      type: {data_name}\n      split: {results['test_split']}\n    metrics:\n"
-            f"    - type: bleu\n      value: {results['test_bleu']}\n      name: BLEU\n"
-            f"    - type: chrf\n      value: {results['test_chrf']}\n      name: chrF")
+    header = card_header(cfg, results, data_name, remote)
     pairs = _training_pairs(cfg)
     kind = "pre-norm (LayerNorm before each sublayer)" if m.norm_first else "post-norm (as in the paper)"
     sizes = tok.src_vocab_size if tok.joint else f"{tok.src_vocab_size} + {tok.tgt_vocab_size}"
@@ -238,7 +250,7 @@ def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict
     if test_src.is_file():
         example = test_src.read_text(encoding="utf-8").split("\n", 1)[0].strip() or example
     trust = ", trust_remote_code=True" if remote else ""
-    lines = ["\n".join(yaml_lines), "---", "", f"# {cfg.name}: {src} -> {tgt} translation", "",
+    lines = [header, "", f"# {' '.join(cfg.name.split())}: {src} -> {tgt} translation", "",
              "A Transformer encoder-decoder trained from scratch with attn-mt and exported to transformers.", "",
              "## Model", "", "| | |", "| --- | --- |",
              f"| architecture | Transformer, {kind}; {m.n_layers} encoder and {m.n_layers} decoder layers, "

@@ -133,12 +133,17 @@ class AttentionRequest(BaseModel):
     text: str = Field(min_length=1, description="One source sentence.", examples=["Ein Hund rennt."])
     beam: int | None = Field(None, ge=1, description="Beam size for the translation (default: the checkpoint's).")
 
+    @field_validator("text", mode="before")
+    @classmethod
+    def _surrogates(cls, text: object) -> object:  # before the length check, which refuses them as not text
+        return _clean(text) if isinstance(text, str) else text
+
     @field_validator("text")
     @classmethod
     def _text(cls, text: str) -> str:
         if not text.strip():
             raise ValueError("the sentence is empty")
-        return _clean(text)
+        return text
 
     def check(self, limits: Limits) -> None:
         _check_chars("text", len(self.text), min(limits.max_chars, limits.max_attention_chars))

@@ -34,7 +34,7 @@ from .api import (
     error_body,
 )
 from .batcher import Batcher, QueueFull, Stopping
-from .engine import Engine
+from .engine import Detokenizer, Engine
 from .guards import LOOPBACK, BodyLimit, HostCheck
 from .scheduler import Scheduler
 
@@ -95,7 +95,7 @@ def create_app(model: Model | str | os.PathLike, limits: Limits = Limits(), devi
         check_work("texts", costs, limits)
         if body.stream:
             return _stream(batcher, engine, dcfg, body.texts, costs)
-        future = batcher.submit(dcfg, body.texts, costs, hold=True)
+        future = batcher.submit(*engine.job(dcfg, body.texts), costs, hold=True)
         with _releasing(batcher, future):
             return Answer(to_json({"results": await _answer(request, future)}), lambda: batcher.release(future))
 
@@ -167,27 +167,55 @@ def _stream(batcher: Batcher | Scheduler, engine: Engine, dcfg, texts: list[str]
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
 
-    def watch(i: int, kind: str, value) -> None:  # in the worker thread, in order
-        name, payload = engine.progress(kind, value)
-        loop.call_soon_threadsafe(events.put_nowait, (name, {"index": i, **payload}))
+    detok: dict[int, Detokenizer] = {}
 
-    future = batcher.submit(dcfg, texts, costs, hold=True, watch=watch)
+    def watch(i: int, kind: str, value) -> None:  # in the worker thread, in order: handed over as it is
+        loop.call_soon_threadsafe(events.put_nowait, (i, kind, value))
+
+    future = batcher.submit(*engine.job(dcfg, texts), costs, hold=True, watch=watch)
     future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, None))
 
     async def lines():
         try:
-            while (item := await events.get()) is not None:
-                yield _event(*item)
+            while (item := await events.get()) is not None:  # decoded to text here, not in the worker
+                i, kind, value = item
+                name, payload = engine.progress(kind, value, detok.setdefault(i, Detokenizer(engine.tok)))
+                yield _event(name, {"index": i, **payload})
             if future.cancelled():
                 return
             error = future.exception()
-            yield _event("error", error_body("queue", str(error))) if error else _event(
-                "done", {"results": future.result()})
+            if error is not None and not isinstance(error, QueueFull | Stopping):
+                log.error("POST /api/translate (streamed) failed: %r", error)
+            yield _event("error", failure(error)) if error else _event("done", {"results": future.result()})
         finally:
             future.cancel()  # the client left: the job leaves the queue or the running batch
             batcher.release(future)
 
-    return StreamingResponse(lines(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+    return Stream(lines(), future.cancel, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+
+class Stream(StreamingResponse):
+    """A streamed answer that watches for the client's disconnect itself while it streams, whatever ASGI spec
+    the server announces: Starlette stops listening under spec 2.4, and uvicorn 0.29-0.32 announce it but do
+    not raise when a send finds the client gone, so the job would decode on to its end. `gone` (the job's
+    cancel) runs at the disconnect; the events then end."""
+
+    def __init__(self, content, gone, **kwargs) -> None:
+        super().__init__(content, **kwargs)
+        self.gone = gone
+
+    async def __call__(self, scope, receive, send) -> None:
+        async def watch() -> None:
+            await self.listen_for_disconnect(receive)  # the body has been read: next comes the disconnect
+            self.gone()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await self.stream_response(send)
+        except OSError:  # spec 2.4: a send to a client that left
+            self.gone()
+        finally:
+            watcher.cancel()
 
 
 def _event(name: str, data: dict) -> bytes:
@@ -273,4 +301,12 @@ def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def failed(request: Request, e: Exception) -> JSONResponse:
         log.error("%s %s failed: %r", request.method, request.url.path, e)
-        return JSONResponse({"error": f"internal error: {type(e).__name__}", "field": None}, status_code=500)
+        return JSONResponse(failure(e), status_code=500)
+
+
+def failure(e: BaseException) -> dict:
+    """The answer to a request that failed: the queue's reason (full, stopping), else only the kind of error,
+    the same in a stream as in a plain answer (the details, paths included, go to the log)."""
+    if isinstance(e, QueueFull | Stopping):
+        return error_body("queue", str(e))
+    return {"error": f"internal error: {type(e).__name__}", "field": None}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 from pydantic_core import to_json
@@ -70,16 +70,25 @@ class Engine:
         else they are decoded in whole calls (`translate`: an RNN checkpoint, a CTranslate2 export)."""
         return self.translator.model is not None and supports(self.translator.model)
 
+    def job(self, dcfg: DecodeConfig, texts: list[str]) -> tuple[DecodeConfig, list]:
+        """(key, items) of a translation job. Continuous: the key holds only what shapes the decoder call
+        (beam size, length limits), each item is (text, dcfg), so requests that differ in alpha or n-best
+        decode in one running batch; in whole calls, the key is dcfg and the items the texts."""
+        if not self.continuous:
+            return dcfg, texts
+        return replace(dcfg, alpha=self.decode.alpha, nbest=1), [(text, dcfg) for text in texts]
+
     def open_batch(self, dcfg: DecodeConfig) -> Live:
         """An empty running batch for the scheduler, decoding with `dcfg`."""
         return Live(self, dcfg)
 
-    def progress(self, kind: str, value) -> tuple[str, dict]:
+    def progress(self, kind: str, value, detok: Detokenizer | None = None) -> tuple[str, dict]:
         """A streamed event from the worker's ("token", ids so far), ("hypothesis", a Hypothesis) or ("done",
         the result): ("token", {"text": the translation so far}), ("hypothesis", {"hypothesis": {text, score,
-        log_prob}}) or ("result", {"result": the object of `translate`})."""
+        log_prob}}) or ("result", {"result": the object of `translate`}). Runs outside the worker (the app's
+        event loop); `detok`: the sentence's, which decodes only the tokens since its last word boundary."""
         if kind == "token":
-            return kind, {"text": self.tok.decode_tgt([value])[0]}
+            return kind, {"text": detok.text(value) if detok else self.tok.decode_tgt([value])[0]}
         if kind == "hypothesis":
             return kind, {"hypothesis": hypotheses_json(_translations(self.tok, [value]))[0]}
         return "result", {"result": value}
@@ -158,6 +167,38 @@ class Engine:
         }
 
 
+class Detokenizer:
+    """The text of one sentence's growing token ids, decoding only what follows a committed word boundary: a
+    piece that starts a word (▁) does not depend on what precedes it, so text = head + " " + decode(tail).
+    A boundary is committed, every `every` tokens, only where that equals the whole decode; a sequence that
+    is not an extension of the last starts again."""
+
+    def __init__(self, tok, every: int = 16) -> None:
+        self.tok, self.every = tok, every
+        self.ids: tuple = ()
+        self.cut, self.head = 0, ""  # ids[:cut] decode to head
+        self.tried = 0  # the length at the last try to commit
+
+    def text(self, ids) -> str:
+        ids = tuple(ids)
+        if len(ids) <= self.cut or ids[: self.cut] != self.ids[: self.cut]:
+            self.cut, self.head, self.tried = 0, "", 0
+        self.ids = ids
+        tail = self.tok.tgt.decode(list(ids[self.cut :]))
+        text = self.head + " " + tail if self.cut else tail
+        if len(ids) - max(self.cut, self.tried) >= self.every:  # try to commit the last word boundary
+            self.tried = len(ids)
+            cut = next((c for c in range(len(ids) - 1, self.cut, -1)
+                        if self.tok.tgt.id_to_piece(ids[c]).startswith("▁")), None)
+            whole = self.tok.tgt.decode(list(ids))
+            if cut is not None:
+                head = self.tok.tgt.decode(list(ids[:cut]))
+                if head and head + " " + self.tok.tgt.decode(list(ids[cut:])) == whole:
+                    self.cut, self.head = cut, head
+            return whole
+        return text
+
+
 class Live:
     """One decoding setting's running batch, as the scheduler sees it: texts join, and each sentence's
     result is the object of `translate` (an empty text is answered at the next step, never decoded)."""
@@ -173,16 +214,17 @@ class Live:
         return len(self.batch) + len(self.ready)
 
     def add(self, items: list[tuple]) -> None:
-        for tag, text in items:
+        """Sentences (tag, (text, its DecodeConfig)) join."""
+        for tag, (text, _) in items:
             if not text.strip():
                 self.ready.append(Event(tag, "done", {"source": text, "hypotheses": hypotheses_json(
                     [Translation("", 0.0, 0.0)])}))
-        todo = [(tag, text) for tag, text in items if text.strip()]
+        todo = [(tag, text, dcfg) for tag, (text, dcfg) in items if text.strip()]
         if todo:
             model = self.engine.translator.model
-            srcs = prepare_sources(self.engine.tok, [text.strip() for _, text in todo], model.max_positions)
-            self.sources.update(todo)
-            self.batch.add([(tag, ids) for (tag, _), ids in zip(todo, srcs, strict=True)])
+            srcs = prepare_sources(self.engine.tok, [text.strip() for _, text, _ in todo], model.max_positions)
+            self.sources.update((tag, text) for tag, text, _ in todo)
+            self.batch.add([(tag, ids) for (tag, _, _), ids in zip(todo, srcs, strict=True)], [c for *_, c in todo])
 
     def step(self) -> list[Event]:
         events, self.ready = self.ready + self.batch.step(), []

@@ -1,7 +1,8 @@
 """Iteration-level scheduling: requests join and leave the running batch at every decoder step.
 
-One worker thread owns the model. It keeps one running batch per decoding setting (`key`: beam, alpha,
-n-best; decoding/continuous.py's `RunningBatch` behind the engine) and loops:
+One worker thread owns the model. It keeps one running batch per decoding setting (`key`: for the engine,
+the beam size and length limits; alpha and n-best are each sentence's own in decoding/continuous.py's
+`RunningBatch`, so they share a batch) and loops:
 
 1. Jobs whose client left (future cancelled) are dropped: from the queue, and their sentences from the
    running batches, whose rows are free from this step on.

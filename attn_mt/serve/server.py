@@ -13,7 +13,9 @@
 from __future__ import annotations
 
 import errno
+import logging
 import socket
+import time
 
 import h11
 import uvicorn
@@ -103,8 +105,38 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+class Aggregate(logging.Filter):
+    """Lets each message (its template) through at most once per `every_s` seconds, and says how many like it
+    were held back meanwhile: clients cannot flood the log (aborted streams' `socket.send() raised exception.`,
+    over-long inputs' truncation warning)."""
+
+    def __init__(self, every_s: float = 60.0, clock=time.monotonic) -> None:
+        super().__init__()
+        self.every_s, self.clock = every_s, clock
+        self.seen: dict[str, tuple[float, int]] = {}  # template -> (when last let through, held back since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now, key = self.clock(), str(record.msg)
+        last, held = self.seen.get(key, (-float("inf"), 0))
+        if now - last < self.every_s:
+            self.seen[key] = (last, held + 1)
+            return False
+        self.seen[key] = (now, 0)
+        if held:
+            record.msg = f"{record.msg} ({held} more like it in the last {now - last:.0f} s)"
+        return True
+
+
+QUIET = ("asyncio", "attn_mt.decoding.search")  # the loggers whose messages a client can repeat at will
+
+
 def make_server(app, header_timeout_s: float = 10.0) -> uvicorn.Server:
-    """A uvicorn server for `app` (from create_app); serve it with `.run(sockets=[listen(...)])`."""
+    """A uvicorn server for `app` (from create_app); serve it with `.run(sockets=[listen(...)])`. Messages a
+    client can make the server repeat are logged once a minute (`Aggregate`)."""
+    for name in QUIET:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, Aggregate) for f in logger.filters):
+            logger.addFilter(Aggregate())
     protocol = type("Timeouts", (Timeouts,), {"timeout_s": header_timeout_s})
     config = uvicorn.Config(app, http=protocol, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=GRACE_S, timeout_keep_alive=5)

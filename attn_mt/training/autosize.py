@@ -145,6 +145,18 @@ def apply(cfg: ExperimentConfig, shape: Shape, warmup_steps: int) -> ExperimentC
                                                    warmup_steps=warmup_steps))
 
 
+def replaced(cfg: ExperimentConfig, choice: Choice) -> str:
+    """What the choice replaces of the configured shape (a user's --set model.d_model=... included), as a
+    log line; "" when it keeps all of it."""
+    chosen = apply(cfg, choice.shape, choice.warmup_steps)
+    keys = [("model", k) for k in ("d_model", "n_heads", "n_layers", "d_ff")] + [
+        ("train", k) for k in ("batch_tokens", "warmup_steps")]
+    changed = [f"{a}.{k}={getattr(getattr(cfg, a), k)} (now {getattr(getattr(chosen, a), k)})" for a, k in keys
+               if getattr(getattr(cfg, a), k) != getattr(getattr(chosen, a), k)]
+    return (f"size: model.size: auto replaces the configured {', '.join(changed)}; set model.size=fixed to train "
+            "the configured shape") if changed else ""
+
+
 def measure(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precision: str,
             ladder: tuple[Shape, ...] | None = None, steps: int = 3) -> list[Measured]:
     """Time `steps` training steps and one short greedy translation of each shape on this corpus, each after
@@ -230,4 +242,6 @@ def size_run(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precis
                  row["predicted_valid_bleu"])
     log.info("size: chose %s (measured in %.0f s); the same run without the automatic choice: %s",
              choice.shape.name, spent, " ".join(f"--set {o}" for o in choice.overrides()))
+    if line := replaced(cfg, choice):
+        log.info(line)
     return apply(cfg, choice.shape, choice.warmup_steps), choice

@@ -13,7 +13,8 @@ import pytest
 import torch
 from conftest import cli, one_line_error, random_checkpoint
 
-from attn_mt.analysis.explain import explain, explain_checkpoint, gather, recompute, recording, render
+import attn_mt
+from attn_mt.analysis.explain import explain, gather, recompute, recording, render
 from attn_mt.checkpoint import load_model
 from attn_mt.data.batching import pad
 from attn_mt.decoding.attention_maps import attention_maps
@@ -147,7 +148,7 @@ def test_cli_prints_the_steps_and_writes_the_json(noisy, tmp_path):
                  "max |recomputed - model| = "):
         assert step in result.stdout, step
     written = json.loads(out.read_text())
-    expected = explain_checkpoint(path, SOURCES[1], kind="decoder", layer=2, head=1, token=1, device="cpu")
+    expected = attn_mt.load(path, device="cpu").explain(SOURCES[1], kind="decoder", layer=2, head=1, token=1)
     assert written == json.loads(expected.to_json())
     assert render(expected) == result.stdout.rstrip("\n")
     assert float(lines[-1].split("= ")[1]) < 1e-5
@@ -160,7 +161,9 @@ def test_cli_bad_input_is_one_line_naming_the_flag(noisy, tmp_path, tiny_cfg):
                        (["--head", "3"], "--head: 3 is out of range: the model has 2 heads"),
                        (["--kind", "encoder", "--token", "9"], "--token: 9 is out of range"),
                        (["--kind", "encoder", "--token", "Katze"], "--token: 'Katze' is not a token of the source"),
-                       (["--kind", "sideways"], "--kind"), (["--beam", "0"], "--beam")]:
+                       (["--kind", "sideways"], "--kind"), (["--beam", "0"], "--beam"),
+                       (["--token", "\u00b2"], "--token: '\u00b2' is not a token"),
+                       (["--token", "1" * 5000], "--token: 1111111111111111... is out of range")]:
         one_line_error(cli(*base, *args), 2, flag)
     one_line_error(cli("explain", "--checkpoint", path, "  "), 2, "TEXT: the sentence is empty")
     export = tmp_path / "export"
@@ -180,3 +183,17 @@ def test_cli_on_an_rnn_says_what_is_supported(tiny_run, tmp_path):
                      "tokenizer": tok.state()}, tmp_path / "rnn.pt")
     one_line_error(cli("explain", "--checkpoint", tmp_path / "rnn.pt", "a dog", "--device", "cpu"), 2,
                    "--checkpoint: explain recomputes a Transformer's attention")
+
+
+def test_cli_refuses_to_write_the_json_over_its_checkpoint(noisy, tmp_path):
+    """`--json e.pt` used to replace the checkpoint e.pt by the JSON report, exit 0."""
+    _, _, path = noisy
+    ckpt = tmp_path / "e.pt"
+    ckpt.write_bytes(path.read_bytes())
+    for out, says in [(ckpt, "--json"), (tmp_path / "e.json", None), (tmp_path / "no" / "e.json", "--json")]:
+        result = cli("explain", "--checkpoint", ckpt, "a dog", "--json", out, "--device", "cpu")
+        if says is None:
+            assert result.exit_code == 0 and json.loads(out.read_text())["kind"] == "cross"
+        else:
+            one_line_error(result, 2, says, str(out))
+    assert ckpt.read_bytes() == path.read_bytes()

@@ -212,3 +212,50 @@ def test_bad_input_is_one_line_naming_the_flag(case, tiny_run, tmp_path):
                  "--ref", tiny_run / "test.de", *args(tmp_path, tiny_run))
     one_line_error(result, 1, *texts)
     assert not (tmp_path / "p.pt").exists()
+
+
+@pytest.mark.parametrize("args,texts", [
+    (["--json", "{ckpt}"], ["--json", "must end in .json"]),
+    (["--json", "{tmp}/in.json"], ["--json", "the same file as the input"]),
+    (["--prune", "1", "--out", "{tmp}/p.pt", "--json", "{tmp}/p.pt"], ["--json", "must end in .json"]),
+    (["--png", "{tmp}/g.pt"], ["--png", "must end in .png"]),
+    (["--prune", "1", "--out", "{tmp}/missing/p.pt", "--json", "{tmp}/r.json"], ["--out", "missing does not exist"]),
+])
+def test_output_paths_are_checked_before_any_work(args, texts, tiny_run, tmp_path):
+    """Each of these used to run the whole analysis and then write over the checkpoint or a report, or end
+    in a traceback; now one line, status 2, and every file as it was."""
+    ckpt = tmp_path / "h.pt"
+    ckpt.write_bytes((tiny_run / "checkpoint_best.pt").read_bytes())
+    src = tmp_path / "in.json"  # a source file whose name a careless --json could take
+    src.write_text((tiny_run / "test.en").read_text())
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    result = cli("heads", "--checkpoint", ckpt, "--src", src, "--ref", tiny_run / "test.de", "--device", "cpu",
+                 *[a.format(ckpt=ckpt, tmp=tmp_path) for a in args])
+    one_line_error(result, 2, *texts)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def _pruned_wrongly(tmp: Path, run: Path, value) -> Path:
+    state = checkpoint.load(run / "checkpoint_best.pt")
+    checkpoint.save({**state, "pruned_heads": value}, tmp / "odd.pt")
+    return tmp / "odd.pt"
+
+
+@pytest.mark.parametrize("value,says", [
+    (["encoder 1.1"], "pruned_heads[0] is not a head of this model"),
+    ([{"kind": "encoder", "layer": 1}], "pruned_heads[0]"),
+    ([{"kind": "cross", "layer": 1, "head": 1}, {"kind": "cross", "layer": 9, "head": 1}], "pruned_heads[1]"),
+    ({"kind": "cross"}, "pruned_heads[0]"),
+])
+def test_a_malformed_pruned_heads_list_is_one_line(value, says, tiny_run, tmp_path):
+    result = cli("heads", "--checkpoint", _pruned_wrongly(tmp_path, tiny_run, value), "--src", tiny_run / "test.en",
+                 "--ref", tiny_run / "test.de", "--device", "cpu")
+    one_line_error(result, 1, "odd.pt", says)
+
+
+def test_empty_src_and_ref_are_one_line(tiny_run, tmp_path):
+    (tmp_path / "empty.en").write_text("")
+    (tmp_path / "empty.de").write_text("")
+    result = cli("heads", "--checkpoint", tiny_run / "checkpoint_best.pt", "--src", tmp_path / "empty.en",
+                 "--ref", tmp_path / "empty.de", "--device", "cpu")
+    one_line_error(result, 1, "--src", "empty.en: no lines")

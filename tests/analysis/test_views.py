@@ -24,9 +24,9 @@ import pytest
 import torch
 from conftest import TINY, random_checkpoint, toy_test_files
 
+import attn_mt
 from attn_mt.analysis import views
 from attn_mt.analysis.explain import explain, render
-from attn_mt.analysis.heads import analyse_heads
 from attn_mt.checkpoint import load_model
 from attn_mt.config import load_config
 from attn_mt.decoding.attention_maps import attention_maps
@@ -45,7 +45,7 @@ def views_of(path: Path, n_sentences: int) -> dict:
     translation, maps = attention_maps(model, tok, TEXT, dcfg)
     e = explain(model, tok, TEXT, kind="cross", layer=2, head=2, token=1, dcfg=dcfg)
     src, ref = toy_test_files(path.parent, n_sentences)
-    report = analyse_heads(path, src, ref, n_sentences=n_sentences, device="cpu")
+    report = attn_mt.load(path, device="cpu").heads(src, ref, sentences=n_sentences)
     return {"translation": translation, "maps": maps, "explanation": e, "report": report}
 
 

@@ -121,3 +121,25 @@ def test_only_a_transformer_decodes_in_a_running_batch(model):
     rnn = build_model(RNNConfig(d_embed=8, d_hidden=8, d_attn=8), src_vocab=16, tgt_vocab=16, pad_id=PAD,
                       shared_vocab=True)
     assert supports(model) and not supports(rnn)
+
+
+def test_sentences_with_their_own_alpha_and_nbest_share_a_batch_and_get_their_offline_result(model):
+    """Alpha and n-best are each sentence's own: sentences that differ only in them decode in one batch (one
+    decoder call a step), each as offline search with its settings decodes it."""
+    srcs = sources(24, seed=11)
+    mixed = [DecodeConfig(beam_size=4, alpha=a, nbest=n, max_len_b=3) for a, n in [(0.0, 1), (0.6, 4), (1.0, 2),
+                                                                                    (2.0, 3)]]
+    want = {i: offline(model, [src], mixed[i % 4])[0] for i, src in enumerate(srcs)}
+    rb, got = running(model, mixed[0]), {}
+    rng, todo = random.Random(3), list(range(len(srcs)))
+    with torch.inference_mode():
+        while todo or len(rb):
+            take = [todo.pop(0) for _ in range(min(rng.randint(0, 4), len(todo)))]
+            rb.add([(i, srcs[i]) for i in take], [mixed[i % 4] for i in take])
+            got.update((e.tag, e.value) for e in rb.step() if e.kind == "done")
+    for i, nbest in want.items():
+        assert [h.tokens for h in got[i]] == [h.tokens for h in nbest], i
+        assert [h.score for h in got[i]] == pytest.approx([h.score for h in nbest], abs=1e-4)
+    greedy = running(model, SETTINGS[0])
+    with pytest.raises(ValueError, match="beam size and length limits"):
+        greedy.add([(0, srcs[0])], [DecodeConfig(beam_size=2, max_len_b=3)])

@@ -11,6 +11,8 @@ import pytest
 import torch
 import yaml
 from conftest import TINY, cli, one_line_error, random_checkpoint
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from attn_mt import checkpoint
 from attn_mt.config import load_config
@@ -207,3 +209,32 @@ def test_the_transformers_exporter_does_not_load_the_ctranslate2_exporter():
     code = ("import sys, attn_mt.export.transformers; "
             "sys.exit('attn_mt.export.ctranslate2' in sys.modules or 'ctranslate2' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+NASTY = ["de-en: small #2", "x\nlicense: mit\nlibrary_name: evil\npipeline_tag: text-generation", "'\"{[&*!|>%@`",
+         "multi30k #1: en-de", " - a\n---\n"]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(name=st.one_of(st.sampled_from(NASTY), st.text(min_size=1, max_size=40)),
+       folder=st.one_of(st.sampled_from(NASTY), st.text(alphabet=st.characters(blacklist_characters="/\0"),
+                                                       min_size=1, max_size=30)))
+@example(name="de-en: small #2", folder="data #1: en-de")
+def test_the_card_header_reads_back_as_written(name, folder):
+    """A run name or data folder with ':', '#', quotes or newlines used to break the header or inject keys
+    (license, library_name, pipeline_tag) or change the dataset's entry."""
+    from attn_mt.export.transformers import card_header
+
+    cfg = load_config(None, [])
+    cfg = replace(cfg, name=name, data=replace(cfg.data, dir=f"/data/{folder}"))
+    results = {"test_split": "test2016", "test_bleu": 12.5, "test_chrf": 40.1}
+    header = card_header(cfg, results, folder, remote=False)
+    assert header.startswith("---\n") and header.endswith("\n---") and header.count("\n---") == 1 + (
+        "\n---" in header[4:-4])
+    meta = yaml.safe_load(header[4:-4])
+    assert list(meta) == ["language", "license", "library_name", "pipeline_tag", "tags", "metrics", "model-index"]
+    assert (meta["license"], meta["library_name"], meta["pipeline_tag"]) == (None, "transformers", "translation")
+    entry = meta["model-index"][0]
+    assert entry["name"] == name and entry["results"][0]["dataset"] == {"name": folder, "type": folder,
+                                                                        "split": "test2016"}
+    assert "license: # choose one" in header

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from attn_mt.analysis.explain import Explanation, explain_checkpoint
+import attn_mt
+from attn_mt.analysis.explain import Explanation
 
 pytest.importorskip("fastapi")  # the serve extra
 pytest.importorskip("httpx")
@@ -42,7 +43,7 @@ def test_explain_answers_what_the_cli_writes(client, ckpt, kind, token):
     r = client.post("/api/explain", json={"text": TEXT, "kind": kind, "layer": 1, "head": 2, "token": token,
                                           "beam": 1})
     assert r.status_code == 200, r.text
-    expected = explain_checkpoint(ckpt, TEXT, kind=kind, layer=1, head=2, token=token, beam=1, device="cpu")
+    expected = attn_mt.load(ckpt, device="cpu").explain(TEXT, kind=kind, layer=1, head=2, token=token, beam=1)
     assert r.json() == json.loads(expected.to_json())
     assert r.json()["max_abs_diff"] < 1e-5
 
@@ -71,6 +72,9 @@ BAD = [
     ({"text": "a dog", "kind": "encoder", "token": 99}, 422, "token"),
     ({"text": "a dog", "kind": "encoder", "token": "Katze"}, 422, "token"),
     ({"text": "a dog", "token": 1.5}, 422, "token"),
+    ({"text": "a dog", "token": "\u00b2"}, 422, "token"),  # str.isdigit says yes, int() says no: was a 500
+    ({"text": "a dog", "token": "--1"}, 422, "token"),
+    ({"text": "a dog", "token": "1" * 5000}, 422, "token"),  # int() refuses over 4300 digits
     ({"text": "a dog", "beam": 7}, 422, "beam"),
     ({"text": "a dog", "query": 1}, 422, "query"),  # unknown key
 ]

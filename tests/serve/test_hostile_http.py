@@ -383,8 +383,8 @@ def test_ctrl_c_ends_the_server_within_seconds_with_a_full_queue(tiny_run):
     engine.interrupt = lambda: time.sleep(0.05)  # a slow model: each job takes seconds
     with serving(app) as url:
         server = app.state.server
-        futures = [batcher.submit(engine.decode_config(1), ["the old man sees a small dog and the big cat"] * 2)
-                   for _ in range(39)]
+        texts = ["the old man sees a small dog and the big cat"] * 2
+        futures = [batcher.submit(*engine.job(engine.decode_config(1), texts)) for _ in range(39)]
         time.sleep(0.3)
         start = time.monotonic()
         server.handle_exit(signal.SIGINT, None)  # what Ctrl-C does
@@ -395,3 +395,84 @@ def test_ctrl_c_ends_the_server_within_seconds_with_a_full_queue(tiny_run):
         assert sum(f.exception(1) is not None for f in futures) >= 35  # answered 503, never decoded
         assert "shutting down" in str(futures[-1].exception(1))
         assert url
+
+
+# ---- streams: clients that leave mid-stream, never read, or mix settings ----
+
+STREAM_TEXTS = ["a dog", "the old man sees a small dog and the big cat", "", "yesterday the cat runs to the house"]
+
+
+@st.composite
+def streamed(draw) -> tuple[dict, str]:
+    """A translate request (streamed or not, any beam, alpha and n-best the limits allow) and what its client
+    does: reads it all, leaves after a few events, or never reads and goes."""
+    beam = draw(st.integers(1, 4))
+    body = {"texts": draw(st.lists(st.sampled_from(STREAM_TEXTS), min_size=1, max_size=4)), "beam": beam,
+            "alpha": draw(st.sampled_from([0.0, 0.3, 0.6, 1.0, 1.7])), "nbest": draw(st.integers(1, beam)),
+            "stream": draw(st.booleans())}
+    return body, draw(st.sampled_from(["read", "read", "leave 0", "leave 1", "leave 3", "never read"]))
+
+
+def stream_client(port: int, body: dict, how: str) -> bytes:
+    """What the client read before it closed the connection."""
+    raw = json.dumps(body).encode()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"POST /api/translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(raw), raw))
+        if how == "never read":
+            time.sleep(0.2)
+            return b""
+        if how.startswith("leave"):
+            out, want = b"", int(how.split()[1])
+            s.settimeout(10)
+            while out.count(b"\n\n") <= want and (data := s.recv(256)):
+                out += data
+            return out
+        return read_all(s, 20)
+
+
+def same_answer(a: dict, b: dict) -> bool:
+    """The same texts, and scores equal but for float rounding (a batch of other rows sums in another order)."""
+    flat = [[(h["text"], h["score"], h["log_prob"]) for h in r["hypotheses"]] for r in (a, b) for r in r["results"]]
+    half = len(flat) // 2
+    return [[t for t, *_ in r] for r in flat[:half]] == [[t for t, *_ in r] for r in flat[half:]] and all(
+        x == pytest.approx(y, abs=1e-3) for r, q in zip(flat[:half], flat[half:], strict=True)
+        for (_, *x), (_, *y) in zip(r, q, strict=True))
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(clients=st.lists(streamed(), min_size=1, max_size=5))
+def test_streams_left_unread_or_mixed_never_hold_the_queue(cli_server, clients):
+    """Concurrent clients, streamed or not, with mixed settings: whoever reads to the end gets the answer a
+    plain request of those settings gets, never a 5xx; whoever leaves or never reads frees its place (the
+    queue is empty again within seconds) and the server's memory stays flat."""
+    import concurrent.futures
+
+    proc, port = cli_server
+    before = proc_rss_mb(proc)
+    with concurrent.futures.ThreadPoolExecutor(len(clients)) as pool:
+        got = list(pool.map(lambda c: stream_client(port, *c), clients))
+    for (body, how), answer in zip(clients, got, strict=True):
+        if how != "read":
+            continue
+        assert status(answer) == 200, answer[:300]
+        plain = json.loads(post(port, json.dumps({**body, "stream": False}).encode()).split(b"\r\n\r\n", 1)[1])
+        payload = answer.split(b"\r\n\r\n", 1)[1]
+        if body["stream"]:
+            payload = re.sub(rb"\r\n[0-9a-f]+\r\n", b"", b"\r\n" + payload)  # chunked framing
+            events = re.findall(rb"event: (\w+)\ndata: (.*)\n", payload)
+            assert events[-1][0] == b"done", payload[-300:]
+            assert same_answer(json.loads(events[-1][1]), plain)
+        else:
+            assert same_answer(json.loads(payload), plain)
+    for _ in range(100):
+        info = json.loads(exchange(port, b"GET /api/info HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+                                   ).split(b"\r\n\r\n", 1)[1])
+        if info["served"]["waiting"] == 0:
+            break
+        time.sleep(0.1)
+    assert info["served"]["waiting"] == 0
+    assert status(post(port, b'{"texts": ["a dog"]}')) == 200 and proc_rss_mb(proc) - before < 30

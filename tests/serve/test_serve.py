@@ -221,6 +221,21 @@ def test_lone_surrogates_and_odd_text_are_translated(client):
     assert r.status_code == 200 and r.json()["results"][0]["source"] == "\ufffd dog"
 
 
+
+@pytest.mark.parametrize("path,body", [("/api/attention", {"text": "\ud800 dog"}),
+                                       ("/api/explain", {"text": "\ud800 dog", "kind": "encoder"}),
+                                       ("/api/explain", {"text": "a dog", "kind": "encoder", "token": "\udfff"})])
+def test_lone_surrogates_follow_one_rule_everywhere(client, path, body):
+    """Each becomes U+FFFD, as /api/translate does (attention and explain used to refuse them: 422 'unable to
+    parse raw data as a unicode string'): the answer is that of the text with U+FFFD in its place."""
+    r = client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+    cleaned = {k: v.replace("\ud800", "\ufffd").replace("\udfff", "\ufffd") if isinstance(v, str) else v
+               for k, v in body.items()}
+    want = client.post(path, json=cleaned)
+    assert (r.status_code, r.json()) == (want.status_code, want.json())
+    assert r.status_code == 200 or (r.status_code == 422 and r.json()["field"] == "token")
+
+
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-5, 20) | st.floats(allow_nan=False)
                            | st.text(max_size=12), lambda kids: st.lists(kids, max_size=3), max_leaves=6)
 
@@ -427,7 +442,7 @@ def test_a_client_that_disconnects_costs_nothing(ckpt):
     def recording(key):  # a running batch that notes every text joining it
         batch = open_batch(key)
         add = batch.add
-        batch.add = lambda items: decoded.extend(text for _, text in items) or add(items)
+        batch.add = lambda items: decoded.extend(text for _, (text, _) in items) or add(items)
         return batch
 
     batcher.open_batch = recording
@@ -499,3 +514,47 @@ def test_answers_are_sent_without_waiting_for_the_clients_ack(ckpt):
         (conn,) = app.state.server.server_state.connections
         sock = conn.transport.get_extra_info("socket")
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+
+
+def test_requests_that_differ_in_alpha_or_nbest_share_the_running_batch(ckpt):
+    """Each distinct setting used to open its own running batch, with its own decoder call every step; alpha
+    and n-best are now each sentence's own, so six alphas (greedy) and three of beam 3 open two batches."""
+    app = create_app(ckpt, LIMITS, device="cpu")
+    batcher, engine, gate, keys = app.state.batcher, app.state.engine, threading.Event(), []
+    open_batch = batcher.open_batch
+    batcher.open_batch = lambda key: keys.append(key) or open_batch(key)
+    batcher.run_one = lambda item: gate.wait(10)  # holds the worker until every job waits
+    held = batcher.submit(None, ["hold"])
+    settings = [(1, a, 1) for a in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)] + [(3, 0.0, 1), (3, 1.0, 3), (3, 0.5, 2)]
+    text = SENTENCES[0]
+    jobs = [batcher.submit(*engine.job(engine.decode_config(*s), [text])) for s in settings]
+    gate.set()
+    held.result(10)
+    results = [job.result(30)[0] for job in jobs]
+    assert len(keys) == 2 and {k.beam_size for k in keys} == {1, 3}
+    for s, result in zip(settings, results, strict=True):  # each as it is decoded alone
+        assert result == engine.translate(engine.decode_config(*s), [text])[0], s
+    batcher.close()
+
+
+def test_messages_a_client_can_repeat_are_logged_once_a_minute(caplog):
+    """170 aborted streams logged `socket.send() raised exception.` 18 times, and each over-long input its
+    own warning; the server now lets each through once a minute, with the count held back."""
+    import logging
+
+    from attn_mt.serve.server import Aggregate
+
+    now = [0.0]
+    logger = logging.getLogger("attn_mt.test_aggregate")
+    logger.addFilter(Aggregate(60, clock=lambda: now[0]))
+    with caplog.at_level(logging.WARNING, logger="attn_mt.test_aggregate"):
+        for i in range(100):
+            now[0] = i * 0.5  # 50 s
+            logger.warning("socket.send() raised exception.")
+            logger.warning("%d input line(s) longer than the model's limit of %d tokens were truncated", 1, 64)
+        now[0] = 61.0
+        logger.warning("socket.send() raised exception.")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["socket.send() raised exception.",
+                     "1 input line(s) longer than the model's limit of 64 tokens were truncated",
+                     "socket.send() raised exception. (99 more like it in the last 61 s)"]

@@ -72,6 +72,18 @@ def test_the_set_line_reproduces_the_choice(tiny_cfg):
     assert choice.to_json()["set"] == " ".join(f"--set {o}" for o in choice.overrides())
 
 
+def test_a_users_shape_replaced_by_the_choice_is_said(tiny_cfg):
+    """An explicit --set model.d_model=... or train.warmup_steps under model.size: auto used to be replaced by
+    the ladder's choice without a word; the log now names each value it replaces and how to keep them."""
+    cfg = tiny_cfg("model.size=auto", "train.max_minutes=10", "model.d_model=48", "train.warmup_steps=77")
+    choice = autosize.Choice(SMALL, steps=900, epochs=7.5, bleu=33.0, warmup_steps=135, table=())
+    line = autosize.replaced(cfg, choice)
+    assert "model.d_model=48 (now 128)" in line and "train.warmup_steps=77 (now 135)" in line
+    assert "set model.size=fixed" in line and "n_heads" in line  # the tiny config's 2 heads, the rung's 4
+    same = tiny_cfg("model.size=auto", "train.max_minutes=10", *choice.overrides()[1:])
+    assert autosize.replaced(same, choice) == ""
+
+
 def test_auto_sizes_only_a_clock_budget(tiny_cfg):
     assert autosize.wanted(tiny_cfg("model.size=auto", "train.max_minutes=10"))
     assert not autosize.wanted(tiny_cfg("model.size=auto", "train.max_minutes=0", "train.max_steps=100"))
@@ -188,3 +200,29 @@ def test_the_measured_curves_pick_the_small_batch_at_this_cpus_speeds_in_fp32_an
     ten_minutes = choose(fp32, CORPUS, 600, 200)
     assert ten_minutes.shape == SMALLBATCH and 1300 < ten_minutes.steps < 1600
     assert choose(bf16, CORPUS, 600, 200).shape == SMALLBATCH
+
+
+@pytest.mark.slow
+def test_a_budget_run_killed_after_its_ladder_can_be_started_again(tiny_cfg, tmp_path, monkeypatch):
+    """Killed between the ladder (size.json written) and the first checkpoint: a fresh run into the same
+    folder, without --overwrite, trains (it was refused as 'an earlier run ... size.json')."""
+    import json
+
+    from attn_mt.training import run
+
+    monkeypatch.setattr(autosize, "LADDER", TINY_LADDER)
+    monkeypatch.setitem(autosize.CURVES, "t32", ((1, 5.0), (2, 40.0)))
+    monkeypatch.setitem(autosize.CURVES, "t16", ((1, 10.0), (2, 20.0)))
+    cfg = tiny_cfg("model.size=auto", "train.max_minutes=1", "train.max_epochs=1")
+    real = run.build_model
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "build_model", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run.train(cfg, tmp_path)
+    assert (tmp_path / "size.json").exists() and not list(tmp_path.glob("checkpoint_*.pt"))
+    monkeypatch.setattr(run, "build_model", real)
+    run.train(cfg, tmp_path)
+    assert (tmp_path / "checkpoint_last.pt").exists() and json.loads((tmp_path / "size.json").read_text())

@@ -1,0 +1,102 @@
+"""Files a user keeps: written atomically, and output paths checked before any work is done.
+
+Here, below everything (it imports nothing of attn_mt but the errors), so that every part can write through it: the
+data download as well as checkpoints and reports. Tested in tests/test_files.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from attn_mt.errors import InputError
+
+
+class OutputError(InputError):
+    """An output path that cannot be written as asked; the message names it by `option` (e.g. "--json"
+    from the CLI, "out" from the API)."""
+
+    def __init__(self, message: str, option: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+HOST = socket.gethostname().replace("/", "_")  # temp names say which machine's process writes them
+
+
+def open_new(folder: Path, prefix: str, suffix: str) -> tuple[BinaryIO, Path]:
+    """(file open for writing, its path): a new file `folder/{prefix}{random}{suffix}` for an atomic write,
+    created with O_EXCL, so a file or symlink planted under a name it could take is never followed or
+    overwritten; its mode is 0666 less the umask, as for any other file the run writes."""
+    for _ in range(100):
+        tmp = Path(folder) / f"{prefix}{secrets.token_hex(4)}{suffix}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            continue
+        return os.fdopen(fd, "wb"), tmp
+    raise FileExistsError(errno.EEXIST, "no free temporary file name", str(Path(folder) / prefix))
+
+
+def write_atomic(path: Path, data: bytes | str | Callable[[BinaryIO], None]) -> None:
+    """Write `data` (bytes, text as UTF-8, or a function that writes to the open file) to `path`: a new
+    temporary file beside it (O_EXCL, `.NAME.HOST.RANDOM.PID.tmp`), fsync, rename, fsync the folder. A kill
+    at any moment leaves the old file or the new one; a planted link is replaced, never followed.
+    Raises OSError (the temporary file is removed)."""
+    path, tmp = Path(path), None
+    try:
+        f, tmp = open_new(path.parent, f".{path.name}.{HOST}.", f".{os.getpid()}.tmp")
+        with f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # make the rename itself durable
+        finally:
+            os.close(fd)
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+
+
+def check_outputs(outputs: Sequence[tuple[str, Path | str | None, Sequence[str]]],
+                  inputs: Sequence[Path | str | None] = ()) -> None:
+    """Refuse (OutputError naming the option) an output path that cannot be written as asked, before any work:
+    `outputs` are (option name, path or None, allowed suffixes such as (".json",)); a path must end in one of
+    its suffixes, not be a folder, not be one of `inputs` nor another output, and its folder must exist and
+    be writable."""
+    taken: dict[Path, str] = {}
+    for name in inputs:
+        if name is not None:
+            taken[Path(name).resolve()] = f"the input {name}"
+    for option, path, suffixes in outputs:
+        if path is None:
+            continue
+        path = Path(path)
+        what = f"{option} {path}"
+        if path.suffix.lower() not in suffixes:
+            raise OutputError(f"{what}: the file name must end in {' or '.join(suffixes)}", option)
+        if path.is_dir():
+            raise OutputError(f"{what}: a folder; give a file name", option)
+        folder = path.parent
+        if not folder.is_dir():
+            raise OutputError(f"{what}: folder {folder} does not exist", option)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise OutputError(f"{what}: folder {folder} is not writable", option)
+        real = path.resolve()
+        same = taken.get(real) or next((taken[p] for p in taken if p.exists() and real.exists()
+                                        and os.path.samefile(p, real)), None)
+        if same:
+            raise OutputError(f"{what}: the same file as {same}; write it to another file", option)
+        taken[real] = option
