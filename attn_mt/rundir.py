@@ -55,8 +55,8 @@ class RunDir:
         unless `overwrite` asks to delete that run's files (the tokenizer files stay: they are
         reused only if the data and settings match)."""
         old = self.earlier_run()
-        if not resume and not old:
-            self.size.unlink(missing_ok=True)  # the choice of a run killed before its first checkpoint
+        if not resume and not old and self.size.exists():  # not where the folder cannot be: check_writable says
+            self.size.unlink()  # the choice of a run killed before its first checkpoint
         if resume or not old:
             return
         if not overwrite:

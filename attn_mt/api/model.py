@@ -249,7 +249,8 @@ class Model:
         else:
             srcs, references = _lines(sources, "sources"), _lines(refs, "refs")
         if not srcs:
-            raise InputError("no sentences to measure on", "sources")
+            where = f"{sources}: no lines" if isinstance(sources, os.PathLike) else "no sentences"
+            raise InputError(f"{where} to measure on", "sources")
         if prune_n:
             model = copy.deepcopy(model)
         before = pruned_heads(self.info.get("pruned_heads") or [], model, self.path)

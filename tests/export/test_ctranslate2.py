@@ -125,7 +125,7 @@ def test_rnn_and_other_inputs_are_refused_in_one_line(tiny_run, tmp_path):
     _one_line_error(runner.invoke(app, ["export", "--checkpoint", str(tiny_run / "checkpoint_best.pt"), "--out",
                                         str(tmp_path / "other")]), "other: is not empty", "notes.txt")
     _one_line_error(runner.invoke(app, ["translate", "--checkpoint", str(tmp_path / "other"), "hello"]),
-                    "no attn_mt.json")
+                    "without attn_mt.json")
 
 
 def test_missing_ctranslate2_says_what_to_install(tiny_run, tmp_path, monkeypatch):

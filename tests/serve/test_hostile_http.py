@@ -365,15 +365,6 @@ def test_hostile_requests_never_make_a_server_error(cli_server, raw, pace):
     assert proc.poll() is None and proc_rss_mb(proc) - before < 30
 
 
-@pytest.mark.slow
-def test_ctrl_c_of_the_command_ends_it_at_once(cli_server):
-    proc, port = cli_server
-    proc.send_signal(signal.SIGINT)
-    start = time.monotonic()
-    assert proc.wait(5) == 130 and time.monotonic() - start < 5
-    assert "serve: http://127.0.0.1" in proc.stdout.read().decode()
-
-
 # ---- Ctrl-C with a full queue ----
 
 def test_ctrl_c_ends_the_server_within_seconds_with_a_full_queue(tiny_run):
@@ -476,3 +467,13 @@ def test_streams_left_unread_or_mixed_never_hold_the_queue(cli_server, clients):
         time.sleep(0.1)
     assert info["served"]["waiting"] == 0
     assert status(post(port, b'{"texts": ["a dog"]}')) == 200 and proc_rss_mb(proc) - before < 30
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_the_command_ends_it_at_once(cli_server):
+    # the module's last test: it ends the server the others share
+    proc, port = cli_server
+    proc.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    assert proc.wait(5) == 130 and time.monotonic() - start < 5
+    assert "serve: http://127.0.0.1" in proc.stdout.read().decode()
