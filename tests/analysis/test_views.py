@@ -354,3 +354,19 @@ def test_views_draw_when_a_notebook_inserts_them_as_jupyterlab_does(browser, mad
     assert looks == ["0px", "rgba(0, 0, 0, 0)", "rgb(29, 35, 48)", "rgba(0, 0, 0, 0)", "0px", "center"]
     screenshot(browser, tmp_path, "views_in_jupyterlab.png")
 
+
+
+@pytest.mark.slow
+def test_the_stored_tutorials_views_draw_from_its_outputs_saved_as_a_page(browser, tmp_path):
+    """docs/tutorial.ipynb as a notebook renderer shows it: its HTML outputs, as stored, in one saved page."""
+    nb = json.loads((Path(__file__).resolve().parents[2] / "docs" / "tutorial.ipynb").read_text(encoding="utf-8"))
+    outputs = ["".join(o["data"]["text/html"]) for c in nb["cells"] if c["cell_type"] == "code"
+               for o in c["outputs"] if "text/html" in o.get("data", {})]
+    open_file(browser, views.save_html("\n".join(f"<div class='output'>{h}</div>" for h in outputs),
+                                       tmp_path / "tutorial.html"))
+    roots = browser.find_elements("css selector", ".attn-mt-view")
+    assert len(roots) == len(outputs) == 3  # the attention view, the explanation and the heads report
+    assert roots[0].find_elements("css selector", ".heatmap td")  # the head view drew its map
+    assert roots[1].find_elements("css selector", "ol.steps > li")  # the five steps
+    assert roots[2].find_elements("css selector", "table.grid td[data-kind]")  # the heads grid
+    screenshot(browser, tmp_path, "views_tutorial.png")
