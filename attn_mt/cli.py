@@ -41,13 +41,20 @@ def main(debug: Annotated[bool, Option(help="Show tracebacks on errors.")] = Fal
                         stream=sys.stderr, force=True)
 
 
+DECODE_FLAGS = {"beam_size": "--beam", "alpha": "--alpha", "nbest": "--nbest", "batch_size": "--batch-size"}
+# an API argument -> this CLI's flag, where they differ
 FLAGS = {"text": "TEXT", "texts": "TEXT", "path": "--checkpoint", "n": "--prune", "sources": "--src", "refs": "--ref",
-         "ref": "--ref", "src": "--src", "format": "--format", "json": "--json"}  # argument -> flag where they differ
+         "ref": "--ref", "src": "--src", "format": "--format", "json": "--json", "overrides": "--set"}
 
 
 def flag(field: str) -> str:
     """The CLI's name of an API argument: "beam" -> "--beam", "batch_size" -> "--batch-size"."""
     return field if field.startswith("-") else FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def flags(message: str) -> str:
+    """A library message as the CLI says it: "`src` and `ref` go together" -> "--src and --ref go together"."""
+    return re.sub(r"`(\w+)`", lambda m: flag(m.group(1)), message)
 
 
 class _Verb(TyperCommand):
@@ -61,7 +68,7 @@ class _Verb(TyperCommand):
         try:
             return super().invoke(ctx)
         except OptionError as e:  # a flag's value: usage, one line naming the flag, status 2
-            raise typer.BadParameter(e.message, ctx=ctx, param_hint=e.field and flag(e.field)) from None
+            raise typer.BadParameter(flags(e.message), ctx=ctx, param_hint=e.field and flag(e.field)) from None
         except RequestError as e:  # a value only the model can check (its layers, heads, tokens): status 2
             typer.echo(f"error: {flag(e.field)}: {e.message}", err=True)
             raise typer.Exit(2) from None
@@ -78,7 +85,7 @@ class _Verb(TyperCommand):
                 line, status = "interrupted", 130
             else:  # OSError: a full disk or a vanished directory while writing, anywhere
                 line, status = f"error: {f'{e.filename}: ' if e.filename else ''}{e.strerror or e}", 1
-            typer.echo(re.sub(r"`(\w+)`", lambda m: flag(m.group(1)), line), err=True)  # `resume` -> --resume
+            typer.echo(flags(line), err=True)  # `resume` -> --resume
             raise typer.Exit(status) from None
 
 
@@ -115,7 +122,6 @@ def train(config: ConfigOpt, overrides: SetOpt = None,
 
 def _decode(model, beam=None, alpha=None, nbest=None, batch_size=None):
     """The model's decode settings with the flags given, errors naming the flags."""
-    from attn_mt.api.terminal import DECODE_FLAGS
 
     return model.options(beam=beam, alpha=alpha, nbest=nbest, batch_size=batch_size, names=DECODE_FLAGS)
 

@@ -22,14 +22,13 @@ from typing import Any
 from attn_mt.config import ConfigError, DecodeConfig
 from attn_mt.data.sources import read_aligned, read_lines
 from attn_mt.decoding.search import Translation
-from attn_mt.decoding.translator import Translator, decode_options, evaluate_texts
+from attn_mt.decoding.translator import ARGS, Translator, decode_options, evaluate_texts
 from attn_mt.errors import InputError, ModelError
 
 from .opening import open_translator
 
 Texts = str | Sequence[str]
 Lines = Sequence[str] | os.PathLike
-NAMES = {"beam_size": "beam", "alpha": "alpha", "nbest": "nbest", "batch_size": "batch_size"}  # argument names
 
 
 def load(path: str | os.PathLike, *, device: str = "auto", threads: int | None = None) -> Model:
@@ -85,7 +84,7 @@ class Model:
 
     def options(self, *, beam: int | None = None, alpha: float | None = None, nbest: int | None = None,
                 batch_size: int | None = None, max_len_a: float | None = None, max_len_b: int | None = None,
-                names: Mapping[str, str] = NAMES) -> DecodeConfig:
+                names: Mapping[str, str] = ARGS) -> DecodeConfig:
         """The model's decode defaults with the given settings (None: the default), checked; an error names
         a setting as `names` spells it ({"beam_size": "beam", ...}; the CLI passes its flags)."""
         dcfg = decode_options(self.decode, names, beam_size=beam, alpha=alpha, nbest=nbest, batch_size=batch_size)

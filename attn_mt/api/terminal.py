@@ -10,11 +10,10 @@ from attn_mt.config.yamlconf import OptionError  # a flag's value
 from attn_mt.data.sources import input_lines
 from attn_mt.decoding.scoring import format_scores, score_files
 from attn_mt.decoding.scoring import write_json as write_scores
-from attn_mt.decoding.translator import FLAGS as DECODE_FLAGS
 from attn_mt.decoding.translator import translate_lines
 from attn_mt.measure.bench import format_report as bench_text
 from attn_mt.measure.report import summary as compare_text
 
-__all__ = ["DECODE_FLAGS", "OptionError", "OutputError", "RequestError", "bench_text", "check_outputs",
+__all__ = ["OptionError", "OutputError", "RequestError", "bench_text", "check_outputs",
            "compare_text", "explanation_text", "format_scores", "heads_table", "input_lines", "save_heads_report",
            "score_files", "translate_lines", "write_scores"]

@@ -18,8 +18,8 @@ from attn_mt.errors import InputError
 
 
 class OutputError(InputError):
-    """An output path that cannot be written as asked; the message names it by `option` (e.g. "--json"
-    from the CLI, "out" from the API)."""
+    """An output path that cannot be written as asked; the message names it by `option`, the argument as
+    its caller spells it ("out", "json")."""
 
     def __init__(self, message: str, option: str) -> None:
         super().__init__(message)

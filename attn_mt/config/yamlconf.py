@@ -1,4 +1,4 @@
-"""Typed configs from YAML: read a file safely, apply dotted `--set` overrides, build frozen dataclasses.
+"""Typed configs from YAML: read a file safely, apply dotted overrides (section.key=value), build frozen dataclasses.
 
 Nothing here knows attn-mt's sections: `build(cls, raw)` checks every key of a nested dict
 against the fields of the dataclass `cls` (recursively), converts the values to the field
@@ -27,8 +27,8 @@ __all__ = ["ConfigError", "OptionError"]
 
 class OptionError(InputError):
     """An argument's value that cannot be used; `option` (= `field`) names the argument as the Python API
-    spells it ("beam", "overwrite"), or is None where the message already names it. The CLI shows it as
-    its flag ("--beam")."""
+    spells it ("beam", "overwrite"), or is None where the message already names it; the CLI shows it as
+    its own name for that argument."""
 
     def __init__(self, message: str, option: str | None = None) -> None:
         super().__init__(message, option)
@@ -83,13 +83,13 @@ def set_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set {show(item)}: expected section.key=value")
+            raise ConfigError(f"override {show(item)}: expected section.key=value")
         node = raw
         parts = key.strip().split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"--set {key}: {part} is not a section")
+                raise ConfigError(f"override {key}: {part} is not a section")
         try:
             node[parts[-1]] = yaml.safe_load(value) if value.strip() else ""
         except (yaml.YAMLError, ValueError, RecursionError, OverflowError):

@@ -32,8 +32,8 @@ def missing_data_hint(error: Exception, offline: str) -> Exception:
     """A 'data file not found' error, extended by how to get Multi30k and what runs offline instead."""
     if "data file not found" not in str(error):
         return error
-    return type(error)(f"{error}; get Multi30k with `attn-mt download multi30k --out DIR`, then set MULTI30K_DIR=DIR "
-                       f"or add --set data.dir=DIR (offline instead: {offline})")
+    return type(error)(f"{error}; get Multi30k with attn_mt.download or `attn-mt download multi30k`, then set "
+                       f"MULTI30K_DIR=DIR or give `overrides` data.dir=DIR (offline instead: {offline})")
 
 
 def _write(path: Path, lines: list[str]) -> None:

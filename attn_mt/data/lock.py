@@ -3,7 +3,7 @@
 A POSIX record lock (`fcntl.lockf`) on `<key>.lock`: it belongs to the process that took it, so the
 tokenizing workers that process forks never hold it (an `flock` travels with the open file into every
 child), and the kernel drops it when the holder dies, however it dies: a lock whose holder is gone is
-simply taken. The file holds the holder's pid, for the waiting message and `attn-mt prepare --list`, and
+simply taken. The file holds the holder's pid, for the waiting message and the cache survey, and
 is removed by its holder on release; a waiter that wakes on a removed file opens the new one.
 
 Record locks are per process: two threads of one process do not exclude each other (one build per

@@ -86,7 +86,7 @@ def input_lines(texts: list[str] | None, path: Path | None, prompt: str = "") ->
     elif path is not None:
         yield from read_lines(path)
     else:  # bytes that are not UTF-8 become U+FFFD instead of ending the run
-        # lines end at "\n" only (a lone "\r" inside a line is text, as with --input); "\r\n" is stripped
+        # lines end at "\n" only (a lone "\r" inside a line is text, as in translate's input); "\r\n" is stripped
         stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
         while True:  # readline, not iteration: each line is handed on as soon as it arrives
             sys.stderr.write(prompt)

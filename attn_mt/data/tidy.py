@@ -1,4 +1,4 @@
-"""`attn-mt prepare --list` / `--clean`: what the data cache holds, and removing what no run can use.
+"""The cache survey and its cleaning (`attn-mt prepare`): what the data cache holds, and removing what no run can use.
 
 The cache directory holds entries (`<key>/`), builds in progress or left by a build that was stopped
 (`<key>.tmp-<pid>/`) and the lock of a key being built (`<key>.lock`). Cleaning takes each key's lock,

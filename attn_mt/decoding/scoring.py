@@ -65,15 +65,15 @@ def score_texts(model: Seq2Seq, tok: Tokenizer, sources: list[str], targets: lis
 
 def score_files(translator, src: Path | None = None, ref: Path | None = None, contrastive: Path | None = None,
                 *, batch_size: int = 64) -> dict:
-    """`attn-mt score`: the scores of --ref given --src (a `Translator` of either kind), and/or the accuracy on
+    """`attn-mt score`: the scores of `ref` given `src` (a `Translator` of either kind), and/or the accuracy on
     a contrastive set (contrastive.py); {"scores": [Score as a dict, ...], "contrastive": report}."""
     from attn_mt.data.sources import read_aligned
     from attn_mt.decoding.contrastive import evaluate_contrastive, read_items
 
     if (src is None) != (ref is None):
-        raise OptionError("--src and --ref go together: the sources and the translations to score", "--ref")
+        raise OptionError("`src` and `ref` go together: the sources and the translations to score", "ref")
     if src is None and contrastive is None:
-        raise OptionError("give --src and --ref (translations to score) or --contrastive FILE", "--src")
+        raise OptionError("give `src` and `ref` (translations to score) or `contrastive` (a file)", "src")
     out: dict = {}
     if src is not None:
         sources, refs = read_aligned(src, ref)

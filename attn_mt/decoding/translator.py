@@ -78,15 +78,15 @@ def model_translator(model, cfg, tok: Tokenizer, device, path: Path | str, state
                       {k: state.get(k) for k in KEPT}, functools.partial(score_texts, model, tok, device=device))
 
 
-FLAGS = {"beam_size": "--beam", "alpha": "--alpha", "nbest": "--nbest", "batch_size": "--batch-size"}  # the CLI's
+ARGS = {"beam_size": "beam", "alpha": "alpha", "nbest": "nbest", "batch_size": "batch_size"}  # the API's names
 
 
-def decode_options(defaults: DecodeConfig, names: Mapping[str, str] = FLAGS, *, beam_size: int | None = None,
+def decode_options(defaults: DecodeConfig, names: Mapping[str, str] = ARGS, *, beam_size: int | None = None,
                    alpha: float | None = None, nbest: int | None = None, batch_size: int | None = None,
                    ) -> DecodeConfig:
     """`defaults` (a model's decode section) with the options that were given (None: not given), as
-    `attn-mt translate`'s flags and `/api/translate`'s fields set them; an OptionError names them as `names`
-    spells them ({"beam_size": "--beam", ...}): "--beam 0: must be >= 1"."""
+    Model.options' arguments, a command's options or `/api/translate`'s fields set them; an OptionError names
+    them as `names` spells them (by default the arguments: "beam 0: must be >= 1")."""
     flags = {"beam_size": beam_size, "alpha": alpha, "nbest": nbest, "batch_size": batch_size}
     given = {k: v for k, v in flags.items() if v is not None and not (k == "nbest" and v == 1)}
     beam = given.get("beam_size", defaults.beam_size)
@@ -96,7 +96,7 @@ def decode_options(defaults: DecodeConfig, names: Mapping[str, str] = FLAGS, *, 
                           f"add {names['beam_size']} {given['nbest']}", names["nbest"])
     try:
         return replace(defaults, **{k: v for k, v in flags.items() if v is not None})
-    except ConfigError as e:  # e.g. "decode.beam_size=0: must be >= 1" -> "--beam 0: must be >= 1"
+    except ConfigError as e:  # e.g. "decode.beam_size=0: must be >= 1" -> "beam 0: must be >= 1"
         message, named = str(e), [k for k in given if f"decode.{k}=" in str(e)]
         for key in named:
             message = message.replace(f"decode.{key}=", f"{names[key]} ")
@@ -111,7 +111,7 @@ def evaluate_texts(translator: Translator, sources: list[str], refs: list[str], 
 
 
 def hypotheses_json(nbest: list[Translation]) -> list[dict]:
-    """One n-best list as the objects of `attn-mt translate --format jsonl` and of `/api/translate`."""
+    """One n-best list as the objects of `attn-mt translate`'s jsonl format and of `/api/translate`."""
     return [{"text": h.text, "score": round(h.score, 4), "log_prob": round(h.log_prob, 4)} for h in nbest]
 
 

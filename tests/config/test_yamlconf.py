@@ -73,7 +73,7 @@ def test_overrides_are_parsed_as_yaml_and_nest():
     assert raw == {"train": {"lr": "5e-4"}, "model": {"sizes": [1, 2]}, "a": {"b": {"c": "x"}}, "name": ""}
     with pytest.raises(ConfigError, match="expected section.key=value"):
         set_overrides({}, ["train.lr"])
-    with pytest.raises(ConfigError, match="--set name.x: name is not a section"):
+    with pytest.raises(ConfigError, match="override name.x: name is not a section"):
         set_overrides({"name": "run"}, ["name.x=1"])
 
 
