@@ -158,11 +158,10 @@ def evaluate(checkpoint: ModelOpt, src: SrcOpt, ref: RefOpt,
     """Translate --src and score it against --ref with sacrebleu BLEU and chrF (--checkpoint: file or export)."""
     model = attn_mt.load(checkpoint, device=device)
     _decode(model, beam, alpha, None, batch_size)  # the flags' errors before any work
+    from attn_mt.api.terminal import evaluation_text
+
     result = model.evaluate(src, ref, beam=beam, alpha=alpha, batch_size=batch_size)
-    decode = result["decode"]
-    typer.echo(json.dumps(result, indent=2) if as_json else
-               f"beam {decode['beam_size']}, alpha {decode['alpha']}\nBLEU {result['bleu']:.2f}  "
-               f"({result['bleu_signature']})\nchrF {result['chrf']:.2f}  ({result['chrf_signature']})")
+    typer.echo(json.dumps(result, indent=2) if as_json else evaluation_text(result))
 
 
 @_verb()
@@ -330,10 +329,9 @@ def score(checkpoint: ModelOpt, src: Annotated[Path | None, Option(help="Source 
           device: DeviceOpt = "auto") -> None:
     """log P of given translations under a model (forced decoding; one a line, per token in --json), and with
     --contrastive the accuracy: the reference scored above every variant, by pronoun and antecedent distance."""
-    from attn_mt.api.terminal import check_outputs, format_scores, score_files, write_scores
+    from attn_mt.api.terminal import check_outputs, check_score_request, format_scores, score_files, write_scores
 
-    if src is None and ref is None and contrastive is None:
-        raise typer.BadParameter("give --src and --ref, or --contrastive FILE", param_hint="--src")
+    check_score_request(src, ref, contrastive)  # before the model loads
     check_outputs([("--json", json_out, (".json",))], [checkpoint, src, ref, contrastive])
     result = score_files(attn_mt.load(checkpoint, device=device), src, ref, contrastive, batch_size=batch_size)
     typer.echo(format_scores(result))

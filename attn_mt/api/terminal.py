@@ -8,12 +8,14 @@ from attn_mt.analysis.overview import table as heads_table
 from attn_mt.config.files import OutputError, check_outputs  # an output path, checked before any work
 from attn_mt.config.yamlconf import OptionError  # a flag's value
 from attn_mt.data.sources import input_lines
+from attn_mt.decoding.metrics import text as evaluation_text
+from attn_mt.decoding.scoring import check_request as check_score_request
 from attn_mt.decoding.scoring import format_scores, score_files
 from attn_mt.decoding.scoring import write_json as write_scores
 from attn_mt.decoding.translator import translate_lines
 from attn_mt.measure.bench import format_report as bench_text
 from attn_mt.measure.report import summary as compare_text
 
-__all__ = ["OptionError", "OutputError", "RequestError", "bench_text", "check_outputs",
-           "compare_text", "explanation_text", "format_scores", "heads_table", "input_lines", "save_heads_report",
-           "score_files", "translate_lines", "write_scores"]
+__all__ = ["OptionError", "OutputError", "RequestError", "bench_text", "check_outputs", "check_score_request",
+           "compare_text", "evaluation_text", "explanation_text", "format_scores", "heads_table", "input_lines",
+           "save_heads_report", "score_files", "translate_lines", "write_scores"]

@@ -17,6 +17,13 @@ def score(hyps: list[str], refs: list[str]) -> dict:
             "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature())}
 
 
+def text(result: dict) -> str:
+    """An evaluation (`evaluate_texts`' result: scores and decode settings) as `attn-mt evaluate` prints it."""
+    decode = result["decode"]
+    return (f"beam {decode['beam_size']}, alpha {decode['alpha']}\nBLEU {result['bleu']:.2f}  "
+            f"({result['bleu_signature']})\nchrF {result['chrf']:.2f}  ({result['chrf_signature']})")
+
+
 def bleu(hyps: list[str], refs: list[str]) -> float:
     """Corpus BLEU, rounded to 2 decimals."""
     return round(BLEU().corpus_score(hyps, [refs]).score, 2)

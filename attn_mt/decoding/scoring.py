@@ -63,6 +63,14 @@ def score_texts(model: Seq2Seq, tok: Tokenizer, sources: list[str], targets: lis
     return out  # type: ignore[return-value]
 
 
+def check_request(src: Path | None, ref: Path | None, contrastive: Path | None) -> None:
+    """What `score_files` needs, checked before a model is loaded: `src` with `ref`, or `contrastive`, or both."""
+    if (src is None) != (ref is None):
+        raise OptionError("`src` and `ref` go together: the sources and the translations to score", "ref")
+    if src is None and contrastive is None:
+        raise OptionError("give `src` and `ref` (translations to score) or `contrastive` (a file)", "src")
+
+
 def score_files(translator, src: Path | None = None, ref: Path | None = None, contrastive: Path | None = None,
                 *, batch_size: int = 64) -> dict:
     """`attn-mt score`: the scores of `ref` given `src` (a `Translator` of either kind), and/or the accuracy on
@@ -70,10 +78,7 @@ def score_files(translator, src: Path | None = None, ref: Path | None = None, co
     from attn_mt.data.sources import read_aligned
     from attn_mt.decoding.contrastive import evaluate_contrastive, read_items
 
-    if (src is None) != (ref is None):
-        raise OptionError("`src` and `ref` go together: the sources and the translations to score", "ref")
-    if src is None and contrastive is None:
-        raise OptionError("give `src` and `ref` (translations to score) or `contrastive` (a file)", "src")
+    check_request(src, ref, contrastive)
     out: dict = {}
     if src is not None:
         sources, refs = read_aligned(src, ref)
