@@ -146,3 +146,28 @@ def test_a_folder_that_is_not_marian_says_so(tmp_path, marian):
                                                     "activation_function": "gelu_new"}))
     with pytest.raises(checkpoint.CheckpointError, match="activation_function='gelu_new'"):
         marian_state(folder)
+
+
+@pytest.mark.parametrize("overrides", [(), ("tokenizer.joint=false",)], ids=["joint", "separate"])
+def test_our_export_reads_back_the_same_model(hf, tiny_cfg, tiny_run, tmp_path, overrides):
+    from conftest import random_checkpoint
+
+    from attn_mt.decoding.scoring import score_texts
+    from attn_mt.decoding.search import translate_nbest
+    from attn_mt.export.transformers import export_hf
+
+    model, tok = random_checkpoint(tiny_cfg, tiny_run, tmp_path / "ours.pt", "model.norm_first=false", *overrides)
+    export_hf(tmp_path / "ours.pt", tmp_path / "hf")
+    back, cfg, back_tok = _ours(tmp_path / "hf")
+    assert cfg.model.positions == "halves" and cfg.model.activation == "relu" and not cfg.model.banned_ids
+    pairs = texts(40)
+    srcs, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    assert back_tok.encode_src(srcs) == tok.encode_src(srcs) and back_tok.encode_tgt(refs) == tok.encode_tgt(refs)
+    for dcfg in (tiny_cfg().decode, tiny_cfg("decode.beam_size=4").decode):
+        theirs = translate_nbest(back, back_tok, srcs, dcfg)
+        assert [n[0].text for n in theirs] == [n[0].text for n in translate_nbest(model, tok, srcs, dcfg)]
+    ours_scores = score_texts(model, tok, srcs, refs)
+    back_scores = score_texts(back, back_tok, srcs, refs)
+    assert [s.tokens for s in back_scores] == [s.tokens for s in ours_scores]
+    assert max(abs(a.log_prob - b.log_prob) for a, b in zip(ours_scores, back_scores, strict=True)) < 1e-4
+    assert attn_mt.load(tmp_path / "hf", device="cpu").translate(srcs[0]) is not None
