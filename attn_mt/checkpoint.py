@@ -117,20 +117,35 @@ def tokenizer_from_state(tok: object) -> Tokenizer:
     protos = tok.get("src_proto"), tok.get("tgt_proto")
     if not isinstance(protos[0], bytes) or not isinstance(protos[1], bytes | None):
         raise CheckpointError("checkpoint tokenizer lacks its SentencePiece model bytes")
-    return tokenizer_from_protos(*protos, what="checkpoint tokenizer")
+    return tokenizer_from_protos(*protos, what="checkpoint tokenizer", vocab=tok.get("vocab"))
 
 
-def tokenizer_from_protos(src: bytes, tgt: bytes | None, what: str) -> Tokenizer:
-    """A Tokenizer of SentencePiece model bytes, or CheckpointError naming `what` holds damaged ones."""
+def tokenizer_from_protos(src: bytes, tgt: bytes | None, what: str, vocab: object = None) -> Tokenizer:
+    """A Tokenizer of SentencePiece model bytes (and a vocabulary numbering their pieces: MarianMT's), or
+    CheckpointError naming `what` holds damaged ones."""
     if not src or tgt == b"":
         raise CheckpointError(f"{what}: empty SentencePiece model")
+    if vocab is not None and not _vocab_ok(vocab):
+        raise CheckpointError(f"{what}: its vocabulary is not lists of pieces with the special ids among them")
     try:
-        tok = Tokenizer(src, tgt)
+        tok = Tokenizer(src, tgt, vocab)
     except (RuntimeError, TypeError) as e:
         raise CheckpointError(f"{what}: not a SentencePiece model ({first_line(e)[:80]})") from None
-    if min(tok.src_vocab_size, tok.tgt_vocab_size) <= tok.eos_id:
+    if vocab is None and min(tok.src_vocab_size, tok.tgt_vocab_size) <= tok.eos_id:
         raise CheckpointError(f"{what}: SentencePiece model without the special pieces (pad, unk, bos, eos)")
     return tok
+
+
+def _vocab_ok(vocab: object) -> bool:
+    """{"src": [str], "tgt": [str] or None, "specials": {pad, unk, bos, eos: id within both}}."""
+    if not isinstance(vocab, dict) or not isinstance(vocab.get("specials"), dict):
+        return False
+    sides = [v for v in (vocab.get("src"), vocab.get("tgt")) if v is not None]
+    if not sides or not all(isinstance(v, list) and v and all(isinstance(p, str) for p in v) for v in sides):
+        return False
+    size = min(map(len, sides))
+    return all(isinstance(vocab["specials"].get(k), int) and 0 <= vocab["specials"][k] < size
+               for k in ("pad", "unk", "bos", "eos"))
 
 
 def check_weights(weights: object, expected: dict | None = None) -> dict:

@@ -1,4 +1,5 @@
-"""Opening a model: a checkpoint file (ours: trained, averaged or pruned) or an export folder, as a `Translator`.
+"""Opening a model: a checkpoint file (ours: trained, averaged or pruned), an export folder, or a MarianMT
+model (a transformers folder or a hub name: opus-mt, or our own `export --format transformers`), as a `Translator`.
 
 This is the one place that chooses between the kinds; `attn_mt.load` and every command go through it.
 """
@@ -10,15 +11,22 @@ from pathlib import Path
 import torch
 
 from attn_mt.checkpoint import CheckpointError
-from attn_mt.decoding.translator import Translator, checkpoint_translator
+from attn_mt.decoding.translator import Translator, checkpoint_translator, model_translator
 from attn_mt.errors import InputError
 
 
 def open_translator(path: Path | str, device: str = "auto", threads: int | None = None) -> Translator:
-    """A checkpoint file (PyTorch) or a directory written by `attn-mt export` (CTranslate2), on `device`;
-    `threads` sets torch's (or CTranslate2's) CPU threads where given."""
+    """A checkpoint file (PyTorch), a directory written by `attn-mt export` (CTranslate2), or a MarianMT model
+    (a transformers folder, or a hub name where the hub is reachable), on `device`; `threads` sets torch's
+    (or CTranslate2's) CPU threads where given."""
     if threads is not None and threads < 1:
         raise InputError(f"must be >= 1, not {threads}", "threads")
+    from attn_mt.export.marian import is_marian
+
+    if is_marian(path):
+        if threads is not None:
+            torch.set_num_threads(threads)
+        return marian_translator(path, device)
     path = Path(path)
     if path.is_dir():
         from attn_mt.export.ct2_translator import export_translator  # CTranslate2 loads only for an export
@@ -26,10 +34,33 @@ def open_translator(path: Path | str, device: str = "auto", threads: int | None 
 
         if not (path / META).is_file():
             raise CheckpointError(f"{path}: a folder (an export?) without {META}; give a checkpoint file written "
-                                  "by `attn-mt train` (e.g. RUN/checkpoint_best.pt) or a folder written by "
-                                  "`attn-mt export`", "path")
+                                  "by `attn-mt train` (e.g. RUN/checkpoint_best.pt), a folder written by "
+                                  "`attn-mt export` or a MarianMT folder", "path")
 
         return export_translator(path, device, threads=threads or 0)
     if threads is not None:
         torch.set_num_threads(threads)
     return checkpoint_translator(path, device)
+
+
+def marian_translator(path: Path | str, device: str = "auto") -> Translator:
+    """A MarianMT model (export/marian.py reads it as our checkpoint state) as a PyTorch Translator."""
+    from attn_mt.checkpoint import model_from_state
+    from attn_mt.device import pick_device
+    from attn_mt.export.marian import marian_state
+
+    dev = pick_device(device)
+    state = marian_state(path)
+    try:
+        model, cfg, tok = model_from_state(state, dev)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    return model_translator(model, cfg, tok, dev, path, state)
+
+
+def open_state(path: Path | str) -> dict:
+    """The checkpoint state of a checkpoint file or a MarianMT model: what `train.init_from` starts from."""
+    from attn_mt.checkpoint import load
+    from attn_mt.export.marian import is_marian, marian_state
+
+    return marian_state(path) if is_marian(path) else load(path)

@@ -114,17 +114,21 @@ def train(config: Config | None = None, out: str | os.PathLike | None = None, *,
           resume: bool = False, overwrite: bool = False, quiet: bool = False) -> Run:
     """Train a model: the config's data and tokenizer, the model, the steps, validation and test BLEU, into the
     run directory `out` (default runs/<config name>). `resume` continues a stopped run exactly; `overwrite`
-    replaces an earlier run. Returns the finished `Run`.
+    replaces an earlier run. With `train.init_from` (a checkpoint, or a MarianMT folder or hub name) the run
+    fine-tunes that model. Returns the finished `Run`.
 
     >>> run = attn_mt.train("configs/toy.yaml", "runs/toy2", overrides=["train.max_steps=50"])
     """
     from attn_mt.training.memory import reuse_freed_memory
     from attn_mt.training.run import train as run_training
 
+    from .opening import open_state
+
     cfg = configure(config, overrides)
     run_dir = Path(out) if out is not None else Path("runs") / cfg.name
+    init = open_state(cfg.train.init_from) if cfg.train.init_from else None  # a checkpoint or a MarianMT model
     reuse_freed_memory()  # ~20-30% faster CPU training steps (training/memory.py)
     with _reporting(quiet):
-        run_training(cfg, run_dir, resume=resume, overwrite=overwrite)
+        run_training(cfg, run_dir, resume=resume, overwrite=overwrite, init=init)
     return Run(run_dir)
 

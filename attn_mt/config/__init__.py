@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import yaml
 
@@ -128,6 +128,12 @@ class TransformerConfig:
     size: Literal["fixed", "auto"] = "fixed"  # auto: with train.max_minutes (else ignored), the run times a
     #     ladder of shapes on this machine and trains the one the budget trains best (d_model, n_heads, n_layers,
     #     d_ff, train.batch_tokens and warmup_steps are then chosen; attn_mt/training/autosize.py)
+    # what MarianMT (opus-mt) models need (export/marian.py sets them; the defaults are our own models):
+    activation: Literal["relu", "swish"] = "relu"  # of the feed-forward layers (swish = SiLU)
+    positions: Literal["interleaved", "halves"] = "interleaved"  # the sinusoid table: sin and cos alternating
+    #     dimensions (ours), or sin in the first half and cos in the second (Marian's)
+    output_bias: bool = False  # a fixed bias added to the logits (Marian's final_logits_bias), not trained
+    banned_ids: tuple[int, ...] = ()  # target ids never generated (Marian's pad, its decoder start)
 
     def __post_init__(self) -> None:
         check_limits("model", self)
@@ -142,6 +148,10 @@ class TransformerConfig:
             p = getattr(self, key)
             if p is not None and not 0.0 <= p < 1.0:
                 raise ConfigError(f"model.{key}={p}: must be in [0, 1)")
+        if self.positions == "halves" and self.d_model % 2:
+            raise ConfigError(f"model.d_model={self.d_model}: must be even with model.positions=halves")
+        if any(i < 0 for i in self.banned_ids):
+            raise ConfigError(f"model.banned_ids={list(self.banned_ids)}: must be token ids >= 0")
 
     @property
     def dropouts(self) -> tuple[float, float, float]:
@@ -208,6 +218,11 @@ class TrainConfig:
     log_every: int = 20  # steps between progress-bar updates (each one syncs the device)
     threads: int = 0  # torch intra-op threads on CPU; 0: torch's default
     tensorboard: bool = False  # TensorBoard events under <run_dir>/tensorboard (needs the `tb` extra)
+    init_from: str = ""  # fine-tune: start from this model's weights (a checkpoint, or a MarianMT folder or hub
+    #     name), with its tokenizer and shape (model and tokenizer sections are taken from it), a fresh optimizer
+    #     and schedule; "": from scratch
+    freeze: tuple[Literal["embeddings", "encoder"], ...] = ()  # parts not trained: the embedding tables (and the
+    #     output layer tied to them), the encoder layers
     compile: bool = False  # torch.compile the training forward/backward (`attn-mt bench --compile`
     #                        measures whether it pays: on the 2-core CPU it did not, README Performance)
 
@@ -232,12 +247,16 @@ class TrainConfig:
             raise ConfigError(f"train.log_every={self.log_every}: must be >= 1")
         if self.max_bad_steps < 1:
             raise ConfigError(f"train.max_bad_steps={self.max_bad_steps}: must be >= 1")
+        if len(set(self.freeze)) != len(self.freeze):
+            raise ConfigError(f"train.freeze={list(self.freeze)}: names a part twice")
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
     beam_size: int = 1  # 1: greedy
-    alpha: float = 0.6  # GNMT length penalty exponent
+    alpha: float = 0.6  # length penalty exponent
+    length_norm: Literal["gnmt", "power"] = "gnmt"  # beam scores are log P / ((5 + |Y|) / 6) ** alpha (GNMT), or
+    #     log P / |Y| ** alpha (power: transformers' length_penalty, what MarianMT models are decoded with)
     nbest: int = 1
     max_len_a: float = 1.5  # maximum output length = a * source length + b
     max_len_b: int = 10
@@ -252,6 +271,18 @@ class DecodeConfig:
             raise ConfigError(f"decode.nbest={self.nbest} exceeds decode.beam_size={self.beam_size}")
         if self.max_len_a < 0 or self.max_len_b < 1:
             raise ConfigError("decode.max_len_a must be >= 0 and decode.max_len_b >= 1")
+
+    @property
+    def penalty(self) -> float | Penalty:
+        """What beam.length_penalty takes: alpha (GNMT) or a Penalty (another form)."""
+        return self.alpha if self.length_norm == "gnmt" else Penalty(self.alpha, self.length_norm)
+
+
+class Penalty(NamedTuple):
+    """A length penalty exponent and its form (beam.length_penalty)."""
+
+    alpha: float
+    form: str
 
 
 @dataclass(frozen=True)

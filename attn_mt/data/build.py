@@ -45,7 +45,7 @@ def build(cfg: ExperimentConfig, tmp: Path, key: str, tok: Tokenizer | None = No
         tok = train_tokenizer(cfg.tokenizer, *_sample(text, cfg.tokenizer))
         log.info("tokenizer ready in %.1f s", time.perf_counter() - t1)
     else:
-        log.info("tokenizer: the one the resumed run was trained with")
+        log.info("tokenizer: the one the run was given (a resumed run's, or the model it fine-tunes)")
     for name, proto in tok.files().items():
         write_synced(tmp / name, proto)
     t2 = time.perf_counter()

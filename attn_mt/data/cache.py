@@ -53,11 +53,15 @@ def cache_root(cfg: DataConfig) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attn_mt"
 
 
-def fingerprint(cfg: ExperimentConfig) -> str:
-    """Key of the training split's entry: data identity (contents, not names or dates) and tokenizer settings."""
+def fingerprint(cfg: ExperimentConfig, tok: Tokenizer | None = None) -> str:
+    """Key of the training split's entry: data identity (contents, not names or dates) and tokenizer settings,
+    or the given tokenizer itself (a fine-tuned model's: train.init_from)."""
     d = cfg.data
     parts = {"version": VERSION, "source": d.source, "split": d.splits.train, "langs": [d.src_lang, d.tgt_lang],
              "tokenizer": asdict(cfg.tokenizer), "data": source(d).identity(d.splits.train)}
+    if tok is not None:
+        files = tok.files()
+        parts["given_tokenizer"] = {k: hashlib.sha256(files[k]).hexdigest() for k in sorted(files)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -166,12 +170,12 @@ class Resumed:
             return None
 
 
-def open_entry(cfg: ExperimentConfig, resumed: Resumed | None = None) -> Entry:
+def open_entry(cfg: ExperimentConfig, resumed: Resumed | None = None, tok: Tokenizer | None = None) -> Entry:
     """The complete entry of the config's training split: found, or else built under the lock (found again
     there first: another process may have built it while this one waited). A resumed run whose entry this
-    is lends its tokenizer to the build. An unwritable cache, and validation or test data that cannot be
-    read, fail before a build starts."""
-    root, key = cache_root(cfg.data), fingerprint(cfg)
+    is lends its tokenizer to the build; `tok`, where given, is the tokenizer the entry must have (a fine-tuned
+    model's). An unwritable cache, and validation or test data that cannot be read, fail before a build starts."""
+    root, key = cache_root(cfg.data), fingerprint(cfg, tok)
     path = root / key
     found, damage = _find(path)
     if found:
@@ -188,7 +192,7 @@ def open_entry(cfg: ExperimentConfig, resumed: Resumed | None = None) -> Entry:
             return found
         if damage:
             log.warning("data cache %s: %s; rebuilding", path, damage)
-        return _build(cfg, path, resumed.tok if resumed and resumed.key == key else None)
+        return _build(cfg, path, tok or (resumed.tok if resumed and resumed.key == key else None))
 
 
 def _find(path: Path) -> tuple[Entry | None, str | None]:

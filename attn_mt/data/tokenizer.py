@@ -1,13 +1,15 @@
 """SentencePiece subwords: trained on (a sample of) the training split, joint or one model per language.
 
 The data cache trains them once per entry and keeps the model file(s) in it (`Tokenizer.files`);
-checkpoints carry the same bytes (`Tokenizer.state`).
+checkpoints carry the same bytes (`Tokenizer.state`). A MarianMT model's tokenizer (export/marian.py) is
+SentencePiece models whose pieces a separate vocabulary numbers (`MappedPieces`), with its own special ids.
 """
 
 from __future__ import annotations
 
 import io
 import itertools
+import json
 import logging
 from collections.abc import Iterable
 
@@ -19,6 +21,7 @@ log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 JOINT, SEPARATE = "spm.model", ("spm.src.model", "spm.tgt.model")  # SentencePiece model file names
+VOCAB = "vocab.json"  # a mapped tokenizer's vocabulary (its files: spm.src.model, spm.tgt.model and this)
 # SentencePiece's list calls hand the work to a thread pool: 75 us for one sentence (against 5 us alone) and
 # threads woken on the core the model runs on (a server encodes one sentence per request). Under this many
 # texts, one call per text is faster (2-core AMD EPYC: 8 sentences 0.04 against 0.13 ms; 512: 5.5 against 3.4).
@@ -30,19 +33,81 @@ def _each(fn, items: list) -> list:
     return [fn(x) for x in items] if len(items) < SMALL_BATCH else fn(items)
 
 
+def language_code(text: str) -> tuple[list[str], str]:
+    """A multilingual Marian model's target-language prefix apart: ">>fr<< Hi" -> ([">>fr<<"], " Hi")."""
+    if text.startswith(">>") and (end := text.find("<<")) != -1:
+        return [text[: end + 2]], text[end + 2 :]
+    return [], text
+
+
+class MappedPieces:
+    """A SentencePiece model whose pieces are numbered by a vocabulary of its own (Marian's vocab.json), with
+    the processor calls the rest of attn-mt makes: `encode`, `decode`, `id_to_piece`, `piece_to_id`.
+
+    >>> MappedPieces(sp, ["</s>", "<unk>", "▁a", "<pad>"], unk_id=1).encode("a")  # [2]
+    """
+
+    def __init__(self, sp: spm.SentencePieceProcessor, pieces: list[str], unk_id: int, skip: set[int]) -> None:
+        self.sp, self.pieces, self.unk_id, self.skip = sp, pieces, unk_id, skip
+        self.ids = {p: i for i, p in enumerate(pieces)}
+
+    def get_piece_size(self) -> int:
+        return len(self.pieces)
+
+    def id_to_piece(self, i: int) -> str:
+        return self.pieces[i]
+
+    def piece_to_id(self, piece: str) -> int:
+        return self.ids.get(piece, self.unk_id)
+
+    def is_control(self, i: int) -> bool:
+        return i in self.skip
+
+    def is_unknown(self, i: int) -> bool:
+        return i == self.unk_id
+
+    def get_score(self, i: int) -> float:
+        """The SentencePiece model's score of piece `i` (0 for a piece it does not hold)."""
+        j = self.sp.piece_to_id(self.pieces[i])
+        return self.sp.get_score(j) if j != self.sp.unk_id() else 0.0
+
+    def encode(self, text: str | list[str], out_type: type = int, **_) -> list:
+        """Pieces (a `>>xx<<` prefix kept whole, as MarianTokenizer does) -> ids; unknown pieces -> unk."""
+        if isinstance(text, list):
+            return [self.encode(t, out_type) for t in text]
+        code, rest = language_code(text)
+        pieces = code + self.sp.encode(rest, out_type=str)
+        return pieces if out_type is str else [self.ids.get(p, self.unk_id) for p in pieces]
+
+    def decode(self, ids: list) -> str | list[str]:
+        """Ids -> text, the special ones (eos, pad) left out."""
+        if ids and isinstance(ids[0], list):
+            return [self.decode(x) for x in ids]
+        return self.sp.decode_pieces([self.pieces[i] for i in ids if i not in self.skip])
+
+
 class Tokenizer:
-    """Source and target SentencePiece models (the same one when the vocabulary is joint)."""
+    """Source and target SentencePiece models (the same one when the vocabulary is joint); with `vocab`
+    (a MarianMT model's: {"src": pieces by id, "tgt": pieces by id or None when joint, "specials": {"pad",
+    "unk", "bos", "eos": id}}) the models' pieces are numbered by it."""
 
     pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
 
-    def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None) -> None:
-        self.src_proto, self.tgt_proto = src_proto, tgt_proto
+    def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None, vocab: dict | None = None) -> None:
+        self.src_proto, self.tgt_proto, self.vocab = src_proto, tgt_proto, vocab
         self.src = spm.SentencePieceProcessor(model_proto=src_proto)
         self.tgt = self.src if tgt_proto is None else spm.SentencePieceProcessor(model_proto=tgt_proto)
+        if vocab is not None:
+            sp = vocab["specials"]
+            self.pad_id, self.unk_id, self.bos_id, self.eos_id = sp["pad"], sp["unk"], sp["bos"], sp["eos"]
+            skip = {self.pad_id, self.eos_id, self.bos_id}
+            self.src = MappedPieces(self.src, vocab["src"], self.unk_id, skip)
+            self.tgt = MappedPieces(self.tgt, vocab["tgt"] or vocab["src"], self.unk_id, skip)
 
     @property
     def joint(self) -> bool:
-        return self.tgt_proto is None
+        """One vocabulary for both sides (the embeddings can be shared)."""
+        return self.tgt_proto is None if self.vocab is None else self.vocab["tgt"] is None
 
     @property
     def src_vocab_size(self) -> int:
@@ -74,14 +139,19 @@ class Tokenizer:
 
     def state(self) -> dict:
         """Plain data for checkpoints (loads with torch.load(weights_only=True))."""
-        return {"src_proto": self.src_proto, "tgt_proto": self.tgt_proto}
+        vocab = {} if self.vocab is None else {"vocab": self.vocab}
+        return {"src_proto": self.src_proto, "tgt_proto": self.tgt_proto, **vocab}
 
     @classmethod
     def from_state(cls, state: dict) -> Tokenizer:
-        return cls(state["src_proto"], state["tgt_proto"])
+        return cls(state["src_proto"], state["tgt_proto"], state.get("vocab"))
 
     def files(self) -> dict[str, bytes]:
-        """The SentencePiece model file(s) by name: spm.model (joint), else spm.src.model and spm.tgt.model."""
+        """The SentencePiece model file(s) by name: spm.model (joint), else spm.src.model and spm.tgt.model;
+        with a vocabulary, spm.src.model (spm.tgt.model) and vocab.json."""
+        if self.vocab is not None:
+            tgt = {} if self.tgt_proto is None else {SEPARATE[1]: self.tgt_proto}
+            return {SEPARATE[0]: self.src_proto, **tgt, VOCAB: json.dumps(self.vocab).encode()}
         if self.joint:
             return {JOINT: self.src_proto}
         return {SEPARATE[0]: self.src_proto, SEPARATE[1]: self.tgt_proto}
@@ -89,6 +159,8 @@ class Tokenizer:
     @classmethod
     def from_files(cls, files: dict[str, bytes]) -> Tokenizer:
         """The tokenizer `files()` gave; KeyError without its model file(s)."""
+        if VOCAB in files:
+            return cls(files[SEPARATE[0]], files.get(SEPARATE[1]), json.loads(files[VOCAB]))
         return cls(files[JOINT]) if JOINT in files else cls(files[SEPARATE[0]], files[SEPARATE[1]])
 
 

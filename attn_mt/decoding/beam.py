@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from attn_mt.config import Penalty
 from attn_mt.models import Seq2Seq
 
 
@@ -27,9 +28,22 @@ class Hypothesis:
     score: float
 
 
-def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
-    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, section 7); |Y| counts eos."""
+def length_penalty(length: int | Tensor, alpha: float | Penalty) -> float | Tensor:
+    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, section 7); |Y| counts eos. A `Penalty` of
+    form "power" (DecodeConfig.penalty) gives |Y| ** alpha, transformers' length_penalty."""
+    if isinstance(alpha, Penalty):
+        return length ** alpha.alpha if alpha.form == "power" else ((5 + length) / 6) ** alpha.alpha
     return ((5 + length) / 6) ** alpha
+
+
+def log_probs(model: Seq2Seq, logits: Tensor) -> Tensor:
+    """Next-token log probabilities (..., V) from a decoder's logits, the model's banned ids at -inf (after the
+    softmax, as transformers' generate() bans them: the others keep their probabilities)."""
+    logp = logits.float().log_softmax(-1)
+    banned = getattr(model, "banned", None)
+    if banned:
+        logp[..., banned] = -math.inf
+    return logp
 
 
 class Candidates(NamedTuple):
@@ -62,7 +76,7 @@ def candidates(scores: Tensor, logp: Tensor, forced: Tensor, eos_id: int) -> Can
     return Candidates(top, origin, token, ended, keep, scores)
 
 
-def best_possible(log_prob: Tensor, length: int | Tensor, max_len: Tensor, alpha: float) -> Tensor:
+def best_possible(log_prob: Tensor, length: int | Tensor, max_len: Tensor, alpha: float | Penalty) -> Tensor:
     """Upper bound on the score of any continuation of active beams. log_prob: (B, k) -> (B,);
     `length` the output length after one more token (an int, or (B,) per sentence).
 
@@ -79,7 +93,7 @@ def best_possible(log_prob: Tensor, length: int | Tensor, max_len: Tensor, alpha
 
 @torch.inference_mode()
 def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int, beam_size: int,
-                alpha: float = 0.6, nbest: int = 1, use_cache: bool = True) -> list[list[Hypothesis]]:
+                alpha: float | Penalty = 0.6, nbest: int = 1, use_cache: bool = True) -> list[list[Hypothesis]]:
     """The `nbest` highest-scoring outputs for each source sentence, best first.
 
     Args:
@@ -110,7 +124,7 @@ def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eo
     active = set(range(b))  # sentences still searching
     for step in range(int(max_len.max())):
         inp = ys[:, -1:] if use_cache else ys
-        logp = model.decode(inp, memory, src_mask, cache)[:, -1].float().log_softmax(-1)  # (B*k, V)
+        logp = log_probs(model, model.decode(inp, memory, src_mask, cache)[:, -1])  # (B*k, V)
         forced = step + 1 >= max_len  # (B,) last position: only eos is allowed
         c = candidates(scores, logp.view(b, k, -1), forced, eos_id)
         if bool(c.ended.any()):

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from attn_mt.config import DecodeConfig
 from attn_mt.data.batching import pad
-from attn_mt.decoding.beam import Hypothesis, best_possible, candidates, length_penalty
+from attn_mt.decoding.beam import Hypothesis, best_possible, candidates, length_penalty, log_probs
 from attn_mt.decoding.search import max_lengths
 from attn_mt.models.transformer import Transformer
 
@@ -99,7 +99,7 @@ class RunningBatch:
         self.steps += [0] * m
         self.max_len += limit.tolist()
         self.finished += [[] for _ in range(m)]
-        self.alpha += [c.alpha for c in cfgs]
+        self.alpha += [c.penalty for c in cfgs]
         self.nbest += [c.nbest for c in cfgs]
         self.ys += [[] for _ in range(m * k)]
 
@@ -117,7 +117,7 @@ class RunningBatch:
         last = [y[-1] if y else self.bos_id for y in self.ys]
         inp = torch.tensor(last, device=dev)[:, None]  # (R, 1)
         logits = self.model.decode(inp, None, self.cache.memory_mask, self.cache)
-        logp = logits[:, -1].float().log_softmax(-1)  # (R, V)
+        logp = log_probs(self.model, logits[:, -1])  # (R, V)
         forced = torch.tensor([s + 1 >= m for s, m in zip(self.steps, self.max_len, strict=True)], device=dev)
         events, moved = self._greedy(logp, forced) if self.k == 1 else self._beam(logp, forced)
         self.steps = [s + 1 for s in self.steps]

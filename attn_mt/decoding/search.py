@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attn_mt.config import DecodeConfig
+from attn_mt.config import DecodeConfig, Penalty
 from attn_mt.data.batching import pad
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decoding.beam import Hypothesis, beam_search, length_penalty
+from attn_mt.decoding.beam import Hypothesis, beam_search, length_penalty, log_probs
 from attn_mt.models import Seq2Seq
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ def max_lengths(src_lens: Tensor, cfg: DecodeConfig, limit: int) -> Tensor:
 
 @torch.inference_mode()
 def greedy_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int,
-                  alpha: float = 0.0, use_cache: bool = True) -> list[Hypothesis]:
+                  alpha: float | Penalty = 0.0, use_cache: bool = True) -> list[Hypothesis]:
     """Most likely next token at each step, for a batch. src: (B, S); max_len: (B,).
 
     With the cache each step feeds only the newest token; without it, the whole prefix
@@ -41,7 +41,7 @@ def greedy_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, 
     max_len = max_len.to(src.device)
     for step in range(int(max_len.max())):
         inp = ys[:, -1:] if use_cache else ys
-        logp = model.decode(inp, memory, src_mask, cache)[:, -1].float().log_softmax(-1)  # (B, V)
+        logp = log_probs(model, model.decode(inp, memory, src_mask, cache)[:, -1])  # (B, V)
         nxt = logp.argmax(-1)
         nxt = torch.where(step + 1 >= max_len, torch.full_like(nxt, eos_id), nxt)  # forced stop
         nxt = nxt.masked_fill(done, eos_id)
@@ -78,7 +78,7 @@ def prepare_sources(tok: Tokenizer, texts: list[str], limit: int) -> list[list[i
 def search(model: Seq2Seq, tok: Tokenizer, src: Tensor, max_len: Tensor, cfg: DecodeConfig,
            use_cache: bool = True) -> list[list[Hypothesis]]:
     """n-best lists for a batch of source ids (B, S): greedy for beam_size 1, else beam search."""
-    ids = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, alpha=cfg.alpha, use_cache=use_cache)
+    ids = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, alpha=cfg.penalty, use_cache=use_cache)
     if cfg.beam_size == 1:
         return [[h] for h in greedy_search(model, src, max_len, **ids)]
     return beam_search(model, src, max_len, beam_size=cfg.beam_size, nbest=cfg.nbest, **ids)

@@ -17,16 +17,21 @@ from .seq2seq import Seq2Seq, init_embeddings, make_embeddings
 
 
 class PositionalEncoding(nn.Module):
-    """Sinusoidal positions (section 3.5), added to embeddings scaled by sqrt(D)."""
+    """Sinusoidal positions (section 3.5), added to embeddings scaled by sqrt(D): sin and cos in alternating
+    dimensions ("interleaved"), or all sines first and the cosines after them ("halves", Marian's table)."""
 
-    def __init__(self, d_model: int, max_positions: int) -> None:
+    def __init__(self, d_model: int, max_positions: int, layout: str = "interleaved") -> None:
         super().__init__()
         pe = torch.zeros(max_positions, d_model)
         if not pe.is_meta:  # a shapes-only model (models.empty_model) computes nothing
             pos = torch.arange(max_positions).unsqueeze(1)  # (L, 1)
-            freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
-            pe[:, 0::2] = torch.sin(pos * freq)
-            pe[:, 1::2] = torch.cos(pos * freq)
+            if layout == "halves":  # Marian's angles pos / 10000^(2i/D), computed as it does (float64, then cast)
+                angle = pos.double() / torch.pow(10000.0, torch.arange(0, d_model, 2).double() / d_model)
+                pe[:, : d_model // 2], pe[:, d_model // 2 :] = torch.sin(angle), torch.cos(angle)
+            else:
+                freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+                pe[:, 0::2] = torch.sin(pos * freq)
+                pe[:, 1::2] = torch.cos(pos * freq)
         self.register_buffer("pe", pe, persistent=False)
 
     def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
@@ -37,8 +42,9 @@ class PositionalEncoding(nn.Module):
 
 
 class FeedForward(nn.Sequential):
-    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
-        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), Dropout(dropout), nn.Linear(d_ff, d_model))
+    def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu") -> None:
+        act = nn.SiLU() if activation == "swish" else nn.ReLU()
+        super().__init__(nn.Linear(d_model, d_ff), act, Dropout(dropout), nn.Linear(d_ff, d_model))
 
 
 class Sublayer(nn.Module):
@@ -69,7 +75,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         d, h, (p, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
         self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention)
-        self.ff = FeedForward(d, cfg.d_ff, p_act)
+        self.ff = FeedForward(d, cfg.d_ff, p_act, cfg.activation)
         self.sub = nn.ModuleList(Sublayer(d, p, cfg.norm_first) for _ in range(2))
 
     def forward(self, x: Tensor, src_mask: Tensor, weights: AttentionWeights | None = None) -> Tensor:
@@ -164,7 +170,7 @@ class DecoderLayer(nn.Module):
         d, h, (p, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
         self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention)
         self.cross_attn = CrossAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention)
-        self.ff = FeedForward(d, cfg.d_ff, p_act)
+        self.ff = FeedForward(d, cfg.d_ff, p_act, cfg.activation)
         self.sub = nn.ModuleList(Sublayer(d, p, cfg.norm_first) for _ in range(3))
 
     def forward(self, x: Tensor, memory: Tensor | None, src_mask: Tensor, self_kv: KV | None = None,
@@ -191,7 +197,7 @@ class Transformer(Seq2Seq):
         self.max_positions = cfg.max_positions
         self.src_embed, self.tgt_embed = make_embeddings(src_vocab=src_vocab, tgt_vocab=tgt_vocab, dim=cfg.d_model,
                                                          pad_id=pad_id, share=shared_vocab and cfg.tie_embeddings)
-        self.pos = PositionalEncoding(cfg.d_model, cfg.max_positions)
+        self.pos = PositionalEncoding(cfg.d_model, cfg.max_positions, cfg.positions)
         self.dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
@@ -199,6 +205,9 @@ class Transformer(Seq2Seq):
         self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.out_proj = nn.Linear(cfg.d_model, tgt_vocab, bias=False)
+        if cfg.output_bias:  # (V,) fixed, as Marian's final_logits_bias: a buffer, saved, not trained
+            self.register_buffer("out_bias", torch.zeros(tgt_vocab))
+        self.banned = list(cfg.banned_ids)  # target ids decoders never generate (decoding/beam.log_probs)
         for name, p in self.named_parameters():
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
@@ -227,7 +236,8 @@ class Transformer(Seq2Seq):
         for i, layer in enumerate(self.decoder):
             kv = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])
             x = layer(x, memory, src_mask, *kv, weights, self_mask)
-        return self.out_proj(self.dec_norm(x))
+        logits = self.out_proj(self.dec_norm(x))  # (B, T, V)
+        return logits + self.out_bias if self.cfg.output_bias else logits
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache([KV() for _ in self.decoder], [KV() for _ in self.decoder])

@@ -31,7 +31,8 @@ from attn_mt.data.sources import source
 from attn_mt.device import pick_device, pick_precision, rng_state
 from attn_mt.models import build_model, count_params
 from attn_mt.rundir import RunDir
-from attn_mt.training import autosize, distributed
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.training import autosize, distributed, finetune
 from attn_mt.training.board import Board
 from attn_mt.training.progress import Progress, time_left, write
 from attn_mt.training.resume import check_resumable, finished, optimizer_state, restore
@@ -88,15 +89,19 @@ class Run:
         return time.perf_counter() - self.start
 
 
-def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite: bool = False) -> Path:
+def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite: bool = False,
+          init: dict | None = None) -> Path:
     """Train the configured model; returns the path of the checkpoint that was tested.
 
     A fresh run refuses a directory that holds an earlier run unless `overwrite`; `resume`
-    continues one, and a run that had already finished is not trained further.
+    continues one, and a run that had already finished is not trained further. `init`: the checkpoint
+    state of the model `train.init_from` names (the run fine-tunes it: its shape, tokenizer and weights).
     """
     if resume and overwrite:
         raise OptionError("give one of resume and overwrite, not both", "overwrite")
-    run = setup(cfg, RunDir(run_dir), resume, overwrite)
+    if cfg.train.init_from and init is None:
+        init = checkpoint.load(cfg.train.init_from)  # a checkpoint of ours (the API reads MarianMT models too)
+    run = setup(cfg, RunDir(run_dir), resume, overwrite, init)
     done = finished(run.state, cfg.train) if resume else None
     if done and run.files.results.exists():
         log.info("the run had already finished (%s): nothing to do", done)
@@ -112,8 +117,12 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite:
     return finish(run) if run.world.main else run.files.best
 
 
-def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = False) -> Run:
-    """Join the process group, read and tokenize the data, build model and optimizer, restore a resumed run."""
+def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = False,
+          init: dict | None = None) -> Run:
+    """Join the process group, read and tokenize the data, build model and optimizer, restore a resumed run
+    (or start from the weights of `init`, the model `train.init_from` names)."""
+    if init is not None:
+        cfg = finetune.adopt(cfg, init)
     tc = cfg.train
     world, device = distributed.init(pick_device(tc.device))
     if world.main:
@@ -129,7 +138,7 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         torch.set_num_threads(tc.threads)
     precision = pick_precision(tc.precision, device)
     torch.manual_seed(tc.seed)
-    corpus = prepare_data(cfg, files, world, resumed)
+    corpus = prepare_data(cfg, files, world, resumed, finetune.init_tokenizer(cfg, init) if init else None)
     measure_s = 0.0
     if autosize.wanted(cfg) and resumed is None:
         if world.enabled:
@@ -142,7 +151,11 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         torch.manual_seed(tc.seed)
     elif getattr(cfg.model, "size", "fixed") == "auto" and resumed is None:
         log.info("model.size: auto sizes a clock budget (train.max_minutes); without one the configured shape trains")
-    model = build_model(cfg.model, **corpus.tok.sizes()).to(device)
+    model = build_model(cfg.model, **corpus.tok.sizes())
+    if init is not None and resumed is None:
+        finetune.start_from(model, init, tc.init_from)
+    finetune.freeze(model, tc.freeze)
+    model = model.to(device)
     if world.main:
         files.check_space(model, tc.keep_last, averaged=bool(tc.ema_decay))
     if world.enabled:
@@ -165,17 +178,19 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
                start=time.perf_counter() - trainer.state.elapsed_s - measure_s)
 
 
-def prepare_data(cfg: ExperimentConfig, files: RunDir, world: distributed.World, resumed: dict | None) -> Corpus:
+def prepare_data(cfg: ExperimentConfig, files: RunDir, world: distributed.World, resumed: dict | None,
+                 tok: Tokenizer | None = None) -> Corpus:
     """The data, in four steps: what a resumed run used; its data cache entry, found or built (rank 0 first,
-    the others wait and then find it); recorded in the run directory; the corpus read from it."""
+    the others wait and then find it; tokenized with `tok` where given: a fine-tuned model's); recorded in
+    the run directory; the corpus read from it."""
     used = Resumed.of(files.entry_key(), resumed["tokenizer"]) if resumed is not None else None
     if world.main:
         files.write_config(cfg)
-        entry = open_entry(cfg, used)
+        entry = open_entry(cfg, used, tok)
         files.record_entry(entry)  # which entry the run uses (tokenizer.json), a copy of its tokenizer
     distributed.barrier(world)
     if not world.main:
-        entry = open_entry(cfg, used)
+        entry = open_entry(cfg, used, tok)
     return read_corpus(cfg, entry, cfg.model.max_positions)
 
 
@@ -319,6 +334,8 @@ def finish(run: Run) -> Path:
                "train_seconds": round(train_seconds, 1), "steps": st.step, "skipped_steps": st.skipped_steps,
                "params": count_params(tr.model), "device": str(tr.device), "precision": tr.precision,
                "threads": torch.get_num_threads(), "torch": torch.__version__}
+    if tc.init_from:
+        results["init_from"] = tc.init_from
     if (size := files.read_size()) is not None:
         results["size"] = size
     files.write_results(results, hyps)

@@ -1,0 +1,228 @@
+"""Read a MarianMT model folder (Helsinki-NLP's opus-mt, or `attn-mt export --format transformers`) as our
+checkpoint state: the inverse of transformers.py's post-norm route.
+
+A MarianMT model is our post-norm Transformer with Marian's choices, which the model config names:
+swish feed-forward layers (`model.activation`), the sinusoid table in halves (`model.positions`: sin in
+the first half of the dimensions, cos in the second; its weights then need no permutation), a fixed
+`final_logits_bias` (`model.output_bias`), and the pad token as decoder start, which is never generated
+(`model.banned_ids`). Its tokenizer is SentencePiece models whose pieces vocab.json numbers (target_vocab.json
+too where the vocabularies are separate): data/tokenizer.py's `MappedPieces`. generation_config.json's
+beam and length penalty become the decode defaults (`decode.length_norm=power`: log P / |Y| ** alpha).
+
+    >>> state = marian_state("opus-mt-en-de")  # a folder, or a hub name where the hub is reachable
+    >>> model, cfg, tok = checkpoint.model_from_state(state)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from attn_mt.checkpoint import CheckpointError, model_state, tokenizer_from_protos
+from attn_mt.config import ConfigError, DataConfig, DecodeConfig, ExperimentConfig, TokenizerConfig, TransformerConfig
+from attn_mt.data.tokenizer import Tokenizer
+
+FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "source.spm", "target.spm",
+         "vocab.json", "target_vocab.json")  # what is read (besides the weights)
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu"}
+
+
+def _json(folder: Path, name: str, required: bool = True) -> dict:
+    path = folder / name
+    if not path.is_file():
+        if required:
+            raise CheckpointError(f"{folder}: a MarianMT folder without {name}")
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def is_marian(path: Path | str) -> bool:
+    """A local folder whose config.json says model_type marian, or an `owner/name` that is not a local path
+    (a hub name: whether it is a MarianMT model shows when it is read)."""
+    p = Path(path)
+    if p.is_dir():
+        try:
+            return json.loads((p / "config.json").read_text(encoding="utf-8")).get("model_type") == "marian"
+        except (OSError, ValueError):
+            return False
+    text = str(path)
+    return not p.exists() and text.count("/") == 1 and not text.startswith((".", "/")) and " " not in text
+
+
+def local_folder(path: Path | str) -> Path:
+    """`path` itself when it is a folder, else the hub model's files downloaded (the hub's cache)."""
+    if Path(path).is_dir():
+        return Path(path)
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.utils import EntryNotFoundError
+    except ImportError:
+        raise CheckpointError(f"{path}: not a local folder; to download it from the Hugging Face hub install "
+                              "huggingface_hub (pip install 'attn-mt[hf]')") from None
+    got = None
+    try:
+        for name in FILES:
+            try:
+                got = Path(hf_hub_download(str(path), name)).parent
+            except EntryNotFoundError:
+                pass
+        for name in WEIGHTS:
+            try:
+                hf_hub_download(str(path), name)
+                break
+            except EntryNotFoundError:
+                continue
+    except Exception as e:  # offline, unknown repository, no permission: one line
+        raise CheckpointError(f"{path}: not a local folder, and the Hugging Face hub did not give it "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+    if got is None:
+        raise CheckpointError(f"{path}: the hub holds no MarianMT files under this name")
+    return got
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The folder's weights by transformers' names (model.safetensors, else pytorch_model.bin)."""
+    if (folder / WEIGHTS[0]).is_file():
+        from safetensors.torch import load_file
+
+        return load_file(folder / WEIGHTS[0])
+    if (folder / WEIGHTS[1]).is_file():
+        try:
+            return torch.load(folder / WEIGHTS[1], map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise CheckpointError(f"{folder / WEIGHTS[1]}: not readable weights ({type(e).__name__})") from None
+    raise CheckpointError(f"{folder}: a MarianMT folder without weights ({' or '.join(WEIGHTS)})")
+
+
+def _pieces(vocab: dict, size: int, name: str) -> list[str]:
+    """vocab.json's {piece: id} as pieces by id, `size` of them (an id without a piece gets a placeholder)."""
+    pieces = [f"<unused{i}>" for i in range(size)]
+    for piece, i in vocab.items():
+        if not isinstance(i, int) or not 0 <= i < size:
+            raise CheckpointError(f"{name}: {piece!r} has id {i!r}, outside the model's {size} embeddings")
+        pieces[i] = piece
+    return pieces
+
+
+def marian_tokenizer(folder: Path, hf: dict) -> Tokenizer:
+    """source.spm and target.spm, their pieces numbered by vocab.json (and target_vocab.json)."""
+    separate = bool(_json(folder, "tokenizer_config.json", False).get("separate_vocabs", False))
+    vocab = _json(folder, "vocab.json")
+    if "<unk>" not in vocab:
+        raise CheckpointError(f"{folder / 'vocab.json'}: has no <unk> piece")
+    src = _pieces(vocab, hf["vocab_size"], "vocab.json")
+    tgt_size = hf.get("decoder_vocab_size") or hf["vocab_size"]
+    shared = hf.get("share_encoder_decoder_embeddings", True)
+    tgt = _pieces(_json(folder, "target_vocab.json"), tgt_size, "target_vocab.json") if separate else (
+        None if shared else _pieces(vocab, tgt_size, "vocab.json"))
+    pad = hf.get("pad_token_id", len(src) - 1)
+    if vocab.get("<pad>", pad) != pad:
+        raise CheckpointError(f"{folder / 'vocab.json'}: <pad> is {vocab['<pad>']}, the model's pad_token_id {pad}; "
+                              "attn-mt reads models whose vocabularies share the pad id")
+    specials = {"pad": pad, "unk": vocab["<unk>"], "eos": hf.get("eos_token_id", 0),
+                "bos": hf.get("decoder_start_token_id", pad)}
+    protos = [(folder / name).read_bytes() if (folder / name).is_file() else None for name in ("source.spm",
+                                                                                              "target.spm")]
+    if protos[0] is None:
+        raise CheckpointError(f"{folder}: a MarianMT folder without source.spm")
+    return tokenizer_from_protos(protos[0], protos[1] or protos[0], f"{folder}: tokenizer",
+                                 {"src": src, "tgt": tgt, "specials": specials})
+
+
+def _same(hf: dict, a: str, b: str) -> int:
+    if hf.get(b, hf[a]) != hf[a]:
+        raise CheckpointError(f"config.json: {a}={hf[a]} but {b}={hf[b]}; attn-mt's encoder and decoder have the "
+                              "same shape")
+    return hf[a]
+
+
+def marian_config(folder: Path, hf: dict, tok: Tokenizer) -> ExperimentConfig:
+    """config.json and generation_config.json as our config (model, tokenizer and decode sections)."""
+    act = hf.get("activation_function", "swish")
+    if act not in ACTIVATIONS:
+        raise CheckpointError(f"{folder / 'config.json'}: activation_function={act!r}; attn-mt runs "
+                              f"{', '.join(ACTIVATIONS)}")
+    if not hf.get("scale_embedding", False) or hf.get("normalize_before") or hf.get("add_final_layer_norm"):
+        raise CheckpointError(f"{folder / 'config.json'}: not the MarianMT layout attn-mt reads (scale_embedding, "
+                              "post-norm layers without a final LayerNorm)")
+    gen = _json(folder, "generation_config.json", False) or hf
+    banned = {w[0] for w in gen.get("bad_words_ids") or [] if isinstance(w, list) and len(w) == 1}
+    if tok.bos_id == tok.pad_id:
+        banned.add(tok.pad_id)  # Marian's decoder start: never an output
+    names = folder.resolve().name.split("-")  # opus-mt-en-de -> en, de
+    src_lang, tgt_lang = (names[-2], names[-1]) if len(names) >= 2 and names[-2] != names[-1] else ("src", "tgt")
+    try:
+        model = TransformerConfig(
+            d_model=hf["d_model"], n_heads=_same(hf, "encoder_attention_heads", "decoder_attention_heads"),
+            n_layers=_same(hf, "encoder_layers", "decoder_layers"),
+            d_ff=_same(hf, "encoder_ffn_dim", "decoder_ffn_dim"),
+            dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.0),
+            activation_dropout=hf.get("activation_dropout", 0.0), norm_first=False,
+            tie_embeddings=hf.get("tie_word_embeddings", True), max_positions=hf.get("max_position_embeddings", 512),
+            activation=ACTIVATIONS[act], positions="halves", output_bias=True, banned_ids=tuple(sorted(banned)))
+        beam = int(gen.get("num_beams") or 1)
+        decode = DecodeConfig(beam_size=beam, alpha=float(gen.get("length_penalty", 1.0)), length_norm="power")
+        return ExperimentConfig(name=folder.resolve().name, model=model, decode=decode,
+                                tokenizer=TokenizerConfig(joint=tok.joint, vocab_size=max(16, tok.src_vocab_size)),
+                                data=DataConfig(src_lang=src_lang, tgt_lang=tgt_lang))
+    except (KeyError, ConfigError) as e:
+        raise CheckpointError(f"{folder / 'config.json'}: cannot be read as an attn-mt model ({e})") from None
+
+
+def our_weights(w: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
+    """MarianMTModel's weights by our names (transformers.marian_weights, without the permutation)."""
+    out: dict[str, torch.Tensor] = {}
+
+    def take(ours: str, name: str) -> None:
+        out[f"{ours}.weight"], out[f"{ours}.bias"] = w[f"{name}.weight"], w[f"{name}.bias"]
+
+    def fuse(ours: str, name: str, parts: str) -> None:  # one Linear per part -> our fused projection
+        out[f"{ours}.weight"] = torch.cat([w[f"{name}.{p}_proj.weight"] for p in parts])
+        out[f"{ours}.bias"] = torch.cat([w[f"{name}.{p}_proj.bias"] for p in parts])
+
+    for side in ("encoder", "decoder"):
+        for i in range(n_layers):
+            ours, m = f"{side}.{i}", f"model.{side}.layers.{i}"
+            fuse(f"{ours}.self_attn.qkv_proj", f"{m}.self_attn", "qkv")
+            take(f"{ours}.self_attn.out_proj", f"{m}.self_attn.out_proj")
+            take(f"{ours}.sub.0.norm", f"{m}.self_attn_layer_norm")
+            take(f"{ours}.ff.0", f"{m}.fc1")
+            take(f"{ours}.ff.3", f"{m}.fc2")
+            take(f"{ours}.sub.{1 if side == 'encoder' else 2}.norm", f"{m}.final_layer_norm")
+            if side == "decoder":
+                take(f"{ours}.cross_attn.q_proj", f"{m}.encoder_attn.q_proj")
+                fuse(f"{ours}.cross_attn.kv_proj", f"{m}.encoder_attn", "kv")
+                take(f"{ours}.cross_attn.out_proj", f"{m}.encoder_attn.out_proj")
+                take(f"{ours}.sub.1.norm", f"{m}.encoder_attn_layer_norm")
+
+    def first(*names: str) -> torch.Tensor:  # tied tables are saved once, under one of their names
+        return next(w[n] for n in names if n in w)
+
+    out["src_embed.weight"] = first("model.encoder.embed_tokens.weight", "model.shared.weight")
+    out["tgt_embed.weight"] = first("model.decoder.embed_tokens.weight", "model.shared.weight")
+    out["out_proj.weight"] = first("lm_head.weight", "model.decoder.embed_tokens.weight", "model.shared.weight")
+    bias = w.get("final_logits_bias")
+    out["out_bias"] = bias.reshape(-1) if bias is not None else torch.zeros(out["out_proj.weight"].size(0))
+    return {k: v.float().contiguous() for k, v in out.items()}
+
+
+def marian_state(path: Path | str) -> dict:
+    """A MarianMT folder (or hub name) as a checkpoint state: {"model", "config", "tokenizer"} (what
+    `checkpoint.model_from_state` rebuilds), plus where it came from ("init_path")."""
+    folder = local_folder(path)
+    hf = _json(folder, "config.json")
+    if hf.get("model_type") != "marian":
+        raise CheckpointError(f"{folder / 'config.json'}: model_type is {hf.get('model_type')!r}, not 'marian'")
+    tok = marian_tokenizer(folder, hf)
+    cfg = marian_config(folder, hf, tok)
+    try:
+        weights = our_weights(read_weights(folder), cfg.model.n_layers)
+    except (KeyError, StopIteration) as e:
+        raise CheckpointError(f"{folder}: weights missing for {e}") from None
+    return {**model_state(weights, cfg, tok), "step": 0, "source": str(path)}
