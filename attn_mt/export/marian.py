@@ -43,7 +43,7 @@ def _json(folder: Path, name: str, required: bool = True) -> dict:
 
 
 def is_marian(path: Path | str) -> bool:
-    """A local folder whose config.json says model_type marian, or an `owner/name` that is not a local path
+    """A local folder whose config.json says model_type marian, or an `owner/name` that names nothing here
     (a hub name: whether it is a MarianMT model shows when it is read)."""
     p = Path(path)
     if p.is_dir():
@@ -51,8 +51,9 @@ def is_marian(path: Path | str) -> bool:
             return json.loads((p / "config.json").read_text(encoding="utf-8")).get("model_type") == "marian"
         except (OSError, ValueError):
             return False
-    text = str(path)
-    return not p.exists() and text.count("/") == 1 and not text.startswith((".", "/")) and " " not in text
+    text = str(path)  # owner/name, where no folder `owner` is here (runs/missing.pt is a missing file)
+    return (not p.exists() and text.count("/") == 1 and not text.startswith((".", "/", "~")) and " " not in text
+            and not Path(text.split("/")[0]).is_dir())
 
 
 def local_folder(path: Path | str) -> Path:

@@ -28,10 +28,10 @@ from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.cache import Resumed, open_entry
 from attn_mt.data.corpus import Corpus, read_corpus
 from attn_mt.data.sources import source
+from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.device import pick_device, pick_precision, rng_state
 from attn_mt.models import build_model, count_params
 from attn_mt.rundir import RunDir
-from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.training import autosize, distributed, finetune
 from attn_mt.training.board import Board
 from attn_mt.training.progress import Progress, time_left, write

@@ -105,6 +105,7 @@ def test_greedy_and_beam_outputs_are_generates(hf, marian, kind, beam):
 def test_the_api_runs_on_a_marian_model(marian):
     folder = marian("shared")
     assert is_marian(folder) and is_marian("Helsinki-NLP/opus-mt-en-de") and not is_marian(folder / "config.json")
+    assert not is_marian(folder.parent / "missing.pt")  # a missing file in a folder here is not a hub name
     model = attn_mt.load(folder, device="cpu")
     (src, ref), *_ = texts(4)
     assert isinstance(model.translate(src), str)
