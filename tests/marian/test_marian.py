@@ -102,10 +102,13 @@ def test_greedy_and_beam_outputs_are_generates(hf, marian, kind, beam):
     assert all(tok.pad_id not in x for x in ours)
 
 
-def test_the_api_runs_on_a_marian_model(marian):
+def test_the_api_runs_on_a_marian_model(marian, tmp_path, monkeypatch):
     folder = marian("shared")
     assert is_marian(folder) and is_marian("Helsinki-NLP/opus-mt-en-de") and not is_marian(folder / "config.json")
-    assert not is_marian(folder.parent / "missing.pt")  # a missing file in a folder here is not a hub name
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert not is_marian("runs/missing.pt")  # a missing file in a folder here is not a hub name
+    monkeypatch.chdir(folder.parent)
     model = attn_mt.load(folder, device="cpu")
     (src, ref), *_ = texts(4)
     assert isinstance(model.translate(src), str)
