@@ -298,24 +298,31 @@ def bench(config: ConfigOpt, overrides: SetOpt = None, json_out: JsonOpt = None,
 
 
 @_verb()
-def heads(checkpoint: CkptOpt, src: SrcOpt, ref: RefOpt, json_out: JsonOpt = None, device: DeviceOpt = "auto",
+def heads(checkpoint: CkptOpt, src: Annotated[Path | None, Option(help="Source sentences, one a line.")] = None,
+          ref: Annotated[Path | None, Option(help="Their references, line-aligned with --src.")] = None,
+          contrastive: Annotated[Path | None, Option(help="A contrastive set with word positions (RUN/test.contrastive"
+                                                          ".jsonl): which heads resolve the pronoun.")] = None,
+          json_out: JsonOpt = None, device: DeviceOpt = "auto",
           sentences: Annotated[int, Option(min=1, help="Use the first N lines.")] = 200,
           png: Annotated[Path | None, Option(help="Draw every head's importance and role in one PNG.")] = None,
           html: Annotated[Path | None, Option(help="The table and the picture as an HTML page.")] = None,
           prune: Annotated[int, Option(min=0, help="Remove the N least important heads (with --out).")] = 0,
           out: Annotated[Path | None, Option(help="Where --prune writes the pruned checkpoint.")] = None) -> None:
-    """Mask each attention head in turn: the BLEU and loss it costs, and where its attention goes."""
+    """Mask each attention head in turn: the BLEU and loss it costs, and where its attention goes (with
+    --contrastive, which heads link the pronoun to its antecedent and what masking them costs)."""
     from attn_mt.api.terminal import check_outputs, heads_table, save_heads_report
 
     if prune and out is None:
         raise attn_mt.InputError(f"--prune {prune} needs --out FILE: where to write the pruned checkpoint")
     if out is not None and not prune:
         raise attn_mt.InputError("--out is where --prune N writes the pruned checkpoint; give --prune N too")
+    if (src is None) != (ref is None) or (src is None and contrastive is None):
+        raise attn_mt.InputError("give --src with --ref (sentences and their references), --contrastive FILE, or both")
     check_outputs([("--out", out, (".pt",)), ("--json", json_out, (".json",)), ("--png", png, (".png",)),
-                   ("--html", html, (".html", ".htm"))], [checkpoint, src, ref])  # before any work
+                   ("--html", html, (".html", ".htm"))], [checkpoint, src, ref, contrastive])  # before any work
     model = attn_mt.load(checkpoint, device=device)
     report = model.prune(prune, src, ref, sentences=sentences, out=out).report if prune else \
-        model.heads(src, ref, sentences=sentences)
+        model.heads(src, ref, sentences=sentences, contrastive=contrastive)
     written = save_heads_report(report, json_out, png) + ([report.save_html(html)] if html else [])
     typer.echo("\n".join([heads_table(report), *map(str, written)]))
 

@@ -5,6 +5,10 @@ Masking sets a head's entry of `head_mask` to 0 (attn_mt/models/attention.py): i
 before W_o, exactly as if its columns of W_o were zero. BLEU is greedy (`attn-mt evaluate --beam 1`
 scores the same), loss is the mean per-token cross-entropy of the references, teacher-forced.
 
+Given a contrastive set with word positions (`items`), each head also gets its coreference measures
+(coref.py: how often its attention from the pronoun prefers the antecedent to the other noun) and the
+contrastive accuracy with it masked; the top resolving heads of each kind are then masked together.
+
 Pruning removes, one at a time, the head whose masking raises the loss least, re-measuring the others
 after each removal (the loss is smooth where BLEU on a few hundred sentences moves in noisy steps),
 then writes the result into the weights: the head's rows of W_q, W_k and W_v (and their biases) and its
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -30,12 +34,14 @@ from attn_mt.config import DecodeConfig
 from attn_mt.data.batching import Batch, collate
 from attn_mt.data.sources import DataError
 from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.decoding.contrastive import Item
 from attn_mt.decoding.metrics import bleu
 from attn_mt.decoding.search import translate
 from attn_mt.models import AttentionWeights, loss_sum
 from attn_mt.models.attention import MultiHeadAttention, SelfAttention
 from attn_mt.models.transformer import Transformer
 
+from . import coref
 from .roles import RoleSums, key_info
 
 KINDS = ("encoder", "decoder", "cross")  # encoder self-, decoder self- and cross-attention
@@ -169,9 +175,12 @@ class HeadsReport:
     sentences: int
     bleu: float
     loss: float
-    heads: list[dict]  # per head: kind, layer, head, bleu, loss (masked), d_bleu, d_loss, roles
+    heads: list[dict]  # per head: kind, layer, head, bleu, loss (masked), d_bleu, d_loss, roles; with a
+    #                    contrastive set also coref (coref.Resolution.row), contrastive and d_contrastive (masked)
     seconds_per_head: float
     seconds: float = 0.0
+    contrastive: float | None = None  # the contrastive accuracy, no head masked
+    coref: dict | None = None  # items, located (with word positions), top: the best resolving heads masked together
     pruned_before: list[str] = field(default_factory=list)  # listed by the checkpoint (not pruned again)
     pruned: list[dict] = field(default_factory=list)  # per removal: head, bleu and loss with it (and those before) gone
     bleu_after: float | None = None
@@ -201,10 +210,12 @@ def pruned_state(model: Transformer, state: dict, gone: list[Head], source: str)
 
 def analyse(model: Transformer, cfg, tok: Tokenizer, sources: list[str], refs: list[str], *, name: str,
             before: list[Head] = (), n_sentences: int = 200, prune_n: int = 0, device: torch.device | str = "cpu",
+            items: Sequence[Item] = (),
             ) -> tuple[HeadsReport, list[Head]]:
     """Mask every head of a loaded Transformer in turn on the first `n_sentences` of `sources`/`refs`, measure
-    the roles, and with `prune_n` prune that many heads greedily, in place; returns the report and the heads
-    pruned (`name` labels the report: the checkpoint's path)."""
+    the roles (and on the first `n_sentences` contrastive `items`, coreference), and with `prune_n` prune that
+    many heads greedily, in place; returns the report and the heads pruned (`name` labels the report: the
+    checkpoint's path)."""
     if len(sources) != len(refs):
         raise HeadsError(f"sources and references differ: {len(sources)} against {len(refs)} lines", "refs")
     if not sources:
@@ -218,18 +229,23 @@ def analyse(model: Transformer, cfg, tok: Tokenizer, sources: list[str], refs: l
     data = sentences(sources[:n_sentences], refs[:n_sentences], tok, model.max_positions)
     dcfg = replace(cfg.decode, beam_size=1, nbest=1)
     start = time.perf_counter()
+    items = list(items)[:n_sentences]
+    accuracy = (lambda: coref.accuracy(model, tok, items, dev).accuracy) if items else (lambda: None)  # noqa: E731
     base_bleu, base_loss = measure(model, tok, data, dcfg, dev)
+    base_acc = accuracy()
     masked_scores = {}
     for h in tqdm(heads, desc="masking heads", unit="head", disable=None, leave=False):
         with masked(model, [h]):
-            masked_scores[h] = measure(model, tok, data, dcfg, dev)
+            masked_scores[h] = (*measure(model, tok, data, dcfg, dev), accuracy())
     per_head = (time.perf_counter() - start) / (len(heads) + 1)
     roles = measure_roles(model, tok, data, dev)
     rows = [{"kind": h.kind, "layer": h.layer, "head": h.head, "bleu": b, "loss": round(loss, 4),
              "d_bleu": round(b - base_bleu, 2), "d_loss": round(loss - base_loss, 4), "roles": roles[h]}
-            for h, (b, loss) in masked_scores.items()]
+            for h, (b, loss, _) in masked_scores.items()]
     report = HeadsReport(name, len(data.src), base_bleu, round(base_loss, 4), rows, round(per_head, 2),
                          pruned_before=[str(h) for h in before])
+    if items:
+        measure_coref(model, tok, items, dev, report, base_acc, {h: acc for h, (_, _, acc) in masked_scores.items()})
     gone: list[Head] = []
     if prune_n:
         gone = prune_greedily(model, tok, data, dcfg, dev, prune_n, [h for h in heads if h not in before],
@@ -239,6 +255,28 @@ def analyse(model: Transformer, cfg, tok: Tokenizer, sources: list[str], refs: l
         report.bleu_after, report.loss_after = bleu_after, round(loss_after, 4)
     report.seconds = round(time.perf_counter() - start, 1)
     return report, gone
+
+
+def measure_coref(model: Transformer, tok: Tokenizer, items: list[Item], dev: torch.device, report: HeadsReport,
+                  base: float, masked_accuracy: dict[Head, float]) -> None:
+    """Fill in `report`'s coreference: each head's resolution (coref.py) and its masked contrastive accuracy,
+    then the top resolving heads of each kind masked together (those of TOP that the kind has)."""
+    report.contrastive = base
+    resolution, located = coref.resolution(model, tok, items, dev)
+    for row in report.heads:
+        h = Head(row["kind"], row["layer"], row["head"])
+        row["coref"] = resolution[h.kind].row(h.layer - 1, h.head - 1) if located else None
+        row["contrastive"] = masked_accuracy[h]
+        row["d_contrastive"] = round(masked_accuracy[h] - base, 4)
+    top = []
+    for kind in ("encoder", "cross") if located else ():
+        ranked = sorted((r for r in report.heads if r["kind"] == kind), key=lambda r: -r["coref"]["resolved"])
+        for k in (k for k in coref.TOP if k <= len(ranked)):
+            chosen = [Head(kind, r["layer"], r["head"]) for r in ranked[:k]]
+            with masked(model, chosen):
+                acc = coref.accuracy(model, tok, items, dev).accuracy
+            top.append({"heads": [str(h) for h in chosen], "contrastive": acc, "d_contrastive": round(acc - base, 4)})
+    report.coref = {"items": len(items), "located": located, "top": top}
 
 
 def pruned_heads(listed: object, model: Transformer, path: Path | str) -> list[Head]:

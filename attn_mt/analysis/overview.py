@@ -26,12 +26,18 @@ def table(report: HeadsReport) -> str:
              "attention goes: the previous, same, next, rarest token, eos (the decoder: bos),",
              "punctuation; conf: its mean largest weight; mono: the rank correlation of",
              "cross-attention's argmax source position with the target position",
+             *(["coref: how often the pronoun's weight on its antecedent beats the other noun's"]
+               if report.coref else []),
              "",
-             f"{'head':<12}{'dBLEU':>7}{'dloss':>8}" + "".join(f"{r:>6}" for r in ROLES)]
+             f"{'head':<11}{'dBLEU':>7}{'dloss':>8}" + "".join(f"{r:>6}" for r in ROLES)
+             + (f"{'coref':>6}" if report.coref else "")]
     for row in report.heads:
         name = f"{row['kind']} {row['layer']}.{row['head']}"
-        lines.append(f"{name:<12}{row['d_bleu']:>+7.2f}{row['d_loss']:>+8.3f}"
-                     + "".join(_cell(row["roles"][r]) for r in ROLES))
+        lines.append(f"{name:<11}{row['d_bleu']:>+7.2f}{row['d_loss']:>+8.3f}"
+                     + "".join(_cell(row["roles"][r]) for r in ROLES)
+                     + (_cell((row.get("coref") or {}).get("resolved")) if report.coref else ""))
+    if report.coref:
+        lines += ["", *coref_lines(report)]
     if report.pruned_before:
         lines.append(f"pruned before (by the checkpoint): {', '.join(report.pruned_before)}")
     if report.pruned:
@@ -42,6 +48,23 @@ def table(report: HeadsReport) -> str:
                   f"{report.loss_after:.4f}; wrote {report.out}",
                   "(same shapes: the pruned heads' rows of W_q, W_k, W_v and columns of W_o are 0)"]
     return "\n".join(lines)
+
+
+def coref_lines(report: HeadsReport, best: int = 5) -> list[str]:
+    """The coreference part: the contrastive accuracy, the best resolving heads (their weights on the
+    antecedent and the other noun, the accuracy masking each costs), the top heads masked together."""
+    c = report.coref
+    lines = [f"contrastive accuracy {report.contrastive:.2%} on {c['items']} items ({c['located']} located)"]
+    ranked = sorted((r for r in report.heads if r.get("coref")), key=lambda r: -r["coref"]["resolved"])[:best]
+    if ranked:
+        lines.append(f"{'best resolving':<15}{'coref':>7}{'antecedent':>12}{'other':>8}{'dacc masked':>13}")
+        lines += [f"{r['kind'] + ' ' + str(r['layer']) + '.' + str(r['head']):<15}{r['coref']['resolved']:>7.2%}"
+                  f"{r['coref']['antecedent']:>12.3f}{r['coref']['other']:>8.3f}{r['d_contrastive']:>+13.2%}"
+                  for r in ranked]
+    if c["top"]:
+        lines.append("the best resolving heads of a kind masked together: accuracy (change)")
+        lines += [f"{t['contrastive']:>9.2%} ({t['d_contrastive']:+.2%})  {', '.join(t['heads'])}" for t in c["top"]]
+    return lines
 
 
 def save(report: HeadsReport, json_path: Path | None = None, png_path: Path | None = None) -> list[Path]:
@@ -60,7 +83,8 @@ def _label(row: dict) -> str:
     roles = row["roles"]
     top = max((r for r in SHARES if roles[r] is not None), key=lambda r: roles[r])
     text = f"{row['d_bleu']:+.1f}\n{top} {roles[top]:.2f}"
-    return text + (f"\nmono {roles['mono']:.2f}" if roles["mono"] is not None else "")
+    text += f"\nmono {roles['mono']:.2f}" if roles["mono"] is not None else ""
+    return text + (f"\ncoref {row['coref']['resolved']:.2f}" if row.get("coref") else "")
 
 
 def plot(report: HeadsReport, path: Path) -> Path:

@@ -159,6 +159,8 @@ def heads_html(report: HeadsReport) -> str:
                 lines = [f"<b>{r['d_bleu']:+.1f}</b>", f"{top} {roles[top]:.2f}" if top else ""]
                 if roles.get("mono") is not None:
                     lines.append(f"mono {roles['mono']:.2f}")
+                if r.get("coref"):
+                    lines.append(f"coref {r['coref']['resolved']:.2f}")
                 shade = r["d_bleu"] / worst
                 ink = "#fff" if abs(shade) > 0.6 else "#1d2330"
                 cells.append(f'<td style="background:{_rdbu(shade)};color:{ink}" data-kind="{kind}" '
@@ -175,7 +177,7 @@ def heads_html(report: HeadsReport) -> str:
         bar = (f'<span class="dbar" style="width:{width}px;background:{_rdbu(r["d_bleu"] / worst)}"></span>')
         rows.append(f"<tr><td>{e(r['kind'])} {r['layer']}.{r['head']}</td><td>{r['d_bleu']:+.2f}{bar}</td>"
                     f"<td>{r['d_loss']:+.4f}</td>" + "".join(f"<td>{_cell(r['roles'].get(k))}</td>" for k in ROLES)
-                    + "</tr>")
+                    + (f"<td>{_cell((r.get('coref') or {}).get('resolved'))}</td>" if report.coref else "") + "</tr>")
     parts = [f'<h2 class="title">Heads of {e(Path(report.checkpoint).name)}: BLEU {report.bleu:.2f}, loss '
              f"{report.loss:.4f} on {report.sentences} sentences (greedy), {report.seconds_per_head:.1f} s per head"
              "</h2>",
@@ -184,7 +186,12 @@ def heads_html(report: HeadsReport) -> str:
              "and, for cross-attention, the monotony of its alignment.</p>",
              f'<div class="grids">{"".join(grids)}</div>',
              '<div class="scroll"><table class="report"><thead><tr><th>head</th><th>dBLEU</th><th>dloss</th>'
-             + "".join(f"<th>{k}</th>" for k in ROLES) + f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"]
+             + "".join(f"<th>{k}</th>" for k in ROLES) + ("<th>coref</th>" if report.coref else "")
+             + f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"]
+    if report.coref:
+        from .overview import coref_lines
+
+        parts.append(f'<pre class="coref">{e(chr(10).join(coref_lines(report)))}</pre>')
     if report.pruned_before:
         parts.append(f"<p>Pruned before (by the checkpoint): {e(', '.join(report.pruned_before))}</p>")
     if report.pruned:

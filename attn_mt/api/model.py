@@ -57,6 +57,17 @@ def _lines(lines: Lines, field: str) -> list[str]:
     return _texts(lines, field)[0] if not isinstance(lines, str) else [lines]
 
 
+def _items(items: str | os.PathLike | Sequence) -> list:
+    """A contrastive set from a file (decoding/contrastive.py reads ours and ContraPro's) or a list of Items."""
+    from attn_mt.decoding.contrastive import Item, read_items
+
+    if isinstance(items, str | os.PathLike):
+        return read_items(items)
+    if not isinstance(items, Sequence) or not items or not all(isinstance(i, Item) for i in items):
+        raise InputError("expected a file or a non-empty list of contrastive Items", "contrastive")
+    return list(items)
+
+
 class Model:
     """A loaded translation model (`attn_mt.load`): translate, score, attention, explain, heads, prune, evaluate.
 
@@ -128,6 +139,18 @@ class Model:
         out = self.translator.score(srcs, tgts, batch_size=batch_size)
         return out[0] if one else out
 
+    def contrastive(self, items: str | os.PathLike | Sequence, *, batch_size: int = 64):
+        """Contrastive accuracy (ContraPro's test): the share of items whose reference scores higher than every
+        variant, overall and by pronoun, antecedent distance and role (a `ContrastiveReport`). `items`: a file
+        (our JSONL, e.g. RUN/test.contrastive.jsonl, or ContraPro's JSON) or a list of `Item`s.
+
+        >>> model.contrastive("runs/pronoun/test.contrastive.jsonl").accuracy
+        """
+        from attn_mt.decoding.contrastive import evaluate_contrastive
+
+        return evaluate_contrastive(lambda s, t: self.translator.score(s, t, batch_size=batch_size),
+                                    _items(items))
+
     def evaluate(self, sources: Lines, refs: Lines, *, beam: int | None = None, alpha: float | None = None,
                  batch_size: int | None = None) -> dict:
         """Translate `sources` and score them against `refs`: sacreBLEU BLEU and chrF with their signatures.
@@ -194,13 +217,18 @@ class Model:
         return explain(model, self.tokenizer, text, kind=kind, layer=layer, head=head, token=token, dcfg=dcfg,
                        device=self.translator.device)
 
-    def heads(self, sources: Lines, refs: Lines, *, sentences: int = 200):
+    def heads(self, sources: Lines | None = None, refs: Lines | None = None, *, sentences: int = 200,
+              contrastive: str | os.PathLike | Sequence | None = None):
         """Mask each attention head in turn on the first `sentences` pairs: the BLEU (greedy) and loss it
-        costs and where its attention goes (a `HeadsReport`; `.table()` prints it, a notebook draws it).
+        costs and where its attention goes (a `HeadsReport`; `.table()` prints it, a notebook draws it). With a
+        `contrastive` set (a file or `Item`s, as `contrastive` takes) also which heads resolve the pronoun
+        (analysis/coref.py) and the contrastive accuracy each one's masking costs; its sources and references
+        are the sentences when `sources` and `refs` are not given.
 
         >>> report = model.heads(Path("runs/toy/test.en"), Path("runs/toy/test.de"), sentences=50)
+        >>> report = model.heads(contrastive="runs/pronoun/test.contrastive.jsonl")
         """
-        return self._heads(sources, refs, sentences, 0)[0]
+        return self._heads(sources, refs, sentences, 0, contrastive)[0]
 
     def prune(self, n: int, sources: Lines, refs: Lines, *, sentences: int = 200,
               out: str | os.PathLike | None = None) -> Model:
@@ -235,7 +263,8 @@ class Model:
         info = {k: v for k, v in self.info.items() if v is not None and k != "pruned_from"}
         return {**info, **model_state({}, self.config, self.tokenizer)}
 
-    def _heads(self, sources: Lines, refs: Lines, sentences: int, prune_n: int):
+    def _heads(self, sources: Lines | None, refs: Lines | None, sentences: int, prune_n: int,
+               contrastive: str | os.PathLike | Sequence | None = None):
         import copy
 
         from attn_mt.analysis.heads import analyse, pruned_heads
@@ -243,6 +272,13 @@ class Model:
         model = self._transformer("heads")
         if not isinstance(sentences, int) or sentences < 1:
             raise InputError(f"must be an integer >= 1, not {sentences!r}", "sentences")
+        items = _items(contrastive) if contrastive is not None else []
+        if (sources is None) != (refs is None):
+            raise InputError("`sources` and `refs` go together: the sentences and their references", "refs")
+        if sources is None:
+            if not items:
+                raise InputError("give `sources` and `refs`, or a `contrastive` set to measure on", "sources")
+            sources, refs = [i.src for i in items], [i.ref for i in items]
         if isinstance(sources, os.PathLike) and isinstance(refs, os.PathLike):
             srcs, references = read_aligned(Path(sources), Path(refs))
         else:
@@ -254,5 +290,6 @@ class Model:
             model = copy.deepcopy(model)
         before = pruned_heads(self.info.get("pruned_heads") or [], model, self.path)
         report, gone = analyse(model, self.config, self.tokenizer, srcs, references, name=str(self.path),
-                               before=before, n_sentences=sentences, prune_n=prune_n, device=self.translator.device)
+                               before=before, n_sentences=sentences, prune_n=prune_n, device=self.translator.device,
+                               items=items)
         return report, model, gone
