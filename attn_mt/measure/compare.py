@@ -24,6 +24,9 @@ from attn_mt.config import CompareConfig, ConfigError, ExperimentConfig
 from attn_mt.config.compare_rnn import CompareSetup
 from attn_mt.data.batching import token_batches
 from attn_mt.data.corpus import Corpus
+from attn_mt.data.sources import source
+from attn_mt.decoding.contrastive import evaluate_contrastive, items_from_records
+from attn_mt.decoding.scoring import score_texts
 from attn_mt.device import autocast, machine, sync
 from attn_mt.measure import timing
 from attn_mt.measure.prelude import prelude
@@ -233,11 +236,19 @@ def _decoding(report: dict, contestants: list[Contestant], corpus: Corpus, cmp: 
 
 
 def _test_and_save(report: dict, contestants: list[Contestant], corpus: Corpus, out_dir: Path) -> None:
-    """Test BLEU of each best checkpoint with its decode settings; the checkpoints into out_dir."""
+    """Test BLEU of each best checkpoint with its decode settings (and where the data has a contrastive set, the
+    accuracy on it, by antecedent distance: attention against recurrence on long-range links); the checkpoints
+    into out_dir."""
+    data = contestants[0].cfg.data
+    items = items_from_records(records) if (records := source(data).contrastive(data.splits.test)) else []
     for c in contestants:
         tr = c.trainer
         _, s = score_test_split(c.model, corpus, c.cfg, tr.device, tr.precision)
         report["models"][c.name].update(test_bleu=s["bleu"], test_chrf=s["chrf"], test_beam_size=c.cfg.decode.beam_size)
         report["sacrebleu_signature"] = s["bleu_signature"]
+        if items:
+            accuracy = evaluate_contrastive(
+                lambda src, tgt, m=c.model, d=tr.device: score_texts(m, corpus.tok, src, tgt, device=d), items)
+            report["models"][c.name]["contrastive"] = accuracy.json()
         checkpoint.save({**checkpoint.model_state(c.best_state, c.cfg, corpus.tok), "step": tr.state.step,
                          "best_bleu": c.best_bleu}, out_dir / f"{c.name}.pt")

@@ -37,7 +37,14 @@ def tables(report: dict) -> dict[str, str]:
                 "output tokens", "encoder sequential steps/layer"],
                [[k, v["greedy_sentences_per_s"], v["beam_sentences_per_s"], v["greedy_decoder_calls"],
                  v["greedy_output_tokens"], v["encoder_sequential_steps_per_layer"]] for k, v in m.items()])
-    return {"a": a, "b": b, "c": c, "d": d}
+    out = {"a": a, "b": b, "c": c, "d": d}
+    if all("contrastive" in v for v in m.values()):
+        bins = m[names[0]]["contrastive"]["by_distance"]  # the same items for both models
+        out["e"] = _table(["model", "contrastive accuracy", *(f"distance {b} ({v['items']})" for b, v in bins.items())],
+                          [[k, f"{v['contrastive']['accuracy']:.1%}",
+                            *(f"{v['contrastive']['by_distance'].get(b, {}).get('accuracy', 0):.1%}" for b in bins)]
+                           for k, v in m.items()])
+    return out
 
 
 def _machine_lines(report: dict) -> list[str]:
@@ -69,6 +76,9 @@ def markdown(report: dict) -> str:
         f"## d. Decoding\n\n{dec['sentences']} test sentences, batches of {dec['batch_size']}, median of "
         f"{report['compare']['decode_repeats']} alternated rounds. Both decoders need one sequential step "
         f"per output token; the RNN encoder also steps through the source.\n\n{t['d']}",
+        *([f"## e. Pronouns by antecedent distance\n\nThe test split's contrastive set: an item is right when "
+           "the model scores the reference above every variant with another pronoun; distance in words from "
+           f"the antecedent to the pronoun (items per bin in the header).\n\n{t['e']}"] if "e" in t else []),
     ]) + "\n"
 
 
@@ -81,6 +91,8 @@ def summary(report: dict) -> str:
             ("peak memory MB", *(str(v["peak_memory_mb"]) for v in m.values())),
             ("best valid BLEU", *(str(v["best_valid_bleu"]) for v in m.values())),
             ("test BLEU", *(str(v["test_bleu"]) for v in m.values())),
+            *([("contrastive acc", *(f"{v['contrastive']['accuracy']:.1%}" for v in m.values()))]
+              if all("contrastive" in v for v in m.values()) else []),
             ("greedy sent/s", *(str(v["greedy_sentences_per_s"]) for v in m.values())),
             ("beam sent/s", *(str(v["beam_sentences_per_s"]) for v in m.values()))]
     rows += [(f"ms/batch n={r['length']}", str(r.get("transformer_ms")), str(r.get("rnn_ms")))

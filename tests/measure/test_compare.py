@@ -39,8 +39,9 @@ def test_refuses_unequal_sizes(tmp_path):
 
 @pytest.mark.slow
 def test_compare_rnn_writes_a_valid_report(tmp_path):
+    """On the pronoun variant, whose test split has a contrastive set: both models' accuracy by distance too."""
     args = ["compare-rnn", "--config", str(CONFIG), "--quick", "--out", str(tmp_path)]
-    result = CliRunner().invoke(app, [*args, *sum((["--set", o] for o in SMALL), [])])
+    result = CliRunner().invoke(app, [*args, *sum((["--set", o] for o in [*SMALL, "data.toy_variant=pronoun"]), [])])
     assert result.exit_code == 0, result.output
     assert "train tokens/s" in result.output and "Background load" in result.output
     report = json.loads((tmp_path / "report.json").read_text())
@@ -60,6 +61,12 @@ def test_compare_rnn_writes_a_valid_report(tmp_path):
     for name in ("report.md", "bleu_vs_time.png", "time_vs_length.png"):
         assert (tmp_path / name).stat().st_size > 1000
     assert "| length n |" in (tmp_path / "report.md").read_text()
+    acc = {name: report["models"][name]["contrastive"] for name in ("transformer", "rnn")}
+    assert acc["transformer"]["items"] == acc["rnn"]["items"] > 20
+    for a in acc.values():
+        assert sum(b["items"] for b in a["by_distance"].values()) == a["items"] and 0 <= a["accuracy"] <= 1
+    assert "## e. Pronouns by antecedent distance" in (tmp_path / "report.md").read_text()
+    assert "contrastive acc" in result.output
     translated = CliRunner().invoke(app, ["translate", "--checkpoint", str(tmp_path / "rnn.pt"),
                                           "--device", "cpu", "the dog sees a cat."])
     assert translated.exit_code == 0, translated.output
