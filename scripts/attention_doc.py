@@ -25,6 +25,9 @@ from attn_mt.checkpoint import load
 from attn_mt.data.sources import read_lines
 from attn_mt.device import describe, pick_device
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pronoun_doc import BEGIN, END, insert  # noqa: E402 - a script beside this one
+
 POSITIONAL, ALIGNED, PARKED, CLOSE = 0.5, 0.5, 0.5, 0.5  # share, rank correlation, share, BLEU
 
 
@@ -184,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
                     model.explain(sentence, kind="decoder", layer=previous["layer"], head=previous["head"],
                                   token=middle)]
     png = overview.plot(report, args.png).name if args.png else None
-    args.out.write_text(document(args, report, explanations, png), encoding="utf-8")
+    page = document(args, report, explanations, png)
+    old = args.out.read_text(encoding="utf-8") if args.out.exists() else ""
+    if BEGIN in old and END in old:  # the pronoun section (scripts/pronoun_doc.py) stays first
+        page = insert(page, old[old.index(BEGIN) : old.index(END) + len(END)])
+    args.out.write_text(page, encoding="utf-8")
     if args.json:
         args.json.write_text(json.dumps({"heads": asdict(report), "explain": [asdict(e) for e in explanations]},
                                         indent=1) + "\n", encoding="utf-8")
