@@ -18,7 +18,7 @@ import torch
 
 from attn_mt.config import ConfigError, ExperimentConfig, from_dict, to_dict
 from attn_mt.config.files import HOST as _HOST
-from attn_mt.config.files import open_new, write_atomic  # noqa: F401 - open_new: for its callers of before
+from attn_mt.config.files import write_atomic
 from attn_mt.config.yamlconf import first_line, show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import ModelError

@@ -118,7 +118,7 @@ class RunDir:
                     keep.append(line + "\n")
             except (ValueError, KeyError, TypeError):  # e.g. a line cut short by a kill
                 continue
-        self.metrics.write_text("".join(keep), encoding="utf-8")
+        _write_atomic(self.metrics, "".join(keep))
 
     def write_config(self, cfg: ExperimentConfig) -> None:
         """config.yaml: the resolved config, every key."""

@@ -23,6 +23,7 @@ from attn_mt.analysis.overview import coref_lines
 from attn_mt.data.pronoun import classic
 from attn_mt.decoding.contrastive import read_items, subject_rule
 from attn_mt.device import describe, pick_device
+from attn_mt.rundir import RunDir
 
 BEGIN, END = "<!-- pronoun section: begin -->", "<!-- pronoun section: end -->"
 RESOLVES = 0.9  # a head "resolves it" alone from this share of the items
@@ -67,9 +68,9 @@ def where_decided(report) -> str:
     return f"Masking them shows where the decision is made: {text} (the lines above)."
 
 
-def section(run: Path, report, tired, wide, best: dict, compare: dict | None, machine: str) -> list[str]:
-    results = json.loads((run / "results.json").read_text())
-    items = read_items(run / "test.contrastive.jsonl")
+def section(run: RunDir, report, tired, wide, best: dict, compare: dict | None, machine: str) -> list[str]:
+    results = run.read_results()
+    items = read_items(run.contrastive("test"))
     rule = subject_rule(items)
     top = max(report.heads, key=lambda r: r["coref"]["resolved"])
     name = f"{best['kind']} {best['layer']}.{best['head']}"
@@ -167,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("docs/attention.md"))
     args = p.parse_args(argv)
     machine = args.machine or f"{describe(pick_device('cpu'))}, torch {torch.__version__}"
-    model = attn_mt.load(args.run / "checkpoint_best.pt", device="cpu")
-    report = model.heads(contrastive=args.run / "test.contrastive.jsonl", sentences=args.sentences)
+    run = RunDir(args.run)
+    model = attn_mt.load(run.best, device="cpu")
+    report = model.heads(contrastive=run.contrastive("test"), sentences=args.sentences)
     examples = classic("tired"), classic("wide")
     best = max((r for r in report.heads if r["kind"] != "decoder"), key=lambda r: r["coref"]["resolved"])
     if best["kind"] == "cross" and not all(e.pronoun in model.translate(e.en).split() for e in examples):
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                                  token="it" if best["kind"] == "encoder" else e.pronoun)
                    for e in examples)
     compare = json.loads(args.compare.read_text()) if args.compare else None
-    block = "\n".join(section(args.run, report, tired, wide, best, compare, machine))
+    block = "\n".join(section(run, report, tired, wide, best, compare, machine))
     page = args.out.read_text(encoding="utf-8") if args.out.exists() else "# Attention, step by step\n"
     args.out.write_text(insert(page, block), encoding="utf-8")
     print(args.out)

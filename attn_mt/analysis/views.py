@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -214,19 +213,11 @@ def document(fragment: str, title: str = "attn-mt") -> str:
 def save_html(fragment: str, path: Path | str, title: str = "attn-mt") -> Path:
     """Write `document(fragment, title)` to `path` atomically (a new file beside it, then a rename, as
     checkpoints are written); an OSError names the file."""
-    from attn_mt.checkpoint import open_new
+    from attn_mt.config.files import write_atomic
 
-    path, tmp = Path(path), None
+    path = Path(path)
     try:
-        f, tmp = open_new(path.parent, f".{path.name}.", ".tmp")
-        with f:
-            f.write(document(fragment, title).encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, document(fragment, title))
     except OSError as err:
         raise OSError(err.errno, f"{path}: cannot write the page ({err.strerror or err})") from None
-    finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
     return path

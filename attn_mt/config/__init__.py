@@ -333,7 +333,9 @@ def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 def save_config(cfg: ExperimentConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
+    from attn_mt.config.files import write_atomic
+
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def from_dict(raw: dict[str, Any]) -> ExperimentConfig:

@@ -60,14 +60,19 @@ def write_atomic(path: Path, data: bytes | str | Callable[[BinaryIO], None]) -> 
             os.fsync(f.fileno())
         os.replace(tmp, path)
         tmp = None
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # make the rename itself durable
-        finally:
-            os.close(fd)
+        sync_folder(path.parent)  # make the rename itself durable
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
+
+
+def sync_folder(folder: Path) -> None:
+    """fsync a folder: the names created, replaced or removed in it are on disk (after a rename: the rename)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def check_outputs(outputs: Sequence[tuple[str, Path | str | None, Sequence[str]]],

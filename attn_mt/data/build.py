@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from attn_mt.config import ExperimentConfig, TokenizerConfig
+from attn_mt.config.files import write_atomic
 from attn_mt.data.sources import write_pairs
 from attn_mt.data.tokenizer import Tokenizer, train_tokenizer
 
@@ -47,7 +48,7 @@ def build(cfg: ExperimentConfig, tmp: Path, key: str, tok: Tokenizer | None = No
     else:
         log.info("tokenizer: the one the run was given (a resumed run's, or the model it fine-tunes)")
     for name, proto in tok.files().items():
-        write_synced(tmp / name, proto)
+        write_atomic(tmp / name, proto)
     t2 = time.perf_counter()
     dtype = np.uint16 if max(tok.src_vocab_size, tok.tgt_vocab_size) <= 2**16 else np.int32
     procs = (cfg.data.num_proc or len(os.sched_getaffinity(0))) if n >= BIG else 1
@@ -179,13 +180,6 @@ def _write_flat(encoded, tmp: Path, dtype: type) -> dict[str, int]:
         os.fsync(f.fileno())
         f.close()
     return total
-
-
-def write_synced(path: Path, data: bytes) -> None:
-    with path.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 @contextlib.contextmanager

@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from attn_mt.config import DataConfig, ExperimentConfig
-from attn_mt.data.build import KINDS, SIDES, build, write_synced
+from attn_mt.config.files import sync_folder, write_atomic
+from attn_mt.data.build import KINDS, SIDES, build
 from attn_mt.data.lock import exclusive
 from attn_mt.data.sources import DataError, iter_pairs, source
 from attn_mt.data.tokenizer import Tokenizer
@@ -215,11 +216,11 @@ def _build(cfg: ExperimentConfig, path: Path, tok: Tokenizer | None) -> Entry:
         files = {f.name: {"bytes": f.stat().st_size, "crc32": _crc32(f)} for f in sorted(tmp.iterdir())}
         marker = {"version": VERSION, "key": key, **facts, "files": files,
                   "config": {"data": asdict(cfg.data), "tokenizer": asdict(cfg.tokenizer)}}
-        write_synced(tmp / MARKER, json.dumps(marker, indent=1).encode())
-        _fsync(tmp)
+        write_atomic(tmp / MARKER, json.dumps(marker, indent=1))
+        sync_folder(tmp)
         _remove(path)  # a damaged entry
         os.replace(tmp, path)
-        _fsync(root)
+        sync_folder(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -260,9 +261,3 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _fsync(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -109,7 +109,7 @@ def write_json(result: dict, path: Path) -> Path:
     """`result` as JSON at `path`, written whole or not at all."""
     import json
 
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    from attn_mt.config.files import write_atomic
+
+    write_atomic(path, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     return path

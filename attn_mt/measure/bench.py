@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from attn_mt.checkpoint import load_model
 from attn_mt.config import ConfigError, ExperimentConfig, TransformerConfig
+from attn_mt.config.files import write_atomic
 from attn_mt.data.batching import token_batches
 from attn_mt.decoding.search import translate
 from attn_mt.device import autocast, describe, precisions_for, sync
@@ -225,7 +226,7 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
         "load_before": load_before, "load_after": os.getloadavg(),
     }
     if json_out:
-        Path(json_out).write_text(json.dumps(result, indent=2) + "\n")
+        write_atomic(Path(json_out), json.dumps(result, indent=2) + "\n")
     return result
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from attn_mt.config.files import write_atomic
+
 
 def _table(head: list[str], rows: list[list]) -> str:
     cells = [head, ["---"] * len(head), *[["" if v is None else str(v) for v in r] for r in rows]]
@@ -151,6 +153,6 @@ def plots(report: dict, out_dir: Path) -> list[Path]:
 
 
 def write_report(report: dict, out_dir: Path) -> None:
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    (out_dir / "report.md").write_text(markdown(report), encoding="utf-8")
+    write_atomic(out_dir / "report.json", json.dumps(report, indent=2) + "\n")
+    write_atomic(out_dir / "report.md", markdown(report))
     plots(report, out_dir)
