@@ -185,7 +185,7 @@ def test_the_docstring_rule_is_read_as_written(doc, may, never):
 
 # the names of a run directory's files (training/rundir.py) and what joins a path inside one
 RUN_DIR_NAMES = re.compile(r"(config\.yaml|results\.json|metrics\.jsonl|tokenizer\.json|test_hyps\.txt|tensorboard"
-                           r"|checkpoint_.*|spm\..*)")
+                           r"|size\.json|.*\.contrastive\.jsonl|checkpoint_.*|spm\..*)")
 RUN_DIR_PATHS = re.compile(r"\brun_dir\b|\bfiles\.path\b|\brun_path\b")
 
 
@@ -259,3 +259,34 @@ def test_no_test_module_imports_another():
             if source.split(".")[0].startswith("test_"):
                 found.append(f"{path.relative_to(ROOT)}:{line}: imports {source}")
     assert found == []
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"  # the doc that must agree with the rules
+
+def rundir_names() -> set[str]:
+    """The file names RunDir joins to its folder (`self.path / "results.json"`), `{...}` parts as `*`."""
+    names = set()
+    for node in ast.walk(ast.parse((ROOT / "attn_mt" / "rundir.py").read_text(encoding="utf-8"))):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and ast.unparse(node.left) == "self.path":
+            right = node.right
+            parts = right.values if isinstance(right, ast.JoinedStr) else [right]
+            names.add("".join(p.value if isinstance(p, ast.Constant) else "*" for p in parts))
+    return {n for n in names if n != "*" and not n.startswith(".")}  # not a variable's name, nor a hidden probe
+
+
+def test_every_file_of_the_run_directory_is_in_the_doc_and_the_layout_rule():
+    names = rundir_names()
+    assert {"config.yaml", "results.json", "size.json", "*.contrastive.jsonl", "checkpoint_step*.pt"} <= names
+    section = ARCHITECTURE.read_text(encoding="utf-8").split("## What a run writes")[1].split("Training uses")[0]
+    table = {re.sub(r"\{[^}]*\}", "*", cell).rstrip("/") for cell in re.findall(r"`([^`]+)`", section)}
+    assert names <= table, f"not in docs/architecture.md's table: {sorted(names - table)}"
+    for name in (n for n in names if n.strip("*.")):  # {split}.{lang} has no fixed part for a rule to name
+        assert RUN_DIR_NAMES.fullmatch(name.replace("*", "x")), f"{name}: not in test_layout's RUN_DIR_NAMES"
+
+
+def test_the_causal_mask_has_one_owner():
+    """models.attention.causal_mask builds it; the attention module and explain's recomputation call it."""
+    for path in (ROOT / "attn_mt").rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        if path.name != "attention.py" or path.parent.name != "models":
+            assert ".tril(" not in text, f"{path.relative_to(ROOT)} builds a causal mask of its own"
+    assert "`causal_mask`" in ARCHITECTURE.read_text(encoding="utf-8")

@@ -31,7 +31,7 @@ from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.search import max_lengths, prepare_sources, search
 from attn_mt.errors import InputError
 from attn_mt.models import Seq2Seq
-from attn_mt.models.attention import CrossAttention, MultiHeadAttention, SelfAttention
+from attn_mt.models.attention import CrossAttention, MultiHeadAttention, SelfAttention, causal_mask
 
 KINDS = {"encoder": "encoder_self", "decoder": "decoder_self", "cross": "cross"}  # flag -> attention map name
 
@@ -84,7 +84,7 @@ def gather(attn: MultiHeadAttention, calls: list[dict]) -> Call:
     s = context.size(1)
     allowed = torch.ones(b, t, s, dtype=torch.bool, device=x.device) if mask is None else mask[:, 0].expand(b, t, s)
     if calls[0].get("causal"):  # with a cache the steps' queries are positions 0..T-1 of the keys
-        allowed = allowed & torch.ones(t, s, dtype=torch.bool, device=x.device).tril(s - t)
+        allowed = allowed & causal_mask(t, s, x.device)
     return Call(x, context, allowed, output)
 
 

@@ -1,4 +1,4 @@
-"""`attn-mt download multi30k`: the corpus as `{split}.{de,en}` files, from the hub or the original URL."""
+"""`attn-mt download multi30k`: the corpus as `{split}.{de,en}` files, from the original URL, else the hub."""
 
 from __future__ import annotations
 

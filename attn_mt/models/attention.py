@@ -23,9 +23,11 @@ def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
     return (ids != pad_id)[:, None, None, :]
 
 
-def causal_mask(t: int, device: torch.device | None = None) -> Tensor:
-    """(T, T) mask: position i may attend to positions <= i."""
-    return torch.ones(t, t, dtype=torch.bool, device=device).tril()
+def causal_mask(t: int, s: int | None = None, device: torch.device | None = None) -> Tensor:
+    """(T, S) mask, True = may attend: the T queries are the last T of the S positions (S = T without a cache,
+    more with one), and each sees the positions up to its own."""
+    s = t if s is None else s
+    return torch.ones(t, s, dtype=torch.bool, device=device).tril(s - t)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
@@ -135,7 +137,7 @@ class MultiHeadAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
             if causal:  # with a cache, the T new queries are the last T of the S positions
-                future = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+                future = causal_mask(t, s, q.device)
                 mask = future if mask is None else mask & future
             if explicit:
                 y, weights = attention(q, k, v, mask, self.attn_dropout if p else None)
