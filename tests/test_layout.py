@@ -287,6 +287,6 @@ def test_the_causal_mask_has_one_owner():
     """models.attention.causal_mask builds it; the attention module and explain's recomputation call it."""
     for path in (ROOT / "attn_mt").rglob("*.py"):
         text = path.read_text(encoding="utf-8")
-        if path.name != "attention.py" or path.parent.name != "models":
+        if path.name not in ("attention.py", "modeling_attn_mt.py"):  # the exported modeling file stands alone
             assert ".tril(" not in text, f"{path.relative_to(ROOT)} builds a causal mask of its own"
     assert "`causal_mask`" in ARCHITECTURE.read_text(encoding="utf-8")
