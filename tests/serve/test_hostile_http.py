@@ -47,11 +47,12 @@ def exchange(port: int, raw: bytes, *, wait: float = 5.0) -> bytes:
         return read_all(s, wait)
 
 
-def read_all(s: socket.socket, wait: float) -> bytes:
-    """What the server sends until it closes, `wait` passes, or 0.3 s pass quietly after its first bytes."""
+def read_all(s: socket.socket, wait: float, quiet: float | None = 0.3) -> bytes:
+    """What the server sends until it closes, `wait` passes, or `quiet` seconds pass quietly after its first
+    bytes (None: until it closes; a stream may pause longer than that on a loaded machine)."""
     out, end = b"", time.monotonic() + wait
     while time.monotonic() < end:
-        s.settimeout(0.3 if out else max(0.01, end - time.monotonic()))
+        s.settimeout(quiet if out and quiet is not None else max(0.01, end - time.monotonic()))
         try:
             data = s.recv(65536)
         except (TimeoutError, ConnectionResetError):
@@ -420,7 +421,7 @@ def stream_client(port: int, body: dict, how: str) -> bytes:
             while out.count(b"\n\n") <= want and (data := s.recv(256)):
                 out += data
             return out
-        return read_all(s, 20)
+        return read_all(s, 60, quiet=None)  # Connection: close: the server closes at the end
 
 
 def same_answer(a: dict, b: dict) -> bool:
