@@ -255,6 +255,42 @@ def batch(srcs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return pad(srcs, PAD), (lens * 1.5 + 3).long()
 
 
+# ---- waiting for another thread or process ----
+
+def wait_until(pred, timeout: float = 30.0, interval: float = 0.01, what: str = "the condition"):
+    """Poll `pred()` until it is truthy and return its value; fail after `timeout` seconds. The deadline is
+    generous (a loaded machine), the interval short (a quiet one does not wait): `wait_until(lambda: x.done)`."""
+    deadline = time.monotonic() + timeout
+    while not (value := pred()):
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(interval)
+    return value
+
+
+# ---- the serve app in-process (tests/serve) ----
+
+LOCAL = "http://localhost"  # the Host the server allows (TestClient sends "testserver" by default)
+SERVE_LIMITS = {"max_texts": 4, "max_chars": 200, "max_attention_chars": 100, "max_beam": 6}  # of `client`
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_run) -> Path:
+    """The tiny run's best checkpoint."""
+    return tiny_run / "checkpoint_best.pt"
+
+
+@pytest.fixture(scope="module")
+def client(ckpt):
+    """The serve app on `ckpt` with SERVE_LIMITS, through fastapi's TestClient (skipped without the serve extra)."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from attn_mt.serve import Limits, create_app
+
+    with TestClient(create_app(ckpt, Limits(**SERVE_LIMITS), device="cpu"), base_url=LOCAL) as c:
+        yield c
+
+
 # ---- a server on a real socket ----
 
 @contextmanager
@@ -268,10 +304,7 @@ def serving(app, header_timeout_s: float = 10.0):
     server = app.state.server = make_server(app, header_timeout_s)
     thread = app.state.thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
+    wait_until(lambda: server.started or not thread.is_alive(), what="the server to start")
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:

@@ -125,39 +125,6 @@ def test_missing_multi30k_says_how_to_get_it(command, offline, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.slow
-def test_interactive_prompt_through_a_terminal(tiny_run):
-    """In a terminal `translate` prompts with "> ", answers each line at once, and ends at Ctrl-D."""
-    import os
-    import pty
-    import select
-
-    main, child = pty.openpty()
-    proc = subprocess.Popen([ATTN_MT, "--quiet", "translate", "--checkpoint", str(tiny_run / "checkpoint_best.pt"),
-                             "--device", "cpu"], stdin=child, stdout=child, stderr=child, close_fds=True)
-    os.close(child)
-
-    def read_until(text: bytes, timeout: float = 60.0) -> bytes:
-        seen = b""
-        while text not in seen:
-            ready, _, _ = select.select([main], [], [], timeout)
-            assert ready, f"no {text!r} within {timeout} s: {seen!r}"
-            seen += os.read(main, 4096)
-        return seen
-
-    try:
-        read_until(b"> ")
-        os.write(main, b"the dog sees a cat.\n")
-        answer = read_until(b"> ").decode()
-        lines = [line for line in answer.replace("\r", "").split("\n") if line.strip()]
-        assert lines[0] == "the dog sees a cat." and len(lines) == 3 and lines[2] == "> "  # echo, translation, prompt
-        os.write(main, b"\x04")  # Ctrl-D: end of input
-        assert proc.wait(timeout=30) == 0
-    finally:
-        proc.kill()
-        os.close(main)
-
-
 def write_corpus(d: Path) -> list[str]:
     """Toy pairs as {split}.en / {split}.de files in `d`; returns the overrides that read them."""
     d.mkdir()

@@ -23,7 +23,12 @@ def test_unknown_device_is_one_line(tiny_run):
     one_line_error(result, 1, "device 'gpu' is not one of")
 
 
-def test_precision_choice():
+def test_precision_choice(monkeypatch):
+    import attn_mt.device
+
     cpu = torch.device("cpu")
     assert pick_precision("fp32", cpu) == "fp32"
-    assert pick_precision("auto", cpu) in ("bf16", "fp32")
+    assert pick_precision("auto", cpu) == ("bf16" if attn_mt.device.cpu_has_bf16() else "fp32")  # this machine
+    for native, want in ((True, "bf16"), (False, "fp32")):  # either kind of CPU
+        monkeypatch.setattr(attn_mt.device, "cpu_has_bf16", lambda native=native: native)
+        assert pick_precision("auto", cpu) == want

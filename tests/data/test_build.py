@@ -4,10 +4,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 
 from attn_mt.data.build import BIG
 
@@ -54,17 +54,15 @@ def test_killed_while_tokenizing_leaves_no_process_and_no_lock(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for sig in (signal.SIGTERM, signal.SIGKILL):
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline, workers = time.monotonic() + 120, set()
-        while len(workers) < 2 and proc.poll() is None and time.monotonic() < deadline:
-            workers = children(proc.pid)  # the tokenizing workers, forked once the tokenizer is trained
-            time.sleep(0.02)
+        # the tokenizing workers, forked once the tokenizer is trained
+        wait_until(lambda p=proc: len(children(p.pid)) >= 2 or p.poll() is not None, timeout=120, interval=0.02,
+                   what="prepare to fork its tokenizing workers")
+        workers = children(proc.pid)
         assert len(workers) >= 2, "prepare never forked its tokenizing workers"
         proc.send_signal(sig)
         assert proc.wait(timeout=30) == -sig
-        deadline = time.monotonic() + 10
-        while not all(map(gone, workers)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert all(map(gone, workers)), f"workers outlived a {sig.name}'d prepare: {workers}"
+        wait_until(lambda w=workers: all(map(gone, w)), interval=0.05,
+                   what=f"the workers of a {sig.name}'d prepare to end")
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)  # the lock is free: no wait
     assert out.returncode == 0, out.stderr
     assert f"{n} training pairs" in out.stdout and "waiting for" not in out.stderr

@@ -220,9 +220,10 @@ def test_prepare_leaves_a_build_in_progress_alone(files, tmp_path):
     key = "d" * 32
     (tmp_path / "cache" / f"{key}.tmp-1").mkdir()
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from attn_mt.data.lock import exclusive\n"
+        "import sys; from pathlib import Path; from attn_mt.data.lock import exclusive\n"
         f"with exclusive(Path({str(tmp_path / 'cache' / (key + '.lock'))!r}), 'x'):\n"
-        "    print('held', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+        "    print('held', flush=True); sys.stdin.readline()")],  # held until the test ends
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "held\n"
         listed = cli("prepare", "-c", config, "--list").stdout

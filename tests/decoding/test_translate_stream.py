@@ -67,7 +67,8 @@ def test_terminal_gets_a_prompt_and_each_line_is_translated_as_entered(tiny_run)
         for line, translation in zip(LINES, expected, strict=True):
             os.write(master, line.encode() + b"\n")
             seen = _read_until(master, b"> ").decode()  # the terminal echoes the line, then our answer
-            assert translation in seen.replace("\r\n", "\n").split("\n"), seen
+            lines = [x for x in seen.replace("\r", "").split("\n") if x.strip()]
+            assert lines == [line, *[translation] * bool(translation.strip()), "> "], seen  # and the next prompt
         os.write(master, b"\x04")  # Ctrl-D: end of input
         assert proc.wait(timeout=60) == 0
     finally:

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from attn_mt.cli import app
 from attn_mt.config import TransformerConfig
+from attn_mt.device import precisions_for
 from attn_mt.measure.bench import TorchTransformer, train_flops
 from attn_mt.models import build_model, count_params
 
@@ -29,7 +30,8 @@ def test_bench_cli_writes_every_figure(tmp_path, tiny_run):
     assert result.exit_code == 0, result.output
     r = json.loads(out.read_text())
     precisions = list(r["matmul_peak_gflops"])
-    assert precisions[0] == "fp32" and r["device"] == "cpu" and r["threads"] >= 1 and r["torch"]
+    assert precisions == precisions_for(torch.device("cpu")) and r["device"] == "cpu"
+    assert r["threads"] == torch.get_num_threads() == 1 and r["torch"] == torch.__version__  # conftest: one thread
     assert {(row["model"], row["precision"]) for row in r["train"]} == {
         (m, p) for m in ("ours", "ours_refattn", "torch") for p in precisions}
     by = {(row["model"], row["precision"]): row for row in r["train"]}

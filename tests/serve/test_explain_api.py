@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import pytest
+from conftest import LOCAL
 
 import attn_mt
 from attn_mt.analysis.explain import Explanation
@@ -15,23 +16,10 @@ pytest.importorskip("fastapi")  # the serve extra
 pytest.importorskip("httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from attn_mt.serve import Limits, create_app  # noqa: E402
+from attn_mt.serve import create_app  # noqa: E402
 from attn_mt.serve.api import ExplainResponse  # noqa: E402
 
-LOCAL = "http://localhost"
-LIMITS = Limits(max_chars=200, max_attention_chars=100, max_beam=6)
 TEXT = "the old man sees a small dog."
-
-
-@pytest.fixture(scope="module")
-def ckpt(tiny_run):
-    return tiny_run / "checkpoint_best.pt"
-
-
-@pytest.fixture(scope="module")
-def client(ckpt):
-    with TestClient(create_app(ckpt, LIMITS, device="cpu"), base_url=LOCAL) as c:
-        yield c
 
 
 def test_the_response_model_has_every_field_of_the_explanation():

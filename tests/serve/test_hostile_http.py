@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")  # the serve extra
 
-from conftest import serving  # noqa: E402
+from conftest import serving, wait_until  # noqa: E402
 
 from attn_mt.serve import Limits, create_app  # noqa: E402
 from attn_mt.serve.guards import host_name  # noqa: E402
@@ -46,11 +47,12 @@ def exchange(port: int, raw: bytes, *, wait: float = 5.0) -> bytes:
         return read_all(s, wait)
 
 
-def read_all(s: socket.socket, wait: float) -> bytes:
-    """What the server sends until it closes, `wait` passes, or 0.3 s pass quietly after its first bytes."""
+def read_all(s: socket.socket, wait: float, quiet: float | None = 0.3) -> bytes:
+    """What the server sends until it closes, `wait` passes, or `quiet` seconds pass quietly after its first
+    bytes (None: until it closes; a stream may pause longer than that on a loaded machine)."""
     out, end = b"", time.monotonic() + wait
     while time.monotonic() < end:
-        s.settimeout(0.3 if out else max(0.01, end - time.monotonic()))
+        s.settimeout(quiet if out and quiet is not None else max(0.01, end - time.monotonic()))
         try:
             data = s.recv(65536)
         except (TimeoutError, ConnectionResetError):
@@ -128,7 +130,7 @@ def test_a_refused_host_with_a_trickled_body_is_closed_at_once(server):
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(b"POST /api/translate HTTP/1.1\r\nHost: evil.example\r\nTransfer-Encoding: chunked\r\n\r\n")
         start, answer, closed = time.monotonic(), b"", False
-        while not closed and time.monotonic() - start < 4:  # a byte a 0.1 s, well past the 1 s read timeout
+        while not closed and time.monotonic() - start < 10:  # a byte a 0.1 s, well past the 1 s read timeout
             try:
                 s.sendall(b"1\r\nx\r\n")
                 s.settimeout(0.1)
@@ -139,7 +141,7 @@ def test_a_refused_host_with_a_trickled_body_is_closed_at_once(server):
             except OSError:
                 closed = True
     assert status(answer) == 400 and b"connection: close" in answer.lower()
-    assert closed and time.monotonic() - start < 2
+    assert closed and time.monotonic() - start < 6  # not the 10 s of trickling
 
 
 def test_a_refused_host_with_a_flooded_body_stops_being_read(server):
@@ -171,12 +173,8 @@ def test_answers_that_are_never_read_are_dropped_after_the_read_timeout(tiny_run
         try:
             s.connect(("127.0.0.1", int(url.rsplit(":", 1)[1])))
             s.sendall(request * 4)  # pipelined, and never read: more than the kernel's buffers hold
-            start = time.monotonic()
-            while not connections and time.monotonic() - start < 2:  # the server has taken the connection
-                time.sleep(0.01)
-            while connections and time.monotonic() - start < 15:
-                time.sleep(0.05)
-            assert not connections, "the server still holds the connection"
+            wait_until(lambda: connections, what="the server to take the connection")
+            wait_until(lambda: not connections, what="the server to let go of the connection")
         finally:
             s.close()
         assert not app.state.batcher.pending
@@ -188,9 +186,9 @@ def test_answers_that_are_never_read_are_dropped_after_the_read_timeout(tiny_run
 def test_slow_headers_and_slow_bodies_are_cut_off(server):
     app, port = server
     start = time.monotonic()
-    r = exchange(port, b"POST /api/translate HTTP/1.1\r\nHost: loc", wait=6)
-    assert r == b"" and time.monotonic() - start < 4  # closed after header_timeout_s=1
-    with socket.create_connection(("127.0.0.1", port), timeout=6) as s:  # one byte a 0.3 s: still cut off
+    r = exchange(port, b"POST /api/translate HTTP/1.1\r\nHost: loc", wait=10)
+    assert r == b"" and time.monotonic() - start < 6  # closed after header_timeout_s=1 (6x: a loaded machine)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:  # one byte a 0.3 s: still cut off
         start = time.monotonic()
         try:
             for byte in b"GET /api/info HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"y" * 30:
@@ -198,11 +196,11 @@ def test_slow_headers_and_slow_bodies_are_cut_off(server):
                 time.sleep(0.3)
         except OSError:
             pass
-        assert read_all(s, 1) == b"" and time.monotonic() - start < 5
+        assert read_all(s, 1) == b"" and time.monotonic() - start < 7  # not the 15 s the headers would take
     start = time.monotonic()
     r = exchange(port, b"POST /api/translate HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{\"te",
-                 wait=6)
-    assert status(r) == 408 and time.monotonic() - start < 4
+                 wait=10)
+    assert status(r) == 408 and time.monotonic() - start < 6
 
 
 # ---- a client that leaves mid-decode stops its decoding ----
@@ -230,10 +228,10 @@ def test_a_client_leaving_mid_decode_stops_the_decoder(server):
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.sendall(b"POST /api/translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            while len(steps) < 2:
-                time.sleep(0.01)
+            wait_until(lambda: len(steps) >= 2, what="the decoding to start")
         left = time.monotonic()
-        time.sleep(0.6)
+        batcher = app.state.batcher
+        wait_until(lambda: not batcher.pending and not getattr(batcher, "_live", None), what="the decoding to stop")
         assert len([t for t in steps if t > left]) <= 3 < full - 2, (len(steps), full)
     finally:
         engine.interrupt = check
@@ -292,15 +290,15 @@ def cli_server(tiny_run):
                              "--max-texts", "4", "--max-chars", "200", "--read-timeout", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        for _ in range(600):
-            try:
-                if status(exchange(port, b"GET /api/info HTTP/1.1\r\nHost: localhost\r\n\r\n", wait=1)) == 200:
-                    break
-            except OSError:
-                pass
+    def ready() -> bool:
+        try:
+            return status(exchange(port, b"GET /api/info HTTP/1.1\r\nHost: localhost\r\n\r\n", wait=1)) == 200
+        except OSError:
             assert proc.poll() is None, proc.stdout.read().decode()
-            time.sleep(0.1)
+            return False
+
+    try:
+        wait_until(ready, timeout=60, interval=0.1, what="`attn-mt serve` to answer")
         yield proc, port
     finally:
         proc.send_signal(signal.SIGINT)
@@ -314,7 +312,7 @@ def proc_rss_mb(proc) -> float:
 def deliver(port: int, raw: bytes, pace: str, pid: int) -> int | None:
     """Send `raw` at `pace`; the status of the answer (None: closed without one). "trickled": then a byte
     a 0.1 s, "flooded": then 64 KB blocks, "unread": and never read the answer; in each case the server
-    must let go of the connection within a few seconds (read timeout 1 s), not read or hold it for ever."""
+    must let go of the connection within 10 s (read timeout 1 s), not read or hold it for ever."""
     if pace == "at once":
         return status(exchange(port, raw, wait=3))
     fds, start, answer = open_fds(pid), time.monotonic(), b""
@@ -330,12 +328,11 @@ def deliver(port: int, raw: bytes, pace: str, pid: int) -> int | None:
                 for _ in range(512):  # 32 MB, unless the server closes first
                     s.sendall(block)
                 raise AssertionError("the server read a 32 MB flood after the request")
-            while time.monotonic() - start < 5:
-                if pace == "unread":
-                    if open_fds(pid) <= fds:
-                        return status(answer)  # closed: nothing more to wait for
-                    time.sleep(0.1)
-                    continue
+            if pace == "unread":
+                wait_until(lambda: open_fds(pid) <= fds, timeout=10, interval=0.1,
+                           what="the server to let go of an unread connection")
+                return status(answer)  # closed: nothing more to wait for
+            while time.monotonic() - start < 10:
                 s.sendall(byte)
                 try:
                     data = s.recv(65536)
@@ -344,7 +341,7 @@ def deliver(port: int, raw: bytes, pace: str, pid: int) -> int | None:
                 if not data:
                     return status(answer)
                 answer += data
-            raise AssertionError(f"the server held a {pace} connection for 5 s")
+            raise AssertionError(f"the server held a {pace} connection for 10 s")
         except OSError:  # reset, or the flood refused
             return status(answer)
 
@@ -371,21 +368,24 @@ def test_ctrl_c_ends_the_server_within_seconds_with_a_full_queue(tiny_run):
     limits = Limits(max_queue=40)
     app = create_app(tiny_run / "checkpoint_best.pt", limits, device="cpu")
     batcher, engine = app.state.batcher, app.state.engine
-    engine.interrupt = lambda: time.sleep(0.05)  # a slow model: each job takes seconds
+    decoding = threading.Event()
+    engine.interrupt = lambda: decoding.set() or time.sleep(0.05)  # a slow model: each job takes seconds
     with serving(app) as url:
         server = app.state.server
         texts = ["the old man sees a small dog and the big cat"] * 2
         futures = [batcher.submit(*engine.job(engine.decode_config(1), texts)) for _ in range(39)]
-        time.sleep(0.3)
+        assert decoding.wait(30)  # the worker is decoding the first job
         start = time.monotonic()
         server.handle_exit(signal.SIGINT, None)  # what Ctrl-C does
         server_thread = app.state.thread
-        server_thread.join(10)
+        server_thread.join(30)
         took = time.monotonic() - start
-        assert not server_thread.is_alive() and took < 4, took
-        assert sum(f.exception(1) is not None for f in futures) >= 35  # answered 503, never decoded
+        assert not server_thread.is_alive() and took < 10, took  # not the 39 jobs' minutes
+        # every job fails: those decoding stop at their next step (a second's decoding from its end), the rest
+        # are answered 503, never decoded
+        assert [f for f in futures if f.exception(1) is None] == []
         assert "shutting down" in str(futures[-1].exception(1))
-        assert url
+        assert url.startswith("http://127.0.0.1:")
 
 
 # ---- streams: clients that leave mid-stream, never read, or mix settings ----
@@ -421,7 +421,7 @@ def stream_client(port: int, body: dict, how: str) -> bytes:
             while out.count(b"\n\n") <= want and (data := s.recv(256)):
                 out += data
             return out
-        return read_all(s, 20)
+        return read_all(s, 60, quiet=None)  # Connection: close: the server closes at the end
 
 
 def same_answer(a: dict, b: dict) -> bool:
@@ -459,13 +459,11 @@ def test_streams_left_unread_or_mixed_never_hold_the_queue(cli_server, clients):
             assert same_answer(json.loads(events[-1][1]), plain)
         else:
             assert same_answer(json.loads(payload), plain)
-    for _ in range(100):
-        info = json.loads(exchange(port, b"GET /api/info HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-                                   ).split(b"\r\n\r\n", 1)[1])
-        if info["served"]["waiting"] == 0:
-            break
-        time.sleep(0.1)
-    assert info["served"]["waiting"] == 0
+    def waiting() -> int:
+        return json.loads(exchange(port, b"GET /api/info HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+                                   ).split(b"\r\n\r\n", 1)[1])["served"]["waiting"]
+
+    wait_until(lambda: waiting() == 0, interval=0.1, what="the queue to empty")
     assert status(post(port, b'{"texts": ["a dog"]}')) == 200 and proc_rss_mb(proc) - before < 30
 
 
@@ -475,5 +473,5 @@ def test_ctrl_c_of_the_command_ends_it_at_once(cli_server):
     proc, port = cli_server
     proc.send_signal(signal.SIGINT)
     start = time.monotonic()
-    assert proc.wait(5) == 130 and time.monotonic() - start < 5
+    assert proc.wait(30) == 130 and time.monotonic() - start < 10  # not the 30 s wait
     assert "serve: http://127.0.0.1" in proc.stdout.read().decode()

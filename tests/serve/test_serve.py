@@ -6,11 +6,10 @@ import json
 import re
 import socket
 import threading
-import time
 from dataclasses import replace
 
 import pytest
-from conftest import TINY, serving
+from conftest import LOCAL, SERVE_LIMITS, TINY, serving, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -28,20 +27,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 from attn_mt.serve import Limits, create_app  # noqa: E402
 from attn_mt.serve.batcher import Batcher, QueueFull  # noqa: E402
 
-LOCAL = "http://localhost"  # the Host the server allows (TestClient sends "testserver" by default)
-LIMITS = Limits(max_texts=4, max_chars=200, max_attention_chars=100, max_beam=6)
+LIMITS = Limits(**SERVE_LIMITS)  # those of conftest's `client`
 SENTENCES = ["the old man sees a small dog.", "", "yesterday the big cat runs.", "a dog"]
-
-
-@pytest.fixture(scope="module")
-def ckpt(tiny_run):
-    return tiny_run / "checkpoint_best.pt"
-
-
-@pytest.fixture(scope="module")
-def client(ckpt):
-    with TestClient(create_app(ckpt, LIMITS, device="cpu"), base_url=LOCAL) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
@@ -260,63 +247,66 @@ def test_custom_limits(ckpt):
 # ---- dynamic batching ----
 
 def test_batcher_puts_waiting_requests_into_one_batch():
-    gate, calls = threading.Event(), []
+    gate, busy, calls = threading.Event(), threading.Event(), []
 
     def run_batch(key, items):
         calls.append((key, list(items)))
-        gate.wait(5)
+        busy.set()
+        gate.wait(30)
         return [x * 2 for x in items]
 
     b = Batcher(run_batch, lambda item: item, max_batch=64, max_wait_s=0.0)
     first = b.submit("k", [0])  # occupies the worker until the gate opens
-    time.sleep(0.1)
+    assert busy.wait(30)  # the worker holds it: what follows waits together
     futures = [b.submit("k", [i, i + 100]) for i in range(1, 9)] + [b.submit("other", [7])]
     gate.set()
-    assert first.result(5) == [0]
-    assert [f.result(5) for f in futures[:8]] == [[2 * i, 2 * (i + 100)] for i in range(1, 9)]
-    assert futures[8].result(5) == [14]
+    assert first.result(30) == [0]
+    assert [f.result(30) for f in futures[:8]] == [[2 * i, 2 * (i + 100)] for i in range(1, 9)]
+    assert futures[8].result(30) == [14]
     assert [len(items) for _, items in calls] == [1, 16, 1]  # 8 requests decoded in one call
     b.close()
 
 
 def test_batcher_skips_cancelled_jobs_and_survives_errors():
-    gate, seen = threading.Event(), []
+    gate, busy, seen = threading.Event(), threading.Event(), []
 
     def run_batch(key, items):
         seen.extend(items)
-        gate.wait(5)
+        busy.set()
+        gate.wait(30)
         if "boom" in items:
             raise RuntimeError("model failed")
         return items
 
     b = Batcher(run_batch, lambda item: item, max_wait_s=0.0)
     first = b.submit("a", ["first"])
-    time.sleep(0.1)
+    assert busy.wait(30)
     assert b.submit("b", ["gone"]).cancel()  # the client left while it waited
     gate.set()
-    assert first.result(5) == ["first"]
+    assert first.result(30) == ["first"]
     with pytest.raises(RuntimeError):
-        b.submit("c", ["boom"]).result(5)
-    assert b.submit("d", ["after"]).result(5) == ["after"]
+        b.submit("c", ["boom"]).result(30)
+    assert b.submit("d", ["after"]).result(30) == ["after"]
     assert "gone" not in seen
     b.close()
 
 
 def test_batcher_takes_from_every_waiting_request_in_turn():
-    gate, calls = threading.Event(), []
+    gate, busy, calls = threading.Event(), threading.Event(), []
 
     def run_batch(key, items):
         calls.append(list(items))
-        gate.wait(5)
+        busy.set()
+        gate.wait(30)
         return items
 
     b = Batcher(run_batch, lambda item: item, max_batch=4, max_batch_work=25, max_wait_s=0.0)
     b.submit("k", ["hold"])
-    time.sleep(0.1)
+    assert busy.wait(30)
     huge = b.submit("k", [f"h{i}" for i in range(40)], costs=[10] * 40)  # one client's huge request
     small = b.submit("k", ["small"], costs=[3])  # then a one-sentence request
     gate.set()
-    assert small.result(5) == ["small"] and huge.result(5) == [f"h{i}" for i in range(40)]
+    assert small.result(30) == ["small"] and huge.result(30) == [f"h{i}" for i in range(40)]
     before = next(i for i, call in enumerate(calls) if "small" in call)
     assert sum(len(c) for c in calls[1:before]) == 0 and len(calls[before]) <= 4  # it waited for no huge call
     assert all(sum(3 if x == "small" else 10 for x in c) <= 25 for c in calls[1:])  # calls bounded by work
@@ -327,28 +317,29 @@ def test_batcher_is_fair_across_settings_and_attention_jobs():
     """The issue's case: 20 requests of 64 sentences, each with its own settings, and 10 attention jobs
     wait; then a one-sentence request. It waits for one call of each group, each within max_batch_work,
     and the attention jobs take one call between them."""
-    gate, calls = threading.Event(), []
+    gate, busy, calls = threading.Event(), threading.Event(), []
 
     def run_batch(key, items):
         calls.append((key, list(items)))
-        gate.wait(5)
+        busy.set()
+        gate.wait(30)
         return items
 
     def run_one(item):
         calls.append((None, [item]))
-        gate.wait(5)
+        gate.wait(30)
         return item
 
     b = Batcher(run_batch, run_one, max_batch=64, max_batch_work=4096, max_wait_s=0.0)
     b.submit("hold", ["hold"])
-    time.sleep(0.1)
+    assert busy.wait(30)
     for i in range(20):  # 20 alphas: each its own group; a sentence of 15 subwords at beam 16 is 240 units
         b.submit(("alpha", i), [f"s{i}.{k}" for k in range(64)], costs=[240] * 64)
     for i in range(10):
         b.submit(None, [f"map{i}"], costs=[8000])
     small = b.submit("default", ["small"], costs=[20])
     gate.set()
-    assert small.result(10) == ["small"]
+    assert small.result(30) == ["small"]
     before = calls[1 : next(i for i, (_, items) in enumerate(calls) if items == ["small"])]
     keys = [key for key, _ in before]
     assert len(keys) == len(set(keys)) == 21  # one call of each group ahead; the attention jobs: one
@@ -359,27 +350,28 @@ def test_batcher_is_fair_across_settings_and_attention_jobs():
 def test_a_held_answer_keeps_its_place_in_the_queue_until_released():
     b = Batcher(lambda key, items: items, lambda item: item, max_queue=1, max_wait_s=0.0)
     answered = b.submit("k", ["a"], hold=True)  # the app holds it until the client has taken the answer
-    assert answered.result(5) == ["a"]
+    assert answered.result(30) == ["a"]
     with pytest.raises(QueueFull):
         b.submit("k", ["b"])
     b.release(answered)
-    assert b.submit("k", ["b"]).result(5) == ["b"] and not b.pending  # not held: freed when answered
+    assert b.submit("k", ["b"]).result(30) == ["b"] and not b.pending  # not held: freed when answered
     b.close()
 
 
 def test_batcher_queue_is_bounded_and_stop_fails_the_waiting():
-    gate = threading.Event()
-    b = Batcher(lambda key, items: gate.wait(5) and items, lambda item: item, max_queue=2, max_wait_s=0.0)
+    gate, busy = threading.Event(), threading.Event()
+    b = Batcher(lambda key, items: busy.set() or gate.wait(30) and items, lambda item: item, max_queue=2,
+                max_wait_s=0.0)
     first = b.submit("k", ["running"])
-    time.sleep(0.1)
+    assert busy.wait(30)  # taken by the worker: the next one waits
     waiting = b.submit("k", ["waiting"])
     with pytest.raises(QueueFull):
         b.submit("k", ["one too many"])
     b.stop()
     gate.set()
-    first.result(5)
+    first.result(30)
     with pytest.raises(Exception, match="shutting down"):
-        waiting.result(5)
+        waiting.result(30)
     b.close()
 
 
@@ -389,12 +381,12 @@ def test_a_full_queue_is_answered_503_with_retry_after(ckpt):
     app.state.batcher.run_one = lambda item: holding.set() or gate.wait(10)
     with TestClient(app, base_url=LOCAL) as c:
         held = app.state.batcher.submit(None, ["hold"])
-        assert holding.wait(5)
+        assert holding.wait(30)
         app.state.batcher.submit("k", ["fills the queue"])
         r = c.post("/api/translate", json={"texts": ["a dog"]})
         assert r.status_code == 503 and r.headers["retry-after"] == "1" and r.json()["field"] == "queue"
         gate.set()
-        held.result(5)
+        held.result(30)
 
 
 def test_work_per_request_is_bounded_and_named(ckpt):
@@ -448,19 +440,16 @@ def test_a_client_that_disconnects_costs_nothing(ckpt):
     batcher.open_batch = recording
     with serving(app) as url:
         held = batcher.submit(None, ["hold"])
-        assert holding.wait(5)
+        assert holding.wait(30)
         port = int(url.rsplit(":", 1)[1])
         body = json.dumps({"texts": ["left early"]}).encode()
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.sendall(b"POST /api/translate HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            for _ in range(100):  # until its job waits in the queue
-                if batcher.waiting:
-                    break
-                time.sleep(0.02)
-        time.sleep(0.3)  # the server sees the disconnect and cancels the job
+            job = wait_until(lambda: batcher.waiting and batcher.waiting[0], what="the job to wait in the queue")
+        wait_until(job.future.cancelled, what="the server to see the disconnect and cancel the job")
         gate.set()
-        held.result(5)
+        held.result(30)
         r = httpx.post(f"{url}/api/translate", json={"texts": ["still here"]}, timeout=30)
         assert r.status_code == 200
     assert "left early" not in decoded and "still here" in decoded
@@ -529,7 +518,7 @@ def test_requests_that_differ_in_alpha_or_nbest_share_the_running_batch(ckpt):
     text = SENTENCES[0]
     jobs = [batcher.submit(*engine.job(engine.decode_config(*s), [text])) for s in settings]
     gate.set()
-    held.result(10)
+    held.result(30)
     results = [job.result(30)[0] for job in jobs]
     assert len(keys) == 2 and {k.beam_size for k in keys} == {1, 3}
     for s, result in zip(settings, results, strict=True):  # each as it is decoded alone

@@ -9,7 +9,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from conftest import serving
+from conftest import serving, wait_until
 
 pytest.importorskip("fastapi")  # the serve extra
 httpx = pytest.importorskip("httpx")
@@ -76,11 +76,7 @@ def test_a_client_that_leaves_a_stream_frees_its_place_and_rows(server):
     with httpx.stream("POST", f"{url}/api/translate", json={"texts": [TEXT] * 4, "beam": 1, "stream": True},
                       timeout=30) as r:
         next(r.iter_lines())  # the first event: decoding has begun
-    for _ in range(100):
-        if not batcher.pending and not batcher._live:
-            break
-        time.sleep(0.02)
-    assert not batcher.pending and not batcher._live
+    wait_until(lambda: not batcher.pending and not batcher._live, what="the job to leave")
     assert httpx.post(f"{url}/api/translate", json={"texts": ["a dog"]}, timeout=30).status_code == 200
 
 
@@ -108,19 +104,23 @@ def test_a_model_error_mid_stream_is_answered_as_a_plain_request_is(tiny_run, ca
     assert "secret" not in json.dumps(got) and "secret" in caplog.text
 
 
-def _endless(app, delay_s: float = 0.01) -> None:
-    """The served model never predicts eos (every sentence runs to its length limit), a little slowly."""
+def _endless(app, delay_s: float = 0.01) -> list[float]:
+    """The served model never predicts eos (every sentence runs to its length limit), a little slowly; returns
+    [the delay of a step], which a test raises once its client leaves: the server's few steps to see the
+    disconnect are then long ones, whatever the machine's load."""
     engine = app.state.engine
     model, eos = engine.translator.model, engine.tok.eos_id
     checked = model.decode
+    delay = [delay_s]
 
     def decode(*args, **kwargs):
-        time.sleep(delay_s)
+        time.sleep(delay[0])
         logits = checked(*args, **kwargs)
         logits[..., eos] = -float("inf")
         return logits
 
     model.decode = decode
+    return delay
 
 
 def test_a_client_that_leaves_a_stream_stops_its_decoding_under_asgi_spec_2_4(tiny_run):
@@ -130,7 +130,7 @@ def test_a_client_that_leaves_a_stream_stops_its_decoding_under_asgi_spec_2_4(ti
     import asyncio
 
     app = create_app(tiny_run / "checkpoint_best.pt", Limits(max_queue=64), device="cpu")
-    _endless(app)
+    delay = _endless(app)
     batcher = app.state.batcher
     body = json.dumps({"texts": [TEXT], "beam": 1, "stream": True}).encode()
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
@@ -156,17 +156,15 @@ def test_a_client_that_leaves_a_stream_stops_its_decoding_under_asgi_spec_2_4(ti
             sent.append(message.get("body", b""))
             if message["type"] == "http.response.body" and b"event: token" in message["body"]:
                 left_at.append(batcher.steps)
+                delay[0] = 0.05
                 left.set()  # the client leaves after its first token
 
         await asyncio.wait_for(app(scope, receive, send), 30)
         return sent
 
     asyncio.run(client())
-    for _ in range(200):
-        if not batcher.pending and not batcher._live:
-            break
-        time.sleep(0.01)
-    assert left_at and not batcher.pending and not batcher._live
+    wait_until(lambda: not batcher.pending and not batcher._live, what="the decoding to stop")
+    assert left_at
     assert batcher.steps - left_at[0] <= 4, (left_at, batcher.steps)  # the limit is dozens of steps away
     batcher.close()
 
@@ -175,18 +173,14 @@ def test_a_client_that_leaves_a_long_stream_stops_its_decoding_on_a_real_server(
     """The same over a socket, with whichever uvicorn is installed (run it with the oldest pyproject allows:
     docs/reliability.md says how)."""
     app = create_app(tiny_run / "checkpoint_best.pt", Limits(max_queue=64), device="cpu")
-    _endless(app)
+    delay = _endless(app)
     batcher = app.state.batcher
     with serving(app) as url:
         with httpx.stream("POST", f"{url}/api/translate", json={"texts": [TEXT], "beam": 1, "stream": True},
                           timeout=30) as r:
             next(line for line in r.iter_lines() if line.startswith("data:"))
-            left_at = batcher.steps
-        for _ in range(300):
-            if not batcher.pending and not batcher._live:
-                break
-            time.sleep(0.01)
-        assert not batcher.pending and not batcher._live
+            left_at, delay[0] = batcher.steps, 0.05
+        wait_until(lambda: not batcher.pending and not batcher._live, what="the decoding to stop")
         assert batcher.steps - left_at <= 4, (left_at, batcher.steps)
     from attn_mt.serve.server import QUIET, Aggregate
 

@@ -98,15 +98,25 @@ def test_measure_times_each_shape_on_the_corpus_within_its_share(tiny_cfg):
     ladder = (Shape("a", 32, 2, 1, 64, 600), Shape("b", 16, 2, 1, 32, 300))
     import torch
 
+    from attn_mt.models import build_model, count_params
+
     out = autosize.measure(cfg, corpus, torch.device("cpu"), "fp32", ladder)
     assert [m.shape for m in out] == list(ladder)
-    assert all(m.tokens_per_s > 0 and m.eval_s > 0 and m.params > 0 for m in out)
+    shaped = [autosize.apply(cfg, s, cfg.train.warmup_steps).model for s in ladder]
+    assert [m.params for m in out] == [count_params(build_model(c, **corpus.tok.sizes())) for c in shaped]
+    train = corpus.lengths(cfg.data.splits.train)
+    assert [m.steps_per_epoch for m in out] == [len(autosize.token_batches(*train, s.batch_tokens, cfg.train.seed, 0))
+                                                for s in ladder]
     assert out[1].steps_per_epoch > out[0].steps_per_epoch  # half the tokens per batch: more batches
+    valid_tokens = sum(corpus.lengths(cfg.data.splits.valid)[1])  # eval_s: the translation's time and the loss's
+    assert all(m.tokens_per_s > 0 and m.eval_s > valid_tokens / (3 * m.tokens_per_s) for m in out)
 
 
 def test_measure_times_each_batch_after_its_first_sight(tiny_cfg, monkeypatch):
-    """bf16 kernels are slow the first time they meet a shape: that first pass is not what a long run trains at."""
+    """bf16 kernels are slow the first time they meet a shape: that first pass is not what a long run trains at.
+    A first sight here costs 100 s on the clock autosize reads (no real wait)."""
     import time
+    from types import SimpleNamespace
 
     import torch
 
@@ -115,21 +125,22 @@ def test_measure_times_each_batch_after_its_first_sight(tiny_cfg, monkeypatch):
 
     cfg = tiny_cfg("model.size=auto", "train.max_minutes=10")
     corpus = load_corpus(cfg, cfg.model.max_positions)
-    seen, real = set(), TrainStep.backward
+    seen, real, late = set(), TrainStep.backward, [0.0]
 
     def slow_at_first_sight(self, batches, n_tokens):
         key = id(batches[0])
         if key not in seen:
             seen.add(key)
-            time.sleep(0.5)
+            late[0] += 100.0
         return real(self, batches, n_tokens)
 
     monkeypatch.setattr(TrainStep, "backward", slow_at_first_sight)
+    monkeypatch.setattr(autosize, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + late[0]))
     (m,) = autosize.measure(cfg, corpus, torch.device("cpu"), "fp32", (Shape("a", 32, 2, 1, 64, 600),), steps=3)
     assert len(seen) == 3  # three batches, each met once untimed
     tokens = sum(b.n_tokens for b in corpus.batches(cfg.data.splits.train, autosize.token_batches(
         *corpus.lengths(cfg.data.splits.train), 600, cfg.train.seed, 0)[:3]))
-    assert m.tokens_per_s > tokens / 0.5  # the timed pass took less than one first sight
+    assert m.tokens_per_s > tokens / 100  # the timed pass took less than one first sight
 
 
 TINY_LADDER = (Shape("t32", 32, 2, 1, 64, 600), Shape("t16", 16, 2, 1, 32, 300))

@@ -6,11 +6,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import write_config
+from conftest import wait_until, write_config
 
 from attn_mt.config import load_config
 from attn_mt.data.cache import prepare
@@ -67,10 +66,9 @@ def test_a_crashed_rank_ends_the_job(tmp_path):
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
                            start_new_session=True)
     try:
-        deadline = time.time() + 120
-        while not (run_dir / "checkpoint_last.pt").exists():  # training is under way
-            assert time.time() < deadline and job.poll() is None, "training did not start"
-            time.sleep(0.5)
+        wait_until(lambda: (run_dir / "checkpoint_last.pt").exists() or job.poll() is not None, timeout=120,
+                   interval=0.1, what="training to start")
+        assert job.poll() is None, "training ended before a checkpoint"
         rank1 = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_rank(p, job.pid, "1")]
         assert rank1, "rank 1 not found"
         os.kill(int(rank1[0].name), signal.SIGKILL)

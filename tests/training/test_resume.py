@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHORT, TINY, cli, one_line_error, snapshot, write_config
+from conftest import SHORT, TINY, cli, one_line_error, snapshot, wait_until, write_config
 from torch import nn
 from typer.testing import CliRunner
 
@@ -177,10 +177,9 @@ def test_ctrl_c_saves_and_resume_continues(tmp_path):
     proc = subprocess.Popen([ATTN_MT, "--quiet", "train", "-c", str(cfg), "--out", str(run), *sets],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not (run / "checkpoint_last.pt").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
-            time.sleep(0.02)
+        wait_until(lambda: (run / "checkpoint_last.pt").exists() or proc.poll() is not None, timeout=120,
+                   what="a checkpoint")
+        assert proc.poll() is None, proc.communicate()[1]
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -218,9 +217,8 @@ def test_sigkill_while_saving_never_leaves_a_broken_checkpoint(tmp_path):
                                      "step": step}, path)
             finally:
                 os._exit(0)
-        while not path.exists():
-            time.sleep(0.001)
-        time.sleep(rng.uniform(0, 0.05))
+        wait_until(path.exists, timeout=60, interval=0.001, what="the first save")
+        time.sleep(rng.uniform(0, 0.05))  # a random moment: what the test is about
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         mid_save += any(tmp_path.glob(".checkpoint_last.pt.*.tmp"))
