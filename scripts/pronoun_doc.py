@@ -139,9 +139,12 @@ def section(run: RunDir, report, tired, wide, best: dict, compare: dict | None, 
             f"`attn-mt compare-rnn` on this data ({compare['budget_minutes']} min of training each, the same "
             "batches): the share of contrastive items each model gets right, by the number of words between the "
             "antecedent and the pronoun. Attention links the two in one step wherever they are; the RNN carries "
-            "the antecedent through every word in between.",
+            "the antecedent through every word in between. (At this budget neither model has the steps that "
+            "configs/pronoun.yaml trains.)",
             "",
-            "| model | steps | all | " + " | ".join(f"{b} words" for b in bins) + " |",
+            "| model | steps | all | " + " | ".join(
+                f"{b} words ({n} items)" if (n := m["transformer"]["contrastive"]["by_distance"][b].get("items"))
+                else f"{b} words" for b in bins) + " |",
             "|---|---:|---:|" + "---:|" * len(bins),
             *(f"| {k} | {v['steps']} | {v['contrastive']['accuracy']:.1%} | "
               + " | ".join(f"{v['contrastive']['by_distance'].get(b, {}).get('accuracy', 0):.1%}" for b in bins)
