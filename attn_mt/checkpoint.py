@@ -189,8 +189,8 @@ def load_model(path: Path | str, device: torch.device | str = "cpu",
 
 # settings that may change within one run (on --resume): the budget, how often to report and save, where
 # the data lives, and decoding; any other change alters the data order or the optimisation
-RESUMABLE = {"name", "data.dir", "data.name", "train.max_steps", "train.max_minutes", "train.max_epochs",
-             "train.patience", "train.eval_every", "train.bleu_sentences", "train.checkpoint_every",
+RESUMABLE = {"name", "data.dir", "data.name", "train.max_steps", "train.max_tokens", "train.max_minutes",
+             "train.max_epochs", "train.patience", "train.eval_every", "train.bleu_sentences", "train.checkpoint_every",
              "train.keep_last", "train.max_bad_steps", "train.log_every", "train.threads", "train.device",
              "train.compile", "train.tensorboard"}
 

@@ -118,8 +118,8 @@ def recompute(attn: MultiHeadAttention, call: Call, row: int, query: int) -> Rec
     h, dh = attn.n_heads, attn.d_head
     (wq, bq), (wk, bk), (wv, bv) = projections(attn)
     x, context = call.x[row, query], call.context[row]  # (D,), (S, D)
-    q = (wq @ x + bq).view(h, dh)  # (H, Dh)
-    k = (context @ wk.T + bk).view(-1, h, dh).transpose(0, 1)  # (H, S, Dh)
+    q = attn.q_norm((wq @ x + bq).view(h, dh))  # (H, Dh); q_norm, k_norm: identity unless model.qk_norm
+    k = attn.k_norm((context @ wk.T + bk).view(-1, h, dh).transpose(0, 1))  # (H, S, Dh)
     v = (context @ wv.T + bv).view(-1, h, dh).transpose(0, 1)  # (H, S, Dh)
     scores = (k @ q[:, :, None]).squeeze(-1)  # (H, S)
     scaled = scores / math.sqrt(dh)

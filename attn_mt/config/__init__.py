@@ -25,7 +25,7 @@ MOST: dict[str, dict[str, float]] = {
     "model": {"d_model": 16_384, "n_heads": 1024, "n_layers": 256, "d_ff": 131_072, "max_positions": 1_000_000,
               "d_embed": 16_384, "d_hidden": 16_384, "d_attn": 16_384},
     "train": {"lr": 10.0, "warmup_steps": 1e9, "weight_decay": 10.0, "batch_tokens": 10_000_000,
-              "accum_steps": 100_000, "clip_norm": 1e6, "max_epochs": 1_000_000, "max_steps": 1e12,
+              "accum_steps": 100_000, "clip_norm": 1e6, "max_epochs": 1_000_000, "max_steps": 1e12, "max_tokens": 1e15,
               "max_minutes": 1e7, "eval_every": 1e12, "bleu_sentences": 10_000_000, "patience": 1e6,
               "checkpoint_every": 1e12, "keep_last": 1000, "max_bad_steps": 1e6, "log_every": 1e12,
               "threads": 4096, "seed": 2**32 - 1},
@@ -128,8 +128,11 @@ class TransformerConfig:
     size: Literal["fixed", "auto"] = "fixed"  # auto: with train.max_minutes (else ignored), the run times a
     #     ladder of shapes on this machine and trains the one the budget trains best (d_model, n_heads, n_layers,
     #     d_ff, train.batch_tokens and warmup_steps are then chosen; attn_mt/training/autosize.py)
+    activation: Literal["relu", "swish", "gelu", "relu2"] = "relu"  # of the feed-forward layers (swish = SiLU,
+    #     relu2 = relu(x)^2); MarianMT models use swish
+    qk_norm: bool = False  # RMS-normalise each head's queries and keys before q . k (QK-norm)
+    norm: Literal["layer", "rms"] = "layer"  # LayerNorm or RMSNorm around the sublayers
     # what MarianMT (opus-mt) models need (export/marian.py sets them; the defaults are our own models):
-    activation: Literal["relu", "swish"] = "relu"  # of the feed-forward layers (swish = SiLU)
     positions: Literal["interleaved", "halves"] = "interleaved"  # the sinusoid table: sin and cos alternating
     #     dimensions (ours), or sin in the first half and cos in the second (Marian's)
     output_bias: bool = False  # a fixed bias added to the logits (Marian's final_logits_bias), not trained
@@ -190,12 +193,19 @@ ModelConfig = TransformerConfig | RNNConfig
 class TrainConfig:
     lr: float = 1e-3  # peak learning rate, reached at the end of warmup
     warmup_steps: int = 1000
-    schedule: Literal["inverse_sqrt", "linear"] = "inverse_sqrt"  # after warmup: lr * sqrt(warmup / step),
-    #     or linear decay to 0 at the end of the budget (max_steps, max_minutes or max_epochs, the first to end)
+    schedule: Literal["inverse_sqrt", "linear", "wsd"] = "inverse_sqrt"  # after warmup: lr * sqrt(warmup / step);
+    #     linear decay to 0 at the end of the budget (max_steps, max_tokens, max_minutes or max_epochs, the first to
+    #     end); or wsd (warmup-stable-decay): the peak rate, then linear decay to 0 over the last decay_fraction
+    decay_fraction: float = 0.3  # wsd: the share of the budget over which the rate decays to 0
     warmup_fraction: float = 0.1  # linear: warmup ends after warmup_steps or this fraction of the budget,
     #     whichever comes first, so a short budget still gets a whole schedule; 0: warmup_steps alone
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.98)
+    optimizer: Literal["adamw", "muon"] = "adamw"  # muon: the 2-D weights of the layers are updated with Muon
+    #     (momentum orthogonalised by Newton-Schulz, attn_mt/training/muon.py), the rest (embeddings, norms,
+    #     biases) with AdamW; both at the scheduled rate
+    muon_momentum: float = 0.95
+    muon_ns_steps: int = 5  # Newton-Schulz iterations per step (their cost is per step, not per token)
     label_smoothing: float = 0.1
     batch_tokens: int = 4096  # target tokens per optimizer step (before accumulation)
     accum_steps: int = 1
@@ -204,6 +214,7 @@ class TrainConfig:
     #                         steps; attn_mt/training/ema.py); 0: the trained weights themselves
     max_epochs: int = 20
     max_steps: int = 0  # 0: no limit
+    max_tokens: int = 0  # target tokens to train on (the run stops after the step that reaches it); 0: no limit
     max_minutes: float = 0.0  # wall-clock budget; 0: no limit
     seed: int = 1
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
@@ -232,13 +243,19 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)}: must be > 0")
-        nonneg = ("warmup_steps", "weight_decay", "clip_norm", "max_steps", "max_minutes",
+        nonneg = ("warmup_steps", "weight_decay", "clip_norm", "max_steps", "max_tokens", "max_minutes",
                   "eval_every", "patience", "checkpoint_every", "keep_last", "threads", "seed")
         for key in nonneg:
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)}: must be >= 0")
         if not 0.0 <= self.warmup_fraction <= 1.0:
             raise ConfigError(f"train.warmup_fraction={self.warmup_fraction}: must be in [0, 1]")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ConfigError(f"train.decay_fraction={self.decay_fraction}: must be in (0, 1]")
+        if not 0.0 <= self.muon_momentum < 1.0:
+            raise ConfigError(f"train.muon_momentum={self.muon_momentum}: must be in [0, 1)")
+        if not 1 <= self.muon_ns_steps <= 20:
+            raise ConfigError(f"train.muon_ns_steps={self.muon_ns_steps}: must be in [1, 20]")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"train.ema_decay={self.ema_decay}: must be in [0, 1)")
         if not 0.0 <= self.label_smoothing < 1.0:

@@ -13,6 +13,23 @@ class ExportError(CheckpointError):
     """A checkpoint that cannot be exported, or an export that cannot be read; one line says why."""
 
 
+# the speedrun's layer options (docs/speedrun.md) that neither export format holds: (field, its standard value)
+NOT_EXPORTED = (("qk_norm", False), ("norm", "layer"))
+NEW_ACTIVATIONS = ("gelu", "relu2")
+
+
+def check_exportable(cfg: ExperimentConfig, checkpoint: Path, target: str) -> None:
+    """One line naming the first model setting `target` cannot hold (docs/export.md), if any."""
+    m = cfg.model
+    for key, standard in NOT_EXPORTED:
+        if getattr(m, key) != standard:
+            raise ExportError(f"{checkpoint}: model.{key}={getattr(m, key)} cannot be exported to {target} "
+                              f"(only model.{key}={standard}; docs/export.md)")
+    if m.activation in NEW_ACTIVATIONS:
+        raise ExportError(f"{checkpoint}: model.activation={m.activation} cannot be exported to {target} "
+                          "(relu or swish only; docs/export.md)")
+
+
 def read_transformer(checkpoint: Path, target: str) -> tuple[dict, ExperimentConfig, Tokenizer]:
     """The state, config and tokenizer of a Transformer checkpoint to export to `target`, its tokenizer
     and weights checked first, so that a damaged or an RNN checkpoint ends in one line naming the file."""
@@ -24,6 +41,7 @@ def read_transformer(checkpoint: Path, target: str) -> tuple[dict, ExperimentCon
     if cfg.model.kind != "transformer":
         raise ExportError(f"{checkpoint}: is an {cfg.model.kind.upper()} model; only Transformer "
                           f"checkpoints can be exported to {target}")
+    check_exportable(cfg, checkpoint, target)
     try:
         _, _, tok = model_from_state(state)
     except CheckpointError as e:

@@ -98,13 +98,17 @@ class MultiHeadAttention(nn.Module):
     (the `attention` function above, written out). Asking for the weights always takes the
     reference path, since SDPA does not return them.
 
+    `qk_norm` RMS-normalises each head's queries and keys (a learned gain per feature, shared by the heads)
+    before their dot products, so the scores cannot grow without bound (QK-norm; Dehghani et al. 2023).
+
     `head_mask` (H,), None unless set (attn_mt/analysis/heads.py sets it), multiplies each head's
     output before the heads are merged: 0 removes a head as if its columns of W_o were zero.
     """
 
     head_mask: Tensor | None = None  # a plain attribute, not a buffer: checkpoints never hold it
 
-    def __init__(self, *, d_model: int, n_heads: int, dropout: float = 0.0, impl: str = "sdpa") -> None:
+    def __init__(self, *, d_model: int, n_heads: int, dropout: float = 0.0, impl: str = "sdpa",
+                 qk_norm: bool = False) -> None:
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
@@ -114,6 +118,8 @@ class MultiHeadAttention(nn.Module):
         self.impl, self.dropout = impl, dropout
         self.out_proj = nn.Linear(d_model, d_model)
         self.attn_dropout = Dropout(dropout)
+        self.q_norm = nn.RMSNorm(self.d_head) if qk_norm else nn.Identity()  # (..., Dh) -> (..., Dh)
+        self.k_norm = nn.RMSNorm(self.d_head) if qk_norm else nn.Identity()
 
     def _split_heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -151,8 +157,9 @@ class MultiHeadAttention(nn.Module):
 class SelfAttention(MultiHeadAttention):
     """Q, K and V from the same sequence, with one fused (D -> 3D) projection [W_q; W_k; W_v]."""
 
-    def __init__(self, *, d_model: int, n_heads: int, dropout: float = 0.0, impl: str = "sdpa") -> None:
-        super().__init__(d_model=d_model, n_heads=n_heads, dropout=dropout, impl=impl)
+    def __init__(self, *, d_model: int, n_heads: int, dropout: float = 0.0, impl: str = "sdpa",
+                 qk_norm: bool = False) -> None:
+        super().__init__(d_model=d_model, n_heads=n_heads, dropout=dropout, impl=impl, qk_norm=qk_norm)
         self.qkv_proj = nn.Linear(d_model, 3 * d_model)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False, cache: KV | None = None,
@@ -163,6 +170,7 @@ class SelfAttention(MultiHeadAttention):
         keys and values are appended to the cached ones, and the queries attend to all of them.
         """
         q, k, v = (self._split_heads(y) for y in self.qkv_proj(x).chunk(3, dim=-1))  # 3 x (B, H, T, Dh)
+        q, k = self.q_norm(q), self.k_norm(k)  # keys are cached normalised
         if cache is not None:
             if cache.k is not None:
                 k = torch.cat([cache.k, k], dim=2)  # (B, H, past + T, Dh)
@@ -174,15 +182,16 @@ class SelfAttention(MultiHeadAttention):
 class CrossAttention(MultiHeadAttention):
     """Q from the decoder, K and V from the encoder's memory, with one (D -> 2D) projection [W_k; W_v]."""
 
-    def __init__(self, *, d_model: int, n_heads: int, dropout: float = 0.0, impl: str = "sdpa") -> None:
-        super().__init__(d_model=d_model, n_heads=n_heads, dropout=dropout, impl=impl)
+    def __init__(self, *, d_model: int, n_heads: int, dropout: float = 0.0, impl: str = "sdpa",
+                 qk_norm: bool = False) -> None:
+        super().__init__(d_model=d_model, n_heads=n_heads, dropout=dropout, impl=impl, qk_norm=qk_norm)
         self.q_proj = nn.Linear(d_model, d_model)
         self.kv_proj = nn.Linear(d_model, 2 * d_model)
 
     def project_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of a context (B, S, D) -> 2 x (B, H, S, Dh)."""
         k, v = self.kv_proj(context).chunk(2, dim=-1)
-        return self._split_heads(k), self._split_heads(v)
+        return self.k_norm(self._split_heads(k)), self._split_heads(v)
 
     def forward(self, x: Tensor, context: Tensor, mask: Tensor | None = None, *, cache: KV | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -190,7 +199,7 @@ class CrossAttention(MultiHeadAttention):
 
         With `cache`, the context's keys and values are computed once and reused.
         """
-        q = self._split_heads(self.q_proj(x))  # (B, H, T, Dh)
+        q = self.q_norm(self._split_heads(self.q_proj(x)))  # (B, H, T, Dh)
         if cache is not None and cache.k is not None:
             k, v = cache.k, cache.v
         else:

@@ -41,20 +41,36 @@ class PositionalEncoding(nn.Module):
         return x + self.pe[offset : offset + x.size(1)]
 
 
+class ReLUSquared(nn.Module):
+    """relu(x)^2 (So et al. 2021, "Primer")."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.relu(x).square()
+
+
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"relu": nn.ReLU, "swish": nn.SiLU, "gelu": nn.GELU,
+                                                   "relu2": ReLUSquared}
+
+
 class FeedForward(nn.Sequential):
     def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu") -> None:
-        act = nn.SiLU() if activation == "swish" else nn.ReLU()
-        super().__init__(nn.Linear(d_model, d_ff), act, Dropout(dropout), nn.Linear(d_ff, d_model))
+        super().__init__(nn.Linear(d_model, d_ff), ACTIVATIONS[activation](), Dropout(dropout),
+                         nn.Linear(d_ff, d_model))
+
+
+def make_norm(cfg: TransformerConfig) -> nn.Module:
+    """The layer normalisation of the residual stream: LayerNorm, or RMSNorm (no mean, no bias)."""
+    return nn.RMSNorm(cfg.d_model) if cfg.norm == "rms" else nn.LayerNorm(cfg.d_model)
 
 
 class Sublayer(nn.Module):
     """Residual around a sublayer with LayerNorm before it (pre-norm) or after the sum (post-norm)."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
+    def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(d_model)
-        self.dropout = Dropout(dropout)
-        self.norm_first = norm_first
+        self.norm = make_norm(cfg)
+        self.dropout = Dropout(cfg.dropout)
+        self.norm_first = cfg.norm_first
 
     def forward(self, x: Tensor, fn) -> Tensor:
         if self.norm_first:
@@ -73,10 +89,10 @@ def _keep(out: tuple[Tensor, Tensor | None], weights: list[Tensor] | None) -> Te
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        d, h, (p, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
-        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention)
+        d, h, (_, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
+        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention, qk_norm=cfg.qk_norm)
         self.ff = FeedForward(d, cfg.d_ff, p_act, cfg.activation)
-        self.sub = nn.ModuleList(Sublayer(d, p, cfg.norm_first) for _ in range(2))
+        self.sub = nn.ModuleList(Sublayer(cfg) for _ in range(2))
 
     def forward(self, x: Tensor, src_mask: Tensor, weights: AttentionWeights | None = None) -> Tensor:
         want = weights is not None
@@ -167,11 +183,12 @@ class DecoderCache:
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        d, h, (p, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
-        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention)
-        self.cross_attn = CrossAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention)
+        d, h, (_, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
+        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention, qk_norm=cfg.qk_norm)
+        self.cross_attn = CrossAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention,
+                                         qk_norm=cfg.qk_norm)
         self.ff = FeedForward(d, cfg.d_ff, p_act, cfg.activation)
-        self.sub = nn.ModuleList(Sublayer(d, p, cfg.norm_first) for _ in range(3))
+        self.sub = nn.ModuleList(Sublayer(cfg) for _ in range(3))
 
     def forward(self, x: Tensor, memory: Tensor | None, src_mask: Tensor, self_kv: KV | None = None,
                 cross_kv: KV | None = None, weights: AttentionWeights | None = None,
@@ -202,8 +219,8 @@ class Transformer(Seq2Seq):
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
         # pre-norm stacks end with a LayerNorm; post-norm layers already end normalised
-        self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
-        self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.enc_norm = make_norm(cfg) if cfg.norm_first else nn.Identity()
+        self.dec_norm = make_norm(cfg) if cfg.norm_first else nn.Identity()
         self.out_proj = nn.Linear(cfg.d_model, tgt_vocab, bias=False)
         if cfg.output_bias:  # (V,) fixed, as Marian's final_logits_bias: a buffer, saved, not trained
             self.register_buffer("out_bias", torch.zeros(tgt_vocab))

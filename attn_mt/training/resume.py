@@ -40,7 +40,7 @@ def finished(st: TrainState, tc: TrainConfig) -> str | None:
         return Stop.max_epochs(tc)
     if tc.patience and st.bad_evals >= tc.patience:
         return Stop.patience(tc)
-    return limit_reached(tc, st.step, st.elapsed_s)
+    return limit_reached(tc, st.step, st.elapsed_s, st.tokens)
 
 
 def check_resumable(resumed: dict, path: Path, cfg: ExperimentConfig) -> None:

@@ -234,7 +234,7 @@ def run_epoch(run: Run, interrupt: StopOnInterrupt) -> str | None:
             if out.loss is not None:
                 if st.step % tc.log_every == 0:
                     report_progress(run, bar, out.lr)
-                reason = limit_reached(tc, st.step, out.elapsed)
+                reason = limit_reached(tc, st.step, out.elapsed, st.tokens)
                 if reason or (tc.eval_every and st.step % tc.eval_every == 0):
                     reason = validation_round(run, reason)
                 elif tc.checkpoint_every and st.step % tc.checkpoint_every == 0:
@@ -250,7 +250,7 @@ def report_progress(run: Run, bar: Progress, lr: float) -> None:
     st, now = run.state, time.perf_counter()
     st.train_loss = st.window_loss / st.window_tokens
     run.tokens_per_s = st.window_tokens / max(now - run.window_t0, 1e-9)
-    spent = budget_spent(run.cfg.train, st.step, run.elapsed(), st.epoch + bar.done / max(bar.total, 1))
+    spent = budget_spent(run.cfg.train, st.step, run.elapsed(), st.epoch + bar.done / max(bar.total, 1), st.tokens)
     bar.report(st.step, st.train_loss, lr, run.tokens_per_s, time_left(run.elapsed(), spent))
     run.board.scalars(st.step, "train", {"loss": st.train_loss, "lr": lr, "tokens_per_s": run.tokens_per_s,
                                          "grad_norm": run.trainer.grad_norm})
@@ -331,8 +331,9 @@ def finish(run: Run) -> Path:
     results = {"test_split": run.cfg.data.splits.test, "test_bleu": scores["bleu"], "test_chrf": scores["chrf"],
                "sacrebleu_signature": scores["bleu_signature"], "chrf_signature": scores["chrf_signature"],
                "best_step": best["step"], **extra, "tested": test_path.name, "best_valid_bleu": st.best_bleu,
-               "train_seconds": round(train_seconds, 1), "steps": st.step, "skipped_steps": st.skipped_steps,
-               "params": count_params(tr.model), "device": str(tr.device), "precision": tr.precision,
+               "train_seconds": round(train_seconds, 1), "steps": st.step, "tokens": st.tokens,
+               "skipped_steps": st.skipped_steps, "params": count_params(tr.model), "device": str(tr.device),
+               "precision": tr.precision,
                "threads": torch.get_num_threads(), "torch": torch.__version__}
     if tc.init_from:
         results["init_from"] = tc.init_from

@@ -9,26 +9,32 @@ from attn_mt.config import TrainConfig
 
 def lr_at(step: int, cfg: TrainConfig, progress: float = 0.0) -> float:
     """Linear warmup to cfg.lr over warmup_steps (step >= 1), then cfg.schedule: inverse-square-root
-    decay, or linear decay to 0 as `progress` (the spent fraction of the budget) goes from 0 to 1.
+    decay; linear decay to 0 as `progress` (the spent fraction of the budget) goes from 0 to 1; or
+    warmup-stable-decay (wsd): the peak rate until the last train.decay_fraction of the budget, then
+    linear decay to 0 at its end.
 
-    With the linear schedule the warmup also follows the budget: it ends at the latest when
-    `progress` reaches train.warmup_fraction, so 5 minutes or 100 steps get warmup and decay too.
+    With the budget-following schedules (linear, wsd) the warmup also follows the budget: it ends at the
+    latest when `progress` reaches train.warmup_fraction, so 5 minutes or 100 steps get warmup and decay too.
     """
     step = max(step, 1)
     warm = min(step / cfg.warmup_steps, 1.0) if cfg.warmup_steps else 1.0
-    if cfg.schedule == "linear":
+    if cfg.schedule in ("linear", "wsd"):
         if cfg.warmup_fraction:
             warm = max(warm, min(progress / cfg.warmup_fraction, 1.0))
+        if cfg.schedule == "wsd":
+            return cfg.lr * warm * min(1.0, max(0.0, 1.0 - progress) / cfg.decay_fraction)
         return cfg.lr * warm * max(0.0, 1.0 - progress)
     decay = math.sqrt(cfg.warmup_steps / step) if cfg.warmup_steps and step > cfg.warmup_steps else 1.0
     return cfg.lr * warm * decay
 
 
-def budget_spent(cfg: TrainConfig, step: int, seconds: float, epochs: float) -> float:
-    """The fraction of the training budget used: the largest of steps, minutes and epochs."""
+def budget_spent(cfg: TrainConfig, step: int, seconds: float, epochs: float, tokens: int = 0) -> float:
+    """The fraction of the training budget used: the largest of steps, target tokens, minutes and epochs."""
     parts = [epochs / cfg.max_epochs]
     if cfg.max_steps:
         parts.append(step / cfg.max_steps)
+    if cfg.max_tokens:
+        parts.append(tokens / cfg.max_tokens)
     if cfg.max_minutes:
         parts.append(seconds / (cfg.max_minutes * 60))
     return min(1.0, max(parts))
@@ -46,6 +52,10 @@ class Stop:
         return f"reached train.max_steps={cfg.max_steps}"
 
     @staticmethod
+    def max_tokens(cfg: TrainConfig) -> str:
+        return f"reached train.max_tokens={cfg.max_tokens}"
+
+    @staticmethod
     def max_minutes(cfg: TrainConfig) -> str:
         return f"reached train.max_minutes={cfg.max_minutes}"
 
@@ -54,10 +64,12 @@ class Stop:
         return f"no BLEU improvement in {cfg.patience} evaluations"
 
 
-def limit_reached(cfg: TrainConfig, step: int, seconds: float) -> str | None:
-    """Why training must stop now (train.max_steps or max_minutes reached), or None."""
+def limit_reached(cfg: TrainConfig, step: int, seconds: float, tokens: int = 0) -> str | None:
+    """Why training must stop now (train.max_steps, max_tokens or max_minutes reached), or None."""
     if cfg.max_steps and step >= cfg.max_steps:
         return Stop.max_steps(cfg)
+    if cfg.max_tokens and tokens >= cfg.max_tokens:
+        return Stop.max_tokens(cfg)
     if cfg.max_minutes and seconds >= cfg.max_minutes * 60:
         return Stop.max_minutes(cfg)
     return None

@@ -26,6 +26,7 @@ from attn_mt.models import Seq2Seq, loss_sum
 from attn_mt.training import distributed
 from attn_mt.training.distributed import World
 from attn_mt.training.ema import WeightEMA
+from attn_mt.training.muon import MuonAdamW
 from attn_mt.training.schedule import budget_spent, lr_at
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,14 @@ class TrainInterrupted(TrainError, Interrupted):
     """Ctrl-C: the run saved checkpoint_last.pt and stopped; `resume=True` continues it."""
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW with the configured betas and weight decay; the rate is set at every step. On CUDA the
-    fused implementation: one kernel for all parameters instead of several per tensor."""
+def make_optimizer(model: nn.Module, cfg: TrainConfig, precision: str = "fp32") -> torch.optim.Optimizer:
+    """AdamW with the configured betas and weight decay, or with train.optimizer=muon Muon for the layers'
+    weight matrices (its Newton-Schulz iterations in bf16 when training in bf16, else fp32); the rate is set
+    at every step. On CUDA AdamW's fused implementation: one kernel for all parameters instead of several."""
+    if cfg.optimizer == "muon":
+        return MuonAdamW(model, lr=lr_at(1, cfg), betas=cfg.betas, weight_decay=cfg.weight_decay,
+                         momentum=cfg.muon_momentum, ns_steps=cfg.muon_ns_steps,
+                         ns_dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
     fused = all(p.is_cuda for p in model.parameters())
     return torch.optim.AdamW(model.parameters(), lr=lr_at(1, cfg), betas=cfg.betas, weight_decay=cfg.weight_decay,
                              fused=fused or None)
@@ -56,7 +62,7 @@ class TrainStep:
                  net: nn.Module | None = None, world: World = World()) -> None:
         self.model, self.net, self.cfg = model, (model if net is None else net), cfg
         self.device, self.precision, self.world = device, precision, world
-        self.opt = make_optimizer(model, cfg)
+        self.opt = make_optimizer(model, cfg, precision)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.grad_norm: float | None = None  # of the last step, before clipping (when train.clip_norm is set)
         self.ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay else None  # evaluated and saved, when on
@@ -182,7 +188,7 @@ class Trainer(TrainStep):
             sync = distributed.all_sum(torch.cat([loss.float().view(1), flags]), self.world)
             loss, interrupted, elapsed = sync[0], bool(sync[1] > 0), float(sync[2])
         if spent is None:
-            spent = budget_spent(tc, st.step, elapsed, st.epoch + st.batch_in_epoch / len(batches))
+            spent = budget_spent(tc, st.step, elapsed, st.epoch + st.batch_in_epoch / len(batches), st.tokens)
         lr = lr_at(st.step + 1, tc, spent)
         value = self.apply(loss, lr)
         st.batch_in_epoch += len(group)

@@ -39,6 +39,21 @@ def test_linear_warmup_never_outlasts_its_share_of_a_short_budget():
     assert lr_at(250, replace(cfg, warmup_fraction=0.0), 0.5) == pytest.approx(5e-4 * 0.5)
 
 
+def test_wsd_holds_the_peak_then_decays_over_the_last_share_of_the_budget():
+    cfg = TrainConfig(lr=1e-3, warmup_steps=100, schedule="wsd", decay_fraction=0.2, max_steps=1000)
+    lrs = [lr_at(s, cfg, budget_spent(cfg, s, 0.0, 0.0)) for s in range(1, 1001)]
+    assert lrs[49] == pytest.approx(5e-4) and lrs[99] == pytest.approx(1e-3)  # warmup
+    assert all(x == pytest.approx(1e-3) for x in lrs[99:800])  # stable up to 80% of the budget
+    assert lrs[899] == pytest.approx(5e-4) and lrs[-1] == 0.0  # then linear to 0 at its end
+
+
+def test_a_token_budget_sets_the_schedule_and_stops_the_run():
+    cfg = TrainConfig(max_epochs=100, max_tokens=50_000, max_minutes=10)
+    assert budget_spent(cfg, step=3, seconds=6, epochs=0.1, tokens=40_000) == pytest.approx(0.8)  # tokens lead
+    assert limit_reached(cfg, 3, 6.0, 49_999) is None
+    assert limit_reached(cfg, 3, 6.0, 50_000) == Stop.max_tokens(cfg) == "reached train.max_tokens=50000"
+
+
 def test_budget_spent_is_the_first_limit_to_end():
     cfg = TrainConfig(max_epochs=10, max_steps=1000, max_minutes=2)
     assert budget_spent(cfg, step=100, seconds=30, epochs=5) == pytest.approx(0.5)  # epochs lead

@@ -1,0 +1,85 @@
+"""Muon for the layers' weight matrices, AdamW for the rest, as one optimizer.
+
+Muon (Jordan et al. 2024; Liu et al. 2025, "Muon is Scalable for LLM Training") keeps a Nesterov momentum
+of each 2-D weight's gradient and steps along its orthogonalised version: Newton-Schulz iterations map the
+momentum M = U S V^T to about U V^T, so every direction of the update moves at the same rate. The step is
+scaled by 0.2 sqrt(max(rows, cols)) so that its RMS matches AdamW's, and one learning rate (and schedule)
+serves both kinds of parameters (Liu et al.'s "match_rms_adamw").
+
+`torch.optim.Muon` runs the iterations in bf16 whatever the parameters are: on a CPU without bf16
+instructions (AVX2 only) one iteration on a 256 x 1024 gradient took 546 ms against 20.8 ms in fp32 (one
+thread). Here they run in `ns_dtype`, the training precision: bf16 where the run trains in bf16, else fp32.
+
+    >>> opt = MuonAdamW(model, lr=2e-3, betas=(0.9, 0.98), weight_decay=0.0)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+# the quintic iteration's coefficients (Jordan et al.; the same as torch.optim.Muon's)
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def orthogonalise(g: Tensor, steps: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """(R, C) matrix -> about U V^T of its SVD (singular values near 1), by `steps` Newton-Schulz iterations."""
+    a, b, c = NS_COEFFICIENTS
+    x = g.to(dtype)
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T  # iterate on the wide side: the Gram matrix x x^T is the smaller one
+    x = x / x.norm().clamp(min=1e-7)  # spectral norm <= Frobenius norm = 1
+    for _ in range(steps):
+        gram = x @ x.T  # (R, R)
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a x + (b G + c G^2) x
+    return x.T if tall else x
+
+
+def muon_params(model: nn.Module) -> set[str]:
+    """Names of the parameters Muon updates: the weights of the model's linear layers (attention projections,
+    feed-forward), not the embedding tables nor the output layer (`out_proj`, often tied to them)."""
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return {f"{name}.weight" for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and name != "out_proj" and id(m.weight) not in tables
+            and m.weight.requires_grad and min(m.weight.shape) > 1}
+
+
+class MuonAdamW(torch.optim.AdamW):
+    """AdamW whose parameter groups flagged `muon` are updated by Muon instead.
+
+    Both kinds live in one optimizer, so a checkpoint keeps one state dict (Muon's momentum under
+    "momentum_buffer", AdamW's moments as usual) and --resume restores it like AdamW's.
+    """
+
+    def __init__(self, model: nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float,
+                 momentum: float = 0.95, ns_steps: int = 5, ns_dtype: torch.dtype = torch.float32) -> None:
+        names = muon_params(model)
+        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        groups = [{"params": [p for n, p in params if n in names], "muon": True},
+                  {"params": [p for n, p in params if n not in names], "muon": False}]
+        super().__init__([g for g in groups if g["params"]], lr=lr, betas=betas, weight_decay=weight_decay)
+        self.momentum, self.ns_steps, self.ns_dtype = momentum, ns_steps, ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001 (torch's signature)
+        """Muon on the flagged groups; their gradients are then dropped, so AdamW's step skips them."""
+        for group in self.param_groups:
+            if not group["muon"]:
+                continue
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:  # "step" too: AdamW's load_state_dict expects it in every parameter's state
+                    state["step"], state["momentum_buffer"] = torch.tensor(0.0), torch.zeros_like(p)
+                state["step"] += 1
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - self.momentum)
+                update = orthogonalise(p.grad.lerp(buf, self.momentum), self.ns_steps, self.ns_dtype)  # Nesterov
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(update.to(p.dtype), alpha=-group["lr"] * 0.2 * math.sqrt(max(p.shape)))
+                p.grad = None
+        return super().step(closure)
