@@ -65,6 +65,14 @@ class Dropout(nn.Dropout):
         return x * keep.to(x.dtype).mul_(65536 / (65536 - k))
 
 
+class RMSNorm(nn.RMSNorm):
+    """nn.RMSNorm computed in fp32 and returned in the input's dtype, as autocast treats LayerNorm (under bf16
+    autocast torch's own takes a slow unfused path for a bf16 input with an fp32 gain)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x.float(), self.normalized_shape, self.weight, self.eps).type_as(x)
+
+
 @dataclass
 class KV:
     """Keys and values (B, H, L, Dh) one attention module keeps during incremental decoding."""
@@ -118,8 +126,8 @@ class MultiHeadAttention(nn.Module):
         self.impl, self.dropout = impl, dropout
         self.out_proj = nn.Linear(d_model, d_model)
         self.attn_dropout = Dropout(dropout)
-        self.q_norm = nn.RMSNorm(self.d_head) if qk_norm else nn.Identity()  # (..., Dh) -> (..., Dh)
-        self.k_norm = nn.RMSNorm(self.d_head) if qk_norm else nn.Identity()
+        self.q_norm = RMSNorm(self.d_head) if qk_norm else nn.Identity()  # (..., Dh) -> (..., Dh)
+        self.k_norm = RMSNorm(self.d_head) if qk_norm else nn.Identity()
 
     def _split_heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from attn_mt.config import TransformerConfig
 
-from .attention import KV, AttentionWeights, CrossAttention, Dropout, MultiHeadAttention, SelfAttention
+from .attention import KV, AttentionWeights, CrossAttention, Dropout, MultiHeadAttention, RMSNorm, SelfAttention
 from .seq2seq import Seq2Seq, init_embeddings, make_embeddings
 
 
@@ -60,7 +60,7 @@ class FeedForward(nn.Sequential):
 
 def make_norm(cfg: TransformerConfig) -> nn.Module:
     """The layer normalisation of the residual stream: LayerNorm, or RMSNorm (no mean, no bias)."""
-    return nn.RMSNorm(cfg.d_model) if cfg.norm == "rms" else nn.LayerNorm(cfg.d_model)
+    return RMSNorm(cfg.d_model) if cfg.norm == "rms" else nn.LayerNorm(cfg.d_model)
 
 
 class Sublayer(nn.Module):
