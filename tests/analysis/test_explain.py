@@ -50,9 +50,25 @@ def batch(tok):
 
 
 @pytest.mark.parametrize("cached", [False, True], ids=["teacher-forced", "cache"])
-@torch.inference_mode()
 def test_recomputed_heads_and_w_o_equal_the_models_attention_output(noisy, cached):
     model, tok, _ = noisy
+    check_recomputation(model, tok, cached)
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["teacher-forced", "cache"])
+def test_recomputation_holds_with_the_speedrun_layers(tiny_run, tmp_path, cached):
+    """QK-norm (the normalised q and k are what the five steps show), RMSNorm and relu^2."""
+    from conftest import TINY
+
+    from attn_mt.config import load_config
+
+    model, tok = random_checkpoint(lambda *o: load_config(None, [*TINY, *o]), tiny_run, tmp_path / "qk.pt",
+                                   "model.qk_norm=true", "model.norm=rms", "model.activation=relu2")
+    check_recomputation(model, tok, cached)
+
+
+@torch.inference_mode()
+def check_recomputation(model, tok, cached: bool) -> None:
     src, tgt_in = batch(tok)
     assert (src == tok.pad_id).any() and (tgt_in == tok.pad_id).any()  # padding in the batch
     weights = AttentionWeights()
