@@ -24,7 +24,7 @@ MOST: dict[str, dict[str, float]] = {
     "tokenizer": {"vocab_size": 1_000_000},
     "model": {"d_model": 16_384, "n_heads": 1024, "n_layers": 256, "d_ff": 131_072, "max_positions": 1_000_000,
               "d_embed": 16_384, "d_hidden": 16_384, "d_attn": 16_384},
-    "train": {"lr": 10.0, "warmup_steps": 1e9, "weight_decay": 10.0, "batch_tokens": 10_000_000,
+    "train": {"lr": 10.0, "warmup_steps": 1e9, "weight_decay": 10.0, "z_loss": 10.0, "batch_tokens": 10_000_000,
               "accum_steps": 100_000, "clip_norm": 1e6, "max_epochs": 1_000_000, "max_steps": 1e12, "max_tokens": 1e15,
               "max_minutes": 1e7, "eval_every": 1e12, "bleu_sentences": 10_000_000, "patience": 1e6,
               "checkpoint_every": 1e12, "keep_last": 1000, "max_bad_steps": 1e6, "log_every": 1e12,
@@ -128,8 +128,9 @@ class TransformerConfig:
     size: Literal["fixed", "auto"] = "fixed"  # auto: with train.max_minutes (else ignored), the run times a
     #     ladder of shapes on this machine and trains the one the budget trains best (d_model, n_heads, n_layers,
     #     d_ff, train.batch_tokens and warmup_steps are then chosen; attn_mt/training/autosize.py)
-    activation: Literal["relu", "swish", "gelu", "relu2"] = "relu"  # of the feed-forward layers (swish = SiLU,
-    #     relu2 = relu(x)^2); MarianMT models use swish
+    activation: Literal["relu", "swish", "gelu", "relu2", "swiglu"] = "relu"  # of the feed-forward layers (swish =
+    #     SiLU, relu2 = relu(x)^2, swiglu = a gated layer with 2/3 d_ff hidden features); MarianMT models use swish
+    zero_init: bool = False  # start the output projections of attention and feed-forward layers at zero
     qk_norm: bool = False  # RMS-normalise each head's queries and keys before q . k (QK-norm)
     norm: Literal["layer", "rms"] = "layer"  # LayerNorm or RMSNorm around the sublayers
     # what MarianMT (opus-mt) models need (export/marian.py sets them; the defaults are our own models):
@@ -207,6 +208,7 @@ class TrainConfig:
     muon_momentum: float = 0.95
     muon_ns_steps: int = 5  # Newton-Schulz iterations per step (their cost is per step, not per token)
     label_smoothing: float = 0.1
+    z_loss: float = 0.0  # add z_loss * log(Z)^2 per target token to the training loss (1e-4 in PaLM); 0: off
     batch_tokens: int = 4096  # target tokens per optimizer step (before accumulation)
     accum_steps: int = 1
     clip_norm: float = 1.0  # 0 disables clipping
@@ -243,7 +245,7 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)}: must be > 0")
-        nonneg = ("warmup_steps", "weight_decay", "clip_norm", "max_steps", "max_tokens", "max_minutes",
+        nonneg = ("warmup_steps", "weight_decay", "z_loss", "clip_norm", "max_steps", "max_tokens", "max_minutes",
                   "eval_every", "patience", "checkpoint_every", "keep_last", "threads", "seed")
         for key in nonneg:
             if getattr(self, key) < 0:

@@ -15,7 +15,7 @@ class ExportError(CheckpointError):
 
 # the speedrun's layer options (docs/speedrun.md) that neither export format holds: (field, its standard value)
 NOT_EXPORTED = (("qk_norm", False), ("norm", "layer"))
-NEW_ACTIVATIONS = ("gelu", "relu2")
+NEW_ACTIVATIONS = ("gelu", "relu2", "swiglu")
 
 
 def check_exportable(cfg: ExperimentConfig, checkpoint: Path, target: str) -> None:

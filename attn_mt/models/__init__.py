@@ -57,9 +57,13 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def loss_sum(model: nn.Module, batch, label_smoothing: float, pad_id: int) -> torch.Tensor:
+def loss_sum(model: nn.Module, batch, label_smoothing: float, pad_id: int, z_loss: float = 0.0) -> torch.Tensor:
     """Summed (label-smoothed) cross-entropy over a batch's target tokens; `batch` holds src, tgt_in
-    and tgt_out, (B, S) and (B, T) token ids (the data package's Batch)."""
-    logits = model(batch.src, batch.tgt_in)  # (B, T, V)
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
-                           ignore_index=pad_id, label_smoothing=label_smoothing, reduction="sum")
+    and tgt_out, (B, S) and (B, T) token ids (the data package's Batch). With `z_loss`, plus z_loss times
+    each token's log Z^2 (Z the softmax's normaliser), which keeps the logits from drifting (PaLM)."""
+    logits = model(batch.src, batch.tgt_in).flatten(0, 1).float()  # (B*T, V)
+    target = batch.tgt_out.flatten()
+    loss = F.cross_entropy(logits, target, ignore_index=pad_id, label_smoothing=label_smoothing, reduction="sum")
+    if z_loss:
+        loss = loss + z_loss * (logits.logsumexp(-1).square() * (target != pad_id)).sum()
+    return loss

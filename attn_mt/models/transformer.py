@@ -58,6 +58,28 @@ class FeedForward(nn.Sequential):
                          nn.Linear(d_ff, d_model))
 
 
+class GatedFeedForward(nn.Module):
+    """SwiGLU (Shazeer 2020): W_2 (silu(x W_g) * x W_1), with 2/3 of d_ff hidden features so that its three
+    matrices hold as many weights as the plain layer's two."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        hidden = round(2 * d_ff / 3)
+        self.up = nn.Linear(d_model, 2 * hidden)  # [W_g; W_1], fused
+        self.dropout = Dropout(dropout)
+        self.down = nn.Linear(hidden, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, value = self.up(x).chunk(2, dim=-1)  # 2 x (B, T, hidden)
+        return self.down(self.dropout(F.silu(gate) * value))
+
+
+def feed_forward(cfg: TransformerConfig, dropout: float) -> nn.Module:
+    if cfg.activation == "swiglu":
+        return GatedFeedForward(cfg.d_model, cfg.d_ff, dropout)
+    return FeedForward(cfg.d_model, cfg.d_ff, dropout, cfg.activation)
+
+
 def make_norm(cfg: TransformerConfig) -> nn.Module:
     """The layer normalisation of the residual stream: LayerNorm, or RMSNorm (no mean, no bias)."""
     return RMSNorm(cfg.d_model) if cfg.norm == "rms" else nn.LayerNorm(cfg.d_model)
@@ -91,7 +113,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         d, h, (_, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
         self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention, qk_norm=cfg.qk_norm)
-        self.ff = FeedForward(d, cfg.d_ff, p_act, cfg.activation)
+        self.ff = feed_forward(cfg, p_act)
         self.sub = nn.ModuleList(Sublayer(cfg) for _ in range(2))
 
     def forward(self, x: Tensor, src_mask: Tensor, weights: AttentionWeights | None = None) -> Tensor:
@@ -187,7 +209,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention, qk_norm=cfg.qk_norm)
         self.cross_attn = CrossAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention,
                                          qk_norm=cfg.qk_norm)
-        self.ff = FeedForward(d, cfg.d_ff, p_act, cfg.activation)
+        self.ff = feed_forward(cfg, p_act)
         self.sub = nn.ModuleList(Sublayer(cfg) for _ in range(3))
 
     def forward(self, x: Tensor, memory: Tensor | None, src_mask: Tensor, self_kv: KV | None = None,
@@ -230,6 +252,11 @@ class Transformer(Seq2Seq):
                 nn.init.xavier_uniform_(p)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
+        if cfg.zero_init:  # every sublayer starts by adding nothing to the residual stream
+            for m in self.modules():
+                if isinstance(m, MultiHeadAttention | FeedForward | GatedFeedForward):
+                    nn.init.zeros_((m.out_proj if isinstance(m, MultiHeadAttention) else m[-1]
+                                    if isinstance(m, FeedForward) else m.down).weight)
         init_embeddings(self.src_embed, self.tgt_embed, pad_id=pad_id)
         if cfg.tie_embeddings:
             self.out_proj.weight = self.tgt_embed.weight

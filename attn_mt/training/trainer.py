@@ -77,7 +77,8 @@ class TrainStep:
             last = i == len(batches) - 1
             with contextlib.nullcontext() if last or not self.world.enabled else self.net.no_sync():
                 with autocast(self.device, self.precision):
-                    loss = loss_sum(self.net, batch, self.cfg.label_smoothing, self.model.pad_id) * weight
+                    loss = loss_sum(self.net, batch, self.cfg.label_smoothing, self.model.pad_id,
+                                    self.cfg.z_loss) * weight
                 self.scaler.scale(loss * self.world.size / n_tokens).backward()
             total += loss.detach()
         return total

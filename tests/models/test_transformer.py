@@ -85,3 +85,51 @@ def test_separate_attention_and_activation_dropout():
     assert layer.ff[2].p == 0.1 and layer.sub[0].dropout.p == 0.3 and model.dropout.p == 0.3
     inherit = make(dropout=0.2).encoder[0]  # unset: the general rate
     assert inherit.self_attn.dropout == 0.2 and inherit.ff[2].p == 0.2
+
+
+@pytest.mark.parametrize("kw", [dict(qk_norm=True), dict(norm="rms"), dict(activation="relu2"),
+                                dict(activation="gelu"), dict(activation="swiglu"), dict(zero_init=True)],
+                         ids=["qk_norm", "rms", "relu2", "gelu", "swiglu", "zero_init"])
+def test_speedrun_layers_decode_step_by_step_as_in_one_pass(kw):
+    model = make(**kw).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # zero_init's zeros and the norms' ones made noisy: every weight counts
+            p.add_(0.1 * torch.randn_like(p))
+    src, tgt = torch.randint(4, 40, (3, 7)), torch.randint(4, 40, (3, 5))
+    mask = model.src_mask(src)
+    memory = model.encode(src, mask)
+    cache = model.new_cache()
+    steps = torch.cat([model.decode(tgt[:, i : i + 1], memory, mask, cache) for i in range(5)], dim=1)
+    torch.testing.assert_close(steps, model.decode(tgt, memory, mask), atol=1e-5, rtol=0)
+
+
+def test_speedrun_layers_are_what_they_say():
+    plain, qk, rms = make(), make(qk_norm=True), make(norm="rms")
+    assert isinstance(qk.encoder[0].self_attn.q_norm, torch.nn.RMSNorm)
+    assert isinstance(plain.encoder[0].self_attn.k_norm, torch.nn.Identity)
+    assert isinstance(rms.enc_norm, torch.nn.RMSNorm) and isinstance(rms.decoder[0].sub[2].norm, torch.nn.RMSNorm)
+    x = torch.randn(4, 32)
+    assert torch.equal(make(activation="relu2").encoder[0].ff[1](x), F.relu(x) ** 2)
+    glu = make(activation="swiglu")
+    n = sum(p.numel() for p in glu.encoder[0].ff.parameters())
+    assert abs(n - sum(p.numel() for p in plain.encoder[0].ff.parameters())) <= 32 * 3  # equal weights, +- rounding
+    zero = make(zero_init=True)
+    assert not zero.encoder[0].self_attn.out_proj.weight.any() and not zero.decoder[1].ff[-1].weight.any()
+    src = torch.randint(4, 40, (2, 6))
+    emb = zero._embed(zero.src_embed, src)
+    torch.testing.assert_close(zero.encode(src, zero.src_mask(src)), zero.enc_norm(emb))  # layers add nothing yet
+
+
+def test_z_loss_adds_the_squared_log_normaliser_of_real_tokens():
+    from types import SimpleNamespace
+
+    from attn_mt.models import loss_sum
+
+    model = make()
+    src, tgt_in = torch.randint(4, 40, (2, 5)), torch.randint(4, 40, (2, 4))
+    tgt_out = tgt_in.clone()
+    tgt_out[1, 2:] = 0  # padding
+    batch = SimpleNamespace(src=src, tgt_in=tgt_in, tgt_out=tgt_out)
+    lz = model(src, tgt_in).float().logsumexp(-1)[tgt_out != 0]
+    torch.testing.assert_close(loss_sum(model, batch, 0.0, 0, z_loss=1e-2) - loss_sum(model, batch, 0.0, 0),
+                               1e-2 * lz.square().sum(), atol=1e-4, rtol=1e-4)

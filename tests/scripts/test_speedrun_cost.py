@@ -24,7 +24,7 @@ def test_speedrun_cost_times_each_recipe_against_the_first(tmp_path):
     r = json.loads((tmp_path / "c.json").read_text())
     assert r["reference"] == "old" and r["recipes"]["new"] == ["train.optimizer=muon", "model.qk_norm=true"]
     rows = {(x["recipe"], x["precision"]): x for x in r["rows"]}
-    for (name, p), row in rows.items():
+    for (_, p), row in rows.items():
         assert row["cost_vs_reference"] == pytest.approx(rows["old", p]["tokens_per_s"] / row["tokens_per_s"])
         assert f"{row['tokens_per_s']:9,.0f} tokens/s  cost x{row['cost_vs_reference']:.3f}" in done.stdout
     assert rows["old", "fp32"]["cost_vs_reference"] == 1.0
