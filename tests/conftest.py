@@ -220,9 +220,9 @@ def sources(n: int, seed: int, vocab: int = V) -> list[list[int]]:
 
 
 @functools.cache  # one training per session, shared by the decoding tests
-def train_reverser(vocab: int = V, steps: int = 100) -> torch.nn.Module:
+def train_reverser(vocab: int = V, steps: int = 100, **layers) -> torch.nn.Module:
     """A small Transformer half-trained to reverse its input: confident enough to end with eos,
-    unsure enough that beam search and greedy often disagree."""
+    unsure enough that beam search and greedy often disagree. `layers`: TransformerConfig options."""
     import torch
     import torch.nn.functional as F
 
@@ -231,7 +231,7 @@ def train_reverser(vocab: int = V, steps: int = 100) -> torch.nn.Module:
     from attn_mt.models import build_model
 
     torch.manual_seed(0)
-    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_positions=64)
+    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_positions=64, **layers)
     model = build_model(cfg, src_vocab=vocab, tgt_vocab=vocab, pad_id=PAD, shared_vocab=True)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for step in range(steps):

@@ -31,7 +31,7 @@ from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.search import max_lengths, prepare_sources, search
 from attn_mt.errors import InputError
 from attn_mt.models import Seq2Seq
-from attn_mt.models.attention import CrossAttention, MultiHeadAttention, SelfAttention, causal_mask
+from attn_mt.models.attention import CrossAttention, MultiHeadAttention, SelfAttention, causal_mask, rotate
 
 KINDS = {"encoder": "encoder_self", "decoder": "decoder_self", "cross": "cross"}  # flag -> attention map name
 
@@ -121,6 +121,9 @@ def recompute(attn: MultiHeadAttention, call: Call, row: int, query: int) -> Rec
     q = attn.q_norm((wq @ x + bq).view(h, dh))  # (H, Dh); q_norm, k_norm: identity unless model.qk_norm
     k = attn.k_norm((context @ wk.T + bk).view(-1, h, dh).transpose(0, 1))  # (H, S, Dh)
     v = (context @ wv.T + bv).view(-1, h, dh).transpose(0, 1)  # (H, S, Dh)
+    if getattr(attn, "rotary", False):  # self-attention turned by positions: the query at `query`, keys at 0..S-1
+        q = rotate(q[:, None], torch.tensor([query]))[:, 0]
+        k = rotate(k, torch.arange(k.size(1)))
     scores = (k @ q[:, :, None]).squeeze(-1)  # (H, S)
     scaled = scores / math.sqrt(dh)
     allowed = call.mask[row, query]  # (S,)

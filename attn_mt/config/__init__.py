@@ -134,8 +134,9 @@ class TransformerConfig:
     qk_norm: bool = False  # RMS-normalise each head's queries and keys before q . k (QK-norm)
     norm: Literal["layer", "rms"] = "layer"  # LayerNorm or RMSNorm around the sublayers
     # what MarianMT (opus-mt) models need (export/marian.py sets them; the defaults are our own models):
-    positions: Literal["interleaved", "halves"] = "interleaved"  # the sinusoid table: sin and cos alternating
-    #     dimensions (ours), or sin in the first half and cos in the second (Marian's)
+    positions: Literal["interleaved", "halves", "rotary"] = "interleaved"  # the sinusoid table: sin and cos
+    #     alternating dimensions (ours), or sin in the first half and cos in the second (Marian's); or rotary: no
+    #     table, self-attention turns queries and keys by their positions (RoPE)
     output_bias: bool = False  # a fixed bias added to the logits (Marian's final_logits_bias), not trained
     banned_ids: tuple[int, ...] = ()  # target ids never generated (Marian's pad, its decoder start)
 
@@ -154,6 +155,9 @@ class TransformerConfig:
                 raise ConfigError(f"model.{key}={p}: must be in [0, 1)")
         if self.positions == "halves" and self.d_model % 2:
             raise ConfigError(f"model.d_model={self.d_model}: must be even with model.positions=halves")
+        if self.positions == "rotary" and (self.d_model // self.n_heads) % 2:
+            raise ConfigError(f"model.d_model / model.n_heads={self.d_model // self.n_heads}: must be even with "
+                              "model.positions=rotary")
         if any(i < 0 for i in self.banned_ids):
             raise ConfigError(f"model.banned_ids={list(self.banned_ids)}: must be token ids >= 0")
 

@@ -65,6 +65,18 @@ class Dropout(nn.Dropout):
         return x * keep.to(x.dtype).mul_(65536 / (65536 - k))
 
 
+def rotate(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
+    """Rotary positions (RoPE, Su et al. 2021): x (B, H, T, Dh) at `positions` (T,) or (B, 1, T), each pair
+    (x_i, x_i+Dh/2) turned by the angle position / base^(2i/Dh), so that q . k depends on the positions'
+    difference only. The angles are computed in fp32."""
+    half = x.size(-1) // 2
+    freq = torch.pow(base, -torch.arange(half, device=x.device, dtype=torch.float32) / half)  # (Dh/2,)
+    angle = positions.to(torch.float32)[..., None] * freq  # (T, Dh/2) or (B, 1, T, Dh/2)
+    cos, sin = angle.cos(), angle.sin()
+    x1, x2 = x.float()[..., :half], x.float()[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
 class RMSNorm(nn.RMSNorm):
     """nn.RMSNorm computed in fp32 and returned in the input's dtype, as autocast treats LayerNorm (under bf16
     autocast torch's own takes a slow unfused path for a bf16 input with an fp32 gain)."""
@@ -108,6 +120,8 @@ class MultiHeadAttention(nn.Module):
 
     `qk_norm` RMS-normalises each head's queries and keys (a learned gain per feature, shared by the heads)
     before their dot products, so the scores cannot grow without bound (QK-norm; Dehghani et al. 2023).
+
+    `rotary` (self-attention only) turns each head's normalised queries and keys by their positions (`rotate`).
 
     `head_mask` (H,), None unless set (attn_mt/analysis/heads.py sets it), multiplies each head's
     output before the heads are merged: 0 removes a head as if its columns of W_o were zero.
@@ -166,19 +180,24 @@ class SelfAttention(MultiHeadAttention):
     """Q, K and V from the same sequence, with one fused (D -> 3D) projection [W_q; W_k; W_v]."""
 
     def __init__(self, *, d_model: int, n_heads: int, dropout: float = 0.0, impl: str = "sdpa",
-                 qk_norm: bool = False) -> None:
+                 qk_norm: bool = False, rotary: bool = False) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, dropout=dropout, impl=impl, qk_norm=qk_norm)
         self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        self.rotary = rotary
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, causal: bool = False, cache: KV | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, positions: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """x: (B, T, D) -> (output (B, T, D), weights (B, H, T, past + T) if need_weights else None).
 
         `causal=True` adds the causal mask. With `cache`, x holds only the new positions: their
         keys and values are appended to the cached ones, and the queries attend to all of them.
+        `positions` (T,) or (B, 1, T): where x's rows stand, for rotary positions (default 0..T-1).
         """
         q, k, v = (self._split_heads(y) for y in self.qkv_proj(x).chunk(3, dim=-1))  # 3 x (B, H, T, Dh)
-        q, k = self.q_norm(q), self.k_norm(k)  # keys are cached normalised
+        q, k = self.q_norm(q), self.k_norm(k)  # keys are cached normalised (and turned)
+        if self.rotary:
+            positions = torch.arange(x.size(1), device=x.device) if positions is None else positions
+            q, k = rotate(q, positions), rotate(k, positions)
         if cache is not None:
             if cache.k is not None:
                 k = torch.cat([cache.k, k], dim=2)  # (B, H, past + T, Dh)

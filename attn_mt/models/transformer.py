@@ -22,10 +22,12 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, max_positions: int, layout: str = "interleaved") -> None:
         super().__init__()
-        pe = torch.zeros(max_positions, d_model)
+        pe = torch.zeros(max_positions, 0 if layout == "rotary" else d_model)
         if not pe.is_meta:  # a shapes-only model (models.empty_model) computes nothing
             pos = torch.arange(max_positions).unsqueeze(1)  # (L, 1)
-            if layout == "halves":  # Marian's angles pos / 10000^(2i/D), computed as it does (float64, then cast)
+            if layout == "rotary":
+                pass
+            elif layout == "halves":  # Marian's angles pos / 10000^(2i/D), computed as it does (float64, then cast)
                 angle = pos.double() / torch.pow(10000.0, torch.arange(0, d_model, 2).double() / d_model)
                 pe[:, : d_model // 2], pe[:, d_model // 2 :] = torch.sin(angle), torch.cos(angle)
             else:
@@ -36,6 +38,8 @@ class PositionalEncoding(nn.Module):
 
     def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
         """x: (B, T, D) embeddings of positions offset..offset+T-1; `offset` an int, or (B, 1) one per row."""
+        if self.pe.size(1) == 0:  # rotary positions: attention turns queries and keys instead
+            return x
         if isinstance(offset, Tensor):
             return x + self.pe[offset + torch.arange(x.size(1), device=x.device)]  # (B, T, D)
         return x + self.pe[offset : offset + x.size(1)]
@@ -112,7 +116,8 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         d, h, (_, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
-        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention, qk_norm=cfg.qk_norm)
+        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention, qk_norm=cfg.qk_norm,
+                                       rotary=cfg.positions == "rotary")
         self.ff = feed_forward(cfg, p_act)
         self.sub = nn.ModuleList(Sublayer(cfg) for _ in range(2))
 
@@ -206,7 +211,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         d, h, (_, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
-        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention, qk_norm=cfg.qk_norm)
+        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention, qk_norm=cfg.qk_norm,
+                                       rotary=cfg.positions == "rotary")
         self.cross_attn = CrossAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention,
                                          qk_norm=cfg.qk_norm)
         self.ff = feed_forward(cfg, p_act)
@@ -214,12 +220,13 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor | None, src_mask: Tensor, self_kv: KV | None = None,
                 cross_kv: KV | None = None, weights: AttentionWeights | None = None,
-                self_mask: Tensor | None = None) -> Tensor:
+                self_mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
         # Target padding sits after every real token, so the causal mask alone keeps real
         # queries off pad keys; outputs at pad positions are ignored by the loss. `self_mask`
         # (B, 1, 1, L): the cached columns of each row, when rows are at different steps.
         want = weights is not None
-        x = self.sub[0](x, lambda y: _keep(self.self_attn(y, self_mask, causal=True, cache=self_kv, need_weights=want),
+        x = self.sub[0](x, lambda y: _keep(self.self_attn(y, self_mask, causal=True, cache=self_kv, need_weights=want,
+                                                          positions=positions),
                                            weights.decoder_self if want else None))
         x = self.sub[1](x, lambda y: _keep(self.cross_attn(y, memory, src_mask, cache=cross_kv, need_weights=want),
                                            weights.cross if want else None))
@@ -277,9 +284,11 @@ class Transformer(Seq2Seq):
         `begin` has its cross-attention keys already: memory may be None, src_mask is its memory_mask)."""
         offset, self_mask = (0, None) if cache is None else cache.advance(tgt_in.size(1))
         x = self._embed(self.tgt_embed, tgt_in, offset)
+        positions = offset + torch.arange(tgt_in.size(1), device=tgt_in.device)  # (T,) or (B, T)
+        positions = positions[:, None] if positions.dim() == 2 else positions  # (T,) or (B, 1, T) for the heads
         for i, layer in enumerate(self.decoder):
             kv = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])
-            x = layer(x, memory, src_mask, *kv, weights, self_mask)
+            x = layer(x, memory, src_mask, *kv, weights, self_mask, positions)
         logits = self.out_proj(self.dec_norm(x))  # (B, T, V)
         return logits + self.out_bias if self.cfg.output_bias else logits
 

@@ -57,13 +57,15 @@ def test_recomputed_heads_and_w_o_equal_the_models_attention_output(noisy, cache
 
 @pytest.mark.parametrize("cached", [False, True], ids=["teacher-forced", "cache"])
 def test_recomputation_holds_with_the_speedrun_layers(tiny_run, tmp_path, cached):
-    """QK-norm (the normalised q and k are what the five steps show), RMSNorm and relu^2."""
+    """QK-norm and rotary positions (the normalised, turned q and k are what the five steps show), RMSNorm and
+    relu^2."""
     from conftest import TINY
 
     from attn_mt.config import load_config
 
     model, tok = random_checkpoint(lambda *o: load_config(None, [*TINY, *o]), tiny_run, tmp_path / "qk.pt",
-                                   "model.qk_norm=true", "model.norm=rms", "model.activation=relu2")
+                                   "model.qk_norm=true", "model.norm=rms", "model.activation=relu2",
+                                   "model.positions=rotary")
     check_recomputation(model, tok, cached)
 
 

@@ -3,6 +3,7 @@ what offline search gives them; the batch's rows and cache shrink as they leave.
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -55,6 +56,21 @@ def run_staggered(rb: RunningBatch, srcs, seed: int, room: int = 12):
 
 @pytest.mark.parametrize("cfg", SETTINGS, ids=["greedy", "beam5-nbest3", "beam4-alpha1"])
 def test_joining_at_any_step_gives_the_offline_result(model, cfg):
+    check_joining(model, cfg)
+
+
+@pytest.mark.parametrize("cfg", SETTINGS[:2], ids=["greedy", "beam5-nbest3"])
+def test_rows_at_different_positions_with_rotary_positions(cfg):
+    """Rotary positions turn each row's keys by its own positions, however late it joined."""
+    check_joining(rotary_model(), cfg)
+
+
+@functools.cache
+def rotary_model():
+    return train_reverser(positions="rotary", qk_norm=True)
+
+
+def check_joining(model, cfg) -> None:
     srcs = sources(40, seed=5)
     want = offline(model, srcs, cfg)
     got, _, rows = run_staggered(running(model, cfg), srcs, seed=1)

@@ -88,8 +88,9 @@ def test_separate_attention_and_activation_dropout():
 
 
 @pytest.mark.parametrize("kw", [dict(qk_norm=True), dict(norm="rms"), dict(activation="relu2"),
-                                dict(activation="gelu"), dict(activation="swiglu"), dict(zero_init=True)],
-                         ids=["qk_norm", "rms", "relu2", "gelu", "swiglu", "zero_init"])
+                                dict(activation="gelu"), dict(activation="swiglu"), dict(zero_init=True),
+                                dict(positions="rotary", qk_norm=True)],
+                         ids=["qk_norm", "rms", "relu2", "gelu", "swiglu", "zero_init", "rotary"])
 def test_speedrun_layers_decode_step_by_step_as_in_one_pass(kw):
     model = make(**kw).eval()
     with torch.no_grad():
@@ -133,3 +134,16 @@ def test_z_loss_adds_the_squared_log_normaliser_of_real_tokens():
     lz = model(src, tgt_in).float().logsumexp(-1)[tgt_out != 0]
     torch.testing.assert_close(loss_sum(model, batch, 0.0, 0, z_loss=1e-2) - loss_sum(model, batch, 0.0, 0),
                                1e-2 * lz.square().sum(), atol=1e-4, rtol=1e-4)
+
+
+def test_rotary_scores_depend_on_the_distance_only():
+    from attn_mt.models.attention import rotate
+
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
+    score = [(rotate(q, torch.tensor([i + 3])) * rotate(k, torch.tensor([i]))).sum(-1) for i in (0, 5, 40)]
+    torch.testing.assert_close(score[0], score[1])
+    torch.testing.assert_close(score[0], score[2])
+    assert not torch.allclose(score[0], (q * k).sum(-1))  # a distance of 3 is not 0
+    model = make(positions="rotary")
+    assert model.pos.pe.numel() == 0 and model.encoder[0].self_attn.rotary and not hasattr(
+        model.decoder[0].cross_attn, "rotary")
