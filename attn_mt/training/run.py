@@ -134,6 +134,7 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
     if resumed is not None:
         cfg = autosize.as_resumed(cfg, resumed["config"])  # an automatic size keeps the shape it chose
         check_resumable(resumed, files.last, cfg)
+        tc = cfg.train  # the settings the resumed run keeps
     if tc.threads:
         torch.set_num_threads(tc.threads)
     precision = pick_precision(tc.precision, device)
@@ -145,6 +146,7 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
             raise ConfigError("model.size=auto sizes one process to its machine; under torchrun give the shape "
                               "(the --set line a single-process auto run logs)")
         cfg, choice = autosize.size_run(cfg, corpus, device, precision)
+        tc = cfg.train  # read after sizing, never a stale copy
         files.write_config(cfg)
         files.write_size(choice.to_json())
         measure_s = choice.measure_s  # counted in the budget
