@@ -10,7 +10,7 @@
 
 `field` is the name of the argument, config key or file at fault, as the Python API spells it (`beam`,
 `train.lr`, `src`); `str(error)` puts it in front of the message. A message names other arguments in
-backticks (`overwrite`). Only the CLI turns both into flags ("--beam", "--overwrite") and errors into
+backticks (`overwrite`). Only the CLI turns both into its option names and errors into
 one-line exits (cli.py).
 
 May import nothing of attn_mt.

@@ -2,7 +2,7 @@
 names; disk checks before training. Checkpoints themselves are written atomically by checkpoint.save.
 
     config.yaml  spm*.model  tokenizer.json    what the run was started with (tokenizer.json: which data
-                                               cache entry, `record_entry`; read back by --resume)
+                                               cache entry, `record_entry`; read back on resume)
     checkpoint_last.pt  checkpoint_best.pt     resume from last; translate with best
     checkpoint_step{N}.pt  checkpoint_avg.pt   the last train.keep_last evaluations, their average
     metrics.jsonl  results.json  test_hyps.txt one line per evaluation; the final scores
@@ -171,7 +171,7 @@ class RunDir:
         return self.hyps.read_text(encoding="utf-8").splitlines() if self.hyps.is_file() else None
 
     def test_text(self, split: str, lang: str) -> Path:
-        """Where the test split's sentences of one language lie: `attn-mt evaluate --src RUN/test.en`."""
+        """Where the test split's sentences of one language lie (RUN/test.en: evaluate's `src`)."""
         return self.path / f"{split}.{lang}"
 
     def write_test_texts(self, split: str, texts: dict[str, list[str]]) -> None:
@@ -180,7 +180,7 @@ class RunDir:
             _write_atomic(self.test_text(split, lang), "".join(f"{line}\n" for line in lines))
 
     def contrastive(self, split: str) -> Path:
-        """Where the test split's contrastive set lies: `attn-mt score --contrastive RUN/test.contrastive.jsonl`."""
+        """Where the test split's contrastive set lies (score's `contrastive` file)."""
         return self.path / f"{split}.contrastive.jsonl"
 
     def write_contrastive(self, split: str, records: list[dict]) -> None:

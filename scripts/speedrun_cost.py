@@ -36,7 +36,7 @@ def parse_recipe(text: str) -> tuple[str, list[str]]:
 def measure(config: str, sets: list[str], recipes: list[tuple[str, list[str]]], *, steps: int, repeats: int,
             threads: int) -> dict:
     base = load_config(config, [*sets, f"train.threads={threads}"])
-    start = prelude(base, base.model.max_positions, "`attn-mt download multi30k`")
+    start = prelude(base, base.model.max_positions, "configs/toy.yaml")
     corpus, device, tc = start.corpus, start.device, base.train
     split = base.data.splits.train
     index = token_batches(*corpus.lengths(split), tc.batch_tokens, tc.seed, 0)

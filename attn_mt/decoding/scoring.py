@@ -91,7 +91,7 @@ def score_files(translator, src: Path | None = None, ref: Path | None = None, co
 
 
 def format_scores(result: dict) -> str:
-    """`attn-mt score`'s output: one log P a line for --ref (ContraPro's scores file, higher is better), then
+    """`attn-mt score`'s output: one log P a line for `ref` (ContraPro's scores file, higher is better), then
     the contrastive accuracy overall and by pronoun, distance and role."""
     lines = [f"{s['log_prob']:.4f}" for s in result.get("scores", [])]
     if (c := result.get("contrastive")) is not None:

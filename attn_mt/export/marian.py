@@ -1,4 +1,4 @@
-"""Read a MarianMT model folder (Helsinki-NLP's opus-mt, or `attn-mt export --format transformers`) as our
+"""Read a MarianMT model folder (Helsinki-NLP's opus-mt, or our own transformers export) as our
 checkpoint state: the inverse of transformers.py's post-norm route.
 
 A MarianMT model is our post-norm Transformer with Marian's choices, which the model config names:

@@ -133,7 +133,7 @@ def _compare(setup: CompareSetup, out_dir: Path) -> dict:
     base = cfgs["transformer"]
     out_dir.mkdir(parents=True, exist_ok=True)
     start = prelude(base, min(c.model.max_positions for c in cfgs.values()),
-                    "`attn-mt compare-rnn --config configs/compare.yaml --quick`")
+                    "configs/compare.yaml with `quick`")
     device, precision, corpus = start.device, start.precision, start.corpus
     contestants = []
     for name, cfg in cfgs.items():

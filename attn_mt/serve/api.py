@@ -210,7 +210,7 @@ Vector = list[float]
 
 
 class ExplainResponse(BaseModel):
-    """What `attn-mt explain --json` writes: one head's attention for one query, step by step."""
+    """What explain's JSON holds: one head's attention for one query, step by step."""
 
     kind: str = Field(description="encoder_self, decoder_self or cross, as in /api/attention.")
     layer: int

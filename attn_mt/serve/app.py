@@ -88,7 +88,7 @@ def create_app(model: Model | str | os.PathLike, limits: Limits = Limits(), devi
 
     @app.post("/api/translate", response_model=TranslateResponse, responses=_ERRORS)
     async def translate(body: TranslateRequest, request: Request):
-        """Translate sentences; n-best lists with scores, in input order (`attn-mt translate --format jsonl`)."""
+        """Translate sentences; n-best lists with scores, in input order (translate's jsonl lines)."""
         body.check(limits)
         dcfg = engine.decode_config(body.beam, body.alpha, body.nbest)
         costs = engine.work(body.texts, dcfg.beam_size)
@@ -115,7 +115,7 @@ def create_app(model: Model | str | os.PathLike, limits: Limits = Limits(), devi
     @app.post("/api/explain", response_model=ExplainResponse, responses=_ERRORS)
     async def explain(body: ExplainRequest, request: Request):
         """Translate one sentence; one head's attention for one query token, step by step, recomputed from the
-        model's weights (`attn-mt explain --json`)."""
+        model's weights (explain's JSON)."""
         body.check(limits)
         engine.check_explain(body)
         dcfg = engine.decode_config(body.beam)

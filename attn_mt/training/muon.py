@@ -51,7 +51,7 @@ class MuonAdamW(torch.optim.AdamW):
     """AdamW whose parameter groups flagged `muon` are updated by Muon instead.
 
     Both kinds live in one optimizer, so a checkpoint keeps one state dict (Muon's momentum under
-    "momentum_buffer", AdamW's moments as usual) and --resume restores it like AdamW's.
+    "momentum_buffer", AdamW's moments as usual) and a resumed run restores it like AdamW's.
     """
 
     def __init__(self, model: nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float,
