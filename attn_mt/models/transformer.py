@@ -284,8 +284,10 @@ class Transformer(Seq2Seq):
         `begin` has its cross-attention keys already: memory may be None, src_mask is its memory_mask)."""
         offset, self_mask = (0, None) if cache is None else cache.advance(tgt_in.size(1))
         x = self._embed(self.tgt_embed, tgt_in, offset)
-        positions = offset + torch.arange(tgt_in.size(1), device=tgt_in.device)  # (T,) or (B, T)
-        positions = positions[:, None] if positions.dim() == 2 else positions  # (T,) or (B, 1, T) for the heads
+        positions = None  # rotary only: (T,), or (B, 1, T) for rows at different steps
+        if self.cfg.positions == "rotary":
+            positions = offset + torch.arange(tgt_in.size(1), device=tgt_in.device)  # (T,) or (B, T)
+            positions = positions[:, None] if positions.dim() == 2 else positions
         for i, layer in enumerate(self.decoder):
             kv = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])
             x = layer(x, memory, src_mask, *kv, weights, self_mask, positions)
