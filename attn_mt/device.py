@@ -1,11 +1,12 @@
 """Where a model runs and in what precision: choose the device, choose the precision, autocast,
-synchronise for timers, and describe the machine once for every report."""
+time device work (`Stopwatch`, the package's one timer), and describe the machine once for every report."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import platform
+import time
 
 import torch
 
@@ -70,10 +71,32 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
 
-def sync(device: torch.device) -> None:
-    """Wait for queued device work, so host timers measure it (a no-op on CPU)."""
-    if device.type == "cuda":
+def sync(device: torch.device | None) -> None:
+    """Wait for queued device work, so host timers measure it (a no-op on CPU or without a device)."""
+    if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class Stopwatch:
+    """Wall-clock seconds of a block's device work: the device is synchronised before the clock starts and
+    again before it stops (queued GPU kernels are counted, not left running).
+
+        with Stopwatch(device) as watch:
+            step()
+        watch.seconds
+    """
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device, self.seconds, self._t0 = device, 0.0, 0.0
+
+    def __enter__(self) -> Stopwatch:
+        sync(self.device)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sync(self.device)
+        self.seconds = time.perf_counter() - self._t0
 
 
 def device_name(device: torch.device) -> str:

@@ -29,7 +29,6 @@ import logging
 import math
 import os
 import statistics
-import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -42,7 +41,7 @@ from attn_mt.config import ConfigError, ExperimentConfig, TransformerConfig
 from attn_mt.config.files import write_atomic
 from attn_mt.data.batching import token_batches
 from attn_mt.decoding.search import translate
-from attn_mt.device import autocast, describe, precisions_for, sync
+from attn_mt.device import Stopwatch, autocast, describe, precisions_for
 from attn_mt.measure.prelude import prelude
 from attn_mt.measure.timing import alternate, timed
 from attn_mt.models import build_model, count_params
@@ -129,14 +128,12 @@ class Variant:
         """Train on `batches` (one optimizer step each); returns the seconds taken."""
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        sync(self.device)
-        t0 = time.perf_counter()
-        for batch in batches:
-            self.step.apply(self.step.backward([batch], batch.n_tokens), self.step.cfg.lr)
-        sync(self.device)
+        with Stopwatch(self.device) as watch:
+            for batch in batches:
+                self.step.apply(self.step.backward([batch], batch.n_tokens), self.step.cfg.lr)
         if self.device.type == "cuda":
             self.peak_mem = max(self.peak_mem, torch.cuda.max_memory_allocated(self.device))
-        return time.perf_counter() - t0
+        return watch.seconds
 
 
 def translate_fns(checkpoint: Path, texts: list[str], device: torch.device, precisions: list[str]) -> dict:

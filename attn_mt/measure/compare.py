@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from attn_mt.data.corpus import Corpus
 from attn_mt.data.sources import source
 from attn_mt.decoding.contrastive import evaluate_contrastive, items_from_records
 from attn_mt.decoding.scoring import score_texts
-from attn_mt.device import autocast, machine, sync
+from attn_mt.device import Stopwatch, autocast, machine
 from attn_mt.measure import timing
 from attn_mt.measure.prelude import prelude
 from attn_mt.measure.report import write_report
@@ -63,23 +62,22 @@ def _train_step(c: Contestant, budget: float) -> float:
     tr = c.trainer
     if tr.epoch_done:
         tr.next_epoch()
-    sync(tr.device)
-    t0 = time.perf_counter()
-    tr.step(lambda: c.clock, spent=c.clock / budget)
-    sync(tr.device)
-    return time.perf_counter() - t0
+    with Stopwatch(tr.device) as watch:
+        tr.step(lambda: c.clock, spent=c.clock / budget)
+    return watch.seconds
 
 
 def _validate(c: Contestant, corpus: Corpus, epoch_tokens: int) -> None:
     """Greedy BLEU on the validation subset; the time goes to eval_s, not to the training clock."""
-    t0, tr = time.perf_counter(), c.trainer
-    value = valid_bleu(c.model, corpus, c.cfg, tr.device, tr.precision)
+    tr = c.trainer
+    with Stopwatch(tr.device) as watch:
+        value = valid_bleu(c.model, corpus, c.cfg, tr.device, tr.precision)
     c.model.train()
     c.curve.append({"elapsed_s": round(c.clock, 1), "step": tr.state.step,
                     "epochs": round(tr.state.tokens / epoch_tokens, 2), "valid_bleu": value})
     if value > c.best_bleu:
         c.best_bleu, c.best_state = value, copy.deepcopy(c.model.state_dict())
-    c.eval_s += time.perf_counter() - t0
+    c.eval_s += watch.seconds
     log.info("%s: %.0f s, step %d, epoch %.2f: valid BLEU %.2f", c.name, c.clock, tr.state.step,
              c.curve[-1]["epochs"], value)
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from attn_mt.config import DecodeConfig
 from attn_mt.decoding.search import translate
-from attn_mt.device import sync
+from attn_mt.device import Stopwatch
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +31,9 @@ log = logging.getLogger(__name__)
 def timed(fn: Callable[[], object], device: torch.device | None = None) -> Callable[[], float]:
     """`fn` wrapped to return its wall-clock seconds, the device synchronised before and after."""
     def run() -> float:
-        if device is not None:
-            sync(device)
-        t0 = time.perf_counter()
-        fn()
-        if device is not None:
-            sync(device)
-        return time.perf_counter() - t0
+        with Stopwatch(device) as watch:
+            fn()
+        return watch.seconds
     return run
 
 
@@ -107,16 +103,11 @@ def _own_cpu_seconds() -> float:
 
 def train_step_seconds(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, autocast) -> float:
     """Seconds for one forward + backward pass of a batch (gradients are dropped)."""
-    device = src.device
-    sync(device)
-    t0 = time.perf_counter()
-    with autocast():
+    with Stopwatch(src.device) as watch, autocast():
         logits = model(src, tgt)  # teacher forcing: the target predicts itself, as good as any
-    F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten()).backward()
-    sync(device)
-    seconds = time.perf_counter() - t0
+        F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten()).backward()
     model.zero_grad(set_to_none=True)
-    return seconds
+    return watch.seconds
 
 
 def saved_activation_bytes(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, autocast) -> int:

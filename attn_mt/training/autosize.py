@@ -7,6 +7,7 @@ the budget trains, evaluations included, and picks the shape whose measured lear
 validation BLEU against epochs, on Multi30k) is highest there. The warmup is fitted to the predicted
 number of steps, so a short run leaves warmup early enough to learn.
 
+`plan` is the one call training's set-up makes (the config to train, and the record of the choice);
 `choose` is a pure function of the measured speeds, the corpus size and the budget; `measure` does
 the timing; `apply` turns a choice into the config the run trains (and `Choice.overrides` into the
 `--set` line that reproduces it without the automatic choice).
@@ -20,11 +21,11 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from attn_mt.config import ExperimentConfig
+from attn_mt.config import ConfigError, ExperimentConfig
 from attn_mt.data.batching import token_batches
 from attn_mt.data.corpus import Corpus
 from attn_mt.decoding.search import translate
-from attn_mt.device import autocast, sync
+from attn_mt.device import Stopwatch, autocast
 from attn_mt.models import build_model, count_params
 from attn_mt.training.trainer import TrainStep
 
@@ -180,22 +181,17 @@ def measure(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precisi
         index = token_batches(*corpus.lengths(split), shape.batch_tokens, tc.seed, 0)
         batches = [b.to(device) for b in corpus.batches(split, index[:steps])]
         for _pass in ("untimed", "timed"):  # the first pass meets each batch's shapes (kernels, allocations) once
-            sync(device)
-            t0 = time.perf_counter()
-            for batch in batches:
-                step.apply(step.backward([batch], batch.n_tokens), 1e-9)  # a tiny rate: timing, not learning
-        sync(device)
-        train_s = time.perf_counter() - t0
-        tokens_per_s = sum(b.n_tokens for b in batches) / train_s
+            with Stopwatch(device) as train:
+                for batch in batches:
+                    step.apply(step.backward([batch], batch.n_tokens), 1e-9)  # a tiny rate: timing, not learning
+        tokens_per_s = sum(b.n_tokens for b in batches) / train.seconds
         greedy = replace(cfg.decode, beam_size=1, nbest=1)
         with autocast(device, precision):
             translate(model.eval(), corpus.tok, probe[:4], greedy, device)  # untimed, as above
-            sync(device)
-            t0 = time.perf_counter()
-            translate(model, corpus.tok, probe, greedy, device)
-        sync(device)
+            with Stopwatch(device) as decode:
+                translate(model, corpus.tok, probe, greedy, device)
         valid_tokens = sum(corpus.lengths(cfg.data.splits.valid)[1])
-        eval_s = (time.perf_counter() - t0) * n_valid / max(1, len(probe)) + valid_tokens / (3 * tokens_per_s)
+        eval_s = decode.seconds * n_valid / max(1, len(probe)) + valid_tokens / (3 * tokens_per_s)
         out.append(Measured(shape, tokens_per_s, eval_s, len(index), count_params(model)))
         log.info("size: %s (%.2fM parameters) trains %.0f tokens/s, evaluates in %.1f s", shape.name,
                  count_params(model) / 1e6, tokens_per_s, eval_s)
@@ -228,12 +224,29 @@ def corpus_tokens(cfg: ExperimentConfig, corpus: Corpus) -> int:
     return int(sum(tgt)) + len(tgt)
 
 
+def plan(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precision: str,
+         distributed: bool = False) -> tuple[ExperimentConfig, Choice | None]:
+    """The config a fresh run trains, and the record of an automatic choice (None: the configured shape).
+
+    `model.size: auto` with a clock budget measures the ladder on `corpus` at this machine's speed and
+    chooses (`size_run`); a resumed run does not come here (resume.resumed_config keeps the shape it chose)."""
+    if getattr(cfg.model, "size", "fixed") != "auto":
+        return cfg, None
+    if not wanted(cfg):
+        log.info("model.size: auto sizes a clock budget (train.max_minutes); without one the configured shape trains")
+        return cfg, None
+    if distributed:
+        raise ConfigError("model.size=auto sizes one process to its machine; under torchrun give the shape "
+                          "(the --set line a single-process auto run logs)")
+    return size_run(cfg, corpus, device, precision)
+
+
 def size_run(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precision: str) -> tuple[ExperimentConfig,
                                                                                                  Choice]:
     """Measure the ladder, choose, log what was measured and chosen and why; (the sized config, the choice)."""
-    t0 = time.perf_counter()
-    measured = measure(cfg, corpus, device, precision)
-    spent = time.perf_counter() - t0
+    with Stopwatch() as watch:
+        measured = measure(cfg, corpus, device, precision)
+    spent = watch.seconds
     choice = choose(measured, corpus_tokens(cfg, corpus), cfg.train.max_minutes * 60 - spent, cfg.train.warmup_steps)
     choice = replace(choice, measure_s=spent)
     for row in choice.table:

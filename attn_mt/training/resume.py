@@ -22,7 +22,7 @@ from attn_mt.config import ConfigError, ExperimentConfig, TrainConfig, to_dict
 from attn_mt.config.yamlconf import show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.device import set_rng_state
-from attn_mt.training import distributed
+from attn_mt.training import autosize, distributed
 from attn_mt.training.schedule import Stop, limit_reached
 from attn_mt.training.trainer import Trainer, TrainError, TrainState
 
@@ -41,6 +41,14 @@ def finished(st: TrainState, tc: TrainConfig) -> str | None:
     if tc.patience and st.bad_evals >= tc.patience:
         return Stop.patience(tc)
     return limit_reached(tc, st.step, st.elapsed_s, st.tokens)
+
+
+def resumed_config(resumed: dict, path: Path, cfg: ExperimentConfig) -> ExperimentConfig:
+    """The config a resumed run continues with (an automatic size keeps the shape and warmup it chose), once
+    `check_resumable` has found that the checkpoint can continue it."""
+    cfg = autosize.as_resumed(cfg, resumed.get("config", {}))
+    check_resumable(resumed, path, cfg)
+    return cfg
 
 
 def check_resumable(resumed: dict, path: Path, cfg: ExperimentConfig) -> None:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from attn_mt import checkpoint
-from attn_mt.config import ConfigError, ExperimentConfig
+from attn_mt.config import ExperimentConfig
 from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.cache import Resumed, open_entry
 from attn_mt.data.corpus import Corpus, read_corpus
@@ -35,7 +35,7 @@ from attn_mt.rundir import RunDir
 from attn_mt.training import autosize, distributed, finetune
 from attn_mt.training.board import Board
 from attn_mt.training.progress import Progress, time_left, write
-from attn_mt.training.resume import check_resumable, finished, optimizer_state, restore
+from attn_mt.training.resume import finished, optimizer_state, restore, resumed_config
 from attn_mt.training.schedule import Stop, budget_spent, limit_reached
 from attn_mt.training.trainer import Trainer, TrainError, TrainInterrupted, TrainState
 from attn_mt.training.validation import score_test_split, validate
@@ -123,8 +123,7 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
     (or start from the weights of `init`, the model `train.init_from` names)."""
     if init is not None:
         cfg = finetune.adopt(cfg, init)
-    tc = cfg.train
-    world, device = distributed.init(pick_device(tc.device))
+    world, device = distributed.init(pick_device(cfg.train.device))
     if world.main:
         files.claim(resume, overwrite)
         files.check_writable()
@@ -132,27 +131,20 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         logging.getLogger("attn_mt").setLevel(logging.WARNING)  # rank 0 reports
     resumed = checkpoint.load(files.last) if resume else None
     if resumed is not None:
-        cfg = autosize.as_resumed(cfg, resumed["config"])  # an automatic size keeps the shape it chose
-        check_resumable(resumed, files.last, cfg)
-        tc = cfg.train  # the settings the resumed run keeps
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
-    precision = pick_precision(tc.precision, device)
-    torch.manual_seed(tc.seed)
+        cfg = resumed_config(resumed, files.last, cfg)  # the settings the resumed run keeps
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    precision = pick_precision(cfg.train.precision, device)
     corpus = prepare_data(cfg, files, world, resumed, finetune.init_tokenizer(cfg, init) if init else None)
-    measure_s = 0.0
-    if autosize.wanted(cfg) and resumed is None:
-        if world.enabled:
-            raise ConfigError("model.size=auto sizes one process to its machine; under torchrun give the shape "
-                              "(the --set line a single-process auto run logs)")
-        cfg, choice = autosize.size_run(cfg, corpus, device, precision)
-        tc = cfg.train  # read after sizing, never a stale copy
+    choice = None
+    if resumed is None:
+        cfg, choice = autosize.plan(cfg, corpus, device, precision, world.enabled)
+    tc = cfg.train  # read once the config is final, never a stale copy
+    if world.main:
         files.write_config(cfg)
-        files.write_size(choice.to_json())
-        measure_s = choice.measure_s  # counted in the budget
-        torch.manual_seed(tc.seed)
-    elif getattr(cfg.model, "size", "fixed") == "auto" and resumed is None:
-        log.info("model.size: auto sizes a clock budget (train.max_minutes); without one the configured shape trains")
+        if choice is not None:
+            files.write_size(choice.to_json())
+    torch.manual_seed(tc.seed)
     model = build_model(cfg.model, **corpus.tok.sizes())
     if init is not None and resumed is None:
         finetune.start_from(model, init, tc.init_from)
@@ -177,7 +169,7 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
     if board.writer is not None:
         log.info("TensorBoard events in %s; view them with: tensorboard --logdir %s", files.tensorboard, files.path)
     return Run(cfg, files, world, corpus, trainer, board,
-               start=time.perf_counter() - trainer.state.elapsed_s - measure_s)
+               start=time.perf_counter() - trainer.state.elapsed_s - (choice.measure_s if choice else 0.0))
 
 
 def prepare_data(cfg: ExperimentConfig, files: RunDir, world: distributed.World, resumed: dict | None,
@@ -187,7 +179,6 @@ def prepare_data(cfg: ExperimentConfig, files: RunDir, world: distributed.World,
     the run directory; the corpus read from it."""
     used = Resumed.of(files.entry_key(), resumed["tokenizer"]) if resumed is not None else None
     if world.main:
-        files.write_config(cfg)
         entry = open_entry(cfg, used, tok)
         files.record_entry(entry)  # which entry the run uses (tokenizer.json), a copy of its tokenizer
     distributed.barrier(world)

@@ -114,7 +114,7 @@ def test_measure_times_each_shape_on_the_corpus_within_its_share(tiny_cfg):
 
 def test_measure_times_each_batch_after_its_first_sight(tiny_cfg, monkeypatch):
     """bf16 kernels are slow the first time they meet a shape: that first pass is not what a long run trains at.
-    A first sight here costs 100 s on the clock autosize reads (no real wait)."""
+    A first sight here costs 100 s on the clock the Stopwatch reads (no real wait)."""
     import time
     from types import SimpleNamespace
 
@@ -135,7 +135,9 @@ def test_measure_times_each_batch_after_its_first_sight(tiny_cfg, monkeypatch):
         return real(self, batches, n_tokens)
 
     monkeypatch.setattr(TrainStep, "backward", slow_at_first_sight)
-    monkeypatch.setattr(autosize, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + late[0]))
+    import attn_mt.device  # the Stopwatch's clock
+
+    monkeypatch.setattr(attn_mt.device, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + late[0]))
     (m,) = autosize.measure(cfg, corpus, torch.device("cpu"), "fp32", (Shape("a", 32, 2, 1, 64, 600),), steps=3)
     assert len(seen) == 3  # three batches, each met once untimed
     tokens = sum(b.n_tokens for b in corpus.batches(cfg.data.splits.train, autosize.token_batches(
@@ -160,9 +162,16 @@ def test_an_auto_sized_run_says_what_it_measured_and_chose_and_resumes_with_that
     monkeypatch.setattr(autosize, "LADDER", TINY_LADDER)
     monkeypatch.setitem(autosize.CURVES, "t32", ((1, 5.0), (2, 40.0)))
     monkeypatch.setitem(autosize.CURVES, "t16", ((1, 10.0), (2, 20.0)))
+    from attn_mt.config import load_config
+    from attn_mt.rundir import RunDir
+
+    written, write_config = [], RunDir.write_config
+    monkeypatch.setattr(RunDir, "write_config", lambda self, c: (written.append(c), write_config(self, c)))
     cfg = tiny_cfg("model.size=auto", "train.max_minutes=1", "train.max_epochs=2", "train.warmup_steps=50")
     with caplog.at_level(logging.INFO, logger="attn_mt"):
         train(cfg, tmp_path)
+    assert len(written) == 1 and written[0].model.d_model == 32  # config.yaml written once, with the chosen shape
+    assert load_config(tmp_path / "config.yaml").train.batch_tokens == 600
     size = json.loads((tmp_path / "results.json").read_text())["size"]
     assert {row["shape"] for row in size["candidates"]} == {"t32", "t16"} and size["chosen"] == "t32"
     assert size["measure_s"] <= 0.05 * 60 + 2  # the ladder's share of the budget (plus one shape's overrun)
