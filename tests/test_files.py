@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from attn_mt.config.files import OutputError, check_outputs, write_atomic
+from attn_mt.config import files
+from attn_mt.config.files import OutputError, check_outputs, replace_folder, write_atomic
 from attn_mt.data import download
 
 
@@ -31,6 +32,34 @@ def test_write_atomic_leaves_the_old_file_when_the_writer_fails(tmp_path):
     with pytest.raises(OSError):
         write_atomic(tmp_path / "a.png", broken)
     assert os.listdir(tmp_path) == ["a.png"] and (tmp_path / "a.png").read_bytes() == b"old"
+
+
+def _folder(path, text):
+    path.mkdir()
+    (path / "a.txt").write_text(text)
+    return path
+
+
+def test_replace_folder_puts_a_finished_folder_in_place_of_the_old_one(tmp_path):
+    out = _folder(tmp_path / "out", "old")
+    replace_folder(_folder(tmp_path / ".out.tmp", "new"), out)
+    assert (out / "a.txt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_replace_folder_puts_the_old_folder_back_when_the_rename_fails(tmp_path, monkeypatch):
+    out, tmp = _folder(tmp_path / "out", "old"), _folder(tmp_path / ".out.tmp", "new")
+    rename = os.rename
+
+    def fail_on_the_new_one(a, b):
+        if str(a) == str(tmp):
+            raise OSError(28, "No space left on device")
+        rename(a, b)
+
+    monkeypatch.setattr(files.os, "rename", fail_on_the_new_one)
+    with pytest.raises(OSError, match="No space"):
+        replace_folder(tmp, out)
+    assert (out / "a.txt").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.tmp", "out"]  # the caller removes its temp folder
 
 
 @pytest.mark.parametrize("outputs,says", [

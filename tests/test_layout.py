@@ -290,3 +290,12 @@ def test_the_causal_mask_has_one_owner():
         if path.name not in ("attention.py", "modeling_attn_mt.py"):  # the exported modeling file stands alone
             assert ".tril(" not in text, f"{path.relative_to(ROOT)} builds a causal mask of its own"
     assert "`causal_mask`" in ARCHITECTURE.read_text(encoding="utf-8")
+
+
+def test_files_are_put_in_place_by_one_module():
+    """config/files.py renames files and folders into place (atomically, durably); nothing else renames."""
+    renames = re.compile(r"\bos\.(replace|rename|renames)\(|\.rename\(|Path\.replace\(")
+    for path in PACKAGE.rglob("*.py"):
+        if path != PACKAGE / "config" / "files.py":
+            found = renames.search(path.read_text(encoding="utf-8"))
+            assert found is None, f"{path.relative_to(ROOT)} renames a file itself ({found.group(0)})"

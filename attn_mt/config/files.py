@@ -1,4 +1,5 @@
-"""Files a user keeps: written atomically, and output paths checked before any work is done.
+"""Files a user keeps: written atomically (a file, or a finished folder put in place), and output paths checked
+before any work is done.
 
 Here, below everything (it imports nothing of attn_mt but the errors), so that every part can write through it: the
 data download as well as checkpoints and reports. Tested in tests/test_files.py.
@@ -9,7 +10,9 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
 import socket
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -73,6 +76,57 @@ def sync_folder(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_folder(tmp: Path, out: Path) -> None:
+    """Rename the finished folder `tmp` (beside `out`) to `out`: an existing `out` is moved aside first, put back
+    if the rename fails, and removed only once `tmp` is in place; then the rename is made durable."""
+    if not out.exists():
+        os.rename(tmp, out)
+        sync_folder(out.parent)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    os.rename(out, old / out.name)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old / out.name, out)  # put the previous folder back
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    sync_folder(out.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def replace_entries(tmp: Path, out: Path) -> None:
+    """Like `replace_folder`, for an `out` that must stay where it is (the working directory): its entries (an
+    earlier export's, see _check) are moved aside, `tmp`'s moved in, and the old ones removed last."""
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+    aside, placed = [], []
+    try:
+        for name in os.listdir(out):
+            os.rename(out / name, old / name)
+            aside.append(name)
+        for name in os.listdir(tmp):
+            os.rename(tmp / name, out / name)
+            placed.append(name)
+    except BaseException:  # put the previous folder back
+        for name in placed:
+            remove(out / name)
+        for name in aside:
+            os.rename(old / name, out / name)
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    os.rmdir(tmp)
+    sync_folder(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def remove(path: Path) -> None:
+    """Remove a file, a link (not what it points to) or a folder and everything in it; nothing if absent."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def check_outputs(outputs: Sequence[tuple[str, Path | str | None, Sequence[str]]],

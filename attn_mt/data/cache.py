@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from attn_mt.config import DataConfig, ExperimentConfig
-from attn_mt.config.files import sync_folder, write_atomic
+from attn_mt.config.files import replace_folder, sync_folder, write_atomic
 from attn_mt.data.build import KINDS, SIDES, build
 from attn_mt.data.lock import exclusive
 from attn_mt.data.sources import DataError, iter_pairs, source
@@ -218,9 +218,7 @@ def _build(cfg: ExperimentConfig, path: Path, tok: Tokenizer | None) -> Entry:
                   "config": {"data": asdict(cfg.data), "tokenizer": asdict(cfg.tokenizer)}}
         write_atomic(tmp / MARKER, json.dumps(marker, indent=1))
         sync_folder(tmp)
-        _remove(path)  # a damaged entry
-        os.replace(tmp, path)
-        sync_folder(root)
+        replace_folder(tmp, path)  # over a damaged entry
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -252,12 +250,3 @@ def _not_writable(root: Path) -> str | None:
     except OSError as e:
         return e.strerror or str(e)
     return None
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-

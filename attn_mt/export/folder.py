@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from attn_mt.config.files import replace_entries, replace_folder
 from attn_mt.errors import InputError
 
 MANIFEST = "attn_mt_manifest.json"  # what the export wrote, so a later one knows what it may replace
@@ -102,56 +103,10 @@ def publish(out: Path, write: Callable[[Path], None], *, reads: Sequence[Path] =
         (tmp / MANIFEST).write_text(json.dumps({"format": "attn-mt-export", "files": files}, indent=2) + "\n")
         _check(out, reads)  # again: `out` may have changed while `write` ran
         if place.is_dir() and Path.cwd().is_relative_to(place.resolve()):
-            _swap_entries(tmp, place)
+            replace_entries(tmp, place)
         else:
-            _swap(tmp, place)
+            replace_folder(tmp, place)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
-
-
-def _swap(tmp: Path, out: Path) -> None:
-    """Rename `tmp` to `out`; an existing `out` is moved aside first and removed only once `tmp` is in place."""
-    if not out.exists():
-        os.rename(tmp, out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-    os.rename(out, old / out.name)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(old / out.name, out)  # put the previous export back
-        shutil.rmtree(old, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _swap_entries(tmp: Path, out: Path) -> None:
-    """Like `_swap`, for an `out` that must stay where it is (the working directory): its entries (an
-    earlier export's, see _check) are moved aside, `tmp`'s moved in, and the old ones removed last."""
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-    aside, placed = [], []
-    try:
-        for name in os.listdir(out):
-            os.rename(out / name, old / name)
-            aside.append(name)
-        for name in os.listdir(tmp):
-            os.rename(tmp / name, out / name)
-            placed.append(name)
-    except BaseException:  # put the previous export back
-        for name in placed:
-            _remove(out / name)
-        for name in aside:
-            os.rename(old / name, out / name)
-        shutil.rmtree(old, ignore_errors=True)
-        raise
-    os.rmdir(tmp)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
