@@ -29,15 +29,15 @@ _HOMES = {
     "create_app": "attn_mt.serve",
     "Translation": "attn_mt.decoding.search", "Score": "attn_mt.decoding.scoring",
     "Explanation": "attn_mt.analysis.explain", "HeadsReport": "attn_mt.analysis.heads",
-    "ExperimentConfig": "attn_mt.config", "DecodeConfig": "attn_mt.config",
+    "ExperimentConfig": "attn_mt.config", "DecodeConfig": "attn_mt.config", "DECODE_OPTIONS": "attn_mt.config",
     "AttnMTError": "attn_mt.errors", "ConfigError": "attn_mt.errors", "InputError": "attn_mt.errors",
     "ModelError": "attn_mt.errors", "RunError": "attn_mt.errors", "TrainError": "attn_mt.errors",
     "Interrupted": "attn_mt.errors",
 }
-__all__ = ["Attention", "AttnMTError", "ConfigError", "DecodeConfig", "ExperimentConfig", "Explanation",
-           "HeadsReport", "InputError", "Interrupted", "Model", "ModelError", "Run", "RunError", "Score", "TrainError",
-           "Translation", "__version__", "average", "bench", "compare_rnn", "configure", "create_app", "download",
-           "export_model", "load", "prepare", "train"]
+__all__ = ["DECODE_OPTIONS", "Attention", "AttnMTError", "ConfigError", "DecodeConfig", "ExperimentConfig",
+           "Explanation", "HeadsReport", "InputError", "Interrupted", "Model", "ModelError", "Run", "RunError", "Score",
+           "TrainError", "Translation", "__version__", "average", "bench", "compare_rnn", "configure", "create_app",
+           "download", "export_model", "load", "prepare", "train"]
 
 
 def __getattr__(name: str) -> Any:

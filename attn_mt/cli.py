@@ -41,7 +41,6 @@ def main(debug: Annotated[bool, Option(help="Show tracebacks on errors.")] = Fal
                         stream=sys.stderr, force=True)
 
 
-DECODE_FLAGS = {"beam_size": "--beam", "alpha": "--alpha", "nbest": "--nbest", "batch_size": "--batch-size"}
 # an API argument -> this CLI's flag, where they differ
 FLAGS = {"text": "TEXT", "texts": "TEXT", "path": "--checkpoint", "n": "--prune", "sources": "--src", "refs": "--ref",
          "ref": "--ref", "src": "--src", "format": "--format", "json": "--json", "overrides": "--set"}
@@ -98,9 +97,12 @@ CkptOpt = Annotated[Path, Option("--checkpoint", help="A checkpoint written by `
 ModelOpt = Annotated[Path, Option("--checkpoint", help="A checkpoint, or a folder written by `attn-mt export`.")]
 DeviceOpt = Annotated[str, Option(help="cpu, cuda, mps or auto.")]
 _CKPT = "(default: the checkpoint's decode section)"
-BeamOpt = Annotated[int | None, Option("--beam", help=f"Beam size; 1 is greedy {_CKPT}.")]
-AlphaOpt = Annotated[float | None, Option("--alpha", help=f"GNMT length penalty exponent {_CKPT}.")]
-BatchOpt = Annotated[int | None, Option(help=f"Sentences per batch {_CKPT}.")]
+OPTION = {o.key: o for o in attn_mt.DECODE_OPTIONS}  # the decode options, defined once (attn_mt/config)
+DECODE_FLAGS = {o.key: o.flag for o in attn_mt.DECODE_OPTIONS if o.flag}
+BeamOpt = Annotated[int | None, Option(OPTION["beam_size"].flag, help=f"{OPTION['beam_size'].help} {_CKPT}.")]
+AlphaOpt = Annotated[float | None, Option(OPTION["alpha"].flag, help=f"{OPTION['alpha'].help} {_CKPT}.")]
+BatchOpt = Annotated[int | None, Option(OPTION["batch_size"].flag, help=f"{OPTION['batch_size'].help} {_CKPT}.")]
+NbestOpt = Annotated[int | None, Option(OPTION["nbest"].flag, help=f"{OPTION['nbest'].help} (default 1).")]
 SrcOpt = Annotated[Path, Option(help="Source sentences, one a line.")]
 RefOpt = Annotated[Path, Option(help="Their reference translations, line-aligned with --src.")]
 TextArg = Annotated[str, Argument(help="A source sentence.")]
@@ -131,7 +133,7 @@ def translate(checkpoint: ModelOpt,
               texts: Annotated[list[str] | None, Argument(help="Sentences to translate.")] = None,
               input: Annotated[Path | None, Option("--input", "-i", help="Input file.")] = None,
               beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None, device: DeviceOpt = "auto",
-              nbest: Annotated[int | None, Option(help="Hypotheses per sentence (<= beam).")] = None,
+              nbest: NbestOpt = None,
               fmt: Annotated[str, Option("--format", help="text, or jsonl with scores.")] = "text",
               stream: Annotated[bool, Option(help="Write each line's translation as soon as it is done (else large "
                                                   "inputs go in pieces of 1000).")] = False) -> None:

@@ -9,6 +9,7 @@ its hypotheses do not depend on which other sentences share the batch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -93,7 +94,8 @@ def best_possible(log_prob: Tensor, length: int | Tensor, max_len: Tensor, alpha
 
 @torch.inference_mode()
 def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int, beam_size: int,
-                alpha: float | Penalty = 0.6, nbest: int = 1, use_cache: bool = True) -> list[list[Hypothesis]]:
+                alpha: float | Penalty = 0.6, nbest: int = 1, use_cache: bool = True,
+                interrupt: Callable[[], None] | None = None) -> list[list[Hypothesis]]:
     """The `nbest` highest-scoring outputs for each source sentence, best first.
 
     Args:
@@ -104,6 +106,7 @@ def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eo
         alpha: length penalty exponent; score = log P / lp(|y|). 0 ranks by log P alone.
         nbest: hypotheses returned per sentence (<= beam_size).
         use_cache: feed only the newest token each step (else re-run the whole prefix).
+        interrupt: called before each decoder step (it raises to abandon the search).
 
     Finished hypotheses are collected until the `nbest`-th best of them can no longer be beaten
     by any continuation of the active beams (see `best_possible`), or the length limit.
@@ -123,6 +126,8 @@ def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eo
     finished: list[list[Hypothesis]] = [[] for _ in range(b)]
     active = set(range(b))  # sentences still searching
     for step in range(int(max_len.max())):
+        if interrupt is not None:
+            interrupt()
         inp = ys[:, -1:] if use_cache else ys
         logp = log_probs(model, model.decode(inp, memory, src_mask, cache)[:, -1])  # (B*k, V)
         forced = step + 1 >= max_len  # (B,) last position: only eos is allowed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,7 @@ from attn_mt.decoding.beam import Hypothesis, beam_search, length_penalty, log_p
 from attn_mt.models import Seq2Seq
 
 log = logging.getLogger(__name__)
+Interrupt = Callable[[], None]  # called before each decoder step; raises to abandon the call
 
 
 def max_lengths(src_lens: Tensor, cfg: DecodeConfig, limit: int) -> Tensor:
@@ -24,7 +26,8 @@ def max_lengths(src_lens: Tensor, cfg: DecodeConfig, limit: int) -> Tensor:
 
 @torch.inference_mode()
 def greedy_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int,
-                  alpha: float | Penalty = 0.0, use_cache: bool = True) -> list[Hypothesis]:
+                  alpha: float | Penalty = 0.0, use_cache: bool = True,
+                  interrupt: Interrupt | None = None) -> list[Hypothesis]:
     """Most likely next token at each step, for a batch. src: (B, S); max_len: (B,).
 
     With the cache each step feeds only the newest token; without it, the whole prefix
@@ -40,6 +43,8 @@ def greedy_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, 
     done = torch.zeros(b, dtype=torch.bool, device=src.device)
     max_len = max_len.to(src.device)
     for step in range(int(max_len.max())):
+        if interrupt is not None:
+            interrupt()
         inp = ys[:, -1:] if use_cache else ys
         logp = log_probs(model, model.decode(inp, memory, src_mask, cache)[:, -1])  # (B, V)
         nxt = logp.argmax(-1)
@@ -76,9 +81,9 @@ def prepare_sources(tok: Tokenizer, texts: list[str], limit: int) -> list[list[i
 
 
 def search(model: Seq2Seq, tok: Tokenizer, src: Tensor, max_len: Tensor, cfg: DecodeConfig,
-           use_cache: bool = True) -> list[list[Hypothesis]]:
+           use_cache: bool = True, interrupt: Interrupt | None = None) -> list[list[Hypothesis]]:
     """n-best lists for a batch of source ids (B, S): greedy for beam_size 1, else beam search."""
-    ids = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, alpha=cfg.penalty, use_cache=use_cache)
+    ids = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, alpha=cfg.penalty, use_cache=use_cache, interrupt=interrupt)
     if cfg.beam_size == 1:
         return [[h] for h in greedy_search(model, src, max_len, **ids)]
     return beam_search(model, src, max_len, beam_size=cfg.beam_size, nbest=cfg.nbest, **ids)
@@ -93,29 +98,48 @@ class Translation:
     score: float
 
 
-def translate_nbest(model: Seq2Seq, tok: Tokenizer, texts: list[str], cfg: DecodeConfig,
-                    device: torch.device | str = "cpu", use_cache: bool = True) -> list[list[Translation]]:
-    """The `cfg.nbest` best translations of each text, best first, in input order.
+def translations(tok: Tokenizer, nbest: list[Hypothesis]) -> list[Translation]:
+    """Hypotheses (target ids) as texts with their scores."""
+    texts = tok.decode_tgt([h.tokens for h in nbest])
+    return [Translation(t, h.log_prob, h.score) for t, h in zip(texts, nbest, strict=True)]
 
-    Texts are sorted by length into batches of `cfg.batch_size` so little padding is decoded;
-    beam_size 1 is greedy decoding. An empty (or all-space) text gives one empty translation.
+
+def translate_batches(tok: Tokenizer, texts: list[str], limit: int, batch_size: int,
+                      decode: Callable[[list[list[int]]], list[list[Hypothesis]]],
+                      interrupt: Interrupt | None = None) -> list[list[Translation]]:
+    """The batched translate loop of every decoder (ours, CTranslate2's): n-best translations of each text,
+    in input order.
+
+    Texts are encoded (truncated to `limit` positions), sorted by length into batches of `batch_size` so
+    little padding is decoded, and each batch's source ids go to `decode`, which returns its n-best lists;
+    an empty (or all-space) text gets one empty translation. `interrupt` is called before each batch.
     """
-    model.eval()
     out: list[list[Translation]] = [[Translation("", 0.0, 0.0)] for _ in texts]
     todo = [i for i, t in enumerate(texts) if t.strip()]
-    if not todo:
-        return out
-    srcs = prepare_sources(tok, [texts[i].strip() for i in todo], model.max_positions)
+    srcs = prepare_sources(tok, [texts[i].strip() for i in todo], limit) if todo else []
     order = sorted(range(len(todo)), key=lambda j: len(srcs[j]))
-    for start in range(0, len(order), cfg.batch_size):
-        chunk = order[start : start + cfg.batch_size]
-        src = pad([srcs[j] for j in chunk], tok.pad_id).to(device)  # (B, S)
-        lens = torch.tensor([len(srcs[j]) for j in chunk])
-        hyps = search(model, tok, src, max_lengths(lens, cfg, model.max_positions), cfg, use_cache)
-        for j, nbest in zip(chunk, hyps, strict=True):
-            texts_j = tok.decode_tgt([h.tokens for h in nbest])
-            out[todo[j]] = [Translation(t, h.log_prob, h.score) for t, h in zip(texts_j, nbest, strict=True)]
+    for start in range(0, len(order), batch_size):
+        if interrupt is not None:
+            interrupt()
+        chunk = order[start : start + batch_size]
+        for j, nbest in zip(chunk, decode([srcs[j] for j in chunk]), strict=True):
+            out[todo[j]] = translations(tok, nbest)
     return out
+
+
+def translate_nbest(model: Seq2Seq, tok: Tokenizer, texts: list[str], cfg: DecodeConfig,
+                    device: torch.device | str = "cpu", use_cache: bool = True,
+                    interrupt: Interrupt | None = None) -> list[list[Translation]]:
+    """The `cfg.nbest` best translations of each text, best first, in input order (`translate_batches`);
+    beam_size 1 is greedy decoding. `interrupt` is called before each decoder step."""
+    model.eval()
+
+    def decode(srcs: list[list[int]]) -> list[list[Hypothesis]]:
+        src = pad(srcs, tok.pad_id).to(device)  # (B, S)
+        max_len = max_lengths(torch.tensor([len(s) for s in srcs]), cfg, model.max_positions)
+        return search(model, tok, src, max_len, cfg, use_cache, interrupt)
+
+    return translate_batches(tok, texts, model.max_positions, cfg.batch_size, decode)
 
 
 def translate(model: Seq2Seq, tok: Tokenizer, texts: list[str], cfg: DecodeConfig,

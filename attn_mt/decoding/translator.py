@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from attn_mt.checkpoint import CheckpointError
-from attn_mt.config import ConfigError, DecodeConfig
+from attn_mt.config import ARGS, ConfigError, DecodeConfig
 from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.metrics import score
 from attn_mt.decoding.scoring import Score, score_texts
-from attn_mt.decoding.search import Translation
+from attn_mt.decoding.search import Interrupt, Translation
 
 
 @dataclass(frozen=True)
@@ -32,16 +32,18 @@ class Translator:
     path: Path
     decode: DecodeConfig
     tok: Tokenizer
-    run: Callable[[list[str], DecodeConfig], list[list[Translation]]]
+    run: Callable[..., list[list[Translation]]]  # (texts, dcfg, interrupt=) -> n-best lists
     device: str
     model: Any = None
     cfg: Any = None
     state: dict | None = None  # the checkpoint's step, epoch, best_bleu (or the export's step)
     scorer: Callable[..., list[Score]] | None = None  # (sources, targets, batch_size=) -> scores (scoring.py)
 
-    def translate_nbest(self, texts: list[str], dcfg: DecodeConfig) -> list[list[Translation]]:
-        """The `dcfg.nbest` best translations of each text, best first, in input order."""
-        return self.run(texts, dcfg)
+    def translate_nbest(self, texts: list[str], dcfg: DecodeConfig,
+                        interrupt: Interrupt | None = None) -> list[list[Translation]]:
+        """The `dcfg.nbest` best translations of each text, best first, in input order; `interrupt` is called
+        before each decoder step (a checkpoint) or batch (an export), and raises to abandon the call."""
+        return self.run(texts, dcfg, interrupt=interrupt)
 
     def score(self, sources: list[str], targets: list[str], batch_size: int = 64) -> list[Score]:
         """log P of each given target (its pieces, per piece and in all) given its source, in input order."""
@@ -78,7 +80,6 @@ def model_translator(model, cfg, tok: Tokenizer, device, path: Path | str, state
                       {k: state.get(k) for k in KEPT}, functools.partial(score_texts, model, tok, device=device))
 
 
-ARGS = {"beam_size": "beam", "alpha": "alpha", "nbest": "nbest", "batch_size": "batch_size"}  # the API's names
 
 
 def decode_options(defaults: DecodeConfig, names: Mapping[str, str] = ARGS, *, beam_size: int | None = None,

@@ -30,7 +30,7 @@ from attn_mt.config.yamlconf import first_line
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.beam import Hypothesis, length_penalty
 from attn_mt.decoding.scoring import Score, check_pairs, prepare_targets
-from attn_mt.decoding.search import Translation, max_lengths, prepare_sources
+from attn_mt.decoding.search import Interrupt, Translation, max_lengths, prepare_sources, translate_batches
 from attn_mt.decoding.translator import Translator
 from attn_mt.export.checkpoint_reader import ExportError
 from attn_mt.export.ctranslate2 import META, require_ctranslate2
@@ -139,24 +139,19 @@ def _hypotheses(result, limit: int, cfg: DecodeConfig, tok: Tokenizer) -> list[H
     return sorted(out, key=lambda h: -h.score)[: cfg.nbest]
 
 
-def translate_nbest(exp: Exported, texts: list[str], cfg: DecodeConfig) -> list[list[Translation]]:
-    """The `cfg.nbest` best translations of each text, best first, in input order (as decode.translate_nbest)."""
-    tok = exp.tok
-    out: list[list[Translation]] = [[Translation("", 0.0, 0.0)] for _ in texts]
-    todo = [i for i, t in enumerate(texts) if t.strip()]
-    srcs = prepare_sources(tok, [texts[i].strip() for i in todo], exp.max_positions) if todo else []
-    order = sorted(range(len(todo)), key=lambda j: len(srcs[j]))
-    options = search_options(cfg)
-    for start in range(0, len(order), cfg.batch_size):
-        chunk = order[start : start + cfg.batch_size]
-        limits = max_lengths(torch.tensor([len(srcs[j]) for j in chunk]), cfg, exp.max_positions).tolist()
-        pieces = [[tok.src.id_to_piece(i) for i in srcs[j]] for j in chunk]
+def translate_nbest(exp: Exported, texts: list[str], cfg: DecodeConfig,
+                    interrupt: Interrupt | None = None) -> list[list[Translation]]:
+    """The `cfg.nbest` best translations of each text, best first, in input order (decoding.search's loop,
+    `translate_batches`, with CTranslate2 decoding each batch; `interrupt` is called between batches)."""
+    tok, options = exp.tok, search_options(cfg)
+
+    def decode(srcs: list[list[int]]) -> list[list[Hypothesis]]:
+        limits = max_lengths(torch.tensor([len(s) for s in srcs]), cfg, exp.max_positions).tolist()
+        pieces = [[tok.src.id_to_piece(i) for i in s] for s in srcs]
         results = exp.translator.translate_batch(pieces, max_decoding_length=max(limits), **options)
-        for j, limit, result in zip(chunk, limits, results, strict=True):
-            nbest = _hypotheses(result, limit, cfg, tok)
-            texts_j = tok.decode_tgt([h.tokens for h in nbest])
-            out[todo[j]] = [Translation(t, h.log_prob, h.score) for t, h in zip(texts_j, nbest, strict=True)]
-    return out
+        return [_hypotheses(r, limit, cfg, tok) for r, limit in zip(results, limits, strict=True)]
+
+    return translate_batches(tok, texts, exp.max_positions, cfg.batch_size, decode, interrupt)
 
 
 def translate(exp: Exported, texts: list[str], cfg: DecodeConfig) -> list[str]:

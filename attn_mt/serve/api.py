@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from attn_mt.config import OPTION
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -99,10 +101,10 @@ class TranslateRequest(BaseModel):
 
     texts: list[str] = Field(min_length=1, description="Sentences to translate, in order.",
                              examples=[["Ein Hund rennt über die Wiese."]])
-    beam: int | None = Field(None, ge=1, description="Beam size, 1 is greedy (default: the checkpoint's).")
+    beam: int | None = Field(None, ge=1, description=f"{OPTION['beam_size'].help} (default: the checkpoint's).")
     alpha: float | None = Field(None, ge=0.0, le=10.0, allow_inf_nan=False,
-                                description="GNMT length penalty exponent (default: the checkpoint's).")
-    nbest: int | None = Field(None, ge=1, description="Hypotheses per sentence, at most beam (default 1).")
+                                description=f"{OPTION['alpha'].help} (default: the checkpoint's).")
+    nbest: int | None = Field(None, ge=1, description=f"{OPTION['nbest'].help} (default 1).")
     stream: bool = Field(False, description="Answer as server-sent events while decoding: `token` (greedy: the "
                                             "translation so far), `hypothesis` (beam: one finished), `result` (a "
                                             "sentence done), then `done` with the whole answer, or `error`.")

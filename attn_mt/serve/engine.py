@@ -15,37 +15,29 @@ from attn_mt.config import DecodeConfig
 from attn_mt.config.yamlconf import OptionError
 from attn_mt.decoding.attention_maps import attention_maps
 from attn_mt.decoding.continuous import Event, RunningBatch, supports
-from attn_mt.decoding.search import Translation, prepare_sources
+from attn_mt.decoding.search import Translation, prepare_sources, translations
 from attn_mt.decoding.translator import decode_options, hypotheses_json
 from attn_mt.models import count_params
 
 from .api import ApiError, ExplainRequest
 
 KINDS = ("encoder_self", "decoder_self", "cross")
-FIELDS = {"beam_size": "beam", "alpha": "alpha", "nbest": "nbest", "batch_size": "batch_size"}  # decode_options'
 
 
 class Engine:
     """A loaded model (`attn_mt.Model`: a checkpoint or an export folder); every method but `decode_config`,
     `work` and `info` runs in the worker thread.
 
-    `interrupt` is called before each decoder step of a PyTorch model (the batcher's `check`, which
-    raises to abandon a call nobody waits for); CTranslate2 decodes a call to its end.
+    `interrupt` is called before each decoder step of a PyTorch model, in whole calls (`translate` passes it
+    to the search) and in running batches (`Live.step`), and before each batch of a CTranslate2 export, which
+    decodes a batch to its end; whole calls get the batcher's `check`, which raises to abandon a call nobody
+    waits for (the scheduler drops a running batch's sentences between steps itself).
     """
 
     def __init__(self, model: Model) -> None:
         self.translator = model.translator
         self.tok = self.translator.tok
         self.interrupt: Callable[[], None] = lambda: None
-        model = self.translator.model
-        if model is not None:
-            decode = model.decode
-
-            def checked(*args, **kwargs):  # every decoder step of every search passes here
-                self.interrupt()
-                return decode(*args, **kwargs)
-
-            model.decode = checked  # an instance attribute: this model object only
 
     @property
     def decode(self) -> DecodeConfig:
@@ -55,7 +47,7 @@ class Engine:
                       ) -> DecodeConfig:
         """The model's decode defaults with the request's values; nbest defaults to 1."""
         try:  # the same rules as the CLI's flags, here naming the request's fields
-            return decode_options(self.decode, FIELDS, beam_size=beam or None, alpha=alpha, nbest=nbest or 1)
+            return decode_options(self.decode, beam_size=beam or None, alpha=alpha, nbest=nbest or 1)
         except OptionError as e:
             raise ApiError(422, e.option or "nbest", str(e)) from None
 
@@ -90,12 +82,12 @@ class Engine:
         if kind == "token":
             return kind, {"text": detok.text(value) if detok else self.tok.decode_tgt([value])[0]}
         if kind == "hypothesis":
-            return kind, {"hypothesis": hypotheses_json(_translations(self.tok, [value]))[0]}
+            return kind, {"hypothesis": hypotheses_json(translations(self.tok, [value]))[0]}
         return "result", {"result": value}
 
     def translate(self, dcfg: DecodeConfig, texts: list[str]) -> list[dict]:
         """The objects of `attn-mt translate --format jsonl`, one per text, in order."""
-        nbests = self.translator.translate_nbest(texts, dcfg)
+        nbests = self.translator.translate_nbest(texts, dcfg, self.interrupt)
         return [{"source": s, "hypotheses": hypotheses_json(n)} for s, n in zip(texts, nbests, strict=True)]
 
     def attention(self, item: tuple[str, DecodeConfig]) -> dict:
@@ -227,13 +219,15 @@ class Live:
             self.batch.add([(tag, ids) for (tag, _, _), ids in zip(todo, srcs, strict=True)], [c for *_, c in todo])
 
     def step(self) -> list[Event]:
+        """One decoder step of the running batch (after the engine's `interrupt`), and what it finished."""
+        self.engine.interrupt()
         events, self.ready = self.ready + self.batch.step(), []
         out = []
         for e in events:
             if e.kind == "done" and e.tag in self.sources:  # the n-best list, as `translate`'s object
                 source = self.sources.pop(e.tag)
                 e = Event(e.tag, "done", {"source": source, "hypotheses": hypotheses_json(
-                    _translations(self.engine.tok, e.value))})
+                    translations(self.engine.tok, e.value))})
             out.append(e)
         return out
 
@@ -242,9 +236,3 @@ class Live:
         self.ready = [e for e in self.ready if e.tag not in tags]
         for tag in tags:
             self.sources.pop(tag, None)
-
-
-def _translations(tok, nbest: list) -> list[Translation]:
-    """Hypotheses (token ids) as texts with their scores."""
-    texts = tok.decode_tgt([h.tokens for h in nbest])
-    return [Translation(t, h.log_prob, h.score) for t, h in zip(texts, nbest, strict=True)]

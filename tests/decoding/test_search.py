@@ -164,3 +164,29 @@ def test_translate_takes_any_line(tiny_run, tmp_path):
     (tmp_path / "in.txt").write_text("\n".join(WEIRD) + "\n", encoding="utf-8")
     result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "-i", tmp_path / "in.txt")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_interrupt_runs_before_every_decoder_step_and_abandons_the_call(run, beam):
+    model, cfg, tok = run
+    dcfg = DecodeConfig(beam_size=beam, nbest=1, batch_size=2)
+    steps, decode = [], model.decode
+    model.decode = lambda *a, **k: steps.append("decode") or decode(*a, **k)  # counts the model's steps
+    try:
+        translate_nbest(model, tok, TEXTS, dcfg, interrupt=lambda: steps.append("check"))
+        assert steps[::2] == ["check"] * (len(steps) // 2) and steps[1::2] == ["decode"] * (len(steps) // 2)
+
+        class Gone(Exception):
+            pass
+
+        def leave_at_the_fourth_step():  # the client leaves: the fourth check raises
+            steps.append("check")
+            if steps.count("check") == 4:
+                raise Gone
+
+        steps.clear()
+        with pytest.raises(Gone):
+            translate_nbest(model, tok, TEXTS, dcfg, interrupt=leave_at_the_fourth_step)
+        assert steps.count("decode") == 3
+    finally:
+        del model.decode

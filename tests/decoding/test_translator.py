@@ -36,10 +36,9 @@ def test_non_finite_weights_are_refused_in_one_line(tiny_run, tmp_path):
 
 def test_decode_options_name_the_flags_or_fields_of_their_caller():
     from attn_mt.cli import DECODE_FLAGS
-    from attn_mt.config import DecodeConfig
+    from attn_mt.config import ARGS, DecodeConfig
     from attn_mt.config.yamlconf import OptionError
     from attn_mt.decoding.translator import decode_options
-    from attn_mt.serve.engine import FIELDS
 
     defaults = DecodeConfig(beam_size=4, nbest=2, alpha=0.6)
     assert decode_options(defaults) == defaults  # nothing given: the model's own section
@@ -50,7 +49,7 @@ def test_decode_options_name_the_flags_or_fields_of_their_caller():
     with pytest.raises(OptionError, match=r"5 hypotheses need a beam at least as wide, not --beam 3: add --beam 5"):
         decode_options(defaults, DECODE_FLAGS, beam_size=3, nbest=5)
     with pytest.raises(OptionError, match=r"not the checkpoint's beam size \(4\): add beam 5") as e:
-        decode_options(defaults, FIELDS, nbest=5)
+        decode_options(defaults, ARGS, nbest=5)
     assert e.value.option == "nbest"
 
 

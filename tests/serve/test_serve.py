@@ -97,6 +97,13 @@ def test_info(client, ckpt):
     assert info["limits"]["max_texts"] == LIMITS.max_texts
 
 
+def test_the_served_model_is_not_patched(client, rnn_ckpt):
+    """The engine passes its interrupt to the search; no method of the model object is replaced."""
+    for app in (client.app, create_app(rnn_ckpt, LIMITS, device="cpu")):
+        model = app.state.engine.translator.model
+        assert model is not None and not any(callable(v) for v in vars(model).values() if not isinstance(v, type))
+
+
 def test_page_static_files_and_openapi(client):
     page = client.get("/")
     assert page.status_code == 200 and "/static/app.js" in page.text

@@ -1,0 +1,63 @@
+"""Decode options are defined once (attn_mt.DECODE_OPTIONS, in attn_mt/config); every surface that takes them
+follows it: DecodeConfig, the API's arguments, the CLI's options, serve's request fields and the page's controls."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import typer
+
+from attn_mt import DECODE_OPTIONS, Model
+from attn_mt.cli import app
+from attn_mt.config import DecodeConfig
+
+STATIC = Path(__file__).resolve().parents[2] / "attn_mt" / "serve" / "static"
+
+
+def test_every_option_is_a_decode_config_field():
+    assert {o.key for o in DECODE_OPTIONS} <= {f.name for f in dataclasses.fields(DecodeConfig)}
+    assert len({o.arg for o in DECODE_OPTIONS}) == len(DECODE_OPTIONS)
+
+
+@pytest.mark.parametrize("method", [Model.options, Model.translate])
+def test_the_apis_decode_arguments_are_the_options(method):
+    params = set(inspect.signature(method).parameters) - {"self", "texts", "names"}
+    assert params == {o.arg for o in DECODE_OPTIONS}
+
+
+def test_the_cli_options_carry_the_flags_and_their_help():
+    command = typer.main.get_command(app)
+    ctx = typer.Context(command)
+    for verb, wanted in (("translate", {"beam_size", "alpha", "nbest", "batch_size"}),
+                         ("evaluate", {"beam_size", "alpha", "batch_size"})):
+        params = {opt: p for p in command.get_command(ctx, verb).params for opt in p.opts}
+        for o in DECODE_OPTIONS:
+            if o.key in wanted:
+                assert o.flag in params and params[o.flag].help.startswith(o.help), (verb, o.flag)
+            else:
+                assert o.flag is None or o.flag not in params, (verb, o.flag)
+
+
+def test_serves_request_fields_are_the_served_options():
+    pytest.importorskip("fastapi")
+    from attn_mt.serve.api import TranslateRequest
+
+    fields = set(TranslateRequest.model_fields) - {"texts", "stream"}
+    assert fields == {o.arg for o in DECODE_OPTIONS if o.served}
+    for o in DECODE_OPTIONS:
+        if o.served:
+            assert TranslateRequest.model_fields[o.arg].description.startswith(o.help)
+
+
+def test_the_pages_controls_send_served_options_by_their_names():
+    script, page = (STATIC / "app.js").read_text(), (STATIC / "index.html").read_text()
+    body = re.search(r"streamed\(\{texts: \[text\], ([\w, ]+)\}", script)
+    assert body is not None, "app.js no longer sends {texts: [text], ...} to /api/translate"
+    sent = {k.strip() for k in body.group(1).split(",")}
+    assert sent <= {o.arg for o in DECODE_OPTIONS if o.served}
+    for arg in sent:  # each one a control of the page, read by its id
+        assert f'id="{arg}"' in page and f'$("{arg}").value' in script
