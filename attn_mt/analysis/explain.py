@@ -28,7 +28,7 @@ from torch import Tensor
 from attn_mt.config import DecodeConfig
 from attn_mt.config.files import write_atomic
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decoding.search import max_lengths, prepare_sources, search
+from attn_mt.decoding.attention_maps import translate_then_force
 from attn_mt.errors import InputError
 from attn_mt.models import Seq2Seq
 from attn_mt.models.attention import CrossAttention, MultiHeadAttention, SelfAttention, causal_mask, rotate
@@ -57,9 +57,9 @@ class Call:
 
 
 @contextmanager
-def recording(attn: MultiHeadAttention) -> Iterator[list[dict]]:
-    """Record every call of `attn` (its arguments by name and its output) while the block runs."""
-    calls: list[dict] = []
+def recording(attn: MultiHeadAttention, calls: list[dict] | None = None) -> Iterator[list[dict]]:
+    """Record every call of `attn` (its arguments by name and its output) while the block runs, into `calls`."""
+    calls = [] if calls is None else calls
     signature = inspect.signature(attn.forward)
 
     def hook(module, args, kwargs, output) -> None:
@@ -249,25 +249,14 @@ def explain(model: Seq2Seq, tok: Tokenizer, text: str, *, kind: str = "cross", l
     """Translate `text` with `dcfg` (beam_size 1: greedy) and explain head `head` of layer `layer` of `kind`
     (encoder, decoder or cross) for query `token`: its position (from 0) or its text."""
     kind = check(model, text, kind, layer, head)
-    model.eval()
-    src_ids = prepare_sources(tok, [text.strip()], model.max_positions)[0]
-    src = torch.tensor([src_ids], device=device)  # (1, S)
-    max_len = max_lengths(torch.tensor([len(src_ids)]), dcfg, model.max_positions)
-    out = search(model, tok, src, max_len, dcfg)[0][0].tokens
-    src_tokens = [tok.src.id_to_piece(i) for i in src_ids]
-    tgt_in, predicted = tok.tgt_pieces([tok.bos_id, *out]), tok.tgt_pieces([*out, tok.eos_id])
+    stack = model.encoder if kind == "encoder_self" else model.decoder
+    attn = stack[layer - 1].cross_attn if kind == "cross" else stack[layer - 1].self_attn
+    calls: list[dict] = []  # the forward pass translation makes: the decoder a token at a time
+    f = translate_then_force(model, tok, text, dcfg, device, stepwise=True, watch=recording(attn, calls))
+    src_tokens, tgt_in, predicted = f.source_tokens, f.target_in, f.predicted
     queries, keys = {"encoder_self": (src_tokens, src_tokens), "decoder_self": (predicted, tgt_in),
                      "cross": (predicted, src_tokens)}[kind]
     i = _pick(token, queries, "token", "source" if kind == "encoder_self" else "translation (with </s>)")
-    stack = model.encoder if kind == "encoder_self" else model.decoder
-    attn = stack[layer - 1].cross_attn if kind == "cross" else stack[layer - 1].self_attn
-    with recording(attn) as calls:  # the forward pass translation makes: the decoder a token at a time
-        src_mask = model.src_mask(src)
-        memory = model.encode(src, src_mask)
-        if kind != "encoder_self":
-            cache = model.new_cache()
-            for y in [tok.bos_id, *out]:
-                model.decode(torch.tensor([[y]], device=device), memory, src_mask, cache)
     call = gather(attn, calls)
     r = recompute(attn, call, 0, i)
     h = head - 1
@@ -276,7 +265,7 @@ def explain(model: Seq2Seq, tok: Tokenizer, text: str, *, kind: str = "cross", l
                 _g(contribution[j])) for j, t in enumerate(keys)]
     model_output = call.output[0, i]
     return Explanation(
-        kind=kind, layer=layer, head=head, source=text.strip(), translation=tok.decode_tgt([out])[0],
+        kind=kind, layer=layer, head=head, source=text.strip(), translation=f.translation,
         source_tokens=src_tokens, target_tokens=predicted, query_index=i, query_token=queries[i],
         query_input=src_tokens[i] if kind == "encoder_self" else tgt_in[i],
         d_model=attn.d_model, n_heads=attn.n_heads, d_k=attn.d_head, scale=1 / math.sqrt(attn.d_head),
