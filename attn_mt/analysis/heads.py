@@ -37,7 +37,7 @@ from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.contrastive import Item
 from attn_mt.decoding.metrics import bleu
 from attn_mt.decoding.search import translate
-from attn_mt.models import AttentionWeights, loss_sum
+from attn_mt.models import AttentionWeights, mean_loss
 from attn_mt.models.attention import MultiHeadAttention, SelfAttention
 from attn_mt.models.transformer import Transformer
 
@@ -128,20 +128,11 @@ def sentences(src: list[str], ref: list[str], tok: Tokenizer, limit: int) -> Sen
     return Sentences(src, ref, batches, Counter(i for s in s_ids for i in s), Counter(i for t in t_ids for i in t))
 
 
-@torch.inference_mode()
-def mean_loss(model: Transformer, data: Sentences, device: torch.device) -> float:
-    """Mean per-token cross-entropy (no label smoothing) of the references, teacher-forced."""
-    total, n = 0.0, 0
-    for batch in data.batches:
-        total += float(loss_sum(model, batch.to(device), 0.0, model.pad_id))
-        n += batch.n_tokens
-    return total / max(n, 1)
-
-
 def measure(model: Transformer, tok: Tokenizer, data: Sentences, dcfg: DecodeConfig,
             device: torch.device) -> tuple[float, float]:
     """(BLEU of the translations, loss of the references) on the analysed sentences."""
-    return bleu(translate(model, tok, data.src, dcfg, device), data.ref), mean_loss(model, data, device)
+    value = bleu(translate(model, tok, data.src, dcfg, device), data.ref)
+    return value, mean_loss(model, data.batches, model.pad_id, device)
 
 
 @torch.inference_mode()
@@ -306,7 +297,7 @@ def prune_greedily(model: Transformer, tok: Tokenizer, data: Sentences, dcfg: De
         losses = dict(first_losses) if k == 0 else {}  # first step: the masking pass measured them
         for h in left if k else ():
             with masked(model, [*before, *gone, h]):
-                losses[h] = mean_loss(model, data, dev)
+                losses[h] = mean_loss(model, data.batches, model.pad_id, dev)
             bar.update()
         best = min(left, key=lambda h: (losses[h], h))
         left.remove(best)
