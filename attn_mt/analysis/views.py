@@ -10,7 +10,7 @@ calls too (the server serves this file as /static/analysis/views.js): one drawin
 page's own heat maps stay in serve/static/app.js: they are tied to its token chips, share links and requests.
 The heads report needs no script: its grid and table are plain HTML (and render where scripts do not run).
 Without scripts (an untrusted notebook, GitHub's renderer) the head view says so, the explanation shows its
-text (explain.render).
+text (explain_text.render).
 
     from attn_mt.analysis import views
     views.save_html(views.attention_html(translation, maps), "attention.html", "attention")
@@ -111,7 +111,7 @@ def explanation_html(e: Explanation) -> str:
     model's own output."""
     from dataclasses import asdict
 
-    from .explain import render
+    from .explain_text import render
 
     return _view("explanation", f'<pre class="nojs">{html.escape(render(e))}</pre>', "explanationView", asdict(e))
 
