@@ -132,7 +132,7 @@ def heads_html(report: HeadsReport) -> str:
     """A heads report (analysis.heads) as HTML: a layer x head grid per kind coloured by the BLEU change when the
     head is masked (as the PNG of `attn-mt heads --png`), each cell with its largest share of attention, then
     the table of every head's dBLEU, dloss and roles, then the pruning. Plain HTML, no script."""
-    from .heads import KINDS
+    from .masking import KINDS
     from .overview import SHARES
     from .roles import ROLES
 
