@@ -1,5 +1,7 @@
-"""An explanation as text for an 80-column terminal: `attn-mt explain`, `str(explanation)`, the page without
-scripts. Tested in tests/analysis/test_explain.py and tests/analysis/test_views.py.
+"""An explanation as text for an 80-column terminal.
+
+What `attn-mt explain` prints, `str(explanation)` gives and a view shows without scripts (views.py).
+Tested in tests/analysis/test_explain.py and tests/analysis/test_views.py.
 """
 
 from __future__ import annotations

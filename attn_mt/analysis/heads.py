@@ -1,5 +1,7 @@
-"""Which heads matter and what each one does: mask one head at a time and measure the change in BLEU and
-loss (Michel et al., NeurIPS 2019), measure its roles (roles.py), and choose the heads to prune.
+"""Which heads matter and what each one does: each masked in turn and measured; which to prune.
+
+Mask one head at a time and measure the change in BLEU and loss (Michel et al., NeurIPS 2019), measure its
+roles (roles.py), and choose the heads to prune.
 
 Masking and pruning a head: masking.py. BLEU is greedy (`attn-mt evaluate --beam 1` scores the same), loss
 is the mean per-token cross-entropy of the references, teacher-forced.
