@@ -21,7 +21,8 @@ def validation_loss(model: Seq2Seq, corpus: Corpus, split: str, batch_tokens: in
     """Mean per-token cross-entropy (no smoothing) on a split."""
     model.eval()
     index = token_batches(*corpus.lengths(split), batch_tokens, 0, 0, shuffle=False)
-    pad_id = corpus.tok.pad_id  # pairs longer than the model allows are cut, not a crash
+    pad_id = corpus.tok.pad_id
+    # pairs longer than the model allows are cut, not a crash
     batches = (_fit(batch, model.max_positions, pad_id) for batch in corpus.batches(split, index))
     with autocast(device, precision):
         return mean_loss(model, batches, pad_id, device)
