@@ -1,9 +1,10 @@
-"""Which heads matter and what each one does: mask one head at a time and measure the change in BLEU and
-loss (Michel et al., NeurIPS 2019), measure its roles (roles.py), and prune the least important heads.
+"""Which heads matter and what each one does: each masked in turn and measured; which to prune.
 
-Masking sets a head's entry of `head_mask` to 0 (attn_mt/models/attention.py): its output is dropped
-before W_o, exactly as if its columns of W_o were zero. BLEU is greedy (`attn-mt evaluate --beam 1`
-scores the same), loss is the mean per-token cross-entropy of the references, teacher-forced.
+Mask one head at a time and measure the change in BLEU and loss (Michel et al., NeurIPS 2019), measure its
+roles (roles.py), and choose the heads to prune.
+
+Masking and pruning a head: masking.py. BLEU is greedy (`attn-mt evaluate --beam 1` scores the same), loss
+is the mean per-token cross-entropy of the references, teacher-forced.
 
 Given a contrastive set with word positions (`items`), each head also gets its coreference measures
 (coref.py: how often its attention from the pronoun prefers the antecedent to the other noun) and the
@@ -11,25 +12,20 @@ contrastive accuracy with it masked; the top resolving heads of each kind are th
 
 Pruning removes, one at a time, the head whose masking raises the loss least, re-measuring the others
 after each removal (the loss is smooth where BLEU on a few hundred sentences moves in noisy steps),
-then writes the result into the weights: the head's rows of W_q, W_k and W_v (and their biases) and its
-columns of W_o become zero. The checkpoint keeps its shapes, since the exporters need every layer to
-have as many heads: pruning removes the heads' effect, not their size or their cost. It lists them
-under `pruned_heads`.
+then writes the result into the weights (masking.prune); pruned.py makes the checkpoint.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from attn_mt import checkpoint as ckpt
 from attn_mt.config import DecodeConfig
 from attn_mt.data.batching import Batch, collate
 from attn_mt.data.sources import DataError
@@ -37,72 +33,18 @@ from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.contrastive import Item
 from attn_mt.decoding.metrics import bleu
 from attn_mt.decoding.search import translate
-from attn_mt.models import AttentionWeights, loss_sum
-from attn_mt.models.attention import MultiHeadAttention, SelfAttention
+from attn_mt.models import AttentionWeights, mean_loss
 from attn_mt.models.transformer import Transformer
 
 from . import coref
+from .masking import Head, all_heads, attention_modules, masked, prune
 from .roles import RoleSums, key_info
 
-KINDS = ("encoder", "decoder", "cross")  # encoder self-, decoder self- and cross-attention
 BATCH = 50  # sentences per teacher-forced batch
 
 
 class HeadsError(DataError):
     """Bad input to `attn-mt heads` (one line naming the flag)."""
-
-
-@dataclass(frozen=True, order=True)
-class Head:
-    kind: str  # one of KINDS
-    layer: int  # from 1, as in `attn-mt attention`'s figures
-    head: int  # from 1
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.layer}.{self.head}"
-
-
-def attention_modules(model: Transformer) -> dict[str, list[MultiHeadAttention]]:
-    """The attention modules of each kind, by layer."""
-    return {"encoder": [layer.self_attn for layer in model.encoder],
-            "decoder": [layer.self_attn for layer in model.decoder],
-            "cross": [layer.cross_attn for layer in model.decoder]}
-
-
-def all_heads(model: Transformer) -> list[Head]:
-    return [Head(kind, i + 1, h + 1) for kind, mods in attention_modules(model).items()
-            for i, m in enumerate(mods) for h in range(m.n_heads)]
-
-
-@contextmanager
-def masked(model: Transformer, heads: Iterable[Head]) -> Iterator[Transformer]:
-    """Within the block the model runs without `heads`: their outputs are multiplied by 0 before W_o."""
-    modules = attention_modules(model)
-    try:
-        for h in heads:
-            m = modules[h.kind][h.layer - 1]
-            if m.head_mask is None:
-                m.head_mask = torch.ones(m.n_heads, device=m.out_proj.weight.device)
-            m.head_mask[h.head - 1] = 0.0
-        yield model
-    finally:
-        for m in (m for mods in modules.values() for m in mods):
-            m.head_mask = None
-
-
-@torch.no_grad()
-def prune(model: Transformer, heads: Iterable[Head]) -> None:
-    """Zero each head's rows of W_q, W_k, W_v (weights and biases) and its columns of W_o, in place."""
-    modules = attention_modules(model)
-    for h in heads:
-        m = modules[h.kind][h.layer - 1]
-        lo, hi = (h.head - 1) * m.d_head, h.head * m.d_head
-        m.out_proj.weight[:, lo:hi] = 0
-        fused = [(m.qkv_proj, 3)] if isinstance(m, SelfAttention) else [(m.q_proj, 1), (m.kv_proj, 2)]
-        for proj, parts in fused:  # [W_q; W_k; W_v] (or [W_k; W_v]) stacked by rows, D each
-            for p in range(parts):
-                proj.weight[p * m.d_model + lo : p * m.d_model + hi] = 0
-                proj.bias[p * m.d_model + lo : p * m.d_model + hi] = 0
 
 
 @dataclass
@@ -128,20 +70,11 @@ def sentences(src: list[str], ref: list[str], tok: Tokenizer, limit: int) -> Sen
     return Sentences(src, ref, batches, Counter(i for s in s_ids for i in s), Counter(i for t in t_ids for i in t))
 
 
-@torch.inference_mode()
-def mean_loss(model: Transformer, data: Sentences, device: torch.device) -> float:
-    """Mean per-token cross-entropy (no label smoothing) of the references, teacher-forced."""
-    total, n = 0.0, 0
-    for batch in data.batches:
-        total += float(loss_sum(model, batch.to(device), 0.0, model.pad_id))
-        n += batch.n_tokens
-    return total / max(n, 1)
-
-
 def measure(model: Transformer, tok: Tokenizer, data: Sentences, dcfg: DecodeConfig,
             device: torch.device) -> tuple[float, float]:
     """(BLEU of the translations, loss of the references) on the analysed sentences."""
-    return bleu(translate(model, tok, data.src, dcfg, device), data.ref), mean_loss(model, data, device)
+    value = bleu(translate(model, tok, data.src, dcfg, device), data.ref)
+    return value, mean_loss(model, data.batches, model.pad_id, device)
 
 
 @torch.inference_mode()
@@ -197,15 +130,6 @@ class HeadsReport:
         from .views import heads_html, save_html
 
         return save_html(heads_html(self), path, f"attn-mt heads: {Path(self.checkpoint).name}")
-
-
-def pruned_state(model: Transformer, state: dict, gone: list[Head], source: str) -> dict:
-    """The checkpoint dict of `model`, pruned from the one `state` describes (its config, tokenizer and step
-    kept; `pruned_heads` lists those pruned before and `gone`)."""
-    kept = {k: state[k] for k in ("config", "tokenizer", "step", "epoch", "best_bleu") if k in state}
-    before = pruned_heads(state.get("pruned_heads") or [], model, source)
-    return {**kept, "model": {k: v.cpu() for k, v in model.state_dict().items()},
-            "pruned_heads": [asdict(h) for h in [*before, *gone]], "pruned_from": source}
 
 
 def analyse(model: Transformer, cfg, tok: Tokenizer, sources: list[str], refs: list[str], *, name: str,
@@ -279,21 +203,6 @@ def measure_coref(model: Transformer, tok: Tokenizer, items: list[Item], dev: to
     report.coref = {"items": len(items), "located": located, "top": top}
 
 
-def pruned_heads(listed: object, model: Transformer, path: Path | str) -> list[Head]:
-    """A checkpoint's `pruned_heads` as Heads; CheckpointError names the file and the entry that is not a head
-    of this model ({"kind": one of KINDS, "layer": 1..layers, "head": 1..heads})."""
-    cfg, out = model.cfg, []
-    for i, h in enumerate(listed if isinstance(listed, list) else [listed]):
-        ok = (isinstance(h, dict) and set(h) == {"kind", "layer", "head"} and h["kind"] in KINDS
-              and all(type(h[k]) is int for k in ("layer", "head"))
-              and 1 <= h["layer"] <= cfg.n_layers and 1 <= h["head"] <= cfg.n_heads)
-        if not ok:
-            raise ckpt.CheckpointError(f"{path}: pruned_heads[{i}] is not a head of this model ({str(h)[:60]}); "
-                                       f"a list of {{kind, layer (1-{cfg.n_layers}), head (1-{cfg.n_heads})}}")
-        out.append(Head(**h))
-    return out
-
-
 def prune_greedily(model: Transformer, tok: Tokenizer, data: Sentences, dcfg: DecodeConfig, dev: torch.device,
                    n: int, candidates: list[Head], first_losses: dict[Head, float], before: list[Head],
                    report: HeadsReport) -> list[Head]:
@@ -306,7 +215,7 @@ def prune_greedily(model: Transformer, tok: Tokenizer, data: Sentences, dcfg: De
         losses = dict(first_losses) if k == 0 else {}  # first step: the masking pass measured them
         for h in left if k else ():
             with masked(model, [*before, *gone, h]):
-                losses[h] = mean_loss(model, data, dev)
+                losses[h] = mean_loss(model, data.batches, model.pad_id, dev)
             bar.update()
         best = min(left, key=lambda h: (losses[h], h))
         left.remove(best)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from attn_mt.config.files import write_atomic
 
-from .heads import KINDS, HeadsReport
+from .heads import HeadsReport
+from .masking import KINDS
 from .roles import ROLES
 
 SHARES = ("prev", "same", "next", "rare", "eos", "punct")  # where a head's weight goes; conf and mono apart

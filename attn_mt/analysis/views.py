@@ -10,7 +10,7 @@ calls too (the server serves this file as /static/analysis/views.js): one drawin
 page's own heat maps stay in serve/static/app.js: they are tied to its token chips, share links and requests.
 The heads report needs no script: its grid and table are plain HTML (and render where scripts do not run).
 Without scripts (an untrusted notebook, GitHub's renderer) the head view says so, the explanation shows its
-text (explain.render).
+text (explain_text.render).
 
     from attn_mt.analysis import views
     views.save_html(views.attention_html(translation, maps), "attention.html", "attention")
@@ -111,7 +111,7 @@ def explanation_html(e: Explanation) -> str:
     model's own output."""
     from dataclasses import asdict
 
-    from .explain import render
+    from .explain_text import render
 
     return _view("explanation", f'<pre class="nojs">{html.escape(render(e))}</pre>', "explanationView", asdict(e))
 
@@ -132,51 +132,12 @@ def heads_html(report: HeadsReport) -> str:
     """A heads report (analysis.heads) as HTML: a layer x head grid per kind coloured by the BLEU change when the
     head is masked (as the PNG of `attn-mt heads --png`), each cell with its largest share of attention, then
     the table of every head's dBLEU, dloss and roles, then the pruning. Plain HTML, no script."""
-    from .heads import KINDS
-    from .overview import SHARES
+    from .masking import KINDS
     from .roles import ROLES
 
     e = html.escape
-    layers = max(r["layer"] for r in report.heads)
-    n_heads = max(r["head"] for r in report.heads)
-    worst = max(0.5, max(abs(r["d_bleu"]) for r in report.heads))
-    grids = []
-    for kind in KINDS:
-        rows = {(r["layer"], r["head"]): r for r in report.heads if r["kind"] == kind}
-        if not rows:
-            continue
-        body = []
-        for layer in range(1, layers + 1):
-            cells = []
-            for h in range(1, n_heads + 1):
-                r = rows.get((layer, h))
-                if r is None:
-                    cells.append("<td></td>")
-                    continue
-                roles = r["roles"]
-                top = max((s for s in SHARES if roles.get(s) is not None), key=lambda s: roles[s], default=None)
-                lines = [f"<b>{r['d_bleu']:+.1f}</b>", f"{top} {roles[top]:.2f}" if top else ""]
-                if roles.get("mono") is not None:
-                    lines.append(f"mono {roles['mono']:.2f}")
-                if r.get("coref"):
-                    lines.append(f"coref {r['coref']['resolved']:.2f}")
-                shade = r["d_bleu"] / worst
-                ink = "#fff" if abs(shade) > 0.6 else "#1d2330"
-                cells.append(f'<td style="background:{_rdbu(shade)};color:{ink}" data-kind="{kind}" '
-                             f'data-layer="{layer}" data-head="{h}" title="{kind} {layer}.{h}: BLEU change '
-                             f'{r["d_bleu"]:+.2f}, loss change {r["d_loss"]:+.4f}">{"<br>".join(lines)}</td>')
-            body.append(f"<tr><th>layer {layer}</th>{''.join(cells)}</tr>")
-        head = "".join(f"<th>head {h}</th>" for h in range(1, n_heads + 1))
-        name = {"encoder": "encoder self", "decoder": "decoder self", "cross": "cross"}[kind]
-        grids.append(f'<table class="grid"><caption>{name}</caption><thead><tr><th></th>{head}</tr></thead>'
-                     f"<tbody>{''.join(body)}</tbody></table>")
-    rows = []
-    for r in report.heads:
-        width = round(40 * min(abs(r["d_bleu"]) / worst, 1))
-        bar = (f'<span class="dbar" style="width:{width}px;background:{_rdbu(r["d_bleu"] / worst)}"></span>')
-        rows.append(f"<tr><td>{e(r['kind'])} {r['layer']}.{r['head']}</td><td>{r['d_bleu']:+.2f}{bar}</td>"
-                    f"<td>{r['d_loss']:+.4f}</td>" + "".join(f"<td>{_cell(r['roles'].get(k))}</td>" for k in ROLES)
-                    + (f"<td>{_cell((r.get('coref') or {}).get('resolved'))}</td>" if report.coref else "") + "</tr>")
+    worst = max(0.5, max(abs(r["d_bleu"]) for r in report.heads))  # the darkest shade
+    grids = [_grid(report, kind, worst) for kind in KINDS if any(r["kind"] == kind for r in report.heads)]
     parts = [f'<h2 class="title">Heads of {e(Path(report.checkpoint).name)}: BLEU {report.bleu:.2f}, loss '
              f"{report.loss:.4f} on {report.sentences} sentences (greedy), {report.seconds_per_head:.1f} s per head"
              "</h2>",
@@ -186,7 +147,62 @@ def heads_html(report: HeadsReport) -> str:
              f'<div class="grids">{"".join(grids)}</div>',
              '<div class="scroll"><table class="report"><thead><tr><th>head</th><th>dBLEU</th><th>dloss</th>'
              + "".join(f"<th>{k}</th>" for k in ROLES) + ("<th>coref</th>" if report.coref else "")
-             + f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"]
+             + f"</tr></thead><tbody>{''.join(_table_rows(report, worst))}</tbody></table></div>",
+             *_heads_notes(report)]
+    return _view("heads", "\n".join(parts))
+
+
+def _grid(report: HeadsReport, kind: str, worst: float) -> str:
+    """The layer x head grid of one kind: a row per layer, a cell per head (empty where the report has none)."""
+    layers = max(r["layer"] for r in report.heads)
+    n_heads = max(r["head"] for r in report.heads)
+    rows = {(r["layer"], r["head"]): r for r in report.heads if r["kind"] == kind}
+    body = []
+    for layer in range(1, layers + 1):
+        cells = [_grid_cell(rows[layer, h], worst) if (layer, h) in rows else "<td></td>"
+                 for h in range(1, n_heads + 1)]
+        body.append(f"<tr><th>layer {layer}</th>{''.join(cells)}</tr>")
+    head = "".join(f"<th>head {h}</th>" for h in range(1, n_heads + 1))
+    name = {"encoder": "encoder self", "decoder": "decoder self", "cross": "cross"}[kind]
+    return (f'<table class="grid"><caption>{name}</caption><thead><tr><th></th>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table>")
+
+
+def _grid_cell(r: dict, worst: float) -> str:
+    """One head's cell: its BLEU change (the colour too), its largest share, monotony and coreference."""
+    from .overview import SHARES
+
+    kind, layer, h, roles = r["kind"], r["layer"], r["head"], r["roles"]
+    top = max((s for s in SHARES if roles.get(s) is not None), key=lambda s: roles[s], default=None)
+    lines = [f"<b>{r['d_bleu']:+.1f}</b>", f"{top} {roles[top]:.2f}" if top else ""]
+    if roles.get("mono") is not None:
+        lines.append(f"mono {roles['mono']:.2f}")
+    if r.get("coref"):
+        lines.append(f"coref {r['coref']['resolved']:.2f}")
+    shade = r["d_bleu"] / worst
+    ink = "#fff" if abs(shade) > 0.6 else "#1d2330"
+    return (f'<td style="background:{_rdbu(shade)};color:{ink}" data-kind="{kind}" '
+            f'data-layer="{layer}" data-head="{h}" title="{kind} {layer}.{h}: BLEU change '
+            f'{r["d_bleu"]:+.2f}, loss change {r["d_loss"]:+.4f}">{"<br>".join(lines)}</td>')
+
+
+def _table_rows(report: HeadsReport, worst: float) -> list[str]:
+    """A table row per head: dBLEU with a bar, dloss, the roles (and with a contrastive set, coref)."""
+    from .roles import ROLES
+
+    rows = []
+    for r in report.heads:
+        width = round(40 * min(abs(r["d_bleu"]) / worst, 1))
+        bar = (f'<span class="dbar" style="width:{width}px;background:{_rdbu(r["d_bleu"] / worst)}"></span>')
+        rows.append(f"<tr><td>{html.escape(r['kind'])} {r['layer']}.{r['head']}</td><td>{r['d_bleu']:+.2f}{bar}</td>"
+                    f"<td>{r['d_loss']:+.4f}</td>" + "".join(f"<td>{_cell(r['roles'].get(k))}</td>" for k in ROLES)
+                    + (f"<td>{_cell((r.get('coref') or {}).get('resolved'))}</td>" if report.coref else "") + "</tr>")
+    return rows
+
+
+def _heads_notes(report: HeadsReport) -> list[str]:
+    """What follows the table: the coreference lines, the heads pruned before and the pruning."""
+    e, parts = html.escape, []
     if report.coref:
         from .overview import coref_lines
 
@@ -198,7 +214,7 @@ def heads_html(report: HeadsReport) -> str:
         parts.append(f"<p>Pruned {len(report.pruned)} heads, each the one whose masking raised the loss least:</p>"
                      f'<ol class="pruned">{items}</ol><p>BLEU {report.bleu:.2f} → {_cell(report.bleu_after)}, loss '
                      f"{report.loss:.4f} → {_cell(report.loss_after, '{:.4f}')}; wrote {e(str(report.out))}</p>")
-    return _view("heads", "\n".join(parts))
+    return parts
 
 
 def document(fragment: str, title: str = "attn-mt") -> str:

@@ -239,7 +239,7 @@ class Model:
         >>> smaller = model.prune(2, Path("runs/toy/test.en"), Path("runs/toy/test.de"), out="pruned.pt")
         """
         from attn_mt import checkpoint
-        from attn_mt.analysis.heads import pruned_state
+        from attn_mt.analysis.pruned import pruned_state
         from attn_mt.config.files import check_outputs
         from attn_mt.decoding.translator import model_translator
 
@@ -267,7 +267,8 @@ class Model:
                contrastive: str | os.PathLike | Sequence | None = None):
         import copy
 
-        from attn_mt.analysis.heads import analyse, pruned_heads
+        from attn_mt.analysis.heads import analyse
+        from attn_mt.analysis.pruned import pruned_heads
 
         model = self._transformer("heads")
         if not isinstance(sentences, int) or sentences < 1:

@@ -2,7 +2,7 @@
 CLI shows as a flag's fault."""
 
 from attn_mt.analysis.explain import ExplainError as RequestError  # a value only the model can check
-from attn_mt.analysis.explain import render as explanation_text
+from attn_mt.analysis.explain_text import render as explanation_text
 from attn_mt.analysis.overview import save as save_heads_report
 from attn_mt.analysis.overview import table as heads_table
 from attn_mt.config.files import OutputError, check_outputs  # an output path, checked before any work

@@ -8,6 +8,7 @@ RNN has only its additive cross-attention (one layer, one head).
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,28 +32,55 @@ class AttentionMap:
     keys: list[str]
 
 
+@dataclass(frozen=True)
+class Forced:
+    """One sentence translated, then run through the model again teacher-forced: its ids and tokens."""
+
+    src: Tensor  # (1, S) the source ids, </s> last
+    out: list[int]  # (T - 1) the translation's ids, without <s> and </s>
+    translation: str
+    source_tokens: list[str]  # (S)
+    target_in: list[str]  # (T) <s> and the translation: what the decoder reads
+    predicted: list[str]  # (T) the translation and </s>: what query t predicts
+
+
 @torch.inference_mode()
-def attention_maps(model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeConfig,
-                   device: torch.device | str = "cpu") -> tuple[str, list[AttentionMap]]:
-    """Translate `text` and return the translation with every attention map of the model."""
+def translate_then_force(model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeConfig,
+                         device: torch.device | str = "cpu", *, weights: AttentionWeights | None = None,
+                         stepwise: bool = False, watch: AbstractContextManager = nullcontext()) -> Forced:
+    """Translate `text` with `cfg`, then run source and translation through `model` once more, teacher-forced,
+    inside `watch` (e.g. a hook recording a module): the decoder at once, `weights` collecting every attention
+    map, or with `stepwise` a token at a time with its cache, as translation runs it (the encoder's maps only)."""
     model.eval()
     src_ids = prepare_sources(tok, [text.strip()], model.max_positions)[0]
     src = torch.tensor([src_ids], device=device)  # (1, S)
     max_len = max_lengths(torch.tensor([len(src_ids)]), cfg, model.max_positions)
     out = search(model, tok, src, max_len, cfg)[0][0].tokens
-    tgt_in = torch.tensor([[tok.bos_id, *out]], device=device)  # (1, T)
+    tgt_in = [tok.bos_id, *out]  # (T)
+    with watch:
+        src_mask = model.src_mask(src)  # (1, 1, 1, S)
+        memory = model.encode(src, src_mask, weights)  # (1, S, D)
+        if stepwise:
+            cache = model.new_cache()
+            for y in tgt_in:
+                model.decode(torch.tensor([[y]], device=device), memory, src_mask, cache)
+        else:
+            model.decode(torch.tensor([tgt_in], device=device), memory, src_mask, weights=weights)
+    return Forced(src, out, tok.decode_tgt([out])[0], [tok.src.id_to_piece(i) for i in src_ids],
+                  tok.tgt_pieces(tgt_in), tok.tgt_pieces([*out, tok.eos_id]))
+
+
+def attention_maps(model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeConfig,
+                   device: torch.device | str = "cpu") -> tuple[str, list[AttentionMap]]:
+    """Translate `text` and return the translation with every attention map of the model."""
     weights = AttentionWeights()
-    src_mask = model.src_mask(src)
-    model.decode(tgt_in, model.encode(src, src_mask, weights), src_mask, weights=weights)
-    src_tokens = [tok.src.id_to_piece(i) for i in src_ids]
-    tgt_in_tokens = tok.tgt_pieces([tok.bos_id, *out])
-    predicted = tok.tgt_pieces([*out, tok.eos_id])  # query t predicts token t + 1
-    maps = [AttentionMap("encoder_self", i, w[0], src_tokens, src_tokens)
+    f = translate_then_force(model, tok, text, cfg, device, weights=weights)
+    maps = [AttentionMap("encoder_self", i, w[0], f.source_tokens, f.source_tokens)
             for i, w in enumerate(weights.encoder_self, 1)]
-    maps += [AttentionMap("decoder_self", i, w[0], predicted, tgt_in_tokens)
+    maps += [AttentionMap("decoder_self", i, w[0], f.predicted, f.target_in)
              for i, w in enumerate(weights.decoder_self, 1)]
-    maps += [AttentionMap("cross", i, w[0], predicted, src_tokens) for i, w in enumerate(weights.cross, 1)]
-    return tok.decode_tgt([out])[0], maps
+    maps += [AttentionMap("cross", i, w[0], f.predicted, f.source_tokens) for i, w in enumerate(weights.cross, 1)]
+    return f.translation, maps
 
 
 def plot(m: AttentionMap, path: Path) -> Path:

@@ -1,5 +1,6 @@
 """Sequence-to-sequence models behind one interface (`Seq2Seq`), `build_model` to choose one by config,
-and the training loss (`loss_sum`) every model is trained and validated with.
+the training loss (`loss_sum`) every model is trained with, and its mean per target token (`mean_loss`) that
+validation and the heads analysis measure.
 
 May import `attn_mt.config` only: never data, training, decoding, measure, export or serve.
 """
@@ -7,6 +8,7 @@ May import `attn_mt.config` only: never data, training, decoding, measure, expor
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +21,8 @@ from .rnn import RNNSeq2Seq
 from .seq2seq import DecoderCache, Seq2Seq
 from .transformer import Transformer
 
-__all__ = ["AttentionWeights", "DecoderCache", "Seq2Seq", "build_model", "count_params", "empty_model", "loss_sum"]
+__all__ = ["AttentionWeights", "DecoderCache", "Seq2Seq", "build_model", "count_params", "empty_model", "loss_sum",
+           "mean_loss"]
 
 
 def build_model(cfg: ModelConfig, *, src_vocab: int, tgt_vocab: int, pad_id: int,
@@ -67,3 +70,15 @@ def loss_sum(model: nn.Module, batch, label_smoothing: float, pad_id: int, z_los
     if z_loss:
         loss = loss + z_loss * (logits.logsumexp(-1).square() * (target != pad_id)).sum()
     return loss
+
+
+@torch.inference_mode()
+def mean_loss(model: nn.Module, batches: Iterable, pad_id: int, device: torch.device) -> float:
+    """Mean per-token cross-entropy (no label smoothing) over `batches` (the data package's Batch: src, tgt_in,
+    tgt_out and n_tokens), each moved to `device`, teacher-forced; summed on the device, read once."""
+    total, n = torch.zeros((), device=device), 0
+    for batch in batches:
+        batch = batch.to(device)
+        total += loss_sum(model, batch, 0.0, pad_id)
+        n += batch.n_tokens
+    return total.item() / max(n, 1)

@@ -123,7 +123,7 @@ class MultiHeadAttention(nn.Module):
 
     `rotary` (self-attention only) turns each head's normalised queries and keys by their positions (`rotate`).
 
-    `head_mask` (H,), None unless set (attn_mt/analysis/heads.py sets it), multiplies each head's
+    `head_mask` (H,), None unless set (attn_mt/analysis/masking.py sets it), multiplies each head's
     output before the heads are merged: 0 removes a head as if its columns of W_o were zero.
     """
 

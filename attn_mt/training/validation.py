@@ -13,22 +13,19 @@ from attn_mt.data.corpus import Corpus
 from attn_mt.decoding.metrics import bleu, score
 from attn_mt.decoding.search import translate
 from attn_mt.device import autocast, rng_state, set_rng_state
-from attn_mt.models import Seq2Seq, loss_sum
+from attn_mt.models import Seq2Seq, mean_loss
 
 
-@torch.inference_mode()
 def validation_loss(model: Seq2Seq, corpus: Corpus, split: str, batch_tokens: int, device: torch.device,
                   precision: str) -> float:
     """Mean per-token cross-entropy (no smoothing) on a split."""
     model.eval()
     index = token_batches(*corpus.lengths(split), batch_tokens, 0, 0, shuffle=False)
-    total, n = torch.zeros((), device=device), 0
-    for batch in corpus.batches(split, index):  # pairs longer than the model allows are cut, not a crash
-        batch = _fit(batch, model.max_positions, corpus.tok.pad_id).to(device)
-        with autocast(device, precision):
-            total += loss_sum(model, batch, 0.0, corpus.tok.pad_id)
-        n += batch.n_tokens
-    return total.item() / max(n, 1)
+    pad_id = corpus.tok.pad_id
+    # pairs longer than the model allows are cut, not a crash
+    batches = (_fit(batch, model.max_positions, pad_id) for batch in corpus.batches(split, index))
+    with autocast(device, precision):
+        return mean_loss(model, batches, pad_id, device)
 
 
 def _fit(batch: Batch, length: int, pad_id: int) -> Batch:

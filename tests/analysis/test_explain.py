@@ -14,7 +14,9 @@ import torch
 from conftest import cli, one_line_error, random_checkpoint
 
 import attn_mt
-from attn_mt.analysis.explain import explain, gather, recompute, recording, render
+from attn_mt.analysis.explain import explain
+from attn_mt.analysis.explain_text import render
+from attn_mt.analysis.recompute import gather, recompute, recording
 from attn_mt.checkpoint import load_model
 from attn_mt.data.batching import pad
 from attn_mt.decoding.attention_maps import attention_maps

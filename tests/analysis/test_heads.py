@@ -15,7 +15,7 @@ import torch
 from conftest import TINY, cli, one_line_error
 
 from attn_mt import checkpoint
-from attn_mt.analysis.heads import Head, all_heads, masked, prune
+from attn_mt.analysis.masking import Head, all_heads, masked, prune
 from attn_mt.analysis.roles import Keys, RoleSums, key_info, spearman
 from attn_mt.config import load_config
 from attn_mt.decoding.search import greedy, translate

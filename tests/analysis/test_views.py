@@ -26,7 +26,8 @@ from conftest import TINY, random_checkpoint, toy_test_files
 
 import attn_mt
 from attn_mt.analysis import views
-from attn_mt.analysis.explain import explain, render
+from attn_mt.analysis.explain import explain
+from attn_mt.analysis.explain_text import render
 from attn_mt.checkpoint import load_model
 from attn_mt.config import load_config
 from attn_mt.decoding.attention_maps import attention_maps
