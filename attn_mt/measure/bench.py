@@ -164,6 +164,26 @@ def _train_row(v: Variant, rounds: list[float], median: float, tokens: int, flop
     return row
 
 
+def _contestants(cfg: ExperimentConfig, corpus, device: torch.device, precisions: list[str], index: list,
+                 batches: list, compile: bool) -> tuple[dict, dict[str, Variant], dict[str, float]]:
+    """(the timed functions, the training variants by name, each precision's matmul FLOPs per call): data
+    loading (bucketing a whole epoch, amortised over its batches; collating and moving `batches`), a matmul
+    per precision, and each model (x compiled, if asked) x precision training on `batches`."""
+    tc, split = cfg.train, cfg.data.splits.train
+    lens = corpus.lengths(split)
+    fns = {"data/plan": timed(lambda: token_batches(*lens, tc.batch_tokens, tc.seed, 1), device),
+           "data/collate": timed(lambda: [b.to(device) for b in corpus.batches(split, index[:len(batches)])],
+                                  device)}
+    trainers, peak_flops = {}, {}
+    for p in precisions:
+        fns[f"matmul/{p}"], peak_flops[p] = matmul(device, DTYPES[p])
+        for kind in [*MODELS, "ours_compiled"] if compile else MODELS:
+            model = build("ours" if kind == "ours_compiled" else kind, cfg, corpus.tok, device)
+            tr = trainers[f"{kind}/{p}"] = Variant(kind, model, p, cfg, device, compiled=kind == "ours_compiled")
+            fns[f"{kind}/{p}"] = functools.partial(tr.run, batches)
+    return fns, trainers, peak_flops
+
+
 def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats: int = 5, steps: int = 2,
               compile: bool = False, sentences: int = 100, json_out: Path | None = None) -> dict:
     """Measure everything in one run (see the module docstring); returns JSON-ready figures, also written to
@@ -183,17 +203,7 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
     texts = corpus.text[cfg.data.splits.test][0][:sentences]
     precisions = precisions_for(device)
 
-    # data loading: bucketing a whole epoch (amortised over its batches), then collating and moving
-    fns = {"data/plan": timed(lambda: token_batches(*lens, tc.batch_tokens, tc.seed, 1), device),
-           "data/collate": timed(lambda: [b.to(device) for b in corpus.batches(split, index[:steps])],
-                                  device)}
-    trainers, peak_flops = {}, {}
-    for p in precisions:
-        fns[f"matmul/{p}"], peak_flops[p] = matmul(device, DTYPES[p])
-        for kind in [*MODELS, "ours_compiled"] if compile else MODELS:
-            model = build("ours" if kind == "ours_compiled" else kind, cfg, tok, device)
-            tr = trainers[f"{kind}/{p}"] = Variant(kind, model, p, cfg, device, compiled=kind == "ours_compiled")
-            fns[f"{kind}/{p}"] = functools.partial(tr.run, batches)
+    fns, trainers, peak_flops = _contestants(cfg, corpus, device, precisions, index, batches, compile)
     if checkpoint is not None:
         fns.update(translate_fns(checkpoint, texts, device, precisions))
     times = alternate(fns, repeats, warmup=True, label="bench")

@@ -53,16 +53,7 @@ def create_app(model: Model | str | os.PathLike, limits: Limits = Limits(), devi
     folder to load on `device`): `/` (page), `/api/translate`, `/api/attention`, `/api/explain`, `/api/info`;
     requests whose Host is not in `allowed_hosts` get 400."""
     engine = Engine(model if isinstance(model, Model) else load(model, device=device))
-    batcher: Batcher | Scheduler
-    if engine.continuous:  # sentences join and leave the running batch at every decoder step
-        batcher = Scheduler(engine.open_batch, engine.run_one, max_batch=engine.decode.batch_size,
-                            max_batch_work=limits.max_batch_work, max_queue=limits.max_queue)
-    else:  # whole model calls
-        batcher = Batcher(engine.translate, engine.run_one, max_batch=engine.decode.batch_size,
-                          max_batch_work=limits.max_batch_work, max_wait_s=limits.max_wait_ms / 1000,
-                          max_queue=limits.max_queue)
-        engine.interrupt = batcher.check  # a call whose clients all left stops at its next decoder step
-    facts = {**engine.info(), "limits": asdict(limits), "allowed_hosts": list(allowed_hosts)}
+    batcher = _batcher(engine, limits)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -75,6 +66,37 @@ def create_app(model: Model | str | os.PathLike, limits: Limits = Limits(), devi
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, timeout_s=limits.body_timeout_s, check=check_json)
     app.add_middleware(HostCheck, allowed=allowed_hosts)  # the outermost: checked first
     _error_handlers(app)
+    _pages(app)
+    _translation_routes(app, engine, batcher, limits)
+    facts = {**engine.info(), "limits": asdict(limits), "allowed_hosts": list(allowed_hosts)}
+
+    @app.get("/api/info")
+    def info() -> dict:
+        """What was loaded (`model`: checkpoint or export), architecture, parameters, vocabulary, training step,
+        validation BLEU, decoding defaults, limits, allowed hosts; `served`: model calls so far (decoder steps,
+        for a checkpoint: requests join and leave between them), the sentences they decoded, `rows`: the
+        sentences in each call, summed (rows / batches is the mean batch), and the requests waiting now."""
+        return {**facts, "served": {"batches": batcher.batches, "sentences": batcher.items,
+                                    "rows": batcher.rows, "waiting": len(batcher.pending)}}
+
+    return app
+
+
+def _batcher(engine: Engine, limits: Limits) -> Batcher | Scheduler:
+    """The model worker's queue: a running batch that sentences join and leave at every decoder step (a
+    Transformer checkpoint), else whole model calls, abandoned at the next step when their clients all left."""
+    if engine.continuous:
+        return Scheduler(engine.open_batch, engine.run_one, max_batch=engine.decode.batch_size,
+                         max_batch_work=limits.max_batch_work, max_queue=limits.max_queue)
+    batcher = Batcher(engine.translate, engine.run_one, max_batch=engine.decode.batch_size,
+                      max_batch_work=limits.max_batch_work, max_wait_s=limits.max_wait_ms / 1000,
+                      max_queue=limits.max_queue)
+    engine.interrupt = batcher.check
+    return batcher
+
+
+def _pages(app: FastAPI) -> None:
+    """The page, the offline API docs page, and their static files."""
     app.mount("/static/analysis", StaticFiles(directory=VIEWS_STATIC), name="views")  # drawSteps: shared, first
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -86,6 +108,9 @@ def create_app(model: Model | str | os.PathLike, limits: Limits = Limits(), devi
     def docs() -> FileResponse:
         return FileResponse(STATIC / "docs.html", headers={"Content-Security-Policy": CSP})
 
+
+def _translation_routes(app: FastAPI, engine: Engine, batcher: Batcher | Scheduler, limits: Limits) -> None:
+    """/api/translate, /api/attention and /api/explain: checked against the limits, then queued for the worker."""
     @app.post("/api/translate", response_model=TranslateResponse, responses=_ERRORS)
     async def translate(body: TranslateRequest, request: Request):
         """Translate sentences; n-best lists with scores, in input order (translate's jsonl lines)."""
@@ -124,17 +149,6 @@ def create_app(model: Model | str | os.PathLike, limits: Limits = Limits(), devi
         if isinstance(result, ApiError):  # a token the sentence or its translation does not have
             raise result
         return result
-
-    @app.get("/api/info")
-    def info() -> dict:
-        """What was loaded (`model`: checkpoint or export), architecture, parameters, vocabulary, training step,
-        validation BLEU, decoding defaults, limits, allowed hosts; `served`: model calls so far (decoder steps,
-        for a checkpoint: requests join and leave between them), the sentences they decoded, `rows`: the
-        sentences in each call, summed (rows / batches is the mean batch), and the requests waiting now."""
-        return {**facts, "served": {"batches": batcher.batches, "sentences": batcher.items,
-                                    "rows": batcher.rows, "waiting": len(batcher.pending)}}
-
-    return app
 
 
 class Answer(Response):
