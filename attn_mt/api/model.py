@@ -171,7 +171,7 @@ class Model:
     def _transformer(self, what: str):
         """The PyTorch Transformer, or ModelError saying why `what` cannot run on this model."""
         if self.module is None:
-            raise ModelError(f"{self.path}: a folder (an export?) keeps no weights to {what}; give a PyTorch "
+            raise ModelError(f"{self.path}: a CTranslate2 export keeps no PyTorch weights to {what}; give a "
                              "checkpoint file written by `attn-mt train`, e.g. RUN/checkpoint_best.pt", "path")
         if self.config.model.kind != "transformer" and what == "heads":
             raise ModelError(f"{self.path}: an {self.config.model.kind.upper()} model; {what} needs a Transformer (the "

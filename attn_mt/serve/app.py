@@ -128,9 +128,7 @@ def _translation_routes(app: FastAPI, engine: Engine, batcher: Batcher | Schedul
     async def attention(body: AttentionRequest, request: Request):
         """Translate one sentence; every attention map of every layer and head, as [layer][head][query][key]."""
         body.check(limits)
-        if engine.translator.model is None:
-            raise ApiError(404, "text", "attention maps need a PyTorch checkpoint; this server runs a CTranslate2 "
-                                        "export (serve RUN/checkpoint_best.pt to see them)")
+        engine.require_weights("attention maps")
         dcfg = engine.decode_config(body.beam)
         check_work("text", engine.work([body.text], dcfg.beam_size), limits)
         future = batcher.submit(None, [("attention", (body.text, dcfg))], hold=True)

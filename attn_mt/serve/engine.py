@@ -116,11 +116,15 @@ class Engine:
         name, item = job
         return {"attention": self.attention_json, "explain": self.explain}[name](item)
 
+    def require_weights(self, what: str) -> None:
+        """Refuse (ApiError 404) `what` (attention maps, explain) on an export, which keeps no attention weights."""
+        if self.translator.model is None:
+            raise ApiError(404, "text", f"no {what}: this server runs a CTranslate2 export, which keeps no attention "
+                                        "weights; serve a PyTorch checkpoint (RUN/checkpoint_best.pt)")
+
     def check_explain(self, body: ExplainRequest) -> None:
         """Refuse (ApiError) what can be refused before translating: an export, a kind, layer or head not there."""
-        if self.translator.model is None:
-            raise ApiError(404, "text", "explain needs a PyTorch checkpoint; this server runs a CTranslate2 export "
-                                        "(serve RUN/checkpoint_best.pt)")
+        self.require_weights("explain")
         try:
             check(self.translator.model, body.text, body.kind, body.layer, body.head)
         except ExplainError as e:

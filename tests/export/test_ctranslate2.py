@@ -82,6 +82,12 @@ def test_load_opens_a_checkpoint_file_with_torch_and_a_folder_with_ctranslate2(t
     dcfg = replace(ckpt.decode, beam_size=1, nbest=1)
     assert [n[0].text for n in folder.translate_nbest(texts, dcfg)] == [n[0].text for n in ckpt.translate_nbest(
         texts, dcfg)]
+    model = attn_mt.load(exported, device="cpu")
+    for call in (lambda: model.attention("a dog"), lambda: model.explain("a dog"), lambda: model.heads(["a"], ["b"])):
+        with pytest.raises(attn_mt.ModelError, match=r": a CTranslate2 export keeps no PyTorch weights to \w+; give a "
+                                                      r"checkpoint file") as e:
+            call()
+        assert e.value.field == "path"
 
 
 def test_cli_export_translate_evaluate(tiny_run, tmp_path, toy_test):
