@@ -1,4 +1,6 @@
-"""Checkpoints: atomic writes, safe loads, and rebuilding a model from what a checkpoint holds.
+"""Checkpoint files: their format, atomic saves (through config.files), safe loads, rebuilding a model from
+what a checkpoint holds, and averaging checkpoints of one run (which config changes keep a run the same
+run is config/changes.py's).
 
 A checkpoint is a dict of tensors and plain data only (it loads with
 `torch.load(..., weights_only=True)`, so a crafted file cannot run code):
@@ -10,15 +12,14 @@ not, and its files still load (translate, evaluate, and resume through training/
 
 from __future__ import annotations
 
-import os
 import pickle
 from pathlib import Path
 
 import torch
 
 from attn_mt.config import ConfigError, ExperimentConfig, from_dict, to_dict
-from attn_mt.config.files import HOST as _HOST
-from attn_mt.config.files import write_atomic
+from attn_mt.config.changes import config_changes
+from attn_mt.config.files import remove_orphans, write_atomic
 from attn_mt.config.yamlconf import first_line, show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import ModelError
@@ -42,23 +43,7 @@ def save(state: dict, path: Path) -> None:
         write_atomic(path, lambda f: torch.save({"format_version": FORMAT_VERSION, **state}, f))
     except OSError as e:
         raise CheckpointError(f"{path}: cannot write checkpoint ({e.strerror or e})") from None
-    for stale in path.parent.glob(f".{path.name}.{_HOST}.*.tmp"):
-        if _writer_gone(stale):  # left by a process of this machine killed while saving
-            stale.unlink(missing_ok=True)
-
-
-def _writer_gone(tmp: Path) -> bool:
-    """True when the process of this machine whose pid the temp file's name holds no longer runs."""
-    pid = tmp.name.removesuffix(".tmp").rpartition(".")[2]
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # exists, but another user's
-        return False
-    return False
+    remove_orphans(path)  # temp files of savers of this machine killed while saving
 
 
 def load(path: Path | str, map_location: str | torch.device = "cpu") -> dict:
@@ -185,29 +170,6 @@ def load_model(path: Path | str, device: torch.device | str = "cpu",
         if str(e).startswith(str(path)):
             raise
         raise CheckpointError(f"{path}: {e}") from None
-
-
-# settings that may change within one run (on --resume): the budget, how often to report and save, where
-# the data lives, and decoding; any other change alters the data order or the optimisation
-RESUMABLE = {"name", "data.dir", "data.name", "train.max_steps", "train.max_tokens", "train.max_minutes",
-             "train.max_epochs", "train.patience", "train.eval_every", "train.bleu_sentences", "train.checkpoint_every",
-             "train.keep_last", "train.max_bad_steps", "train.log_every", "train.threads", "train.device",
-             "train.compile", "train.tensorboard"}
-
-
-def config_changes(before: dict, after: dict) -> list[tuple[str, object, object]]:
-    """(dotted key, before, after) for each setting that differs between two configs (checkpoint dicts,
-    defaults filled in), apart from RESUMABLE ones and decoding. Raises ConfigError for an invalid one."""
-    a, b = (_flat(to_dict(from_dict(c))) for c in (before, after))
-    return [(k, a.get(k), b.get(k)) for k in sorted(a.keys() | b.keys())
-            if a.get(k) != b.get(k) and k not in RESUMABLE and not k.startswith("decode.")]
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
 
 
 def _same_run(path: Path, state: dict, first_path: Path, first: dict) -> None:

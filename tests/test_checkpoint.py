@@ -12,6 +12,7 @@ from conftest import Evil, cli, one_line_error, write_config
 
 from attn_mt import checkpoint
 from attn_mt.checkpoint import CheckpointError, load, load_model, save
+from attn_mt.config import files
 from attn_mt.training.run import TrainError, train
 
 
@@ -194,7 +195,7 @@ def test_crafted_checkpoints_fail_in_one_line_naming_the_file(tiny_run, tmp_path
 
 def test_save_removes_only_temp_files_whose_writer_is_gone(tmp_path):
     path = tmp_path / "c.pt"
-    host = checkpoint._HOST
+    host = files.HOST
     live = tmp_path / f".c.pt.{host}.{os.getppid()}.tmp"  # a process that is writing (our parent)
     other_host = tmp_path / f".c.pt.elsewhere.{2**22 + 7}.tmp"  # another machine's writer on a shared disk
     dead = subprocess.Popen(["true"])
@@ -209,8 +210,8 @@ def test_save_removes_only_temp_files_whose_writer_is_gone(tmp_path):
 def test_save_never_follows_a_link_planted_under_a_temp_name(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("mine")
-    (tmp_path / f".c.pt.{checkpoint._HOST}.{os.getpid()}.tmp").symlink_to(victim)  # the name save used to take
+    (tmp_path / f".c.pt.{files.HOST}.{os.getpid()}.tmp").symlink_to(victim)  # the name save used to take
     save({"model": {}, "config": {}, "step": 3}, tmp_path / "c.pt")
     assert victim.read_text() == "mine" and load(tmp_path / "c.pt")["step"] == 3
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".c.pt")) == [
-        f".c.pt.{checkpoint._HOST}.{os.getpid()}.tmp"]  # its own temp file is gone, the planted link left alone
+        f".c.pt.{files.HOST}.{os.getpid()}.tmp"]  # its own temp file is gone, the planted link left alone

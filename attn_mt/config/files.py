@@ -69,6 +69,28 @@ def write_atomic(path: Path, data: bytes | str | Callable[[BinaryIO], None]) -> 
             tmp.unlink(missing_ok=True)
 
 
+def remove_orphans(path: Path) -> None:
+    """Remove the temporary files `write_atomic` left beside `path` in processes of this machine that were
+    killed while writing (their pid, which the name holds, no longer runs)."""
+    for tmp in Path(path).parent.glob(f".{Path(path).name}.{HOST}.*.tmp"):
+        if _writer_gone(tmp):
+            tmp.unlink(missing_ok=True)
+
+
+def _writer_gone(tmp: Path) -> bool:
+    """True when the process of this machine whose pid the temp file's name holds no longer runs."""
+    pid = tmp.name.removesuffix(".tmp").rpartition(".")[2]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, but another user's
+        return False
+    return False
+
+
 def sync_folder(folder: Path) -> None:
     """fsync a folder: the names created, replaced or removed in it are on disk (after a rename: the rename)."""
     fd = os.open(folder, os.O_RDONLY)

@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attn_mt.checkpoint import FORMAT_VERSION, CheckpointError, check_weights, config_changes
+from attn_mt.checkpoint import FORMAT_VERSION, CheckpointError, check_weights
 from attn_mt.config import ConfigError, ExperimentConfig, TrainConfig, to_dict
+from attn_mt.config.changes import config_changes
 from attn_mt.config.yamlconf import show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.device import set_rng_state
