@@ -1,4 +1,4 @@
-"""Export a Transformer checkpoint as a Hugging Face `transformers` model folder with a model card.
+"""Export a Transformer checkpoint as a Hugging Face `transformers` model folder (its card: model_card.py).
 
 Two routes, by where the LayerNorm sits (docs/export.md says why):
     post-norm   MarianMTModel, built into transformers: the same layers, tied embeddings and fixed
@@ -20,12 +20,12 @@ import re
 from pathlib import Path
 
 import torch
-import yaml
 
-from attn_mt.config import ExperimentConfig, to_dict
+from attn_mt.config import ExperimentConfig
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.export.checkpoint_reader import ExportError, read_transformer
 from attn_mt.export.folder import FolderError, publish
+from attn_mt.export.model_card import model_card
 from attn_mt.rundir import RunDir
 
 INSTALL = "pip install 'attn-mt[hf]'"
@@ -185,110 +185,6 @@ def save_tokenizer(tok: Tokenizer, folder: Path, cfg: ExperimentConfig) -> None:
                              source_lang=cfg.data.src_lang, target_lang=cfg.data.tgt_lang, bos_token="<s>",
                              additional_special_tokens=[], model_max_length=cfg.model.max_positions, **extra)
     hf_tok.save_pretrained(folder)
-
-
-def _training_pairs(cfg: ExperimentConfig) -> int | None:
-    """Training pairs (before length filtering), where the data is at hand: toy, or readable files."""
-    d = cfg.data
-    if d.source == "toy":
-        return d.toy_size
-    path = Path(d.dir) / (f"{d.splits.train}.{d.src_lang}" if d.source == "files" else f"{d.splits.train}.jsonl")
-    if d.source in ("files", "jsonl") and path.is_file():
-        with path.open("rb") as f:
-            return sum(1 for _ in f)
-    return None
-
-
-def _shareable(cfg: ExperimentConfig) -> dict:
-    """The config as a dict, without the paths of the machine it was trained on (a card is published)."""
-    raw = to_dict(cfg)
-    for key in ("dir", "cache_dir"):
-        if raw["data"].get(key):
-            raw["data"][key] = f"/path/to/{Path(raw['data'][key]).name}"
-    return raw
-
-
-def card_header(cfg: ExperimentConfig, results: dict, data_name: str, remote: bool) -> str:
-    """The card's YAML header between its `---` lines, built as data and written by a YAML writer: a run
-    name or data folder with ':', '#', quotes or newlines stays one value."""
-    src, tgt = cfg.data.src_lang, cfg.data.tgt_lang
-    tags = ["translation", "attn-mt", "custom_code" if remote else "marian"]
-    meta: dict = {"language": [src, tgt], "license": None, "library_name": "transformers",
-                  "pipeline_tag": "translation", "tags": tags}
-    if cfg.data.name:
-        meta["datasets"] = [cfg.data.name]
-    meta["metrics"] = ["bleu", "chrf"]
-    if results:
-        meta["model-index"] = [{"name": cfg.name, "results": [{
-            "task": {"type": "translation", "name": f"Translation {src}-{tgt}"},
-            "dataset": {"name": data_name, "type": data_name, "split": results["test_split"]},
-            "metrics": [{"type": "bleu", "value": results["test_bleu"], "name": "BLEU"},
-                        {"type": "chrf", "value": results["test_chrf"], "name": "chrF"}]}]}]
-    text = yaml.safe_dump(meta, sort_keys=False, width=1 << 16)  # escaped non-ASCII: PyYAML writes U+0085 raw
-    # the one comment: no value a user gives can make a line of its own (quoted scalars escape newlines)
-    text = text.replace("\nlicense: null\n", "\nlicense: # choose one: https://huggingface.co/docs/hub/repositories-"
-                                              "licenses\n", 1)
-    return f"---\n{text}---"
-
-
-def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict, files: RunDir, *, route: str,
-               params: int, length_penalty: float) -> str:
-    """README.md for the hub: YAML header, what the model is, how it was trained and scored, how to use it."""
-    m, d, dec, src, tgt = cfg.model, cfg.data, cfg.decode, cfg.data.src_lang, cfg.data.tgt_lang
-    data_name = d.name or (Path(d.dir).name if d.dir else "") or "attn-mt toy corpus"
-    remote = route == "attn_mt"
-    header = card_header(cfg, results, data_name, remote)
-    pairs = _training_pairs(cfg)
-    kind = "pre-norm (LayerNorm before each sublayer)" if m.norm_first else "post-norm (as in the paper)"
-    sizes = tok.src_vocab_size if tok.joint else f"{tok.src_vocab_size} + {tok.tgt_vocab_size}"
-    vocab = (f"SentencePiece {cfg.tokenizer.type}, " + ("one joint vocabulary" if cfg.tokenizer.joint
-                                                         else "separate source and target vocabularies"))
-    cls = ("`AttnMtForConditionalGeneration` in `modeling_attn_mt.py` (load with `trust_remote_code=True`)"
-           if remote else "`MarianMTModel`, built into transformers")
-    example = "Hello."
-    test_src = files.test_text(results.get("test_split", d.splits.test), src)
-    if test_src.is_file():
-        example = test_src.read_text(encoding="utf-8").split("\n", 1)[0].strip() or example
-    trust = ", trust_remote_code=True" if remote else ""
-    lines = [header, "", f"# {' '.join(cfg.name.split())}: {src} -> {tgt} translation", "",
-             "A Transformer encoder-decoder trained from scratch with attn-mt and exported to transformers.", "",
-             "## Model", "", "| | |", "| --- | --- |",
-             f"| architecture | Transformer, {kind}; {m.n_layers} encoder and {m.n_layers} decoder layers, "
-             f"d_model {m.d_model}, {m.n_heads} heads, feed-forward {m.d_ff} (ReLU), sinusoidal positions |",
-             f"| parameters | {params:,} |",
-             f"| vocabulary | {vocab}; {sizes} pieces |",
-             f"| tied embeddings | {'yes' if m.tie_embeddings else 'no'} |",
-             f"| longest input / output | {m.max_positions} tokens |", f"| transformers class | {cls} |", "",
-             "## Training", "",
-             f"- data: {data_name} ({d.source}), split `{d.splits.train}`"
-             + (f", {pairs:,} sentence pairs" if pairs else "")
-             + f"; pairs over {d.max_len} tokens a side dropped",
-             f"- {state.get('step', 0):,} steps, {state.get('tokens', 0):,} target tokens seen"
-             + (f", {results['train_seconds'] / 60:.1f} minutes on {results['device']} ({results['precision']}, "
-                f"threads: {results['threads']}, torch {results['torch']})" if results else ""),
-             f"- the exported weights are those of step {state.get('step', 0)}", ""]
-    if results:
-        lines += ["## Evaluation", "",
-                  f"On `{results['test_split']}` ({data_name}), beam {dec.beam_size}, length penalty alpha {dec.alpha} "
-                  f"(attn-mt's decoder, checkpoint `{results['tested']}`):", "",
-                  f"- BLEU **{results['test_bleu']:.2f}** (sacreBLEU `{results['sacrebleu_signature']}`)",
-                  f"- chrF **{results['test_chrf']:.2f}** (`{results['chrf_signature']}`)", ""]
-    lp = f"`length_penalty={length_penalty}`, `early_stopping=\"never\"`"
-    beam = f"beam {dec.beam_size}, {lp}" if dec.beam_size > 1 else f"greedy (for beam search pass `num_beams`, {lp})"
-    lines += ["## Usage", "", "```python", "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer", "",
-              'MODEL = "."  # this folder; or its hub id once pushed',
-              f"tokenizer = AutoTokenizer.from_pretrained(MODEL{trust})",
-              f"model = AutoModelForSeq2SeqLM.from_pretrained(MODEL{trust})",
-              f"batch = tokenizer([{example!r}], return_tensors=\"pt\", padding=True)",
-              "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)[0])", "```", "",
-              f"`generation_config.json` holds the decoding of the evaluation above: {beam}. Greedy outputs are "
-              "attn-mt's. Beam outputs can differ a little: transformers divides a hypothesis' log probability by "
-              f"|Y|^length_penalty, attn-mt by GNMT's ((5 + |Y|) / 6)^alpha (alpha {dec.alpha}; the length penalty "
-              "above changes with |Y| as GNMT's does at the mean length of the test translations), and attn-mt "
-              "stops each output at "
-              f"{dec.max_len_a} x source length + {dec.max_len_b} tokens (`max_new_tokens`: one limit per call).", "",
-              "## Training config", "", "```yaml", yaml.safe_dump(_shareable(cfg), sort_keys=False).rstrip(), "```", ""]
-    return "\n".join(lines)
 
 
 def export_hf(checkpoint: Path, out: Path) -> list[Path]:

@@ -193,7 +193,7 @@ def test_format_and_quantization_are_checked(tiny_run, tmp_path):
 
 
 def test_the_cards_config_names_no_path_of_this_machine():
-    from attn_mt.export.transformers import _shareable
+    from attn_mt.export.model_card import _shareable
 
     cfg = load_config(None, ["data.source=files", "data.dir=/home/someone/corpora/multi30k",
                              "data.cache_dir=/scratch/someone/cache"])
@@ -223,7 +223,7 @@ NASTY = ["de-en: small #2", "x\nlicense: mit\nlibrary_name: evil\npipeline_tag: 
 def test_the_card_header_reads_back_as_written(name, folder):
     """A run name or data folder with ':', '#', quotes or newlines used to break the header or inject keys
     (license, library_name, pipeline_tag) or change the dataset's entry."""
-    from attn_mt.export.transformers import card_header
+    from attn_mt.export.model_card import card_header
 
     cfg = load_config(None, [])
     cfg = replace(cfg, name=name, data=replace(cfg.data, dir=f"/data/{folder}"))
