@@ -1,6 +1,8 @@
 """The `attn-mt` command line: each verb parses, calls the public API (`attn_mt`, attn_mt/api/) and prints.
 
 Errors arrive as `attn_mt.AttnMTError`s naming an argument (`field`); here they become one line naming its flag.
+
+One job: the command line (option declarations, printing, exit codes); what a verb does is the API's.
 """
 
 import functools

@@ -299,3 +299,16 @@ def test_files_are_put_in_place_by_one_module():
         if path != PACKAGE / "config" / "files.py":
             found = renames.search(path.read_text(encoding="utf-8"))
             assert found is None, f"{path.relative_to(ROOT)} renames a file itself ({found.group(0)})"
+
+
+def test_long_files_say_their_one_job_and_no_function_is_long():
+    """A file over 250 lines says its one job in its docstring ("One job: ..."); no function is over 60 lines."""
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+        if text.count("\n") > 250:
+            assert "\nOne job: " in (ast.get_docstring(tree, clean=False) or ""), f"{path.relative_to(ROOT)}"
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                assert lines <= 60, f"{path.relative_to(ROOT)}: {node.name} is {lines} lines"

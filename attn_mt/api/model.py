@@ -9,6 +9,8 @@ A checkpoint (trained, averaged, pruned) decodes with PyTorch and can show its a
 decodes with CTranslate2 and translates and scores only. Every method takes texts as a string (one result)
 or a list of strings (a list of results, in input order); `sources`/`refs` may also be a `Path` to a file
 with one sentence per line.
+
+One job: the `Model` facade; decoding/, analysis/ and export/ below it do the work.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Defaults live here; a YAML file only overrides them. Every key a user can write 
 field below, and every field is checked for its type and range when the config is built.
 yamlconf.py reads YAML and builds dataclasses (nothing attn-mt specific); compare_rnn.py reads
 compare-rnn's file of shared and per-model sections. May import nothing of attn_mt.
+
+One job: the experiment config's schema and checks (YAML is yamlconf.py's, files files.py's).
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ that only the building process holds (lock.py), so concurrent runs and torchrun 
 the others wait, and a killed build leaves nothing that blocks the next. An entry that is incomplete or
 does not match its complete.json is rebuilt, never read. A run notes in its directory which entry it used
 (training.rundir's `RunDir.record_entry`).
+
+One job: the cache's entries (find, lock, build into place, check); tokenizing is build.py's.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ it, in chunks of (src, tgt) texts, and identifies it for the data cache's key (`
 contents, not their names or dates). `iter_pairs` gives a split with empty pairs dropped; the training
 split is streamed into an Arrow file (`write_pairs`) that the data cache tokenizes, validation and test
 are read into memory (`read_pairs`).
+
+One job: reading parallel text from each kind of source; tokenizing and caching are build.py's and cache.py's.
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ target length T (eos / bos included), D = d_model, F = d_ff, V = target vocabula
 plus 2TDV for the output layer; training counts 3x the forward (backward = 2x forward).
 Causal attention is counted in full (T^2), padding not at all. MFU = model FLOP/s / the
 measured peak of a large square matmul at the same precision.
+
+One job: bench's measurements and report; the timing loop is timing.py's.
 """
 
 from __future__ import annotations

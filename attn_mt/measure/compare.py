@@ -5,6 +5,8 @@ clock (seconds spent in its training steps) is behind, so background load hits b
 each gets the same training-time budget. Evaluations pause the clock. Then, alternated and
 repeated: cost against sentence length, and decoding speed. Writes report.json, report.md and
 two plots into the output directory.
+
+One job: compare-rnn's race and its figures; report.py writes them up.
 """
 
 from __future__ import annotations

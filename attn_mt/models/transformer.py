@@ -1,4 +1,7 @@
-"""The Transformer encoder-decoder ("Attention Is All You Need", Vaswani et al. 2017), from our layers."""
+"""The Transformer encoder-decoder ("Attention Is All You Need", Vaswani et al. 2017), from our layers.
+
+One job: the Transformer model; its attention layers are attention.py's.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The web app: the page, the JSON API, and error answers that name the field."""
+"""The web app: the page, the JSON API, and error answers that name the field.
+
+One job: HTTP (routes, error answers, streaming); model work is engine.py's, queuing batcher.py's and scheduler.py's.
+"""
 
 from __future__ import annotations
 

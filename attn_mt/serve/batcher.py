@@ -21,6 +21,8 @@ A job whose client went away (its future cancelled) is dropped when the worker n
 model call whose jobs are all gone stops at its next decoder step: the model calls `check()` at each step, which raises
 `Abandoned`. `stop()` (safe in a signal handler: it only sets a flag) makes the worker stop the
 running call at its next step and fail every waiting job with `Stopping`.
+
+One job: queuing model work for the one worker thread.
 """
 
 from __future__ import annotations

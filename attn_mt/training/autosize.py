@@ -11,6 +11,8 @@ number of steps, so a short run leaves warmup early enough to learn.
 `choose` is a pure function of the measured speeds, the corpus size and the budget; `measure` does
 the timing; `apply` turns a choice into the config the run trains (and `Choice.overrides` into the
 `--set` line that reproduces it without the automatic choice).
+
+One job: choosing the shape a clock budget trains (`plan`).
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ Ctrl-C. `train(..., resume=True)` continues from it, also in the middle of an ep
 order is a function of (seed, epoch), the learning rate a function of the step, and the RNG,
 optimizer and loss-window state travel in the checkpoint, so on CPU a resumed run ends with
 the same parameters, bit for bit, as one that was never stopped.
+
+One job: a training job from set-up to test scores; the step is trainer.py's, resuming resume.py's.
 """
 
 from __future__ import annotations
