@@ -10,6 +10,8 @@ The public API (docs/api.md); importing `attn_mt` loads nothing else until a nam
     >>> model.attention("a dog runs.")                                    # every head; a view in a notebook
     >>> model.explain("a dog runs.", kind="encoder", layer=1, head=2, token="dog")   # the five steps
     >>> model.heads(sources, refs), model.prune(2, sources, refs), model.evaluate(sources, refs)
+
+Tested in tests/api/test_model.py (every public name resolves; no torch at import) and tests/test_readme.py.
 """
 
 from __future__ import annotations

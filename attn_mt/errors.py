@@ -14,6 +14,8 @@ backticks (`overwrite`). Only the CLI turns both into its option names and error
 one-line exits (cli.py).
 
 May import nothing of attn_mt.
+
+Tested in tests/test_cli.py (one line naming the flag) and tests/test_layout.py (imports nothing of attn_mt).
 """
 
 from __future__ import annotations

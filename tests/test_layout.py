@@ -312,3 +312,14 @@ def test_long_files_say_their_one_job_and_no_function_is_long():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
                 assert lines <= 60, f"{path.relative_to(ROOT)}: {node.name} is {lines} lines"
+
+
+def test_every_module_has_a_test_file_or_says_where_it_is_tested():
+    """attn_mt/x/y.py is tested in a tests/**/test_y.py, or its docstring says where ("Tested in ...")."""
+    tested = {p.stem.removeprefix("test_") for p in (ROOT / "tests").rglob("test_*.py")}
+    for path in PACKAGE.rglob("*.py"):
+        stem = path.parent.name if path.name == "__init__.py" else path.stem
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        if stem not in tested and path.parent != PACKAGE / "static":
+            assert "Tested in " in doc or (path.name == "__init__.py" and path.parent != PACKAGE), \
+                f"{path.relative_to(ROOT)}: no tests/**/test_{stem}.py and no 'Tested in' line"

@@ -1,4 +1,7 @@
-"""`attn-mt heads`'s report as an 80-column table, as JSON and as one PNG overview of every head."""
+"""`attn-mt heads`'s report as an 80-column table, as JSON and as one PNG overview of every head.
+
+Tested in tests/analysis/test_heads.py (the heads command's table and files).
+"""
 
 from __future__ import annotations
 

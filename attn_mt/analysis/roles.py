@@ -14,6 +14,8 @@ For each head, averaged over the real query tokens of the analysed sentences:
                       position attends to most (argmax) with the target position, per sentence of 3 or
                       more target tokens, averaged: 1 is a monotone alignment, 0 none (a constant argmax
                       counts 0).
+
+Tested in tests/analysis/test_heads.py and tests/data/test_pronoun.py.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 Each is one command of the CLI (`attn-mt average` is `attn_mt.average`), callable from Python.
 
     >>> attn_mt.average(["runs/toy/checkpoint_step0000300.pt", "runs/toy/checkpoint_step0000330.pt"], "avg.pt")
+
+Tested in tests/test_cli.py, tests/test_average.py, tests/data/test_cache.py (prepare, its list and clean) and
+tests/measure/.
 """
 
 from __future__ import annotations

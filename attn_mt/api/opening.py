@@ -2,6 +2,8 @@
 model (a transformers folder or a hub name: opus-mt, or our own `export --format transformers`), as a `Translator`.
 
 This is the one place that chooses between the kinds; `attn_mt.load` and every command go through it.
+
+Tested in tests/api/test_model.py, tests/export/test_ctranslate2.py and tests/marian/test_marian.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """The text forms of the API's results, as the CLI prints them (and a script may too), and the two errors the
-CLI shows as a flag's fault."""
+CLI shows as a flag's fault.
+
+Tested in tests/test_cli.py and tests/decoding/test_translate_stream.py (what each verb prints).
+"""
 
 from attn_mt.analysis.explain import ExplainError as RequestError  # a value only the model can check
 from attn_mt.analysis.explain_text import render as explanation_text

@@ -1,4 +1,7 @@
-"""`attn-mt download multi30k`: the corpus as `{split}.{de,en}` files, from the original URL, else the hub."""
+"""`attn-mt download multi30k`: the corpus as `{split}.{de,en}` files, from the original URL, else the hub.
+
+Tested in tests/data/test_sources.py and tests/test_files.py (never through a planted link).
+"""
 
 from __future__ import annotations
 

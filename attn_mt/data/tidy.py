@@ -5,6 +5,8 @@ The cache directory holds entries (`<key>/`), builds in progress or left by a bu
 so it never touches a build in progress, and removes damaged entries, what stopped builds left and lock
 files no process holds; complete entries stay (delete one by hand when no run needs it any more), and
 so do entries of another layout version (another attn-mt's, which this one cannot check).
+
+Tested in tests/data/test_cache.py (`prepare --list` and `--clean`).
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ their context, so only intrasegmental items (distance 0) see their antecedent.
 
 Here in decoding, beside metrics.py, because both `attn-mt heads` (analysis) and compare-rnn (measure) score
 with it, and decoding is the one package both may import.
+
+Tested in tests/decoding/test_scoring.py, tests/analysis/test_coref.py and tests/export/test_ct2_score.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""What both exporters share: `ExportError`, and `read_transformer`, which reads and checks the checkpoint."""
+"""What both exporters share: `ExportError`, and `read_transformer`, which reads and checks the checkpoint.
+
+Tested in tests/export/test_transformers.py and tests/export/test_ctranslate2.py.
+"""
 
 from __future__ import annotations
 

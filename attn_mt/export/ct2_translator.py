@@ -12,6 +12,8 @@ How our decode settings map (docs/export.md):
     max_len_a, _b   CTranslate2 has one `max_decoding_length` per call: we pass the batch's largest limit
                     a * |src| + b and cut each output at its own limit, where ours forces eos. For greedy
                     search the cut gives our tokens exactly; only the log P of a cut output differs.
+
+Tested in tests/export/test_ctranslate2.py and tests/export/test_ct2_score.py.
 """
 
 from __future__ import annotations

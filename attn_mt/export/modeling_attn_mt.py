@@ -7,6 +7,8 @@ the even and cos in the odd dims, added to embeddings times sqrt(D)), with the `
 greedy and beam search keep keys and values in transformers' `EncoderDecoderCache`.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head dim, V vocabulary.
+
+Tested in tests/export/test_transformers.py (the pre-norm route's outputs equal ours).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""What `bench` and `compare-rnn` do first: threads, device, precision and the corpus, in one place."""
+"""What `bench` and `compare-rnn` do first: threads, device, precision and the corpus, in one place.
+
+Tested in tests/measure/test_bench.py and tests/measure/test_compare.py.
+"""
 
 from __future__ import annotations
 

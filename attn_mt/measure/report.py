@@ -1,4 +1,7 @@
-"""compare-rnn's report: report.json (every number), report.md (tables) and two PNG plots."""
+"""compare-rnn's report: report.json (every number), report.md (tables) and two PNG plots.
+
+Tested in tests/measure/test_compare.py.
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@ the training loss (`loss_sum`) every model is trained with, and its mean per tar
 validation and the heads analysis measure.
 
 May import `attn_mt.config` only: never data, training, decoding, measure, export or serve.
+
+Tested in tests/models/ and tests/training/test_run.py.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 A model is `encode(src)` once, then `decode(tgt_in, memory)`: for a whole teacher-forced target
 in training, or a few positions at a time with a `DecoderCache` in search (Annotated
 Transformer's split). Training, decoding, compare-rnn and bench see only this interface.
+
+Tested in tests/models/test_transformer.py and tests/models/test_rnn.py (both models through it).
 """
 
 from __future__ import annotations

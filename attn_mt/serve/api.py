@@ -1,4 +1,8 @@
-"""The JSON contract of `attn-mt serve`: request and response models, limits, and errors that name a field."""
+"""The JSON contract of `attn-mt serve`: request and response models, limits, and errors that name a field.
+
+One job: the JSON contract (request and answer models, limits, error bodies); answering is app.py's.
+Tested in tests/serve/test_serve.py and tests/serve/test_hostile_http.py.
+"""
 
 from __future__ import annotations
 

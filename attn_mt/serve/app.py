@@ -1,6 +1,8 @@
 """The web app: the page, the JSON API, and error answers that name the field.
 
 One job: HTTP (routes, error answers, streaming); model work is engine.py's, queuing batcher.py's and scheduler.py's.
+
+Tested in tests/serve/test_serve.py, test_streaming.py, test_explain_api.py and test_hostile_http.py.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ model call whose jobs are all gone stops at its next decoder step: the model cal
 running call at its next step and fail every waiting job with `Stopping`.
 
 One job: queuing model work for the one worker thread.
+
+Tested in tests/serve/test_serve.py (the batcher) and tests/serve/test_scheduler.py.
 """
 
 from __future__ import annotations

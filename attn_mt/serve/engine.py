@@ -1,4 +1,7 @@
-"""What the model worker does: translate batches, draw attention maps, and describe the model it serves."""
+"""What the model worker does: translate batches, draw attention maps, and describe the model it serves.
+
+Tested in tests/serve/test_serve.py and tests/serve/test_streaming.py.
+"""
 
 from __future__ import annotations
 

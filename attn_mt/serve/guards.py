@@ -3,6 +3,8 @@
 Both answer in JSON like the app (`{"error": "<field>: <why>", "field": "<field>"}`) and close the
 connection with every refusal, so an unread rest of the body is never parsed, buffered or waited for
 (server.py also closes any connection answered before its body was read whole).
+
+Tested in tests/serve/test_hostile_http.py.
 """
 
 from __future__ import annotations

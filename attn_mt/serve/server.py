@@ -8,6 +8,8 @@
   client sends it).
 - `make_server` stops the model worker at the first SIGINT/SIGTERM: the running call ends at its next
   decoder step and queued requests are answered 503, so the server exits within a few seconds.
+
+Tested in tests/serve/test_hostile_http.py (timeouts, Ctrl-C) and tests/serve/test_serve.py.
 """
 
 from __future__ import annotations
