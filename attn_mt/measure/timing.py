@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attn_mt.config import DecodeConfig
-from attn_mt.decoding.search import translate
+from attn_mt.decoding.search import translate, translate_nbest
 from attn_mt.device import Stopwatch
 
 log = logging.getLogger(__name__)
@@ -163,22 +163,6 @@ def _tick(progress) -> Callable[[str, int, float], None] | None:
     return None if progress is None else (lambda name, r, seconds: progress.update(1))
 
 
-@contextmanager
-def count_calls(model: nn.Module, name: str):
-    """Count calls of model.<name> (e.g. decoder steps) inside the block; yields a one-item list."""
-    calls, fn = [0], getattr(model, name)
-
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return fn(*args, **kwargs)
-
-    setattr(model, name, counted)
-    try:
-        yield calls
-    finally:
-        delattr(model, name)
-
-
 def decode_speed(models: dict[str, nn.Module], tok, texts: list[str], base: DecodeConfig,
                  beam_size: int, repeats: int, device: torch.device, autocast, progress=None) -> dict:
     """Sentences per second (greedy and beam), alternated and repeated, plus decoder steps."""
@@ -187,9 +171,11 @@ def decode_speed(models: dict[str, nn.Module], tok, texts: list[str], base: Deco
     out: dict[str, dict] = {k: {} for k in models}
     for mode, dcfg in modes.items():
         for k, m in models.items():  # warm-up run that also counts the sequential decoder calls
-            with count_calls(m, "decode") as calls, autocast():
-                hyps = translate(m, tok, texts, dcfg, device)
-            out[k][f"{mode}_decoder_calls"] = calls[0]
+            calls: list[None] = []
+            with autocast():
+                hyps = [n[0].text for n in translate_nbest(m, tok, texts, dcfg, device,
+                                                           interrupt=lambda c=calls: c.append(None))]
+            out[k][f"{mode}_decoder_calls"] = len(calls)
             out[k][f"{mode}_output_tokens"] = sum(len(ids) + 1 for ids in tok.encode_tgt(hyps))
         def run(m: nn.Module, dcfg=dcfg) -> None:
             with autocast():

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from attn_mt.checkpoint import load_model
 from attn_mt.cli import app
 from attn_mt.data.corpus import load_corpus
+from attn_mt.models import count_params
 from attn_mt.training.validation import score_test_split
 
 CPU = torch.device("cpu")
@@ -49,8 +50,10 @@ def test_compare_rnn_writes_a_valid_report(tmp_path):
     assert set(report["background_load"]) == {"training", "length_scaling", "decoding"}
     for name in ("transformer", "rnn"):
         m = report["models"][name]
-        assert m["params"] > 0 and m["train_tokens_per_s"] > 0 and m["decode_sentences_per_s"] > 0
-        assert m["beam_sentences_per_s"] > 0 and m["peak_memory_mb"] > 0
+        assert m["params"] == count_params(load_model(tmp_path / f"{name}.pt")[0])  # the model the report is of
+        assert m["peak_memory_mb"] == pytest.approx(16 * m["params"] / 2**20 + m["activation_mb"], abs=0.11)
+        assert m["decode_sentences_per_s"] == m["greedy_sentences_per_s"] and m["beam_sentences_per_s"] > 0
+        assert m["train_tokens_per_s"] > 0 and m["greedy_decoder_calls"] >= 1
         assert m["curve"] and all({"elapsed_s", "valid_bleu"} <= p.keys() for p in m["curve"])
         times = [p["elapsed_s"] for p in m["curve"]]
         assert times == sorted(times) and times[-1] >= BUDGET_MIN * 60

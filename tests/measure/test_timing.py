@@ -39,17 +39,6 @@ def test_timed_returns_the_seconds_of_the_call():
     assert timing.timed(lambda: None)() < 0.05  # well under the sleep: not the same call's time
 
 
-def test_count_calls_counts_and_restores():
-    class M(torch.nn.Module):
-        def decode(self, x):
-            return x + 1
-
-    m = M()
-    with timing.count_calls(m, "decode") as calls:
-        assert [m.decode(i) for i in range(3)] == [1, 2, 3]
-    assert calls == [3] and "decode" not in vars(m)  # the class's method is back
-
-
 def test_load_meter_reports_the_window():
     outer = time.perf_counter()
     meter = timing.LoadMeter().start()
