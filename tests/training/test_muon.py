@@ -7,7 +7,7 @@ import torch
 
 from attn_mt.config import RNNConfig, TransformerConfig
 from attn_mt.models import build_model
-from attn_mt.training.muon import MuonAdamW, muon_params, orthogonalise
+from attn_mt.training.muon import NS_COEFFICIENTS, MuonAdamW, gram_iterations, muon_params, orthogonalise
 
 
 def model(cfg=None):
@@ -27,6 +27,20 @@ def test_newton_schulz_flattens_the_singular_values(shape, dtype):
     s = torch.linalg.svdvals(o.float())
     assert 0.2 < s.min() and s.max() < 1.3  # every direction moves at about the same rate
     assert torch.nn.functional.cosine_similarity((u @ v.T).flatten(), o.float().flatten(), dim=0) > 0.9
+
+
+@pytest.mark.parametrize("steps", [0, 1, 3, 5])
+def test_the_gram_iterations_give_the_plain_iterations_result(steps):
+    """On a wide matrix the iterations may run on its Gram matrix: the same X (fp32 rounding apart)."""
+    a, b, c = NS_COEFFICIENTS
+    torch.manual_seed(steps)
+    x = torch.randn(64, 256)
+    x = x / x.norm()
+    plain = x
+    for _ in range(steps):
+        gram = plain @ plain.T
+        plain = a * plain + (b * gram + c * gram @ gram) @ plain
+    assert torch.allclose(gram_iterations(x, steps), plain, atol=2e-6)
 
 
 def test_muon_takes_the_linear_layers_and_leaves_embeddings_norms_and_biases_to_adamw():
