@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -265,6 +266,12 @@ def wait_until(pred, timeout: float = 30.0, interval: float = 0.01, what: str = 
         assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
         time.sleep(interval)
     return value
+
+
+def ctrl_c_able() -> None:
+    """A subprocess's `preexec_fn` for tests that Ctrl-C it: SIGINT as a terminal gives it (a runner started
+    in the background, e.g. `nohup make test &`, passes SIGINT on ignored, and a child keeps ignoring it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 # ---- the serve app in-process (tests/serve) ----

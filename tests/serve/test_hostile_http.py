@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")  # the serve extra
 
-from conftest import serving, wait_until  # noqa: E402
+from conftest import ctrl_c_able, serving, wait_until  # noqa: E402
 
 from attn_mt.serve import Limits, create_app  # noqa: E402
 from attn_mt.serve.guards import host_name  # noqa: E402
@@ -289,7 +289,7 @@ def cli_server(tiny_run):
                              str(tiny_run / "checkpoint_best.pt"), "--port", str(port), "--device", "cpu",
                              "--max-texts", "4", "--max-chars", "200", "--read-timeout", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=ctrl_c_able)
     def ready() -> bool:
         try:
             return status(exchange(port, b"GET /api/info HTTP/1.1\r\nHost: localhost\r\n\r\n", wait=1)) == 200

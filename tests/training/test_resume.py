@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHORT, TINY, cli, one_line_error, snapshot, wait_until, write_config
+from conftest import SHORT, TINY, cli, ctrl_c_able, one_line_error, snapshot, wait_until, write_config
 from torch import nn
 from typer.testing import CliRunner
 
@@ -176,7 +176,7 @@ def test_ctrl_c_saves_and_resume_continues(tmp_path):
     cfg.write_text("name: tiny\n")
     run = tmp_path / "run"
     proc = subprocess.Popen([ATTN_MT, "--quiet", "train", "-c", str(cfg), "--out", str(run), *sets],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_able)
     try:
         wait_until(lambda: (run / "checkpoint_last.pt").exists() or proc.poll() is not None, timeout=120,
                    what="a checkpoint")
