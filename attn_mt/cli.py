@@ -100,11 +100,11 @@ ModelOpt = Annotated[Path, Option("--checkpoint", help="A checkpoint, or a folde
 DeviceOpt = Annotated[str, Option(help="cpu, cuda, mps or auto.")]
 _CKPT = "(default: the checkpoint's decode section)"
 OPTION = {o.key: o for o in attn_mt.DECODE_OPTIONS}  # the decode options, defined once (attn_mt/config)
-DECODE_FLAGS = {o.key: o.flag for o in attn_mt.DECODE_OPTIONS if o.flag}
-BeamOpt = Annotated[int | None, Option(OPTION["beam_size"].flag, help=f"{OPTION['beam_size'].help} {_CKPT}.")]
-AlphaOpt = Annotated[float | None, Option(OPTION["alpha"].flag, help=f"{OPTION['alpha'].help} {_CKPT}.")]
-BatchOpt = Annotated[int | None, Option(OPTION["batch_size"].flag, help=f"{OPTION['batch_size'].help} {_CKPT}.")]
-NbestOpt = Annotated[int | None, Option(OPTION["nbest"].flag, help=f"{OPTION['nbest'].help} (default 1).")]
+DECODE_FLAGS = {k: flag(OPTION[k].arg) for k in ("beam_size", "alpha", "nbest", "batch_size")}  # the verbs' ones
+BeamOpt = Annotated[int | None, Option(DECODE_FLAGS["beam_size"], help=f"{OPTION['beam_size'].help} {_CKPT}.")]
+AlphaOpt = Annotated[float | None, Option(DECODE_FLAGS["alpha"], help=f"{OPTION['alpha'].help} {_CKPT}.")]
+BatchOpt = Annotated[int | None, Option(DECODE_FLAGS["batch_size"], help=f"{OPTION['batch_size'].help} {_CKPT}.")]
+NbestOpt = Annotated[int | None, Option(DECODE_FLAGS["nbest"], help=f"{OPTION['nbest'].help} (default 1).")]
 SrcOpt = Annotated[Path, Option(help="Source sentences, one a line.")]
 RefOpt = Annotated[Path, Option(help="Their reference translations, line-aligned with --src.")]
 TextArg = Annotated[str, Argument(help="A source sentence.")]

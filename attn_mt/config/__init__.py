@@ -306,29 +306,27 @@ class DecodeConfig:
 @dataclass(frozen=True)
 class DecodeOption:
     """A decode setting a caller may give, defined once: its DecodeConfig field (`key`), its name as an argument
-    of the API (`Model.options`, `Model.translate`) and as a field of serve's requests (`arg`), its command-line
-    flag (None: no flag), whether serve's requests take it, and what it means. The CLI's options, the API's
+    of the API (`Model.options`, `Model.translate`) and as a field of serve's requests (`arg`), whether serve's
+    requests take it, and what it means. The CLI's options, the API's
     arguments, serve's request fields and the page's controls are derived from or tested against this table
     (tests/decoding/test_decode_options.py); public as `attn_mt.DECODE_OPTIONS`."""
 
     key: str
     arg: str
-    flag: str | None
     served: bool
     help: str
 
 
 DECODE_OPTIONS = (
-    DecodeOption("beam_size", "beam", "--beam", True, "Beam size; 1 is greedy"),
-    DecodeOption("alpha", "alpha", "--alpha", True, "Length penalty exponent"),
-    DecodeOption("nbest", "nbest", "--nbest", True, "Hypotheses per sentence, at most the beam size"),
-    DecodeOption("batch_size", "batch_size", "--batch-size", False, "Sentences per batch"),
-    DecodeOption("max_len_a", "max_len_a", None, False, "Output length limit a x source length + b: its a"),
-    DecodeOption("max_len_b", "max_len_b", None, False, "Output length limit a x source length + b: its b"),
+    DecodeOption("beam_size", "beam", True, "Beam size; 1 is greedy"),
+    DecodeOption("alpha", "alpha", True, "Length penalty exponent"),
+    DecodeOption("nbest", "nbest", True, "Hypotheses per sentence, at most the beam size"),
+    DecodeOption("batch_size", "batch_size", False, "Sentences per batch"),
+    DecodeOption("max_len_a", "max_len_a", False, "Output length limit a x source length + b: its a"),
+    DecodeOption("max_len_b", "max_len_b", False, "Output length limit a x source length + b: its b"),
 )
 OPTION = {o.key: o for o in DECODE_OPTIONS}
 ARGS = {o.key: o.arg for o in DECODE_OPTIONS}  # DecodeConfig field -> the API's argument
-FLAGS = {o.key: o.flag for o in DECODE_OPTIONS if o.flag}  # DecodeConfig field -> the CLI's flag
 
 
 class Penalty(NamedTuple):

@@ -1,4 +1,4 @@
-"""Which config changes keep a run the same run: what --resume may change, and what averaging checks.
+"""Which config changes keep a run the same run: what resuming may change, and what averaging checks.
 
 Tested in tests/training/test_resume.py (a change refused on resume, a RESUMABLE one allowed) and
 tests/test_checkpoint.py (averaging checkpoints of different runs).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from attn_mt.config import from_dict, to_dict
 
-# settings that may change within one run (on --resume): the budget, how often to report and save, where
+# settings that may change within one run (on resuming): the budget, how often to report and save, where
 # the data lives, and decoding; any other change alters the data order or the optimisation
 RESUMABLE = {"name", "data.dir", "data.name", "train.max_steps", "train.max_tokens", "train.max_minutes",
              "train.max_epochs", "train.patience", "train.eval_every", "train.bleu_sentences", "train.checkpoint_every",

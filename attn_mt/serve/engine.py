@@ -89,7 +89,7 @@ class Engine:
         return "result", {"result": value}
 
     def translate(self, dcfg: DecodeConfig, texts: list[str]) -> list[dict]:
-        """The objects of `attn-mt translate --format jsonl`, one per text, in order."""
+        """The objects of translate's jsonl output, one per text, in order."""
         nbests = self.translator.translate_nbest(texts, dcfg, self.interrupt)
         return [{"source": s, "hypotheses": hypotheses_json(n)} for s, n in zip(texts, nbests, strict=True)]
 
@@ -134,7 +134,7 @@ class Engine:
             raise ApiError(422, e.field, e.message) from None
 
     def explain(self, item: tuple[ExplainRequest, DecodeConfig]) -> dict | ApiError:
-        """What `attn-mt explain --json` writes; a token that is not in the sentence: the ApiError to answer."""
+        """What explain's JSON holds; a token that is not in the sentence: the ApiError to answer."""
         body, dcfg = item
         model, tok = self.translator.model, self.tok
         try:

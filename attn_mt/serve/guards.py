@@ -47,7 +47,7 @@ class HostCheck:
             host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
             if host_name(host) not in self.allowed:
                 return await _send_error(send, 400, "host", f"{host or '(none)'!r} is not served here; "
-                                                            "start the server with --allow-host NAME to allow it")
+                                                            "add it to the allowed hosts to allow it")
         await self.app(scope, receive, send)
 
 

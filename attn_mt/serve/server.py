@@ -35,7 +35,7 @@ def listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        why = "in use (another server? pick another --port)" if e.errno == errno.EADDRINUSE else e.strerror
+        why = "in use (another server? pick another port)" if e.errno == errno.EADDRINUSE else e.strerror
         raise OSError(e.errno, f"cannot listen on {host}:{port}: {why}") from None
     return sock
 

@@ -141,7 +141,7 @@ def choose(measured: list[Measured], corpus_tokens: int, budget_s: float, warmup
 
 def apply(cfg: ExperimentConfig, shape: Shape, warmup_steps: int) -> ExperimentConfig:
     """The config trained with `shape` and the fitted warmup (model.size stays as it was: `auto` in a sized
-    run's config.yaml and checkpoints says the shape was chosen, and `--resume` keeps it)."""
+    run's config.yaml and checkpoints says the shape was chosen, and a resumed run keeps it)."""
     model = replace(cfg.model, d_model=shape.d_model, n_heads=shape.n_heads,
                     n_layers=shape.n_layers, d_ff=shape.d_ff)
     return replace(cfg, model=model, train=replace(cfg.train, batch_tokens=shape.batch_tokens,
@@ -149,7 +149,7 @@ def apply(cfg: ExperimentConfig, shape: Shape, warmup_steps: int) -> ExperimentC
 
 
 def replaced(cfg: ExperimentConfig, choice: Choice) -> str:
-    """What the choice replaces of the configured shape (a user's --set model.d_model=... included), as a
+    """What the choice replaces of the configured shape (a user's override of model.d_model included), as a
     log line; "" when it keeps all of it."""
     chosen = apply(cfg, choice.shape, choice.warmup_steps)
     keys = [("model", k) for k in ("d_model", "n_heads", "n_layers", "d_ff")] + [
@@ -239,7 +239,7 @@ def plan(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precision:
         return cfg, None
     if distributed:
         raise ConfigError("model.size=auto sizes one process to its machine; under torchrun give the shape "
-                          "(the --set line a single-process auto run logs)")
+                          "(the overrides a single-process auto run logs)")
     return size_run(cfg, corpus, device, precision)
 
 

@@ -59,9 +59,10 @@ def gram_iterations(x: Tensor, steps: int) -> Tensor:
     a, b, c = NS_COEFFICIENTS
     gram = x @ x.T  # (R, R)
     eye = torch.eye(x.size(0), dtype=x.dtype, device=x.device)
+    product = None  # P_i ... P_1, (R, R)
     for i in range(steps):
         p = torch.addmm(gram, gram, gram, beta=b, alpha=c).add_(eye, alpha=a)  # a I + b G + c G^2, (R, R)
-        product = p if i == 0 else p @ product
+        product = p if product is None else p @ product
         if i < steps - 1:
             gram = p @ (p @ gram)
     return product @ x  # (R, C)

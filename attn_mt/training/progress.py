@@ -103,7 +103,7 @@ def in_notebook() -> bool:
 
 
 def write(message: str) -> None:
-    """A log line on stderr that does not break a progress bar on the terminal (none with --quiet)."""
+    """A log line on stderr that does not break a progress bar on the terminal (none when logging is quiet)."""
     if log.isEnabledFor(logging.INFO):
         tqdm.write(message, file=sys.stderr)
 

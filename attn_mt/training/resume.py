@@ -1,4 +1,4 @@
-"""What `--resume` must match and what it restores: the config (only budget, reporting and decoding
+"""What resuming must match and what it restores: the config (only budget, reporting and decoding
 may change), model, optimizer, gradient scaler and RNG state, and whether the run had finished.
 
 The optimizer's moments are restored by parameter name, never by position: checkpoint format 2 saves
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 def finished(st: TrainState, tc: TrainConfig) -> str | None:
     """Why a run that stopped itself (not a Ctrl-C or kill) is still finished under `tc`, or None.
 
-    Budget keys may grow on --resume: a run stopped at max_steps=100 goes on when resumed with 200.
+    Budget keys may grow on resuming: a run stopped at max_steps=100 goes on when resumed with 200.
     """
     if not st.stopped:
         return None
@@ -116,7 +116,7 @@ def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConf
 
 
 def optimizer_state(opt: torch.optim.Optimizer, model: nn.Module) -> dict:
-    """`opt.state_dict()` with each group's parameter names, so that --resume restores the moments by name."""
+    """`opt.state_dict()` with each group's parameter names, so that resuming restores the moments by name."""
     state = opt.state_dict()
     names = {id(p): n for n, p in model.named_parameters()}
     for saved, group in zip(state["param_groups"], opt.param_groups, strict=True):

@@ -12,7 +12,7 @@ import pytest
 import typer
 
 from attn_mt import DECODE_OPTIONS, Model
-from attn_mt.cli import app
+from attn_mt.cli import app, flag
 from attn_mt.config import DecodeConfig
 
 STATIC = Path(__file__).resolve().parents[2] / "attn_mt" / "serve" / "static"
@@ -37,9 +37,9 @@ def test_the_cli_options_carry_the_flags_and_their_help():
         params = {opt: p for p in command.get_command(ctx, verb).params for opt in p.opts}
         for o in DECODE_OPTIONS:
             if o.key in wanted:
-                assert o.flag in params and params[o.flag].help.startswith(o.help), (verb, o.flag)
+                assert flag(o.arg) in params and params[flag(o.arg)].help.startswith(o.help), (verb, o.arg)
             else:
-                assert o.flag is None or o.flag not in params, (verb, o.flag)
+                assert flag(o.arg) not in params, (verb, o.arg)
 
 
 def test_serves_request_fields_are_the_served_options():
