@@ -238,14 +238,12 @@ def serve(checkpoint: ModelOpt,
           read_timeout: Annotated[float, Option(min=0.1, help="Seconds a client has to send its headers, and then "
                                                               "its body.")] = 10.0) -> None:
     """Serve a checkpoint: a web page (translations, attention of every head) and a JSON API (docs at /docs)."""
-    from attn_mt.serve import Limits, allowed_hosts, create_app, listen, run
+    from attn_mt.serve import Limits, serve
 
-    sock = listen(host, port)  # before the model loads and the banner: a busy port is one error line
     limits = Limits(max_texts=max_texts, max_chars=max_chars, max_work=max_work, max_queue=max_queue,
                     header_timeout_s=read_timeout, body_timeout_s=read_timeout)
-    server = create_app(attn_mt.load(checkpoint, device=device), limits, allowed_hosts=allowed_hosts(host, allow_host))
-    typer.echo(f"attn-mt serve: http://{host}:{port}/  (API docs /docs; Ctrl-C stops)")
-    run(server, sock, limits)
+    serve(checkpoint, host, port, device=device, limits=limits, allow_host=allow_host,
+          ready=lambda url: typer.echo(f"attn-mt serve: {url}  (API docs /docs; Ctrl-C stops)"))
 
 
 @_verb()

@@ -26,15 +26,27 @@ from .app import create_app
 from .guards import LOOPBACK
 from .server import listen, make_server
 
-__all__ = ["LOOPBACK", "Limits", "allowed_hosts", "create_app", "listen", "run"]
+__all__ = ["LOOPBACK", "Limits", "allowed_hosts", "create_app", "listen", "run", "serve"]
 
 
 def allowed_hosts(host: str, extra: list[str] | None = None) -> tuple[str, ...]:
     """The Host header names answered: the loopback names, the bound interface unless it is a wildcard
-    (0.0.0.0, ::), and `extra` (`--allow-host`)."""
+    (0.0.0.0, ::), and `extra`."""
     return (*LOOPBACK, *([host] if host not in ("0.0.0.0", "::") else []), *(extra or []))
 
 
 def run(app, sock, limits: Limits = Limits()) -> None:
     """Serve `app` (from create_app) on the bound socket `sock` until Ctrl-C; one process, one copy of the model."""
     make_server(app, limits.header_timeout_s).run(sockets=[sock])
+
+
+def serve(path, host: str = "127.0.0.1", port: int = 8000, *, device: str = "auto", limits: Limits = Limits(),
+          allow_host: list[str] | None = None, ready=lambda url: None) -> None:
+    """Load the model at `path` and serve it on host:port until Ctrl-C: the port is bound first (a busy one is
+    one error, before the model loads), then `ready(url)` is called and requests are answered."""
+    from attn_mt.api.model import load
+
+    sock = listen(host, port)
+    app = create_app(load(path, device=device), limits, allowed_hosts=allowed_hosts(host, allow_host))
+    ready(f"http://{host}:{port}/")
+    run(app, sock, limits)
