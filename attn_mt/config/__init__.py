@@ -213,6 +213,8 @@ class TrainConfig:
     #     biases) with AdamW; both at the scheduled rate
     muon_momentum: float = 0.95
     muon_ns_steps: int = 5  # Newton-Schulz iterations per step (their cost is per step, not per token)
+    muon_ns_schedule: Literal["fixed", "polar"] = "fixed"  # their coefficients: Jordan et al.'s quintic at every
+    #     iteration, or the Polar Express sequence, one per iteration (at most 5; attn_mt/training/muon.py)
     label_smoothing: float = 0.1
     z_loss: float = 0.0  # add z_loss * log(Z)^2 per target token to the training loss (1e-4 in PaLM); 0: off
     batch_tokens: int = 4096  # target tokens per optimizer step (before accumulation)
@@ -264,6 +266,8 @@ class TrainConfig:
             raise ConfigError(f"train.muon_momentum={self.muon_momentum}: must be in [0, 1)")
         if not 1 <= self.muon_ns_steps <= 20:
             raise ConfigError(f"train.muon_ns_steps={self.muon_ns_steps}: must be in [1, 20]")
+        if self.muon_ns_schedule == "polar" and self.muon_ns_steps > 5:
+            raise ConfigError(f"train.muon_ns_steps={self.muon_ns_steps}: the polar schedule has at most 5")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ConfigError(f"train.ema_decay={self.ema_decay}: must be in [0, 1)")
         if not 0.0 <= self.label_smoothing < 1.0:

@@ -9,8 +9,11 @@ serves both kinds of parameters (Liu et al.'s "match_rms_adamw").
 `torch.optim.Muon` runs the iterations in bf16 whatever the parameters are: on a CPU without bf16
 instructions (AVX2 only) one iteration on a 256 x 1024 gradient took 546 ms against 20.8 ms in fp32 (one
 thread). Here they run in `ns_dtype`, the training precision: bf16 where the run trains in bf16, else fp32.
+Their cost is per step: 5 iterations cost a 1024-token step of the speedrun's model a quarter more time, so
+`ns_schedule="polar"` offers a coefficient sequence whose 3 iterations flatten about as far as 5 fixed ones.
 
-    >>> opt = MuonAdamW(model, lr=2e-3, betas=(0.9, 0.98), weight_decay=0.0)  # doctest: +SKIP
+    >>> opt = MuonAdamW(model, lr=2e-3, betas=(0.9, 0.98), weight_decay=0.0, ns_steps=3, ns_schedule="polar")
+    ... # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -20,50 +23,67 @@ import math
 import torch
 from torch import Tensor, nn
 
-# the quintic iteration's coefficients (Jordan et al.; the same as torch.optim.Muon's)
+# Jordan et al.'s quintic, the same at every iteration (torch.optim.Muon's): 5 map singular values in
+# [0.003, 1] into [0.68, 1.2]
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+# one quintic per iteration (Amsel et al. 2025, "The Polar Express"): the i-th is the odd quintic nearest to 1
+# in the max norm over the singular values the ones before it leave, 2% more at the top so that rounding cannot
+# push one past where the next is designed (beyond it they grow fast). From [0.005, 1], 3 map them into
+# [0.49, 1.51] (Jordan et al.'s 3: 0.005 -> 0.20, 0.01 -> 0.40); tests/training/test_muon.py derives them again.
+POLAR_COEFFICIENTS = ((8.139355, -23.033951, 16.394354), (3.851871, -2.764312, 0.508516),
+                      (3.158766, -2.283946, 0.457732), (2.198144, -1.535275, 0.382219),
+                      (1.866844, -1.222922, 0.356371))
+Coefficients = tuple[tuple[float, float, float], ...]
 
 
-def orthogonalise(g: Tensor, steps: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """(R, C) matrix -> about U V^T of its SVD (singular values near 1), by `steps` Newton-Schulz iterations,
-    X <- p(X X^T) X with p(G) = a I + b G + c G^2.
+def ns_coefficients(steps: int, schedule: str = "fixed") -> Coefficients:
+    """The (a, b, c) of each of `steps` Newton-Schulz iterations: Jordan et al.'s at every one ("fixed"), or the
+    Polar Express sequence ("polar", at most 5)."""
+    if schedule == "polar":
+        if steps > len(POLAR_COEFFICIENTS):
+            raise ValueError(f"the polar schedule has {len(POLAR_COEFFICIENTS)} iterations, not {steps}")
+        return POLAR_COEFFICIENTS[:steps]
+    return (NS_COEFFICIENTS,) * steps
 
-    In fp32, a matrix at least twice as wide as it is tall (on its wide side: the feed-forward weights, the
-    fused Q/K/V projection) iterates on its Gram matrix instead (`gram_iterations`): the same X up to
-    rounding (1e-6), with a third less arithmetic. bf16 keeps the plain iteration, whose rounding is known.
+
+def orthogonalise(g: Tensor, coefficients: Coefficients, dtype: torch.dtype = torch.float32) -> Tensor:
+    """(R, C) matrix -> about U V^T of its SVD (singular values near 1), by one Newton-Schulz iteration per
+    (a, b, c) in `coefficients`: X <- p(X X^T) X with p(G) = a I + b G + c G^2.
+
+    A matrix at least twice as wide as it is tall (on its wide side: the feed-forward weights, the fused Q/K/V
+    projection) iterates on its Gram matrix instead (`gram_iterations`): the same X up to rounding (1e-6 in
+    fp32), with a quarter to a third less arithmetic.
     """
-    a, b, c = NS_COEFFICIENTS
     x = g.to(dtype)
     tall = x.size(0) > x.size(1)
     if tall:
         x = x.T  # iterate on the wide side: the Gram matrix x x^T is the smaller one
     x = x / x.norm().clamp(min=1e-7)  # spectral norm <= Frobenius norm = 1
-    if dtype == torch.float32 and x.size(1) >= 2 * x.size(0):
-        x = gram_iterations(x, steps)
+    if x.size(1) >= 2 * x.size(0):
+        x = gram_iterations(x, coefficients)
     else:
-        for _ in range(steps):
+        for a, b, c in coefficients:
             gram = x @ x.T  # (R, R)
             x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a x + (b G + c G^2) x
     return x.T if tall else x
 
 
-def gram_iterations(x: Tensor, steps: int) -> Tensor:
-    """`steps` Newton-Schulz iterations of a wide (R, C) matrix, carried out on the (R, R) side.
+def gram_iterations(x: Tensor, coefficients: Coefficients) -> Tensor:
+    """Newton-Schulz iterations of a wide (R, C) matrix, one per (a, b, c), carried out on the (R, R) side.
 
     p(G) is a polynomial in G = X X^T, so it commutes with G: the next Gram matrix is p(G) G p(G) = p(G)^2 G,
     and X after k iterations is P_k ... P_1 X, needed only at the end. Per iteration 4 (R, R) products
     instead of 2 (R, C) ones and 1 (R, R): for C >= 2R the same result costs less.
     """
-    if steps == 0:
+    if not coefficients:
         return x
-    a, b, c = NS_COEFFICIENTS
     gram = x @ x.T  # (R, R)
     eye = torch.eye(x.size(0), dtype=x.dtype, device=x.device)
     product = None  # P_i ... P_1, (R, R)
-    for i in range(steps):
+    for i, (a, b, c) in enumerate(coefficients):
         p = torch.addmm(gram, gram, gram, beta=b, alpha=c).add_(eye, alpha=a)  # a I + b G + c G^2, (R, R)
         product = p if product is None else p @ product
-        if i < steps - 1:
+        if i < len(coefficients) - 1:
             gram = p @ (p @ gram)
     return product @ x  # (R, C)
 
@@ -85,13 +105,15 @@ class MuonAdamW(torch.optim.AdamW):
     """
 
     def __init__(self, model: nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float,
-                 momentum: float = 0.95, ns_steps: int = 5, ns_dtype: torch.dtype = torch.float32) -> None:
+                 momentum: float = 0.95, ns_steps: int = 5, ns_schedule: str = "fixed",
+                 ns_dtype: torch.dtype = torch.float32) -> None:
         names = muon_params(model)
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         groups = [{"params": [p for n, p in params if n in names], "muon": True},
                   {"params": [p for n, p in params if n not in names], "muon": False}]
         super().__init__([g for g in groups if g["params"]], lr=lr, betas=betas, weight_decay=weight_decay)
-        self.momentum, self.ns_steps, self.ns_dtype = momentum, ns_steps, ns_dtype
+        self.momentum, self.ns_dtype = momentum, ns_dtype
+        self.ns = ns_coefficients(ns_steps, ns_schedule)
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001 (torch's signature)
@@ -108,7 +130,7 @@ class MuonAdamW(torch.optim.AdamW):
                 state["step"] += 1
                 buf = state["momentum_buffer"]
                 buf.lerp_(p.grad, 1 - self.momentum)
-                update = orthogonalise(p.grad.lerp(buf, self.momentum), self.ns_steps, self.ns_dtype)  # Nesterov
+                update = orthogonalise(p.grad.lerp(buf, self.momentum), self.ns, self.ns_dtype)  # Nesterov
                 p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(update.to(p.dtype), alpha=-group["lr"] * 0.2 * math.sqrt(max(p.shape)))
                 p.grad = None

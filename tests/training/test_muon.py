@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from attn_mt.config import RNNConfig, TransformerConfig
+from attn_mt.config import ConfigError, RNNConfig, TrainConfig, TransformerConfig
 from attn_mt.models import build_model
-from attn_mt.training.muon import NS_COEFFICIENTS, MuonAdamW, gram_iterations, muon_params, orthogonalise
+from attn_mt.training.muon import (
+    POLAR_COEFFICIENTS,
+    MuonAdamW,
+    gram_iterations,
+    muon_params,
+    ns_coefficients,
+    orthogonalise,
+)
 
 
 def model(cfg=None):
@@ -18,29 +27,90 @@ def model(cfg=None):
 
 @pytest.mark.parametrize("shape", [(64, 256), (256, 64), (96, 96)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_newton_schulz_flattens_the_singular_values(shape, dtype):
+@pytest.mark.parametrize(("ns", "bounds"), [((5, "fixed"), (0.2, 1.3)), ((3, "polar"), (0.45, 1.6))])
+def test_newton_schulz_flattens_the_singular_values(shape, dtype, ns, bounds):
     k = min(shape)
     u, v = torch.linalg.qr(torch.randn(shape[0], k))[0], torch.linalg.qr(torch.randn(shape[1], k))[0]
     g = u @ torch.diag(torch.logspace(-1.5, 0, k)) @ v.T  # singular values from 0.03 to 1
-    o = orthogonalise(g, 5, dtype)
+    o = orthogonalise(g, ns_coefficients(*ns), dtype)
     assert o.shape == g.shape and o.dtype == dtype
     s = torch.linalg.svdvals(o.float())
-    assert 0.2 < s.min() and s.max() < 1.3  # every direction moves at about the same rate
+    assert bounds[0] < s.min() and s.max() < bounds[1]  # every direction moves at about the same rate
     assert torch.nn.functional.cosine_similarity((u @ v.T).flatten(), o.float().flatten(), dim=0) > 0.9
 
 
 @pytest.mark.parametrize("steps", [0, 1, 3, 5])
-def test_the_gram_iterations_give_the_plain_iterations_result(steps):
+@pytest.mark.parametrize("schedule", ["fixed", "polar"])
+def test_the_gram_iterations_give_the_plain_iterations_result(steps, schedule):
     """On a wide matrix the iterations may run on its Gram matrix: the same X (fp32 rounding apart)."""
-    a, b, c = NS_COEFFICIENTS
     torch.manual_seed(steps)
     x = torch.randn(64, 256)
     x = x / x.norm()
     plain = x
-    for _ in range(steps):
+    for a, b, c in ns_coefficients(steps, schedule):
         gram = plain @ plain.T
         plain = a * plain + (b * gram + c * gram @ gram) @ plain
-    assert torch.allclose(gram_iterations(x, steps), plain, atol=2e-6)
+    assert torch.allclose(gram_iterations(x, ns_coefficients(steps, schedule)), plain, atol=2e-6)
+
+
+@pytest.mark.parametrize("ns", [(5, "fixed"), (3, "polar")])
+def test_in_bf16_the_gram_iterations_round_about_as_much_as_the_plain_ones(ns):
+    torch.manual_seed(0)
+    g = torch.randn(256, 1024) * torch.logspace(-2, 0, 1024)  # a spread spectrum, like a gradient's
+    exact = orthogonalise(g, ns_coefficients(*ns), torch.float32)
+    x = g.bfloat16() / g.bfloat16().norm()
+    for a, b, c in ns_coefficients(*ns):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    plain = (x.float() - exact).norm() / exact.norm()
+    gram = (orthogonalise(g, ns_coefficients(*ns), torch.bfloat16).float() - exact).norm() / exact.norm()
+    assert gram < 0.04 and gram < 1.5 * plain  # measured: 2.5% and 2.2% against 2.5% and 1.8%
+
+
+def composite(coefficients, s):
+    """What the iterations do to singular values s: X = U S V^T -> U p_k(...p_1(S)) V^T."""
+    for a, b, c in coefficients:
+        s = a * s + b * s**3 + c * s**5
+    return s
+
+
+def nearest_quintic(lo, hi):
+    """The odd quintic nearest to 1 in the max norm on [lo, hi], by Lawson's reweighted least squares."""
+    s = torch.cat([torch.logspace(math.log10(lo), math.log10(hi), 2000, dtype=torch.float64),
+                   torch.linspace(lo, hi, 2000, dtype=torch.float64)])
+    basis = torch.stack([s, s**3, s**5], 1)
+    w = torch.full_like(s, 1 / len(s))
+    for _ in range(2000):
+        coef = torch.linalg.lstsq(basis * w.sqrt()[:, None], w.sqrt()[:, None]).solution[:, 0]
+        w = w * (1 - basis @ coef).abs()
+        w = w / w.sum()
+    return coef
+
+
+def test_the_polar_coefficients_are_each_the_nearest_quintic_on_what_the_ones_before_leave():
+    lo, hi = 0.005, 1.0
+    for a, b, c in POLAR_COEFFICIENTS:
+        assert torch.allclose(nearest_quintic(lo, hi * 1.02), torch.tensor([a, b, c], dtype=torch.float64),
+                              rtol=2e-3)
+        out = composite([(a, b, c)], torch.linspace(lo, hi, 20001, dtype=torch.float64))
+        lo, hi = out.min().item(), out.max().item()
+
+
+def test_three_polar_iterations_flatten_more_than_three_fixed_ones_and_stay_bounded_past_1():
+    s = torch.logspace(math.log10(0.005), 0, 20001, dtype=torch.float64)
+    polar, fixed3, fixed5 = (composite(ns_coefficients(*ns), s) for ns in ((3, "polar"), (3, "fixed"), (5, "fixed")))
+    assert 0.48 < polar.min() and polar.max() < 1.52  # [0.005, 1] -> [0.49, 1.51]
+    assert fixed3.min() < 0.21 and fixed5.min() > 0.68  # Jordan et al.'s 3 leave 0.005 at 0.20, their 5 at 0.68
+    past = composite(ns_coefficients(3, "polar"), torch.linspace(1.0, 1.02, 201, dtype=torch.float64))
+    assert 0.48 < past.min() and past.max() < 1.52  # rounding that pushes one past 1 (by up to 2%) stays in range
+    assert composite(ns_coefficients(3, "polar"), torch.tensor([1.05], dtype=torch.float64)) > 100  # beyond it does
+
+
+def test_the_polar_schedule_has_five_iterations():
+    with pytest.raises(ValueError, match="5 iterations, not 6"):
+        ns_coefficients(6, "polar")
+    with pytest.raises(ConfigError, match="train.muon_ns_steps=6"):
+        TrainConfig(muon_ns_steps=6, muon_ns_schedule="polar")
 
 
 def test_muon_takes_the_linear_layers_and_leaves_embeddings_norms_and_biases_to_adamw():
@@ -63,7 +133,7 @@ def test_one_step_moves_muon_weights_by_the_orthogonalised_momentum():
     opt.step()
     w = "encoder.0.ff.0.weight"  # (64, 32): scaled by 0.2 sqrt(64) to AdamW's RMS
     step = (before[w] - m.get_parameter(w).detach()) / (1e-2 * 0.2 * 8)
-    assert torch.allclose(step, orthogonalise(grads[w], 5), atol=1e-5)
+    assert torch.allclose(step, orthogonalise(grads[w], ns_coefficients(5)), atol=1e-5)
     emb = "src_embed.weight"  # AdamW's first step: lr * sign(g) where the gradient is not 0
     moved = (before[emb] - m.get_parameter(emb).detach())[grads[emb].abs() > 1e-6]
     assert torch.allclose(moved.abs(), torch.full_like(moved, 1e-2), rtol=1e-3)
