@@ -54,17 +54,19 @@ def test_the_gram_iterations_give_the_plain_iterations_result(steps, schedule):
 
 
 @pytest.mark.parametrize("ns", [(5, "fixed"), (3, "polar")])
-def test_in_bf16_the_gram_iterations_round_about_as_much_as_the_plain_ones(ns):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_nearly_rank_one_momentum_stays_bounded(ns, dtype):
+    """The first steps' momentum is nearly rank one (largest singular value up to 0.998 of the Frobenius norm):
+    the Gram form in bf16 turned one like it into singular values of 1e4 (fixed) or 1.75 (polar)."""
     torch.manual_seed(0)
-    g = torch.randn(256, 1024) * torch.logspace(-2, 0, 1024)  # a spread spectrum, like a gradient's
-    exact = orthogonalise(g, ns_coefficients(*ns), torch.float32)
-    x = g.bfloat16() / g.bfloat16().norm()
-    for a, b, c in ns_coefficients(*ns):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    plain = (x.float() - exact).norm() / exact.norm()
-    gram = (orthogonalise(g, ns_coefficients(*ns), torch.bfloat16).float() - exact).norm() / exact.norm()
-    assert gram < 0.04 and gram < 1.5 * plain  # measured: 2.5% and 2.2% against 2.5% and 1.8%
+    u, v = torch.linalg.qr(torch.randn(256, 256))[0], torch.linalg.qr(torch.randn(1024, 256))[0]
+    s = torch.logspace(-4, -2, 256)
+    s[0] = 1.0
+    g = u @ torch.diag(s) @ v.T  # (256, 1024), the top singular value 0.999 of the Frobenius norm
+    exact = orthogonalise(g.double(), ns_coefficients(*ns), torch.float64)
+    o = orthogonalise(g, ns_coefficients(*ns), dtype).double()
+    assert torch.linalg.svdvals(o)[0] < 1.6
+    assert (o - exact).norm() / exact.norm() < (2e-3 if dtype == torch.float32 else 0.08)
 
 
 def composite(coefficients, s):
