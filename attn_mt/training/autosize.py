@@ -10,7 +10,7 @@ number of steps, so a short run leaves warmup early enough to learn.
 `plan` is the one call training's set-up makes (the config to train, and the record of the choice);
 `choose` is a pure function of the measured speeds, the corpus size and the budget; `measure` does
 the timing; `apply` turns a choice into the config the run trains (and `Choice.overrides` into the
-`--set` line that reproduces it without the automatic choice).
+config overrides that reproduce it without the automatic choice).
 
 One job: choosing the shape a clock budget trains (`plan`).
 """
@@ -104,7 +104,7 @@ class Choice:
     measure_s: float = 0.0
 
     def overrides(self) -> list[str]:
-        """`--set` items that train this shape without the automatic choice."""
+        """Config overrides (key=value) that train this shape without the automatic choice."""
         s = self.shape
         return ["model.size=fixed", f"model.d_model={s.d_model}", f"model.n_heads={s.n_heads}",
                 f"model.n_layers={s.n_layers}", f"model.d_ff={s.d_ff}", f"train.batch_tokens={s.batch_tokens}",
@@ -114,7 +114,7 @@ class Choice:
         return {"chosen": self.shape.name, "shape": asdict(self.shape), "predicted_steps": self.steps,
                 "predicted_epochs": round(self.epochs, 2), "predicted_valid_bleu": round(self.bleu, 2),
                 "warmup_steps": self.warmup_steps, "measure_s": round(self.measure_s, 1),
-                "candidates": list(self.table), "set": " ".join(f"--set {o}" for o in self.overrides())}
+                "candidates": list(self.table), "overrides": self.overrides()}
 
 
 def choose(measured: list[Measured], corpus_tokens: int, budget_s: float, warmup_steps: int) -> Choice:
@@ -255,8 +255,8 @@ def size_run(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precis
         log.info("size: %-8s %6.2fM  %6d tokens/s  ~%5.1f epochs, %5d steps  -> valid BLEU ~%.1f", row["shape"],
                  row["params"] / 1e6, row["tokens_per_s"], row["predicted_epochs"], row["predicted_steps"],
                  row["predicted_valid_bleu"])
-    log.info("size: chose %s (measured in %.0f s); the same run without the automatic choice: %s",
-             choice.shape.name, spent, " ".join(f"--set {o}" for o in choice.overrides()))
+    log.info("size: chose %s (measured in %.0f s); the same run without the automatic choice overrides %s",
+             choice.shape.name, spent, " ".join(choice.overrides()))
     if line := replaced(cfg, choice):
         log.info(line)
     return apply(cfg, choice.shape, choice.warmup_steps), choice

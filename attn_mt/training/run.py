@@ -169,7 +169,7 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
              device, precision)
     board = Board(files.tensorboard, tc.tensorboard and world.main, trainer.state.step)
     if board.writer is not None:
-        log.info("TensorBoard events in %s; view them with: tensorboard --logdir %s", files.tensorboard, files.path)
+        log.info("TensorBoard events in %s; point TensorBoard's log folder at %s", files.tensorboard, files.path)
     return Run(cfg, files, world, corpus, trainer, board,
                start=time.perf_counter() - trainer.state.elapsed_s - (choice.measure_s if choice else 0.0))
 
@@ -257,7 +257,7 @@ def checkpoint_state(run: Run, rngs: list[dict]) -> dict:
     st, tr = run.state, run.trainer
     st.elapsed_s = run.elapsed()
     weights, trained = tr.model.state_dict(), {}
-    if tr.ema is not None:  # the average is the model; --resume continues from the trained weights
+    if tr.ema is not None:  # the average is the model; a resumed run continues from the trained weights
         weights, trained = tr.ema.state_dict(tr.model), {"trained_model": weights}
     return {**checkpoint.model_state(weights, run.cfg, run.corpus.tok), **trained,
             "optimizer": optimizer_state(tr.opt, tr.model), "rng": rngs[0],
@@ -341,11 +341,12 @@ def finish(run: Run) -> Path:
 
 def write_test_texts(run: Run) -> None:
     """The test split's sources and references as `{split}.{lang}` in the run directory, line-aligned with
-    test_hyps.txt: `attn-mt evaluate --src RUN/test.en --ref RUN/test.de` works for any data source."""
+    test_hyps.txt: the evaluate command works on these files (sources, references) for any data source."""
     data = run.cfg.data
     run.files.write_test_texts(data.splits.test, dict(zip((data.src_lang, data.tgt_lang),
                                                           run.corpus.text[data.splits.test], strict=True)))
-    if (records := source(data).contrastive(data.splits.test)) is not None:  # `attn-mt score --contrastive`
+    # the score command's contrastive mode reads these
+    if (records := source(data).contrastive(data.splits.test)) is not None:
         run.files.write_contrastive(data.splits.test, records)
 
 

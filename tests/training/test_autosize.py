@@ -69,7 +69,7 @@ def test_the_set_line_reproduces_the_choice(tiny_cfg):
     assert replace(sized, model=replace(sized.model, size="fixed")) == again
     assert (again.model.d_model, again.model.n_layers, again.train.batch_tokens, again.train.warmup_steps) == (
         128, 3, 4096, 135)
-    assert choice.to_json()["set"] == " ".join(f"--set {o}" for o in choice.overrides())
+    assert choice.to_json()["overrides"] == choice.overrides()
 
 
 def test_a_users_shape_replaced_by_the_choice_is_said(tiny_cfg):
@@ -175,11 +175,11 @@ def test_an_auto_sized_run_says_what_it_measured_and_chose_and_resumes_with_that
     size = json.loads((tmp_path / "results.json").read_text())["size"]
     assert {row["shape"] for row in size["candidates"]} == {"t32", "t16"} and size["chosen"] == "t32"
     assert size["measure_s"] <= 0.05 * 60 + 2  # the ladder's share of the budget (plus one shape's overrun)
-    assert size["set"] == "--set model.size=fixed --set model.d_model=32 --set model.n_heads=2 --set " \
-                          f"model.n_layers=1 --set model.d_ff=64 --set train.batch_tokens=600 --set " \
-                          f"train.warmup_steps={size['warmup_steps']}"
+    assert size["overrides"] == ["model.size=fixed", "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
+                                 "model.d_ff=64", "train.batch_tokens=600",
+                                 f"train.warmup_steps={size['warmup_steps']}"]
     assert size["warmup_steps"] <= 50
-    assert any("size: chose t32" in r.getMessage() and "--set model.size=fixed" in r.getMessage()
+    assert any("size: chose t32" in r.getMessage() and "overrides model.size=fixed model.d_model=32" in r.getMessage()
                for r in caplog.records)
     saved = checkpoint.load(tmp_path / "checkpoint_last.pt")["config"]
     assert (saved["model"]["size"], saved["model"]["d_model"], saved["train"]["batch_tokens"]) == ("auto", 32, 600)

@@ -55,5 +55,5 @@ def test_tensorboard_run_says_how_to_view_it(tiny_cfg, tmp_path, caplog):
 
     with caplog.at_level(logging.INFO, logger="attn_mt"):
         train(tiny_cfg("train.tensorboard=true", "train.max_steps=2", "train.bleu_sentences=4"), tmp_path / "run")
-    assert f"view them with: tensorboard --logdir {tmp_path / 'run'}" in caplog.text
+    assert f"point TensorBoard's log folder at {tmp_path / 'run'}" in caplog.text
     assert any((tmp_path / "run" / "tensorboard").iterdir())
