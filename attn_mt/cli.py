@@ -312,14 +312,9 @@ def heads(checkpoint: CkptOpt, src: Annotated[Path | None, Option(help="Source s
           out: Annotated[Path | None, Option(help="Where --prune writes the pruned checkpoint.")] = None) -> None:
     """Mask each attention head in turn: the BLEU and loss it costs, and where its attention goes (with
     --contrastive, which heads link the pronoun to its antecedent and what masking them costs)."""
-    from attn_mt.api.terminal import check_outputs, heads_table, save_heads_report
+    from attn_mt.api.terminal import check_heads_request, check_outputs, heads_table, save_heads_report
 
-    if prune and out is None:
-        raise attn_mt.InputError(f"--prune {prune} needs --out FILE: where to write the pruned checkpoint")
-    if out is not None and not prune:
-        raise attn_mt.InputError("--out is where --prune N writes the pruned checkpoint; give --prune N too")
-    if (src is None) != (ref is None) or (src is None and contrastive is None):
-        raise attn_mt.InputError("give --src with --ref (sentences and their references), --contrastive FILE, or both")
+    check_heads_request(src, ref, contrastive, prune, out)  # before the model loads
     check_outputs([("--out", out, (".pt",)), ("--json", json_out, (".json",)), ("--png", png, (".png",)),
                    ("--html", html, (".html", ".htm"))], [checkpoint, src, ref, contrastive])  # before any work
     model = attn_mt.load(checkpoint, device=device)

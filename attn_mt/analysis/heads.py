@@ -33,6 +33,7 @@ from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.contrastive import Item
 from attn_mt.decoding.metrics import bleu
 from attn_mt.decoding.search import translate
+from attn_mt.errors import InputError
 from attn_mt.models import AttentionWeights, mean_loss
 from attn_mt.models.transformer import Transformer
 
@@ -45,6 +46,18 @@ BATCH = 50  # sentences per teacher-forced batch
 
 class HeadsError(DataError):
     """Bad input to `attn-mt heads` (one line naming the flag)."""
+
+
+def check_request(src: Path | None, ref: Path | None, contrastive: Path | None, n: int = 0,
+                  out: Path | None = None) -> None:
+    """What `attn-mt heads` needs, checked before a model loads: `src` with `ref`, `contrastive`, or both; and a
+    pruning count `n` with the `out` file it writes, or neither."""
+    if n and out is None:
+        raise InputError(f"`n` {n} needs `out` FILE: where to write the pruned checkpoint")
+    if out is not None and not n:
+        raise InputError("`out` is where `n` writes the pruned checkpoint; give `n` too")
+    if (src is None) != (ref is None) or (src is None and contrastive is None):
+        raise InputError("give `src` with `ref` (sentences and their references), `contrastive` FILE, or both")
 
 
 @dataclass

@@ -6,6 +6,7 @@ Tested in tests/test_cli.py and tests/decoding/test_translate_stream.py (what ea
 
 from attn_mt.analysis.explain import ExplainError as RequestError  # a value only the model can check
 from attn_mt.analysis.explain_text import render as explanation_text
+from attn_mt.analysis.heads import check_request as check_heads_request
 from attn_mt.analysis.overview import save as save_heads_report
 from attn_mt.analysis.overview import table as heads_table
 from attn_mt.config.files import OutputError, check_outputs  # an output path, checked before any work
@@ -19,6 +20,7 @@ from attn_mt.decoding.translator import translate_lines
 from attn_mt.measure.bench import format_report as bench_text
 from attn_mt.measure.report import summary as compare_text
 
-__all__ = ["OptionError", "OutputError", "RequestError", "bench_text", "check_outputs", "check_score_request",
+__all__ = ["OptionError", "OutputError", "RequestError", "bench_text", "check_heads_request", "check_outputs",
+           "check_score_request",
            "compare_text", "evaluation_text", "explanation_text", "format_scores", "heads_table", "input_lines",
            "save_heads_report", "score_files", "translate_lines", "write_scores"]

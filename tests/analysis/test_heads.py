@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from attn_mt.analysis.masking import Head, all_heads, masked, prune
 from attn_mt.analysis.roles import Keys, RoleSums, key_info, spearman
 from attn_mt.config import load_config
 from attn_mt.decoding.search import greedy, translate
+from attn_mt.errors import InputError
 from attn_mt.models import build_model
 
 
@@ -259,3 +261,18 @@ def test_empty_src_and_ref_are_one_line(tiny_run, tmp_path):
     result = cli("heads", "--checkpoint", tiny_run / "checkpoint_best.pt", "--src", tmp_path / "empty.en",
                  "--ref", tmp_path / "empty.de", "--device", "cpu")
     one_line_error(result, 1, "--src", "empty.en: no lines")
+
+
+@pytest.mark.parametrize(("args", "text"), [
+    ((Path("s"), Path("r"), None, 2, None), "`n` 2 needs `out` FILE"),
+    ((Path("s"), Path("r"), None, 0, Path("p.pt")), "`out` is where `n` writes"),
+    ((Path("s"), None, None, 0, None), "give `src` with `ref`"),
+    ((None, None, None, 0, None), "give `src` with `ref`"),
+])
+def test_the_heads_request_is_checked_below_the_cli_naming_arguments(args, text):
+    from attn_mt.analysis.heads import check_request
+
+    with pytest.raises(InputError, match=re.escape(text)) as e:
+        check_request(*args)
+    assert "--" not in str(e.value)
+    check_request(None, None, Path("c.jsonl"))  # a contrastive set alone is enough
