@@ -43,7 +43,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, precision: str = "fp32") 
     if cfg.optimizer == "muon":
         return MuonAdamW(model, lr=lr_at(1, cfg), betas=cfg.betas, weight_decay=cfg.weight_decay,
                          momentum=cfg.muon_momentum, ns_steps=cfg.muon_ns_steps,
-                         ns_schedule=cfg.muon_ns_schedule,
+                         ns_schedule=cfg.muon_ns_schedule, per_head=cfg.muon_per_head,
                          ns_dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
     fused = all(p.is_cuda for p in model.parameters())
     return torch.optim.AdamW(model.parameters(), lr=lr_at(1, cfg), betas=cfg.betas, weight_decay=cfg.weight_decay,

@@ -13,9 +13,11 @@ from attn_mt.training.muon import (
     POLAR_COEFFICIENTS,
     MuonAdamW,
     gram_iterations,
+    head_cuts,
     muon_params,
     ns_coefficients,
     orthogonalise,
+    orthogonalise_heads,
 )
 
 
@@ -141,3 +143,44 @@ def test_one_step_moves_muon_weights_by_the_orthogonalised_momentum():
     assert torch.allclose(moved.abs(), torch.full_like(moved, 1e-2), rtol=1e-3)
     assert {"momentum_buffer", "step"} == set(opt.state[m.get_parameter(w)])
     assert {"exp_avg", "exp_avg_sq", "step"} <= set(opt.state[m.get_parameter(emb)])
+
+
+def test_the_attention_projections_split_into_heads_and_nothing_else_does():
+    m = model()  # d_model 32, 4 heads of 8
+    cuts = head_cuts(m)
+    assert cuts["encoder.0.self_attn.qkv_proj.weight"] == ("rows", 12)  # (96, 32): Q, K, V of 4 heads
+    assert cuts["decoder.1.cross_attn.q_proj.weight"] == ("rows", 4)
+    assert cuts["decoder.1.cross_attn.kv_proj.weight"] == ("rows", 8)
+    assert cuts["decoder.0.self_attn.out_proj.weight"] == ("cols", 4)  # (32, 32): each head's 8 inputs
+    assert len(cuts) == 2 * 2 + 2 * 5 and set(cuts) <= muon_params(m)  # no feed-forward, no output layer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_heads_are_orthogonalised_one_by_one(dtype):
+    torch.manual_seed(0)
+    g = torch.randn(96, 32)
+    ns = ns_coefficients(3, "polar")
+    by_rows = orthogonalise_heads(g, ("rows", 12), ns, dtype)
+    assert torch.allclose(by_rows[16:24].float(), orthogonalise(g[16:24], ns, dtype).float(), atol=1e-5)
+    by_cols = orthogonalise_heads(g, ("cols", 4), ns, dtype)
+    assert by_cols.shape == g.shape and by_cols.dtype == dtype
+    assert torch.allclose(by_cols[:, 8:16].float(), orthogonalise(g[:, 8:16], ns, dtype).float(), atol=1e-5)
+    s = torch.linalg.svdvals(by_cols[:, 8:16].float())
+    assert 0.45 < s.min() and s.max() < 1.6  # each head's block is near-orthogonal; the whole is not one
+    assert torch.linalg.svdvals(by_cols.float()).max() > 1.6
+
+
+def test_a_per_head_step_moves_an_attention_weight_by_its_heads_orthogonalised_momentum():
+    m = model()
+    opt = MuonAdamW(m, lr=1e-2, betas=(0.9, 0.98), weight_decay=0.0, momentum=0.0, per_head=True)
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    src, tgt = torch.randint(3, 40, (4, 6)), torch.randint(3, 40, (4, 5))
+    m(src, tgt).logsumexp(-1).mean().backward()
+    grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+    opt.step()
+    w = "encoder.1.self_attn.out_proj.weight"  # (32, 32) in 4 blocks of (32, 8): scaled by 0.2 sqrt(32)
+    step = (before[w] - m.get_parameter(w).detach()) / (1e-2 * 0.2 * math.sqrt(32))
+    assert torch.allclose(step[:, 24:], orthogonalise(grads[w][:, 24:], ns_coefficients(5)), atol=1e-5)
+    w = "encoder.0.ff.0.weight"  # not attention: the whole matrix, as without per_head
+    step = (before[w] - m.get_parameter(w).detach()) / (1e-2 * 0.2 * 8)
+    assert torch.allclose(step, orthogonalise(grads[w], ns_coefficients(5)), atol=1e-5)
