@@ -175,7 +175,8 @@ class MuonAdamW(torch.optim.AdamW):
                 else:
                     update = orthogonalise_heads(nesterov, cut, self.ns, self.ns_dtype)
                     block = (p.size(0) // cut[1], p.size(1)) if cut[0] == "rows" else (p.size(0), p.size(1) // cut[1])
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(update.to(p.dtype), alpha=-group["lr"] * 0.2 * math.sqrt(max(block)))  # AdamW's RMS
+                if group["weight_decay"]:
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(update, alpha=-group["lr"] * 0.2 * math.sqrt(max(block)))  # AdamW's RMS; bf16 too
                 p.grad = None
         return super().step(closure)

@@ -184,3 +184,15 @@ def test_a_per_head_step_moves_an_attention_weight_by_its_heads_orthogonalised_m
     w = "encoder.0.ff.0.weight"  # not attention: the whole matrix, as without per_head
     step = (before[w] - m.get_parameter(w).detach()) / (1e-2 * 0.2 * 8)
     assert torch.allclose(step, orthogonalise(grads[w], ns_coefficients(5)), atol=1e-5)
+
+
+def test_weight_decay_shrinks_muon_weights_before_the_step():
+    m = model()
+    opt = MuonAdamW(m, lr=1e-2, betas=(0.9, 0.98), weight_decay=0.5, momentum=0.0)
+    w = m.get_parameter("encoder.0.ff.0.weight")  # (64, 32)
+    before = w.detach().clone()
+    m(torch.randint(3, 40, (4, 6)), torch.randint(3, 40, (4, 5))).logsumexp(-1).mean().backward()
+    g = w.grad.clone()
+    opt.step()
+    expected = before * (1 - 1e-2 * 0.5) - 1e-2 * 0.2 * 8 * orthogonalise(g, ns_coefficients(5))
+    assert torch.allclose(w.detach(), expected, atol=1e-6)
