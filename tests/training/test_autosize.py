@@ -20,7 +20,7 @@ def measured(shape: Shape, tokens_per_s: float, eval_s: float = 10.0, steps_per_
 def test_the_curves_are_measured_for_every_rung_and_rise_from_the_first_epoch():
     for shape in LADDER:
         points = autosize.CURVES[shape.name]
-        assert len(points) >= 5, shape.name
+        assert len(points) >= 4, shape.name
         assert [e for e, _ in points] == sorted(e for e, _ in points) and points[0][0] == 1
         assert [b for _, b in points] == sorted(b for _, b in points)  # the best so far: what a run tests
 
@@ -200,26 +200,27 @@ def test_auto_for_an_rnn_is_an_unknown_key():
         load_config(None, ["model.kind=rnn", "model.size=auto", "train.max_minutes=1"])
 
 
-def test_the_measured_curves_pick_the_big_shape_here_and_the_small_one_on_a_much_slower_machine():
-    """With the shipped curves, between the 2048-token 7.6M model and the small one: at about this 2-core CPU's
-    fp32 speeds the 7.6M model (more BLEU per epoch) wins; on a machine about 6x slower, or for a 2-minute
-    budget, the small one (more epochs) does."""
-    here = [measured(BIG, 3_000, eval_s=15), measured(SMALL, 8_000, eval_s=6)]
-    slow = [measured(BIG, 500, eval_s=90), measured(SMALL, 1_400, eval_s=30)]
-    assert choose(here, CORPUS, 600, 200).shape == BIG
+def test_the_measured_curves_pick_the_big_model_here_and_the_small_one_on_a_slower_machine():
+    """With the shipped curves (the speedrun's recipe): at about 2-core bf16 speeds the 7.6M model, 4 epochs in
+    10 minutes, beats the small one's 11; where it gets under 1.5 epochs and the small one 4 (one fp32 thread of
+    a slow CPU) the small one wins; and in a 2-minute budget the big one again, as the small one spends its
+    first epochs warming up (1.2 BLEU after one)."""
+    here = [measured(SMALLBATCH, 3_000, 15, 474), measured(BIG, 3_200, 14, 237), measured(SMALL, 8_000, 6, 120)]
+    slow = [measured(SMALLBATCH, 1_000, 30, 474), measured(BIG, 1_050, 28, 237), measured(SMALL, 3_000, 10, 120)]
+    assert choose(here, CORPUS, 600, 200).shape == SMALLBATCH
     assert choose(slow, CORPUS, 600, 200).shape == SMALL
-    assert choose(here, CORPUS, 120, 200).shape == SMALL
+    assert choose(here, CORPUS, 120, 200).shape == SMALLBATCH
 
 
-def test_the_measured_curves_pick_the_small_batch_at_this_cpus_speeds_in_fp32_and_bf16():
-    """Measured here (2-core AMD EPYC, 10 minutes): the 7.6M model trains about as fast at 1024 as at 2048
-    tokens a batch, and learns more per epoch at 1024 (twice the updates), so it is the choice in both
-    precisions; the fp32 run made 1429 steps in 3 epochs."""
-    fp32 = [measured(SMALLBATCH, 2_300, 15, 474), measured(BIG, 2_500, 15, 237), measured(SMALL, 7_000, 6, 120)]
-    bf16 = [replace(m, tokens_per_s=m.tokens_per_s * 2.2) for m in fp32]
-    ten_minutes = choose(fp32, CORPUS, 600, 200)
-    assert ten_minutes.shape == SMALLBATCH and 1300 < ten_minutes.steps < 1600
-    assert choose(bf16, CORPUS, 600, 200).shape == SMALLBATCH
+def test_the_choice_follows_the_curves_between_two_batch_sizes_of_the_big_model():
+    """After 2 epochs the 2048-token curve is level with the 1024-token one, after 1 it is 3.4 below: at about
+    one epoch's speed the 1024-token batches win, and at equal speed past 3 epochs they are level (38.96
+    against 38.79 at 3.87 epochs), so the one that trains more tokens in the budget wins."""
+    one_epoch = [measured(SMALLBATCH, 800, 15, 474), measured(BIG, 800, 15, 237)]
+    assert choose(one_epoch, CORPUS, 600, 200).shape == SMALLBATCH
+    three_epochs = [measured(SMALLBATCH, 2_000, 15, 474), measured(BIG, 2_300, 15, 237)]
+    choice = choose(three_epochs, CORPUS, 600, 200)
+    assert choice.shape == BIG and 3.0 < choice.epochs < 3.87
 
 
 @pytest.mark.slow
