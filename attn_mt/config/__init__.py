@@ -216,7 +216,7 @@ class TrainConfig:
     muon_ns_schedule: Literal["fixed", "polar"] = "fixed"  # their coefficients: Jordan et al.'s quintic at every
     #     iteration, or the Polar Express sequence, one per iteration (at most 5; attn_mt/training/muon.py)
     muon_per_head: bool = False  # orthogonalise each attention head's slice of the Q/K/V and output projections
-    #     on its own: a quarter of those projections' Newton-Schulz arithmetic (docs/speedrun.md)
+    #     on its own: a fifth of those projections' Newton-Schulz time in fp32 (docs/speedrun.md)
     label_smoothing: float = 0.1
     z_loss: float = 0.0  # add z_loss * log(Z)^2 per target token to the training loss (1e-4 in PaLM); 0: off
     batch_tokens: int = 4096  # target tokens per optimizer step (before accumulation)

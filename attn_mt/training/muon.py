@@ -137,7 +137,8 @@ class MuonAdamW(torch.optim.AdamW):
     Both kinds live in one optimizer, so a checkpoint keeps one state dict (Muon's momentum under
     "momentum_buffer", AdamW's moments as usual) and a resumed run restores it like AdamW's. With `per_head`
     the attention projections' updates are orthogonalised head by head (`head_cuts`): 64 x 256 blocks of a
-    256-wide model instead of 768 x 256 and 256 x 256 matrices, a quarter of the arithmetic.
+    256-wide model instead of 768 x 256 and 256 x 256 matrices: a fifth of the time in fp32 (test: each block
+    as if orthogonalised alone).
     """
 
     def __init__(self, model: nn.Module, *, lr: float, betas: tuple[float, float], weight_decay: float,
