@@ -136,9 +136,10 @@ class TransformerConfig:
     qk_norm: bool = False  # RMS-normalise each head's queries and keys before q . k (QK-norm)
     norm: Literal["layer", "rms"] = "layer"  # LayerNorm or RMSNorm around the sublayers
     # what MarianMT (opus-mt) models need (export/marian.py sets them; the defaults are our own models):
-    positions: Literal["interleaved", "halves", "rotary"] = "interleaved"  # the sinusoid table: sin and cos
-    #     alternating dimensions (ours), or sin in the first half and cos in the second (Marian's); or rotary: no
-    #     table, self-attention turns queries and keys by their positions (RoPE)
+    positions: Literal["interleaved", "halves", "rotary", "learned"] = "interleaved"  # the sinusoid table: sin
+    #     and cos alternating dimensions (ours), or sin in the first half and cos in the second (Marian's); rotary:
+    #     no table, self-attention turns queries and keys by their positions (RoPE); learned: a trained table
+    #     per side (source, target), as in convolutional seq2seq and BERT
     output_bias: bool = False  # a fixed bias added to the logits (Marian's final_logits_bias), not trained
     banned_ids: tuple[int, ...] = ()  # target ids never generated (Marian's pad, its decoder start)
 

@@ -28,8 +28,8 @@ def check_exportable(cfg: ExperimentConfig, checkpoint: Path, target: str) -> No
         if getattr(m, key) != standard:
             raise ExportError(f"{checkpoint}: model.{key}={getattr(m, key)} cannot be exported to {target} "
                               f"(only model.{key}={standard}; docs/export.md)")
-    if m.positions == "rotary":
-        raise ExportError(f"{checkpoint}: model.positions=rotary cannot be exported to {target} "
+    if m.positions in ("rotary", "learned"):
+        raise ExportError(f"{checkpoint}: model.positions={m.positions} cannot be exported to {target} "
                           "(sinusoidal positions only; docs/export.md)")
     if m.activation in NEW_ACTIVATIONS:
         raise ExportError(f"{checkpoint}: model.activation={m.activation} cannot be exported to {target} "

@@ -20,12 +20,16 @@ from .seq2seq import Seq2Seq, init_embeddings, make_embeddings
 
 
 class PositionalEncoding(nn.Module):
-    """Sinusoidal positions (section 3.5), added to embeddings scaled by sqrt(D): sin and cos in alternating
-    dimensions ("interleaved"), or all sines first and the cosines after them ("halves", Marian's table)."""
+    """Positions added to embeddings scaled by sqrt(D): sinusoids (section 3.5) with sin and cos in alternating
+    dimensions ("interleaved") or all sines first and the cosines after them ("halves", Marian's table), or a
+    trained table ("learned", N(0, 1/D) at first, as the token embeddings before their sqrt(D) scale)."""
 
     def __init__(self, d_model: int, max_positions: int, layout: str = "interleaved") -> None:
         super().__init__()
         pe = torch.zeros(max_positions, 0 if layout == "rotary" else d_model)
+        if layout == "learned":
+            self.pe = nn.Parameter(pe.normal_(std=d_model**-0.5))  # (L, D)
+            return
         if not pe.is_meta:  # a shapes-only model (models.empty_model) computes nothing
             pos = torch.arange(max_positions).unsqueeze(1)  # (L, 1)
             if layout == "rotary":
@@ -246,7 +250,10 @@ class Transformer(Seq2Seq):
         self.max_positions = cfg.max_positions
         self.src_embed, self.tgt_embed = make_embeddings(src_vocab=src_vocab, tgt_vocab=tgt_vocab, dim=cfg.d_model,
                                                          pad_id=pad_id, share=shared_vocab and cfg.tie_embeddings)
-        self.pos = PositionalEncoding(cfg.d_model, cfg.max_positions, cfg.positions)
+        self.pos = PositionalEncoding(cfg.d_model, cfg.max_positions, cfg.positions)  # the source's, and the
+        # target's unless learned: then each side trains its own table
+        self.tgt_pos = PositionalEncoding(cfg.d_model, cfg.max_positions, "learned") if cfg.positions == "learned" \
+            else self.pos
         self.dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
@@ -258,7 +265,7 @@ class Transformer(Seq2Seq):
             self.register_buffer("out_bias", torch.zeros(tgt_vocab))
         self.banned = list(cfg.banned_ids)  # target ids decoders never generate (decoding/beam.log_probs)
         for name, p in self.named_parameters():
-            if p.dim() > 1:
+            if p.dim() > 1 and not name.endswith("pos.pe"):  # learned position tables keep their own init
                 nn.init.xavier_uniform_(p)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
@@ -271,12 +278,12 @@ class Transformer(Seq2Seq):
         if cfg.tie_embeddings:
             self.out_proj.weight = self.tgt_embed.weight
 
-    def _embed(self, emb: nn.Embedding, ids: Tensor, offset: int = 0) -> Tensor:
-        return self.dropout(self.pos(emb(ids) * math.sqrt(self.d_model), offset))
+    def _embed(self, emb: nn.Embedding, pos: PositionalEncoding, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
+        return self.dropout(pos(emb(ids) * math.sqrt(self.d_model), offset))
 
     def encode(self, src: Tensor, src_mask: Tensor, weights: AttentionWeights | None = None) -> Tensor:
         """src: (B, S) ids -> memory (B, S, D)."""
-        x = self._embed(self.src_embed, src)
+        x = self._embed(self.src_embed, self.pos, src)
         for layer in self.encoder:
             x = layer(x, src_mask, weights)
         return self.enc_norm(x)
@@ -286,7 +293,7 @@ class Transformer(Seq2Seq):
         """tgt_in: (B, T) ids -> logits (B, T, V); with `cache`, only the new positions (a cache from
         `begin` has its cross-attention keys already: memory may be None, src_mask is its memory_mask)."""
         offset, self_mask = (0, None) if cache is None else cache.advance(tgt_in.size(1))
-        x = self._embed(self.tgt_embed, tgt_in, offset)
+        x = self._embed(self.tgt_embed, self.tgt_pos, tgt_in, offset)
         positions = None  # rotary only: (T,), or (B, 1, T) for rows at different steps
         if self.cfg.positions == "rotary":
             positions = offset + torch.arange(tgt_in.size(1), device=tgt_in.device)  # (T,) or (B, T)

@@ -132,12 +132,13 @@ def test_rnn_and_other_inputs_are_refused_in_one_line(tiny_run, tmp_path):
                                         str(tmp_path / "other")]), "other: is not empty", "notes.txt")
     _one_line_error(runner.invoke(app, ["translate", "--checkpoint", str(tmp_path / "other"), "hello"]),
                     "without attn_mt.json")
-    for key, value in (("qk_norm", True), ("norm", "rms"), ("activation", "relu2"), ("positions", "rotary")):
+    for key, value in (("qk_norm", True), ("norm", "rms"), ("activation", "relu2"), ("positions", "rotary"),
+                       ("positions", "learned")):
         model = {**state["config"]["model"], key: value}
-        checkpoint.save({**state, "config": {**state["config"], "model": model}}, tmp_path / f"{key}.pt")
+        checkpoint.save({**state, "config": {**state["config"], "model": model}}, tmp_path / f"{key}_{value}.pt")
         for fmt in ("ctranslate2", "transformers"):
-            _one_line_error(runner.invoke(app, ["export", "--checkpoint", str(tmp_path / f"{key}.pt"), "--out",
-                                                str(tmp_path / f"{key}_{fmt}"), "--format", fmt]),
+            _one_line_error(runner.invoke(app, ["export", "--checkpoint", str(tmp_path / f"{key}_{value}.pt"), "--out",
+                                                str(tmp_path / f"{key}_{value}_{fmt}"), "--format", fmt]),
                             f"model.{key}=", "cannot be exported", "docs/export.md")
 
 

@@ -89,8 +89,8 @@ def test_separate_attention_and_activation_dropout():
 
 @pytest.mark.parametrize("kw", [dict(qk_norm=True), dict(norm="rms"), dict(activation="relu2"),
                                 dict(activation="gelu"), dict(activation="swiglu"), dict(zero_init=True),
-                                dict(positions="rotary", qk_norm=True)],
-                         ids=["qk_norm", "rms", "relu2", "gelu", "swiglu", "zero_init", "rotary"])
+                                dict(positions="rotary", qk_norm=True), dict(positions="learned")],
+                         ids=["qk_norm", "rms", "relu2", "gelu", "swiglu", "zero_init", "rotary", "learned"])
 def test_speedrun_layers_decode_step_by_step_as_in_one_pass(kw):
     model = make(**kw).eval()
     with torch.no_grad():
@@ -117,7 +117,7 @@ def test_speedrun_layers_are_what_they_say():
     zero = make(zero_init=True)
     assert not zero.encoder[0].self_attn.out_proj.weight.any() and not zero.decoder[1].ff[-1].weight.any()
     src = torch.randint(4, 40, (2, 6))
-    emb = zero._embed(zero.src_embed, src)
+    emb = zero._embed(zero.src_embed, zero.pos, src)
     torch.testing.assert_close(zero.encode(src, zero.src_mask(src)), zero.enc_norm(emb))  # layers add nothing yet
 
 
@@ -147,3 +147,23 @@ def test_rotary_scores_depend_on_the_distance_only():
     model = make(positions="rotary")
     assert model.pos.pe.numel() == 0 and model.encoder[0].self_attn.rotary and not hasattr(
         model.decoder[0].cross_attn, "rotary")
+
+
+def test_learned_positions_are_a_trained_table_per_side():
+    from attn_mt.training.muon import muon_params
+
+    sinusoids, learned = make(), make(positions="learned")
+    assert sinusoids.tgt_pos is sinusoids.pos and not any("pe" in k for k in sinusoids.state_dict())
+    assert learned.tgt_pos is not learned.pos and {"pos.pe", "tgt_pos.pe"} <= set(learned.state_dict())
+    table = learned.pos.pe
+    assert table.shape == (learned.max_positions, 32) and table.requires_grad
+    assert abs(table.std().item() - 32**-0.5) < 0.02 and not torch.equal(table, learned.tgt_pos.pe)  # N(0, 1/D)
+    assert not {"pos.pe", "tgt_pos.pe"} & muon_params(learned)  # AdamW trains them, as the embeddings
+    src, tgt = torch.randint(4, 40, (2, 6)), torch.randint(4, 40, (2, 5))
+    learned(src, tgt).float().logsumexp(-1).sum().backward()
+    assert learned.pos.pe.grad[:6].abs().sum() > 0 and not learned.pos.pe.grad[6:].any()  # only positions used
+    assert learned.tgt_pos.pe.grad[:5].abs().sum() > 0 and not learned.tgt_pos.pe.grad[5:].any()
+    with torch.no_grad():  # the table is what the model adds: another row at position 0 changes the output
+        before = learned.encode(src, learned.src_mask(src))
+        learned.pos.pe[0] += 1.0
+        assert not torch.allclose(before, learned.encode(src, learned.src_mask(src)))
