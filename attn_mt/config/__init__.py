@@ -219,6 +219,9 @@ class TrainConfig:
     muon_per_head: bool = False  # orthogonalise each attention head's slice of the Q/K/V and output projections
     #     on its own: a fifth of those projections' Newton-Schulz time in fp32 (docs/speedrun.md)
     label_smoothing: float = 0.1
+    subword_sampling: float = 0.0  # subword regularisation: each training source sentence split anew each time it
+    #     is batched (SentencePiece sampling: the BPE-dropout rate of a bpe model, a unigram model's alpha); 0: off.
+    #     Targets keep their one segmentation (what the model learns to write, and the tokens the budget counts)
     z_loss: float = 0.0  # add z_loss * log(Z)^2 per target token to the training loss (1e-4 in PaLM); 0: off
     batch_tokens: int = 4096  # target tokens per optimizer step (before accumulation)
     accum_steps: int = 1
@@ -275,6 +278,8 @@ class TrainConfig:
             raise ConfigError(f"train.ema_decay={self.ema_decay}: must be in [0, 1)")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"train.label_smoothing={self.label_smoothing}: must be in [0, 1)")
+        if not 0.0 <= self.subword_sampling < 1.0:
+            raise ConfigError(f"train.subword_sampling={self.subword_sampling}: must be in [0, 1)")
         if self.log_every < 1:
             raise ConfigError(f"train.log_every={self.log_every}: must be >= 1")
         if self.max_bad_steps < 1:

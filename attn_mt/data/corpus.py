@@ -76,6 +76,7 @@ class Corpus:
     text: dict[str, tuple[list[str], list[str]]]  # valid/test split -> (src texts, tgt texts)
     ids: dict[str, tuple[Ragged, Ragged]]  # split -> (src ids, tgt ids); the training split memory-mapped
     rows: dict[str, np.ndarray] = field(default_factory=dict)  # split -> (n,) rows in use, where not all
+    limit: int = 2**31 - 1  # the most tokens a side of a training pair may have
     _lengths: dict = field(default_factory=dict, repr=False)
 
     def lengths(self, split: str) -> tuple[Lengths, Lengths]:
@@ -86,12 +87,18 @@ class Corpus:
             self._lengths[split] = (Lengths(pick(src.lengths)), Lengths(pick(tgt.lengths)))
         return self._lengths[split]
 
-    def batches(self, split: str, index: Iterable[Sequence[int]]) -> Iterator[Batch]:
-        """Collated `Batch`es of the pairs in each index batch."""
+    def batches(self, split: str, index: Iterable[Sequence[int]], sampling: float = 0.0,
+                seed: tuple[int, ...] = ()) -> Iterator[Batch]:
+        """Collated `Batch`es of the pairs in each index batch; with `sampling` > 0 the sources split anew
+        (`Tokenizer.resample_src`), the i-th batch's draw seeded by (*seed, i)."""
         rows, (src, tgt) = self.rows.get(split), self.ids[split]
-        for b in index:
+        for i, b in enumerate(index):
             b = b if rows is None else rows[np.asarray(b, dtype=np.int64)]
-            yield collate(src.get(b), tgt.get(b), self.tok.pad_id, self.tok.bos_id, self.tok.eos_id)
+            sources = src.get(b)
+            if sampling:
+                draw = int(np.random.SeedSequence([*seed, i]).generate_state(1)[0])
+                sources = self.tok.resample_src(sources, sampling, draw, self.limit)
+            yield collate(sources, tgt.get(b), self.tok.pad_id, self.tok.bos_id, self.tok.eos_id)
 
 
 def load_corpus(cfg: ExperimentConfig, max_positions: int, resumed: Resumed | None = None) -> Corpus:
@@ -110,7 +117,7 @@ def read_corpus(cfg: ExperimentConfig, entry: Entry, max_positions: int) -> Corp
            for name, (s, t) in text.items()}
     src, tgt = ids[splits.train] = (Ragged.mapped(entry, "src"), Ragged.mapped(entry, "tgt"))
     limit = min(cfg.data.max_len, max_positions - 1)
-    corpus = Corpus(tok, entry, text, ids)
+    corpus = Corpus(tok, entry, text, ids, limit=limit)
     if max(src.lengths.max(), tgt.lengths.max()) > limit:
         rows = np.flatnonzero((src.lengths <= limit) & (tgt.lengths <= limit))
         if not len(rows):

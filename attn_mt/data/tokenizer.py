@@ -71,12 +71,13 @@ class MappedPieces:
         j = self.sp.piece_to_id(self.pieces[i])
         return self.sp.get_score(j) if j != self.sp.unk_id() else 0.0
 
-    def encode(self, text: str | list[str], out_type: type = int, **_) -> list:
-        """Pieces (a `>>xx<<` prefix kept whole, as MarianTokenizer does) -> ids; unknown pieces -> unk."""
+    def encode(self, text: str | list[str], out_type: type = int, **sampling) -> list:
+        """Pieces (a `>>xx<<` prefix kept whole, as MarianTokenizer does) -> ids; unknown pieces -> unk.
+        `sampling`: SentencePiece's (enable_sampling, alpha, nbest_size)."""
         if isinstance(text, list):
-            return [self.encode(t, out_type) for t in text]
+            return [self.encode(t, out_type, **sampling) for t in text]
         code, rest = language_code(text)
-        pieces = code + self.sp.encode(rest, out_type=str)
+        pieces = code + self.sp.encode(rest, out_type=str, **sampling)
         return pieces if out_type is str else [self.ids.get(p, self.unk_id) for p in pieces]
 
     def decode(self, ids: list) -> str | list[str]:
@@ -124,6 +125,15 @@ class Tokenizer:
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         return _each(self.src.encode, texts)
+
+    def resample_src(self, ids: list[list[int]], alpha: float, seed: int, limit: int) -> list[list[int]]:
+        """The source sentences `ids` split anew by SentencePiece sampling (BPE-dropout at rate `alpha`, or a
+        unigram model's sampling with smoothing `alpha`), drawn from `seed` (uint32); a sentence whose sample is
+        longer than `limit` pieces keeps its ids."""
+        spm.set_random_generator_seed(seed)
+        texts = [self.src.decode(x) for x in ids]
+        new = [self.src.encode(t, enable_sampling=True, alpha=alpha, nbest_size=-1) for t in texts]
+        return [n if len(n) <= limit else x for x, n in zip(ids, new, strict=True)]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         return _each(self.tgt.encode, texts)

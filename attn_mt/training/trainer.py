@@ -182,8 +182,9 @@ class Trainer(TrainStep):
         group = batches[st.batch_in_epoch : st.batch_in_epoch + tc.accum_steps]
         n_tokens = sum(self.tgt_lens[i] + 1 for b in group for i in b)  # the global batch
         shards = [distributed.shard(b, self.world) for b in group]
-        loss = self.backward(self.corpus.batches(self.split, [s for s, _ in shards]), n_tokens,
-                             [w for _, w in shards])
+        draws = (tc.seed, st.epoch, st.batch_in_epoch)  # subword samples: a resumed run draws the same
+        loss = self.backward(self.corpus.batches(self.split, [s for s, _ in shards], tc.subword_sampling, draws),
+                             n_tokens, [w for _, w in shards])
         elapsed, interrupted = clock(), stop_requested()
         if self.world.enabled:  # one small all-reduce: global loss, any rank's Ctrl-C, rank 0's clock
             flags = torch.tensor([float(interrupted), elapsed if self.world.main else 0.0], device=self.device)

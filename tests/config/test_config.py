@@ -42,6 +42,8 @@ def test_set_overrides_are_typed(tmp_path):
     (["data.source=files"], ["data.dir"]),
     (["bogus=1"], ["bogus", "allowed"]),
     (["model.attention_dropout=1.0"], ["model.attention_dropout", "[0, 1)"]),
+    (["train.subword_sampling=1.0"], ["train.subword_sampling", "[0, 1)"]),
+    (["model.positions=absolute"], ["model.positions", "learned"]),
     (["model.activation_dropout=-0.1"], ["model.activation_dropout"]),
 ])
 def test_bad_values_name_the_key(overrides, words):

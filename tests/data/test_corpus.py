@@ -64,6 +64,31 @@ def test_same_tokenizer_batches_and_losses_as_in_memory(files, tmp_path):
     assert losses[0] == losses[1]
 
 
+def test_subword_sampling_splits_sources_anew_and_keeps_targets(files, tmp_path):
+    cfg = cfg_for(files, tmp_path, "data.max_len=30")
+    corpus = load_corpus(cfg, cfg.model.max_positions)
+    tok, index = corpus.tok, token_batches(*corpus.lengths("train"), 300, seed=3, epoch=0)[:4]
+
+    def draw(alpha, seed=(1, 0, 0)):
+        return list(corpus.batches("train", index, alpha, seed))
+
+    plain, sampled = draw(0.0), draw(0.3)
+    for a, b in zip(plain, sampled, strict=True):
+        assert torch.equal(a.tgt_in, b.tgt_in) and torch.equal(a.tgt_out, b.tgt_out)
+        texts = [tok.src.decode([i for i in row.tolist() if i != tok.pad_id]) for row in (a.src, b.src)]
+        assert texts[0] == texts[1]  # the same sentences, split another way
+    def differ(x, y):  # torch.equal is False for different shapes
+        return any(not torch.equal(a.src, b.src) for a, b in zip(x, y, strict=True))
+
+    assert differ(plain, sampled)
+    assert sum((b.src != tok.pad_id).sum() for b in sampled) > sum((a.src != tok.pad_id).sum() for a in plain)
+    again, other = draw(0.3), draw(0.3, (1, 0, 1))
+    assert not differ(sampled, again) and differ(sampled, other)  # seeded by (seed, epoch, batch): resumable
+    ids = corpus.ids["train"][0].get(range(20))
+    kept = tok.resample_src(ids, 0.5, seed=5, limit=max(map(len, ids)))  # none may grow past the longest
+    assert max(map(len, kept)) <= max(map(len, ids)) and kept != ids
+
+
 RANK_SCRIPT = """
 import json, sys
 from pathlib import Path
