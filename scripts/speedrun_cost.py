@@ -40,11 +40,14 @@ def measure(config: str, sets: list[str], recipes: list[tuple[str, list[str]]], 
     corpus, device, tc = start.corpus, start.device, base.train
     split = base.data.splits.train
     index = token_batches(*corpus.lengths(split), tc.batch_tokens, tc.seed, 0)
-    batches = [b.to(device) for b in corpus.batches(split, index[:steps])]
-    tokens = sum(b.n_tokens for b in batches)
-    fns, precisions = {}, precisions_for(device)
+    fns, precisions, sources = {}, precisions_for(device), {}
     for name, overrides in recipes:
         cfg = load_config(config, [*sets, f"train.threads={threads}", *overrides])
+        # the same pairs for every recipe; their sources split anew where the recipe samples subwords
+        batches = [b.to(device) for b in corpus.batches(split, index[:steps], cfg.train.subword_sampling,
+                                                        (tc.seed, 0, 0))]
+        tokens = sum(b.n_tokens for b in batches)  # target tokens: the same for every recipe
+        sources[name] = sum(int((b.src != corpus.tok.pad_id).sum()) for b in batches)
         for p in precisions:
             variant = Variant(name, build("ours", cfg, corpus.tok, device), p, cfg, device)
             fns[f"{name}/{p}"] = functools.partial(variant.run, batches)
@@ -52,7 +55,7 @@ def measure(config: str, sets: list[str], recipes: list[tuple[str, list[str]]], 
     med = {k: statistics.median(v[1:]) for k, v in times.items()}
     ref = recipes[0][0]
     rows = [{"recipe": name, "precision": p, "tokens_per_s": tokens / med[f"{name}/{p}"],
-             "cost_vs_reference": med[f"{name}/{p}"] / med[f"{ref}/{p}"]}
+             "cost_vs_reference": med[f"{name}/{p}"] / med[f"{ref}/{p}"], "source_tokens_per_round": sources[name]}
             for name, _ in recipes for p in precisions]
     return {"machine": describe(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "tokens_per_round": tokens, "steps": steps, "repeats": repeats, "reference": ref,
