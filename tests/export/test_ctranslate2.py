@@ -34,8 +34,9 @@ def exported(tiny_run, tmp_path_factory):
 
 
 @pytest.mark.parametrize("overrides", [(), ("model.norm_first=false",),
-                                       ("tokenizer.joint=false", "model.tie_embeddings=false")],
-                         ids=["pre-norm", "post-norm", "separate-vocab"])
+                                       ("tokenizer.joint=false", "model.tie_embeddings=false"),
+                                       ("model.tie_embeddings=false",)],
+                         ids=["pre-norm", "post-norm", "separate-vocab", "joint-vocab-untied"])
 def test_teacher_forced_log_probs_match(tiny_cfg, tiny_run, toy_test, tmp_path, overrides):
     ct2 = pytest.importorskip("ctranslate2")
     model, tok = random_checkpoint(tiny_cfg, tiny_run, tmp_path / "random.pt", *overrides)

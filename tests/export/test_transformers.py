@@ -61,8 +61,10 @@ def _load(hf, folder):
 
 @pytest.mark.parametrize("overrides", [(), ("model.norm_first=false",),
                                        ("tokenizer.joint=false", "model.tie_embeddings=false"),
-                                       ("tokenizer.joint=false", "model.norm_first=false")],
-                         ids=["pre-norm", "post-norm", "pre-norm-separate-untied", "post-norm-separate-tied"])
+                                       ("tokenizer.joint=false", "model.norm_first=false"),
+                                       ("model.tie_embeddings=false",)],
+                         ids=["pre-norm", "post-norm", "pre-norm-separate-untied", "post-norm-separate-tied",
+                              "joint-untied"])
 def test_teacher_forced_log_probs_match(hf, tiny_cfg, tiny_run, tmp_path, overrides):
     from attn_mt.export.transformers import export_hf
 
