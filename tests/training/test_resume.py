@@ -120,9 +120,9 @@ def reference(tmp_path_factory):
     (kill_saving("checkpoint_last.pt"), 18, 16, ()),  # ... checkpoint_best.pt is written, but not the last
     (kill_at_step, 8, 4, ("train.accum_steps=2",)),  # 9 steps an epoch, 2 batches a step
     (kill_at_step, 11, 8, ("train.ema_decay=0.9",)),  # the average and the trained weights both come back
-    (kill_at_step, 11, 8, ("train.optimizer=muon", "train.schedule=wsd", "model.qk_norm=true")),  # Muon's momenta
-    (kill_at_step, 11, 8, ("train.subword_sampling=0.2", "model.positions=learned")),  # the same subword draws
-], ids=["mid-epoch", "after-epoch-end", "saving-best", "saving-last", "accumulation", "ema", "muon", "sampling"])
+    (kill_at_step, 11, 8, ("train.optimizer=muon", "train.schedule=wsd", "model.qk_norm=true",  # Muon's momenta,
+                           "train.subword_sampling=0.2", "model.positions=learned")),  # the same subword draws
+], ids=["mid-epoch", "after-epoch-end", "saving-best", "saving-last", "accumulation", "ema", "speedrun-options"])
 def test_killed_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch, reference, kill, at, saved_step,
                                       overrides):
     cfg = tiny_cfg(*RESUMABLE, *overrides)
