@@ -19,6 +19,7 @@ from typer import Argument, Option
 from typer.core import TyperCommand, TyperGroup
 
 import attn_mt
+from attn_mt.api.limits import Limits  # the served limits' defaults (no web extra needed)
 
 
 class _GlobalOptionsAnywhere(TyperGroup):
@@ -231,14 +232,14 @@ def serve(checkpoint: ModelOpt,
           port: Annotated[int, Option(min=1, max=65535)] = 8000, device: DeviceOpt = "auto",
           allow_host: Annotated[list[str] | None, Option(help="Also answer this Host header (repeatable); loopback "
                                                               "names and --host always are answered.")] = None,
-          max_texts: Annotated[int, Option(min=1, help="Most sentences per request.")] = 64,
-          max_chars: Annotated[int, Option(min=1, help="Most characters per request.")] = 10_000,
-          max_work: Annotated[int, Option(min=1, help="Most source subwords x beam per request.")] = 20_000,
-          max_queue: Annotated[int, Option(min=1, help="Most requests waiting; more get 503.")] = 64,
+          max_texts: Annotated[int, Option(min=1, help="Most sentences per request.")] = Limits.max_texts,
+          max_chars: Annotated[int, Option(min=1, help="Most characters per request.")] = Limits.max_chars,
+          max_work: Annotated[int, Option(min=1, help="Most source subwords x beam per request.")] = Limits.max_work,
+          max_queue: Annotated[int, Option(min=1, help="Most requests waiting; more get 503.")] = Limits.max_queue,
           read_timeout: Annotated[float, Option(min=0.1, help="Seconds a client has to send its headers, and then "
-                                                              "its body.")] = 10.0) -> None:
+                                                              "its body.")] = Limits.header_timeout_s) -> None:
     """Serve a checkpoint: a web page (translations, attention of every head) and a JSON API (docs at /docs)."""
-    from attn_mt.serve import Limits, serve
+    from attn_mt.serve import serve
 
     limits = Limits(max_texts=max_texts, max_chars=max_chars, max_work=max_work, max_queue=max_queue,
                     header_timeout_s=read_timeout, body_timeout_s=read_timeout)

@@ -1,6 +1,6 @@
 """`attn-mt serve`: a local web page and JSON API for translating with a checkpoint and seeing its attention.
 
-    api.py      request/response models, limits, errors that name the field
+    api.py      request/response models, errors that name the field (limits: attn_mt/api/limits.py)
     guards.py   ASGI middleware: Host allow-list, body limit and body read timeout
     batcher.py  the bounded job queue and one model worker thread; whole model calls (exports, RNN checkpoints)
     scheduler.py  continuous batching (Transformer checkpoints): requests join and leave at every decoder step
