@@ -6,7 +6,7 @@ tests/test_checkpoint.py (averaging checkpoints of different runs).
 
 from __future__ import annotations
 
-from attn_mt.config import from_dict, to_dict
+from attn_mt.config.loader import from_dict, to_dict
 
 # settings that may change within one run (on resuming): the budget, how often to report and save, where
 # the data lives, and decoding; any other change alters the data order or the optimisation

@@ -1,15 +1,45 @@
-"""compare-rnn's config: one experiment config per model from a file of shared and per-model sections."""
+"""compare-rnn's config: its `compare:` section, and one experiment config per model from a file of shared and
+per-model sections."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from attn_mt.config import CompareConfig, ConfigError, ExperimentConfig, from_dict
-from attn_mt.config.yamlconf import build, read_yaml, set_overrides
+from attn_mt.config.loader import ExperimentConfig, from_dict
+from attn_mt.config.yamlconf import ConfigError, build, check_limits, read_yaml, set_overrides
 
 MODELS = ("transformer", "rnn")
 PER_MODEL_TRAIN_KEYS = {"lr", "warmup_steps", "weight_decay", "betas", "clip_norm"}  # batches stay shared
+
+
+# upper bounds far above any sensible value (lower bounds: __post_init__)
+MOST = {"budget_minutes": 1e6, "eval_every_minutes": 1e6, "lengths": 1_000_000, "length_batch_tokens": 10_000_000,
+        "repeats": 10_000, "decode_sentences": 10_000_000, "decode_repeats": 10_000, "beam_size": 1000}
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """The `compare:` section of compare-rnn's config: budget and what is measured after training."""
+
+    budget_minutes: float = 10.0  # training time per model, on its own clock
+    eval_every_minutes: float = 1.0  # one validation-BLEU point per this much training time
+    lengths: tuple[int, ...] = (8, 16, 32, 64, 128, 256)  # length-scaling benchmark
+    length_batch_tokens: int = 4096  # tokens per batch there: batch size = tokens // length
+    repeats: int = 5  # timed rounds per length (median reported)
+    decode_sentences: int = 500  # test sentences decoded in the speed measurement
+    decode_repeats: int = 3
+    beam_size: int = 4  # beam of the decoding-speed measurement
+    max_param_gap: float = 0.15  # refuse models whose parameter counts differ by more (fairness)
+
+    def __post_init__(self) -> None:
+        check_limits("compare", self, MOST)
+        for key in ("budget_minutes", "eval_every_minutes", "length_batch_tokens", "repeats",
+                    "decode_sentences", "decode_repeats", "beam_size", "max_param_gap"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"compare.{key}={getattr(self, key)!r}: must be a number > 0")
+        if not self.lengths or not all(n > 0 for n in self.lengths):
+            raise ConfigError(f"compare.lengths={list(self.lengths)}: must be positive integers")
 
 
 @dataclass(frozen=True)

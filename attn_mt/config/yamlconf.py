@@ -117,6 +117,19 @@ def build(cls: type, raw: Any, prefix: str = "") -> Any:
         raise ConfigError(f"{prefix.rstrip('.')}: {str(e)[:300]}") from None
 
 
+def check_limits(section: str, cfg: Any, most: dict[str, float]) -> None:
+    """Every number of a config section finite and at most its bound in `most` (upper bounds far above any
+    sensible value: an impossible size fails when the config is built, before any data is read)."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        numbers = value if isinstance(value, tuple) else (value,)
+        for x in numbers:
+            if isinstance(x, float) and not math.isfinite(x):
+                raise ConfigError(f"{section}.{f.name}={x}: must be a finite number")
+            if f.name in most and isinstance(x, (int, float)) and x > most[f.name]:
+                raise ConfigError(f"{section}.{f.name}={x}: must be at most {most[f.name]:g}")
+
+
 def _kind(cls: type) -> Any:
     f = next((f for f in fields(cls) if f.name == "kind"), None)
     return None if f is None or f.default is MISSING else f.default

@@ -1,0 +1,109 @@
+"""The `train:` section: optimiser, schedule, batches, budget, evaluation and checkpoints of a run.
+
+Tested in tests/config/test_config.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from attn_mt.config.yamlconf import ConfigError, check_limits
+
+# upper bounds far above any sensible value (lower bounds: __post_init__)
+MOST = {"lr": 10.0, "warmup_steps": 1e9, "weight_decay": 10.0, "z_loss": 10.0, "batch_tokens": 10_000_000,
+        "accum_steps": 100_000, "clip_norm": 1e6, "max_epochs": 1_000_000, "max_steps": 1e12, "max_tokens": 1e15,
+        "max_minutes": 1e7, "eval_every": 1e12, "bleu_sentences": 10_000_000, "patience": 1e6,
+        "checkpoint_every": 1e12, "keep_last": 1000, "max_bad_steps": 1e6, "log_every": 1e12,
+        "threads": 4096, "seed": 2**32 - 1}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    lr: float = 1e-3  # peak learning rate, reached at the end of warmup
+    warmup_steps: int = 1000
+    schedule: Literal["inverse_sqrt", "linear", "wsd"] = "inverse_sqrt"  # after warmup: lr * sqrt(warmup / step);
+    #     linear decay to 0 at the end of the budget (max_steps, max_tokens, max_minutes or max_epochs, the first to
+    #     end); or wsd (warmup-stable-decay): the peak rate, then linear decay to 0 over the last decay_fraction
+    decay_fraction: float = 0.3  # wsd: the share of the budget over which the rate decays to 0
+    warmup_fraction: float = 0.1  # linear: warmup ends after warmup_steps or this fraction of the budget,
+    #     whichever comes first, so a short budget still gets a whole schedule; 0: warmup_steps alone
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    optimizer: Literal["adamw", "muon"] = "adamw"  # muon: the 2-D weights of the layers are updated with Muon
+    #     (momentum orthogonalised by Newton-Schulz, attn_mt/training/muon.py), the rest (embeddings, norms,
+    #     biases) with AdamW; both at the scheduled rate
+    muon_momentum: float = 0.95
+    muon_ns_steps: int = 5  # Newton-Schulz iterations per step (their cost is per step, not per token)
+    muon_ns_schedule: Literal["fixed", "polar"] = "fixed"  # their coefficients: Jordan et al.'s quintic at every
+    #     iteration, or the Polar Express sequence, one per iteration (at most 5; attn_mt/training/muon.py)
+    muon_per_head: bool = False  # orthogonalise each attention head's slice of the Q/K/V and output projections
+    #     on its own: a fifth of those projections' Newton-Schulz time in fp32 (docs/speedrun.md)
+    label_smoothing: float = 0.1
+    subword_sampling: float = 0.0  # subword regularisation: each training source sentence split anew each time it
+    #     is batched (SentencePiece sampling: the BPE-dropout rate of a bpe model, a unigram model's alpha); 0: off.
+    #     Targets keep their one segmentation (what the model learns to write, and the tokens the budget counts)
+    z_loss: float = 0.0  # add z_loss * log(Z)^2 per target token to the training loss (1e-4 in PaLM); 0: off
+    batch_tokens: int = 4096  # target tokens per optimizer step (before accumulation)
+    accum_steps: int = 1
+    clip_norm: float = 1.0  # 0 disables clipping
+    ema_decay: float = 0.0  # evaluate and save a moving average of the weights (0.99: about the last 100
+    #                         steps; attn_mt/training/ema.py); 0: the trained weights themselves
+    max_epochs: int = 20
+    max_steps: int = 0  # 0: no limit
+    max_tokens: int = 0  # target tokens to train on (the run stops after the step that reaches it); 0: no limit
+    max_minutes: float = 0.0  # wall-clock budget; 0: no limit
+    seed: int = 1
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    eval_every: int = 0  # steps between evaluations; 0: once per epoch
+    bleu_sentences: int = 500  # validation sentences decoded for BLEU at each evaluation
+    patience: int = 0  # stop after this many evaluations without a better BLEU; 0: off
+    checkpoint_every: int = 0  # also save checkpoint_last.pt every N steps; 0: only at evals
+    keep_last: int = 0  # keep the weights of the last N evaluations (checkpoint_step*.pt); N >= 2 also
+    #                     averages them at the end and tests the average if it wins on valid
+    max_bad_steps: int = 5  # non-finite losses are skipped; this many in a row stop the run
+    log_every: int = 20  # steps between progress-bar updates (each one syncs the device)
+    threads: int = 0  # torch intra-op threads on CPU; 0: torch's default
+    tensorboard: bool = False  # TensorBoard events under <run_dir>/tensorboard (needs the `tb` extra)
+    init_from: str = ""  # fine-tune: start from this model's weights (a checkpoint, or a MarianMT folder or hub
+    #     name), with its tokenizer and shape (model and tokenizer sections are taken from it), a fresh optimizer
+    #     and schedule; "": from scratch
+    freeze: tuple[Literal["embeddings", "encoder"], ...] = ()  # parts not trained: the embedding tables (and the
+    #     output layer tied to them), the encoder layers
+    compile: bool = False  # torch.compile the training forward/backward (`attn-mt bench --compile`
+    #                        measures whether it pays: on the 2-core CPU it did not, README Performance)
+
+    def __post_init__(self) -> None:
+        check_limits("train", self, MOST)
+        positive = ("lr", "batch_tokens", "accum_steps", "max_epochs", "bleu_sentences")
+        for key in positive:
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"train.{key}={getattr(self, key)}: must be > 0")
+        nonneg = ("warmup_steps", "weight_decay", "z_loss", "clip_norm", "max_steps", "max_tokens", "max_minutes",
+                  "eval_every", "patience", "checkpoint_every", "keep_last", "threads", "seed")
+        for key in nonneg:
+            if getattr(self, key) < 0:
+                raise ConfigError(f"train.{key}={getattr(self, key)}: must be >= 0")
+        if not 0.0 <= self.warmup_fraction <= 1.0:
+            raise ConfigError(f"train.warmup_fraction={self.warmup_fraction}: must be in [0, 1]")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ConfigError(f"train.decay_fraction={self.decay_fraction}: must be in (0, 1]")
+        if not 0.0 <= self.muon_momentum < 1.0:
+            raise ConfigError(f"train.muon_momentum={self.muon_momentum}: must be in [0, 1)")
+        if not 1 <= self.muon_ns_steps <= 20:
+            raise ConfigError(f"train.muon_ns_steps={self.muon_ns_steps}: must be in [1, 20]")
+        if self.muon_ns_schedule == "polar" and self.muon_ns_steps > 5:
+            raise ConfigError(f"train.muon_ns_steps={self.muon_ns_steps}: the polar schedule has at most 5")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"train.ema_decay={self.ema_decay}: must be in [0, 1)")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"train.label_smoothing={self.label_smoothing}: must be in [0, 1)")
+        if not 0.0 <= self.subword_sampling < 1.0:
+            raise ConfigError(f"train.subword_sampling={self.subword_sampling}: must be in [0, 1)")
+        if self.log_every < 1:
+            raise ConfigError(f"train.log_every={self.log_every}: must be >= 1")
+        if self.max_bad_steps < 1:
+            raise ConfigError(f"train.max_bad_steps={self.max_bad_steps}: must be >= 1")
+        if len(set(self.freeze)) != len(self.freeze):
+            raise ConfigError(f"train.freeze={list(self.freeze)}: names a part twice")
