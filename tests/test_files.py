@@ -71,14 +71,19 @@ def test_replace_folder_puts_the_old_folder_back_when_the_rename_fails(tmp_path,
     ([("--out", "p.pt", (".pt",)), ("--json", "p.pt", (".json", ".pt"))], "the same file as --out"),
     ([("--out", "missing/p.pt", (".pt",))], "--out {t}/missing/p.pt: folder {t}/missing does not exist"),
     ([("--json", "dir.json", (".json",))], "a folder; give a file name"),
+    ([("--json", "model/attn_mt.json", (".json",))], "would overwrite the model folder {t}/model"),
+    ([("--json", "model/new.json", (".json",))], "would overwrite the model folder {t}/model"),
 ])
 def test_check_outputs_refuses_in_one_line_naming_the_option(tmp_path, outputs, says):
     (tmp_path / "in.json").write_text("{}")
     (tmp_path / "in.pt").write_bytes(b"x")
     (tmp_path / "link.json").symlink_to(tmp_path / "in.json")
     (tmp_path / "dir.json").mkdir()
+    (tmp_path / "model").mkdir()  # a model folder (an export, a MarianMT model): every file in it is an input
+    (tmp_path / "model" / "attn_mt.json").write_text("{}")
     with pytest.raises(OutputError) as e:
-        check_outputs([(o, tmp_path / p, s) for o, p, s in outputs], [tmp_path / "in.pt", tmp_path / "in.json"])
+        check_outputs([(o, tmp_path / p, s) for o, p, s in outputs],
+                      [tmp_path / "in.pt", tmp_path / "in.json", tmp_path / "model"])
     assert says.format(t=tmp_path) in str(e.value) and e.value.option == outputs[-1][0]
     assert len(str(e.value).splitlines()) == 1
 

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from attn_mt.config import DecodeConfig
-from attn_mt.config.files import write_atomic
+from attn_mt.config.files import write_report
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.attention_maps import translate_then_force
 from attn_mt.errors import InputError
@@ -89,8 +89,7 @@ class Explanation:
 
     def save_json(self, path: str | Path) -> Path:
         """Every number of the explanation as JSON, written atomically."""
-        write_atomic(Path(path), self.to_json() + "\n")
-        return Path(path)
+        return write_report(path, self.to_json() + "\n", "json")
 
     def __str__(self) -> str:
         return render(self)

@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from attn_mt.config.files import write_atomic
+from attn_mt.config.files import check_report, write_report
 
 from .heads import HeadsReport
 from .masking import KINDS
@@ -73,13 +73,15 @@ def coref_lines(report: HeadsReport, best: int = 5) -> list[str]:
 
 def save(report: HeadsReport, json_path: Path | None = None, png_path: Path | None = None) -> list[Path]:
     """Write the report as JSON and draw it as a PNG, each where a path is given; returns the files written."""
+    for option, path in (("json", json_path), ("png", png_path)):  # neither written if one cannot be
+        if path:
+            check_report(path, option)
     written = [write_json(report, json_path)] if json_path else []
     return written + ([plot(report, png_path)] if png_path else [])
 
 
 def write_json(report: HeadsReport, path: Path) -> Path:
-    write_atomic(Path(path), json.dumps(asdict(report), indent=2) + "\n")
-    return Path(path)
+    return write_report(path, json.dumps(asdict(report), indent=2) + "\n", "json")
 
 
 def _label(row: dict) -> str:
@@ -115,5 +117,4 @@ def plot(report: HeadsReport, path: Path) -> Path:
     fig.colorbar(img, ax=list(axes), shrink=0.8, label="BLEU change, head masked")
     fig.suptitle(f"heads of {Path(report.checkpoint).name}: BLEU {report.bleu:.2f} on {report.sentences} "
                  "sentences (greedy)", fontsize=10)
-    write_atomic(Path(path), lambda f: fig.savefig(f, format="png", dpi=110))
-    return Path(path)
+    return write_report(path, lambda f: fig.savefig(f, format="png", dpi=110), "png")

@@ -229,11 +229,11 @@ def document(fragment: str, title: str = "attn-mt") -> str:
 def save_html(fragment: str, path: Path | str, title: str = "attn-mt") -> Path:
     """Write `document(fragment, title)` to `path` atomically (a new file beside it, then a rename, as
     checkpoints are written); an OSError names the file."""
-    from attn_mt.config.files import write_atomic
+    from attn_mt.config.files import write_report
 
     path = Path(path)
     try:
-        write_atomic(path, document(fragment, title))
+        write_report(path, document(fragment, title), "html")
     except OSError as err:
         raise OSError(err.errno, f"{path}: cannot write the page ({err.strerror or err})") from None
     return path

@@ -85,6 +85,9 @@ class Attention:
 
     def save_png(self, out_dir: str | os.PathLike) -> list[Path]:
         """Every layer of every kind as `{kind}_layer{n}.png` in `out_dir` (what `attn-mt attention` writes)."""
+        from attn_mt.config.files import check_report
+
         out = Path(out_dir)
+        check_report(out / "x.png", "out_dir")  # not into a model folder
         out.mkdir(parents=True, exist_ok=True)
         return [plot(m, out / f"{m.kind}_layer{m.layer}.png") for m in self.maps]

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from attn_mt.checkpoint import CheckpointError
+from attn_mt.config.files import mark_model
 from attn_mt.decoding.translator import Translator, checkpoint_translator, model_translator
 from attn_mt.errors import InputError
 
@@ -23,6 +24,12 @@ def open_translator(path: Path | str, device: str = "auto", threads: int | None 
     (or CTranslate2's) CPU threads where given."""
     if threads is not None and threads < 1:
         raise InputError(f"must be >= 1, not {threads}", "threads")
+    translator = _open(path, device, threads)
+    mark_model(translator.path)  # a report is never written over it or into it (hub names: export/marian.py)
+    return translator
+
+
+def _open(path: Path | str, device: str, threads: int | None) -> Translator:
     from attn_mt.export.marian import is_marian
 
     if is_marian(path):

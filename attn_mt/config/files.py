@@ -151,13 +151,43 @@ def remove(path: Path) -> None:
         path.unlink()
 
 
+MODELS: set[Path] = set()  # the files and folders this process read a model from: no report is written there
+
+
+def mark_model(path: Path | str) -> None:
+    """Remember that a model was read from `path` (a checkpoint file or a model folder): `check_report` then
+    refuses to write a report over it or into it."""
+    if Path(path).exists():  # not a hub name
+        MODELS.add(Path(path).resolve())
+
+
+def check_report(path: Path | str, option: str = "path", folders: Sequence[Path] = ()) -> None:
+    """Refuse (OutputError naming `option`) a report written over a model file or into a model folder: one this
+    process read a model from (`mark_model`), or one of `folders`."""
+    real = Path(path).resolve()
+    for model in [*MODELS, *(Path(f).resolve() for f in folders)]:
+        inside = model in real.parents or real == model
+        if inside or (model.is_file() and real.is_file() and os.path.samefile(model, real)):
+            what = "the model folder" if model.is_dir() else "the model file"
+            raise OutputError(f"{option} {path}: would overwrite {what} {model}; write reports elsewhere", option)
+
+
+def write_report(path: Path | str, data: bytes | str | Callable[[BinaryIO], None], option: str = "path") -> Path:
+    """`write_atomic` for a report (JSON, HTML, PNG): refused over a model file or into a model folder."""
+    check_report(path, option)
+    write_atomic(Path(path), data)
+    return Path(path)
+
+
 def check_outputs(outputs: Sequence[tuple[str, Path | str | None, Sequence[str]]],
                   inputs: Sequence[Path | str | None] = ()) -> None:
     """Refuse (OutputError naming the option) an output path that cannot be written as asked, before any work:
     `outputs` are (option name, path or None, allowed suffixes such as (".json",)); a path must end in one of
-    its suffixes, not be a folder, not be one of `inputs` nor another output, and its folder must exist and
-    be writable."""
+    its suffixes, not be a folder, not be one of `inputs` nor another output, nor lie in an input that is a
+    folder (a MarianMT or export folder: every file a model is read from), and its folder must exist and be
+    writable."""
     taken: dict[Path, str] = {}
+    folders = [Path(name) for name in inputs if name is not None and Path(name).is_dir()]
     for name in inputs:
         if name is not None:
             taken[Path(name).resolve()] = f"the input {name}"
@@ -175,6 +205,7 @@ def check_outputs(outputs: Sequence[tuple[str, Path | str | None, Sequence[str]]
             raise OutputError(f"{what}: folder {folder} does not exist", option)
         if not os.access(folder, os.W_OK | os.X_OK):
             raise OutputError(f"{what}: folder {folder} is not writable", option)
+        check_report(path, option, folders)
         real = path.resolve()
         same = taken.get(real) or next((taken[p] for p in taken if p.exists() and real.exists()
                                         and os.path.samefile(p, real)), None)

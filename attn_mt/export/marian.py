@@ -22,6 +22,7 @@ import torch
 
 from attn_mt.checkpoint import CheckpointError, model_state, tokenizer_from_protos
 from attn_mt.config import ConfigError, DataConfig, DecodeConfig, ExperimentConfig, TokenizerConfig, TransformerConfig
+from attn_mt.config.files import mark_model
 from attn_mt.data.tokenizer import Tokenizer
 
 FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "source.spm", "target.spm",
@@ -217,6 +218,7 @@ def marian_state(path: Path | str) -> dict:
     """A MarianMT folder (or hub name) as a checkpoint state: {"model", "config", "tokenizer"} (what
     `checkpoint.model_from_state` rebuilds), plus where it came from ("init_path")."""
     folder = local_folder(path)
+    mark_model(folder)  # no report is written into it (config.files.check_report)
     hf = _json(folder, "config.json")
     if hf.get("model_type") != "marian":
         raise CheckpointError(f"{folder / 'config.json'}: model_type is {hf.get('model_type')!r}, not 'marian'")
