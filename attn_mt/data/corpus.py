@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attn_mt.config import ExperimentConfig
-from attn_mt.data.batching import Batch, collate
+from attn_mt.data.batching import Batch, collate, collate_ragged
 from attn_mt.data.cache import Entry, Resumed, open_entry
 from attn_mt.data.sources import DataError, read_pairs
 from attn_mt.data.tokenizer import Tokenizer
@@ -48,6 +48,10 @@ class Ragged:
 
     def get(self, rows: Iterable[int]) -> list[list[int]]:
         return [self.ids[self.offsets[r] : self.offsets[r + 1]].tolist() for r in rows]
+
+    def spans(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, starts, lengths) of these rows, for `batching.collate_ragged`: no list per sequence."""
+        return self.ids, self.offsets[rows], self.lengths[rows]
 
 
 class Lengths(Sequence[int]):
@@ -88,17 +92,20 @@ class Corpus:
         return self._lengths[split]
 
     def batches(self, split: str, index: Iterable[Sequence[int]], sampling: float = 0.0,
-                seed: tuple[int, ...] = ()) -> Iterator[Batch]:
-        """Collated `Batch`es of the pairs in each index batch; with `sampling` > 0 the sources split anew
-        (`Tokenizer.resample_src`), the i-th batch's draw seeded by (*seed, i)."""
+                seed: tuple[int, ...] = (), pin: bool = False) -> Iterator[Batch]:
+        """Collated `Batch`es of the pairs in each index batch, gathered from the id arrays in one pass
+        (`collate_ragged`; into pinned memory with `pin`); with `sampling` > 0 the sources split anew
+        (`Tokenizer.resample_src`, one list per sentence), the i-th batch's draw seeded by (*seed, i)."""
         rows, (src, tgt) = self.rows.get(split), self.ids[split]
+        special = self.tok.pad_id, self.tok.bos_id, self.tok.eos_id
         for i, b in enumerate(index):
-            b = b if rows is None else rows[np.asarray(b, dtype=np.int64)]
-            sources = src.get(b)
-            if sampling:
-                draw = int(np.random.SeedSequence([*seed, i]).generate_state(1)[0])
-                sources = self.tok.resample_src(sources, sampling, draw, self.limit)
-            yield collate(sources, tgt.get(b), self.tok.pad_id, self.tok.bos_id, self.tok.eos_id)
+            b = np.asarray(b, dtype=np.int64) if rows is None else rows[np.asarray(b, dtype=np.int64)]
+            if not sampling:
+                yield collate_ragged(src.spans(b), tgt.spans(b), *special, pin=pin)
+                continue
+            draw = int(np.random.SeedSequence([*seed, i]).generate_state(1)[0])
+            sources = self.tok.resample_src(src.get(b), sampling, draw, self.limit)
+            yield collate(sources, tgt.get(b), *special)
 
 
 def load_corpus(cfg: ExperimentConfig, max_positions: int, resumed: Resumed | None = None) -> Corpus:

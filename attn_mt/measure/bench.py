@@ -174,7 +174,8 @@ def _contestants(cfg: ExperimentConfig, corpus, device: torch.device, precisions
     tc, split = cfg.train, cfg.data.splits.train
     lens = corpus.lengths(split)
     fns = {"data/plan": timed(lambda: token_batches(*lens, tc.batch_tokens, tc.seed, 1), device),
-           "data/collate": timed(lambda: [b.to(device) for b in corpus.batches(split, index[:len(batches)])],
+           "data/collate": timed(lambda: [b.to(device) for b in corpus.batches(split, index[:len(batches)],
+                                                                                 pin=device.type == "cuda")],
                                   device)}
     trainers, peak_flops = {}, {}
     for p in precisions:

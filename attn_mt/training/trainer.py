@@ -11,15 +11,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
 from attn_mt.config import ExperimentConfig, TrainConfig
 from attn_mt.data.batching import Batch, token_batches
 from attn_mt.data.corpus import Corpus
+from attn_mt.data.prefetch import Prefetcher
 from attn_mt.device import autocast
 from attn_mt.errors import Interrupted, TrainError
 from attn_mt.models import Seq2Seq, loss_sum
@@ -154,6 +156,7 @@ class Trainer(TrainStep):
         self.src_lens, self.tgt_lens = corpus.lengths(self.split)
         self.state = TrainState()
         self._plan: tuple[int, list[list[int]]] = (-1, [])
+        self.prefetch: Prefetcher[tuple[int, list[Batch], list[float]]] = Prefetcher(device.type == "cuda")
 
     def epoch_batches(self) -> list[list[int]]:
         """The index batches of the current epoch (computed once per epoch)."""
@@ -162,6 +165,18 @@ class Trainer(TrainStep):
             self._plan = (self.state.epoch, token_batches(self.src_lens, self.tgt_lens, tc.batch_tokens, tc.seed,
                                                           self.state.epoch))
         return self._plan[1]
+
+    def group(self, batches: Sequence[list[int]], epoch: int, start: int) -> tuple[int, list[Batch], list[float]]:
+        """The batches of the optimizer step that begins at batch `start` of `epoch`'s plan `batches`: (global
+        target tokens, this rank's collated batches, their weights); a function of its arguments alone."""
+        tc, tgt_lens = self.cfg, np.asarray(self.tgt_lens)
+        group = batches[start : start + tc.accum_steps]
+        n_tokens = sum(int(tgt_lens[b].sum()) + len(b) for b in group)  # the global batch, eos included
+        shards = [distributed.shard(b, self.world) for b in group]
+        draws = (tc.seed, epoch, start)  # subword samples: a resumed run draws the same
+        made = self.corpus.batches(self.split, [s for s, _ in shards], tc.subword_sampling, draws,
+                                   pin=self.device.type == "cuda")
+        return n_tokens, list(made), [w for _, w in shards]
 
     @property
     def epoch_done(self) -> bool:
@@ -179,12 +194,11 @@ class Trainer(TrainStep):
         rank's `stop_requested()` (Ctrl-C) are shared.
         """
         st, tc, batches = self.state, self.cfg, self.epoch_batches()
-        group = batches[st.batch_in_epoch : st.batch_in_epoch + tc.accum_steps]
-        n_tokens = sum(self.tgt_lens[i] + 1 for b in group for i in b)  # the global batch
-        shards = [distributed.shard(b, self.world) for b in group]
-        draws = (tc.seed, st.epoch, st.batch_in_epoch)  # subword samples: a resumed run draws the same
-        loss = self.backward(self.corpus.batches(self.split, [s for s, _ in shards], tc.subword_sampling, draws),
-                             n_tokens, [w for _, w in shards])
+        epoch, start = st.epoch, st.batch_in_epoch
+        n_tokens, made, weights = self.prefetch.take((epoch, start), lambda: self.group(batches, epoch, start))
+        if (after := start + tc.accum_steps) < len(batches):  # the next step's batches, built during this one
+            self.prefetch.ahead((epoch, after), lambda: self.group(batches, epoch, after))
+        loss = self.backward(made, n_tokens, weights)
         elapsed, interrupted = clock(), stop_requested()
         if self.world.enabled:  # one small all-reduce: global loss, any rank's Ctrl-C, rank 0's clock
             flags = torch.tensor([float(interrupted), elapsed if self.world.main else 0.0], device=self.device)
@@ -194,7 +208,7 @@ class Trainer(TrainStep):
             spent = budget_spent(tc, st.step, elapsed, st.epoch + st.batch_in_epoch / len(batches), st.tokens)
         lr = lr_at(st.step + 1, tc, spent)
         value = self.apply(loss, lr)
-        st.batch_in_epoch += len(group)
+        st.batch_in_epoch += len(weights)
         if value is None:
             st.bad_steps, st.skipped_steps = st.bad_steps + 1, st.skipped_steps + 1
             log.warning("step %d: non-finite loss, step skipped (%d in a row)", st.step + 1, st.bad_steps)

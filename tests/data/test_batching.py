@@ -1,8 +1,10 @@
 """Batches: collating padded ids, and the token-count plan of an epoch."""
 
 import numpy as np
+import torch
 
-from attn_mt.data.batching import collate, token_batches
+from attn_mt.data.batching import collate, collate_ragged, token_batches
+from attn_mt.data.corpus import Ragged, load_corpus
 
 
 def loop_token_batches(src_lens, tgt_lens, batch_tokens, seed, epoch, shuffle=True):
@@ -63,3 +65,52 @@ def test_collate_shifts_target():
     assert b.tgt_in.tolist() == [[2, 8, 9, 10], [2, 11, 0, 0]]
     assert b.tgt_out.tolist() == [[8, 9, 10, 3], [11, 3, 0, 0]]
     assert b.n_tokens == 6
+
+
+def old_batches(corpus, split, index):
+    """Corpus.batches as it was: a list per sentence, padded one row at a time (the output must not change)."""
+    rows, (src, tgt) = corpus.rows.get(split), corpus.ids[split]
+    for b in index:
+        b = b if rows is None else rows[np.asarray(b, dtype=np.int64)]
+        yield collate(src.get(b), tgt.get(b), corpus.tok.pad_id, corpus.tok.bos_id, corpus.tok.eos_id)
+
+
+def same(a, b) -> bool:
+    return all(torch.equal(getattr(a, k), getattr(b, k)) and getattr(a, k).dtype == getattr(b, k).dtype
+               for k in ("src", "tgt_in", "tgt_out")) and a.n_tokens == b.n_tokens
+
+
+def test_gathered_batches_equal_the_collated_ones_on_random_ragged_ids():
+    rng = np.random.default_rng(1)
+    for trial in range(100):
+        n = int(rng.integers(1, 60))
+        seqs = [rng.integers(4, 3000, int(rng.integers(0, 40))).tolist() for _ in range(2 * n)]
+        src, tgt = Ragged.from_lists(seqs[:n]), Ragged.from_lists(seqs[n:])
+        rows = rng.permutation(n)[: int(rng.integers(1, n + 1))]
+        got = collate_ragged(src.spans(rows), tgt.spans(rows), 0, 1, 2)
+        assert same(got, collate(src.get(rows), tgt.get(rows), 0, 1, 2)), trial
+
+
+def test_a_corpus_gives_the_batches_it_gave_before(tiny_cfg):
+    """The toy corpus from its memory-mapped cache entry, some pairs dropped by length (`Corpus.rows`)."""
+    cfg = tiny_cfg("data.max_len=30")
+    corpus = load_corpus(cfg, cfg.model.max_positions)
+    split = cfg.data.splits.train
+    assert split in corpus.rows  # the filtered path is the one exercised
+    for epoch in range(2):
+        index = token_batches(*corpus.lengths(split), 150, 0, epoch)
+        pairs = list(zip(corpus.batches(split, index), old_batches(corpus, split, index), strict=True))
+        assert len(pairs) == len(index) > 5 and all(same(a, b) for a, b in pairs)
+
+
+def test_multi30k_batches_equal_the_collated_ones(multi30k):
+    """Real lengths and ids (Multi30k's words as ids), a whole epoch of 16k-token batches."""
+    vocab: dict[str, int] = {}
+    sides = [[[vocab.setdefault(w, len(vocab) + 3) for w in line.split()] for line in
+              (multi30k / f"train.{lang}").read_text().splitlines()] for lang in ("de", "en")]
+    src, tgt = Ragged.from_lists(sides[0]), Ragged.from_lists(sides[1])
+    index = token_batches(src.lengths, tgt.lengths, 16384, 3, 0)
+    for b in index:
+        rows = np.asarray(b)
+        assert same(collate_ragged(src.spans(rows), tgt.spans(rows), 0, 1, 2),
+                    collate(src.get(rows), tgt.get(rows), 0, 1, 2))

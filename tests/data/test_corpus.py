@@ -34,8 +34,8 @@ class ListCorpus:
         src, tgt = self.ids[split]
         return [len(s) for s in src], [len(t) for t in tgt]
 
-    def batches(self, split, index, sampling=0.0, seed=()):
-        assert not sampling  # the path it replaced had no subword sampling
+    def batches(self, split, index, sampling=0.0, seed=(), pin=False):
+        assert not sampling and not pin  # the path it replaced had no subword sampling, no pinned buffers
         src, tgt = self.ids[split]
         for b in index:
             yield collate([src[i] for i in b], [tgt[i] for i in b], self.tok.pad_id, self.tok.bos_id, self.tok.eos_id)

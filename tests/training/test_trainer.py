@@ -84,3 +84,29 @@ def test_a_copy_of_the_trainer_state_replays_the_same_step(corpus):
     x = a.step(lambda: 0.0).loss
     torch.manual_seed(1)
     assert b.step(lambda: 0.0).loss == x
+
+
+@pytest.mark.parametrize("overrides", [{"accum_steps": 2}, {"subword_sampling": 0.2}])
+def test_batches_built_ahead_in_a_thread_train_exactly_as_in_place(corpus, overrides):
+    """The GPU path's prefetch thread (and pinned buffers, where pinning is possible) on the CPU: the same
+    losses and weights, bit for bit, as building each step's batches when it starts."""
+    from dataclasses import replace
+
+    from attn_mt.data.prefetch import Prefetcher
+
+    cfg, corpus = corpus
+    cfg = replace(cfg, train=replace(cfg.train, **overrides))
+    plain, ahead = (Trainer(model_for(cfg, corpus), cfg, corpus, CPU, "fp32") for _ in range(2))
+    ahead.prefetch = Prefetcher(True)
+    losses = []
+    for tr in (plain, ahead):
+        torch.manual_seed(5)
+        losses.append([])
+        while tr.state.epoch < 2:
+            while not tr.epoch_done:
+                losses[-1].append(tr.step(lambda: 0.0).loss)
+            tr.next_epoch()
+    ahead.prefetch.close()
+    assert losses[0] == losses[1] and len(losses[0]) > 4
+    for a, b in zip(plain.model.parameters(), ahead.model.parameters(), strict=True):
+        assert torch.equal(a, b)
