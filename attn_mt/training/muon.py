@@ -156,10 +156,15 @@ class MuonAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def step(self, closure=None):  # noqa: ANN001 (torch's signature)
-        """Muon on the flagged groups; their gradients are then dropped, so AdamW's step skips them."""
+        """Muon on the flagged groups; their gradients are then dropped, so AdamW's step skips them.
+
+        The blocks that are orthogonalised (whole matrices, or heads with `per_head`) are stacked by shape, so
+        all blocks of one shape take one batched product per Newton-Schulz iteration (`orthogonalise_stacked`).
+        """
         for group in self.param_groups:
             if not group["muon"]:
                 continue
+            params, moments = [], []
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -169,15 +174,45 @@ class MuonAdamW(torch.optim.AdamW):
                 state["step"] += 1
                 buf = state["momentum_buffer"]
                 buf.lerp_(p.grad, 1 - self.momentum)
-                nesterov = p.grad.lerp(buf, self.momentum)
-                cut = self.cuts.get(p)
-                if cut is None:
-                    update, block = orthogonalise(nesterov, self.ns, self.ns_dtype), p.shape
-                else:
-                    update = orthogonalise_heads(nesterov, cut, self.ns, self.ns_dtype)
-                    block = (p.size(0) // cut[1], p.size(1)) if cut[0] == "rows" else (p.size(0), p.size(1) // cut[1])
+                params.append(p)
+                moments.append(p.grad.lerp(buf, self.momentum))  # Nesterov
+            updates = orthogonalise_stacked(moments, [self.cuts.get(p) for p in params], self.ns, self.ns_dtype)
+            for p, (update, block) in zip(params, updates, strict=True):
                 if group["weight_decay"]:
                     p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(update, alpha=-group["lr"] * 0.2 * math.sqrt(max(block)))  # AdamW's RMS; bf16 too
                 p.grad = None
         return super().step(closure)
+
+
+def to_blocks(g: Tensor, cut: tuple[str, int] | None) -> Tensor:
+    """(R, C) -> (n, r, c): the matrix itself (n = 1), or its heads' blocks (`head_cuts`)."""
+    if cut is None:
+        return g.unsqueeze(0)
+    (rows, cols), (axis, n) = g.shape, cut
+    return g.reshape(n, rows // n, cols) if axis == "rows" else g.reshape(rows, n, cols // n).transpose(0, 1)
+
+
+def from_blocks(x: Tensor, cut: tuple[str, int] | None) -> Tensor:
+    """`to_blocks` undone: (n, r, c) -> (R, C)."""
+    if cut is None:
+        return x[0]
+    n, r, c = x.shape
+    return x.reshape(n * r, c) if cut[0] == "rows" else x.transpose(0, 1).reshape(r, n * c)
+
+
+def orthogonalise_stacked(grads: list[Tensor], cuts: list[tuple[str, int] | None], coefficients: Coefficients,
+                          dtype: torch.dtype = torch.float32) -> list[tuple[Tensor, torch.Size]]:
+    """Each (R, C) matrix orthogonalised as a whole (cut None) or head by head, with every block of one shape
+    in one stack: one batched Newton-Schulz run per block shape. Returns (update, block shape) per matrix;
+    each update equals `orthogonalise` / `orthogonalise_heads` of its matrix alone, up to rounding."""
+    blocks = [to_blocks(g, cut) for g, cut in zip(grads, cuts, strict=True)]  # (n_i, r, c) each
+    by_shape: dict[torch.Size, list[int]] = {}
+    for i, b in enumerate(blocks):
+        by_shape.setdefault(b.shape[1:], []).append(i)
+    done: list[Tensor | None] = [None] * len(blocks)
+    for members in by_shape.values():
+        stack = orthogonalise(torch.cat([blocks[i] for i in members]), coefficients, dtype)  # (sum n_i, r, c)
+        for i, part in zip(members, stack.split([blocks[i].size(0) for i in members]), strict=True):
+            done[i] = part
+    return [(from_blocks(x, cut), b.shape[1:]) for x, cut, b in zip(done, cuts, blocks, strict=True)]

@@ -196,3 +196,22 @@ def test_weight_decay_shrinks_muon_weights_before_the_step():
     opt.step()
     expected = before * (1 - 1e-2 * 0.5) - 1e-2 * 0.2 * 8 * orthogonalise(g, ns_coefficients(5))
     assert torch.allclose(w.detach(), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matrices_stacked_by_shape_equal_each_orthogonalised_alone(dtype):
+    """One batched Newton-Schulz run per block shape: whole matrices of two shapes, and heads cut by rows and
+    by columns whose blocks share a shape with a whole matrix."""
+    from attn_mt.training.muon import orthogonalise_stacked
+
+    torch.manual_seed(0)
+    grads = [torch.randn(64, 32), torch.randn(64, 32), torch.randn(48, 32), torch.randn(24, 32), torch.randn(32, 24)]
+    cuts = [None, None, ("rows", 2), None, ("cols", 3)]  # 48 x 32 by rows: (24, 32) twice; 32 x 24 by cols: (32, 8)
+    ns = ns_coefficients(3, "polar")
+    got = orthogonalise_stacked(grads, cuts, ns, dtype)
+    for g, cut, (update, block) in zip(grads, cuts, got, strict=True):
+        alone = orthogonalise(g, ns, dtype) if cut is None else orthogonalise_heads(g, cut, ns, dtype)
+        assert update.shape == g.shape and update.dtype == dtype
+        torch.testing.assert_close(update.float(), alone.float(), atol=1e-5 if dtype == torch.float32 else 2e-2,
+                                   rtol=0)
+        assert block == (g.shape if cut is None else (24, 32) if cut[0] == "rows" else (32, 8))
