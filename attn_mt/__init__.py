@@ -30,7 +30,7 @@ _HOMES = {
     "prepare": "attn_mt.api.commands", "compare_rnn": "attn_mt.api.commands", "bench": "attn_mt.api.commands",
     "create_app": "attn_mt.serve",
     "Translation": "attn_mt.decoding.search", "Score": "attn_mt.decoding.scoring",
-    "Explanation": "attn_mt.analysis.explain", "HeadsReport": "attn_mt.analysis.heads",
+    "Explanation": "attn_mt.analysis.explanation", "HeadsReport": "attn_mt.analysis.overview",
     "ExperimentConfig": "attn_mt.config", "DecodeConfig": "attn_mt.config", "DECODE_OPTIONS": "attn_mt.config",
     "AttnMTError": "attn_mt.errors", "ConfigError": "attn_mt.errors", "InputError": "attn_mt.errors",
     "ModelError": "attn_mt.errors", "RunError": "attn_mt.errors", "TrainError": "attn_mt.errors",
@@ -55,8 +55,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for editors and type checkers; at run time __getattr__ imports on first use
-    from attn_mt.analysis.explain import Explanation
-    from attn_mt.analysis.heads import HeadsReport
+    from attn_mt.analysis.explanation import Explanation
+    from attn_mt.analysis.overview import HeadsReport
     from attn_mt.api.attention import Attention
     from attn_mt.api.commands import average, bench, compare_rnn, download, export_model, prepare
     from attn_mt.api.model import Model, load

@@ -19,8 +19,8 @@ import torch
 
 import attn_mt
 from attn_mt.analysis import overview
-from attn_mt.analysis.explain_text import NAMES, render
-from attn_mt.analysis.heads import HeadsReport
+from attn_mt.analysis.explanation import NAMES, render
+from attn_mt.analysis.overview import HeadsReport
 from attn_mt.checkpoint import load
 from attn_mt.data.sources import read_lines
 from attn_mt.device import describe, pick_device

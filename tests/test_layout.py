@@ -121,6 +121,54 @@ def private_attributes(path: Path, where: str) -> list[str]:
             and node.attr.startswith("_") and not node.attr.startswith("__")]
 
 
+def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the attn_mt modules it imports, every import counted (at the top, in a function, for type
+    checking only); a package's __init__ is the package's own module."""
+    return {m: {t for source, names, _ in imports(m, path) for t in targets(source, names) if t in mods and t != m}
+            for m, path in mods.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: each strongly connected group of two or more modules (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while not group or group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    """No module reaches itself through the imports of others, not even through a lazy or a type-only import:
+    what two modules share lives in the one that owns it, below both."""
+    found = cycles(import_graph(MODULES))
+    assert found == [], "import circles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_a_circle_is_found():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
 def test_top_level_holds_only_the_cli_config_checkpoint_device_and_the_packages():
     entries = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
                if (p.suffix == ".py") or (p.is_dir() and (p / "__init__.py").exists())}

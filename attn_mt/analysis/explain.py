@@ -5,28 +5,24 @@ once more the way translation does: the encoder once, the decoder a token at a t
 `DecoderCache` (decoding.attention_maps.translate_then_force), while a hook records the chosen attention
 module. recompute.py then redoes the five steps for the chosen query from the module's weights, and every
 head's output for it, concatenated and multiplied by W_o, is compared with the module's own output. The
-`Explanation` holds every number; explain_text.py prints it, views.py draws it.
+`Explanation` (explanation.py) holds every number, and prints and draws itself.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from attn_mt.config import DecodeConfig
-from attn_mt.config.files import write_report
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.attention_maps import translate_then_force
 from attn_mt.errors import InputError
 from attn_mt.models import Seq2Seq
 
-from .explain_text import render
+from .explanation import Explanation, Key
 from .recompute import gather, recompute, recording
 
 KINDS = {"encoder": "encoder_self", "decoder": "decoder_self", "cross": "cross"}  # flag -> attention map name
@@ -40,70 +36,6 @@ class ExplainError(InputError):
 
     def __str__(self) -> str:
         return self.message
-
-
-@dataclass(frozen=True)
-class Key:
-    """One key token as the query's head sees it."""
-
-    index: int
-    token: str
-    score: float  # q . k
-    scaled: float  # q . k / sqrt(d_k)
-    masked: bool  # removed by a mask (padding, or the decoder's future): weight 0
-    weight: float  # after softmax; the weights of the unmasked keys sum to 1
-    contribution: float  # |w v|: how much of the head's output comes from this key's value
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """Everything `attn-mt explain` prints, with every vector; layers and heads count from 1, tokens from 0."""
-
-    kind: str  # "encoder_self", "decoder_self" or "cross", as in the attention maps
-    layer: int
-    head: int
-    source: str
-    translation: str
-    source_tokens: list[str]  # with </s>
-    target_tokens: list[str]  # the prediction with </s>: query t of the decoder predicts target_tokens[t]
-    query_index: int
-    query_token: str  # the query's token on the maps' axis: a source token, or the target token it predicts
-    query_input: str  # the token read at the query's position (decoder: <s> and the prediction)
-    d_model: int
-    n_heads: int
-    d_k: int
-    scale: float  # 1 / sqrt(d_k)
-    x: list[float]  # (D) the query's input to the module (after the sublayer's LayerNorm when pre-norm)
-    q: list[float]  # (d_k) this head's query
-    keys: list[Key]
-    k: list[list[float]]  # (S, d_k) this head's keys
-    v: list[list[float]]  # (S, d_k) this head's values
-    head_output: list[float]  # (d_k) sum_j weight_j v_j
-    head_outputs: list[list[float]]  # (H, d_k) every head's output for this query
-    output: list[float]  # (D) W_o [head_1; ...; head_H] + b_o, recomputed
-    model_output: list[float]  # (D) the module's own output for this query
-    max_abs_diff: float  # max |output - model_output|
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
-
-    def save_json(self, path: str | Path) -> Path:
-        """Every number of the explanation as JSON, written atomically."""
-        return write_report(path, self.to_json() + "\n", "json")
-
-    def __str__(self) -> str:
-        return render(self)
-
-    def _repr_html_(self) -> str:  # a notebook shows the five steps (views.py loads only when drawn)
-        from .views import explanation_html
-
-        return explanation_html(self)
-
-    def save_html(self, path: Path | str) -> Path:
-        """The five steps as an HTML page that opens from disk."""
-        from .views import explanation_html, save_html
-
-        return save_html(explanation_html(self), path, f"attn-mt explain: {self.kind} {self.layer}.{self.head}")
 
 
 def _g(x: float | Tensor) -> float:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -39,6 +39,7 @@ from attn_mt.models.transformer import Transformer
 
 from . import coref
 from .masking import Head, all_heads, attention_modules, masked, prune
+from .overview import HeadsReport
 from .roles import RoleSums, key_info
 
 BATCH = 50  # sentences per teacher-forced batch
@@ -111,38 +112,6 @@ def measure_roles(model: Transformer, tok: Tokenizer, data: Sentences, device: t
                                   causal=kind == "decoder")
     return {Head(kind, i + 1, h + 1): shares for (kind, i), s in sums.items()
             for h, shares in enumerate(s.shares())}
-
-
-@dataclass
-class HeadsReport:
-    """What `attn-mt heads` found (BLEU greedy; layers and heads count from 1)."""
-
-    checkpoint: str
-    sentences: int
-    bleu: float
-    loss: float
-    heads: list[dict]  # per head: kind, layer, head, bleu, loss (masked), d_bleu, d_loss, roles; with a
-    #                    contrastive set also coref (coref.Resolution.row), contrastive and d_contrastive (masked)
-    seconds_per_head: float
-    seconds: float = 0.0
-    contrastive: float | None = None  # the contrastive accuracy, no head masked
-    coref: dict | None = None  # items, located (with word positions), top: the best resolving heads masked together
-    pruned_before: list[str] = field(default_factory=list)  # listed by the checkpoint (not pruned again)
-    pruned: list[dict] = field(default_factory=list)  # per removal: head, bleu and loss with it (and those before) gone
-    bleu_after: float | None = None
-    loss_after: float | None = None
-    out: str | None = None
-
-    def _repr_html_(self) -> str:  # a notebook shows the grid and the table (views.py loads only when drawn)
-        from .views import heads_html
-
-        return heads_html(self)
-
-    def save_html(self, path: Path | str) -> Path:
-        """The report as an HTML page that opens from disk (`overview.save` writes its JSON and PNG)."""
-        from .views import heads_html, save_html
-
-        return save_html(heads_html(self), path, f"attn-mt heads: {Path(self.checkpoint).name}")
 
 
 def analyse(model: Transformer, cfg, tok: Tokenizer, sources: list[str], refs: list[str], *, name: str,

@@ -1,21 +1,52 @@
-"""`attn-mt heads`'s report as an 80-column table, as JSON and as one PNG overview of every head.
+"""`attn-mt heads`'s report (`HeadsReport`, what heads.py measures) as an 80-column table, as JSON, as one PNG
+overview of every head and as an HTML view (a layer x head grid and a table, plain HTML through views.py).
 
-Tested in tests/analysis/test_heads.py (the heads command's table and files).
+Tested in tests/analysis/test_heads.py (the heads command's table and files) and tests/analysis/test_views.py.
 """
 
 from __future__ import annotations
 
+import html
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from attn_mt.config.files import check_report, write_report
 
-from .heads import HeadsReport
 from .masking import KINDS
 from .roles import ROLES
 
 SHARES = ("prev", "same", "next", "rare", "eos", "punct")  # where a head's weight goes; conf and mono apart
+
+
+@dataclass
+class HeadsReport:
+    """What `attn-mt heads` found (BLEU greedy; layers and heads count from 1)."""
+
+    checkpoint: str
+    sentences: int
+    bleu: float
+    loss: float
+    heads: list[dict]  # per head: kind, layer, head, bleu, loss (masked), d_bleu, d_loss, roles; with a
+    #                    contrastive set also coref (coref.Resolution.row), contrastive and d_contrastive (masked)
+    seconds_per_head: float
+    seconds: float = 0.0
+    contrastive: float | None = None  # the contrastive accuracy, no head masked
+    coref: dict | None = None  # items, located (with word positions), top: the best resolving heads masked together
+    pruned_before: list[str] = field(default_factory=list)  # listed by the checkpoint (not pruned again)
+    pruned: list[dict] = field(default_factory=list)  # per removal: head, bleu and loss with it (and those before) gone
+    bleu_after: float | None = None
+    loss_after: float | None = None
+    out: str | None = None
+
+    def _repr_html_(self) -> str:  # a notebook shows the grid and the table (views.py loads only when drawn)
+        return heads_html(self)
+
+    def save_html(self, path: Path | str) -> Path:
+        """The report as an HTML page that opens from disk (`overview.save` writes its JSON and PNG)."""
+        from .views import save_html
+
+        return save_html(heads_html(self), path, f"attn-mt heads: {Path(self.checkpoint).name}")
 
 
 def _cell(value: float | None, width: int = 6) -> str:
@@ -118,3 +149,102 @@ def plot(report: HeadsReport, path: Path) -> Path:
     fig.suptitle(f"heads of {Path(report.checkpoint).name}: BLEU {report.bleu:.2f} on {report.sentences} "
                  "sentences (greedy)", fontsize=10)
     return write_report(path, lambda f: fig.savefig(f, format="png", dpi=110), "png")
+
+
+# ColorBrewer's RdBu, as matplotlib's "RdBu" of the heads PNG: red where masking a head costs BLEU
+RDBU = [(103, 0, 31), (178, 24, 43), (214, 96, 77), (244, 165, 130), (253, 219, 199), (247, 247, 247),
+        (209, 229, 240), (146, 197, 222), (67, 147, 195), (33, 102, 172), (5, 48, 97)]
+
+
+def _rdbu(x: float) -> str:
+    """RdBu at x in [-1, 1] (-1 red, 0 white, 1 blue) as a CSS colour."""
+    t = min(max((x + 1) / 2, 0.0), 1.0) * (len(RDBU) - 1)
+    i = min(int(t), len(RDBU) - 2)
+    a, b = RDBU[i], RDBU[i + 1]
+    return "rgb({},{},{})".format(*(round(u + (v - u) * (t - i)) for u, v in zip(a, b, strict=True)))
+
+
+def _shown(value: float | None, fmt: str = "{:.2f}") -> str:
+    return "–" if value is None else fmt.format(value)
+
+
+def heads_html(report: HeadsReport) -> str:
+    """A heads report (analysis.heads) as HTML: a layer x head grid per kind coloured by the BLEU change when the
+    head is masked (as the PNG of `attn-mt heads --png`), each cell with its largest share of attention, then
+    the table of every head's dBLEU, dloss and roles, then the pruning. Plain HTML, no script."""
+    from .views import view
+
+    e = html.escape
+    worst = max(0.5, max(abs(r["d_bleu"]) for r in report.heads))  # the darkest shade
+    grids = [_grid(report, kind, worst) for kind in KINDS if any(r["kind"] == kind for r in report.heads)]
+    parts = [f'<h2 class="title">Heads of {e(Path(report.checkpoint).name)}: BLEU {report.bleu:.2f}, loss '
+             f"{report.loss:.4f} on {report.sentences} sentences (greedy), {report.seconds_per_head:.1f} s per head"
+             "</h2>",
+             '<p class="legend">Each head masked alone: the change in BLEU (red: the head mattered, blue: BLEU rose '
+             "without it), where its attention goes most (the previous, same, next, rarest token, eos, punctuation) "
+             "and, for cross-attention, the monotony of its alignment.</p>",
+             f'<div class="grids">{"".join(grids)}</div>',
+             '<div class="scroll"><table class="report"><thead><tr><th>head</th><th>dBLEU</th><th>dloss</th>'
+             + "".join(f"<th>{k}</th>" for k in ROLES) + ("<th>coref</th>" if report.coref else "")
+             + f"</tr></thead><tbody>{''.join(_table_rows(report, worst))}</tbody></table></div>",
+             *_heads_notes(report)]
+    return view("heads", "\n".join(parts))
+
+
+def _grid(report: HeadsReport, kind: str, worst: float) -> str:
+    """The layer x head grid of one kind: a row per layer, a cell per head (empty where the report has none)."""
+    layers = max(r["layer"] for r in report.heads)
+    n_heads = max(r["head"] for r in report.heads)
+    rows = {(r["layer"], r["head"]): r for r in report.heads if r["kind"] == kind}
+    body = []
+    for layer in range(1, layers + 1):
+        cells = [_grid_cell(rows[layer, h], worst) if (layer, h) in rows else "<td></td>"
+                 for h in range(1, n_heads + 1)]
+        body.append(f"<tr><th>layer {layer}</th>{''.join(cells)}</tr>")
+    head = "".join(f"<th>head {h}</th>" for h in range(1, n_heads + 1))
+    name = {"encoder": "encoder self", "decoder": "decoder self", "cross": "cross"}[kind]
+    return (f'<table class="grid"><caption>{name}</caption><thead><tr><th></th>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table>")
+
+
+def _grid_cell(r: dict, worst: float) -> str:
+    """One head's cell: its BLEU change (the colour too), its largest share, monotony and coreference."""
+    kind, layer, h, roles = r["kind"], r["layer"], r["head"], r["roles"]
+    top = max((s for s in SHARES if roles.get(s) is not None), key=lambda s: roles[s], default=None)
+    lines = [f"<b>{r['d_bleu']:+.1f}</b>", f"{top} {roles[top]:.2f}" if top else ""]
+    if roles.get("mono") is not None:
+        lines.append(f"mono {roles['mono']:.2f}")
+    if r.get("coref"):
+        lines.append(f"coref {r['coref']['resolved']:.2f}")
+    shade = r["d_bleu"] / worst
+    ink = "#fff" if abs(shade) > 0.6 else "#1d2330"
+    return (f'<td style="background:{_rdbu(shade)};color:{ink}" data-kind="{kind}" '
+            f'data-layer="{layer}" data-head="{h}" title="{kind} {layer}.{h}: BLEU change '
+            f'{r["d_bleu"]:+.2f}, loss change {r["d_loss"]:+.4f}">{"<br>".join(lines)}</td>')
+
+
+def _table_rows(report: HeadsReport, worst: float) -> list[str]:
+    """A table row per head: dBLEU with a bar, dloss, the roles (and with a contrastive set, coref)."""
+    rows = []
+    for r in report.heads:
+        width = round(40 * min(abs(r["d_bleu"]) / worst, 1))
+        bar = (f'<span class="dbar" style="width:{width}px;background:{_rdbu(r["d_bleu"] / worst)}"></span>')
+        rows.append(f"<tr><td>{html.escape(r['kind'])} {r['layer']}.{r['head']}</td><td>{r['d_bleu']:+.2f}{bar}</td>"
+                    f"<td>{r['d_loss']:+.4f}</td>" + "".join(f"<td>{_shown(r['roles'].get(k))}</td>" for k in ROLES)
+                    + (f"<td>{_shown((r.get('coref') or {}).get('resolved'))}</td>" if report.coref else "") + "</tr>")
+    return rows
+
+
+def _heads_notes(report: HeadsReport) -> list[str]:
+    """What follows the table: the coreference lines, the heads pruned before and the pruning."""
+    e, parts = html.escape, []
+    if report.coref:
+        parts.append(f'<pre class="coref">{e(chr(10).join(coref_lines(report)))}</pre>')
+    if report.pruned_before:
+        parts.append(f"<p>Pruned before (by the checkpoint): {e(', '.join(report.pruned_before))}</p>")
+    if report.pruned:
+        items = "".join(f"<li>{e(p['head'])}: BLEU {p['bleu']:.2f}, loss {p['loss']:.4f}</li>" for p in report.pruned)
+        parts.append(f"<p>Pruned {len(report.pruned)} heads, each the one whose masking raised the loss least:</p>"
+                     f'<ol class="pruned">{items}</ol><p>BLEU {report.bleu:.2f} → {_shown(report.bleu_after)}, '
+                     f"loss {report.loss:.4f} → {_shown(report.loss_after, '{:.4f}')}; wrote {e(str(report.out))}</p>")
+    return parts

@@ -5,7 +5,7 @@ Tested in tests/test_cli.py and tests/decoding/test_translate_stream.py (what ea
 """
 
 from attn_mt.analysis.explain import ExplainError as RequestError  # a value only the model can check
-from attn_mt.analysis.explain_text import render as explanation_text
+from attn_mt.analysis.explanation import render as explanation_text
 from attn_mt.analysis.heads import check_request as check_heads_request
 from attn_mt.analysis.overview import save as save_heads_report
 from attn_mt.analysis.overview import table as heads_table

@@ -198,6 +198,11 @@ def make_pronoun_corpus(n_train: int, seed: int = 0) -> dict[str, list[Example]]
     return out
 
 
+def pronoun_pairs(n_train: int, seed: int = 0) -> dict[str, list[tuple[str, str]]]:
+    """The splits of make_pronoun_corpus as (English, German-like) pairs, as toy.make_toy_corpus gives them."""
+    return {k: [(ex.en, ex.de) for ex in v] for k, v in make_pronoun_corpus(n_train, seed).items()}
+
+
 def swap_pronoun(text: str, position: int, pronoun: str) -> str:
     """`text` with its word at `position` replaced by `pronoun`."""
     words = text.split(" ")

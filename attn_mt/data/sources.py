@@ -264,9 +264,11 @@ class Toy(Source):
         return contrastive_records(make_pronoun_corpus(self.cfg.toy_size, self.cfg.toy_seed)[split])
 
     def chunks(self, split: str) -> Chunks:
+        from attn_mt.data.pronoun import pronoun_pairs
         from attn_mt.data.toy import make_toy_corpus
 
-        corpus = make_toy_corpus(self.cfg.toy_size, self.cfg.toy_seed, self.cfg.toy_variant)
+        make = pronoun_pairs if self.cfg.toy_variant == "pronoun" else make_toy_corpus
+        corpus = make(self.cfg.toy_size, self.cfg.toy_seed)
         if split not in corpus:
             raise DataError(f"data.splits: the toy corpus has splits train, valid, test, not {split!r}")
         pairs = corpus[split]

@@ -112,13 +112,9 @@ def _sentence_pair(rng: random.Random) -> tuple[str, str]:
     return f"{en} .", f"{de} ."
 
 
-def make_toy_corpus(n_train: int, seed: int = 0, variant: str = "") -> dict[str, list[tuple[str, str]]]:
+def make_toy_corpus(n_train: int, seed: int = 0) -> dict[str, list[tuple[str, str]]]:
     """Disjoint train/valid/test splits of (English, German-like) pairs; valid and test
-    each hold max(100, n_train // 20) pairs. `variant` "pronoun": the pronoun task of pronoun.py."""
-    if variant == "pronoun":
-        from .pronoun import make_pronoun_corpus
-
-        return {k: [(ex.en, ex.de) for ex in v] for k, v in make_pronoun_corpus(n_train, seed).items()}
+    each hold max(100, n_train // 20) pairs (the pronoun variant: pronoun.pronoun_pairs)."""
     rng = random.Random(seed)
     n_eval = max(100, n_train // 20)
     sizes = {"valid": n_eval, "test": n_eval, "train": n_train}

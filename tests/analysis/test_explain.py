@@ -15,7 +15,7 @@ from conftest import cli, one_line_error, random_checkpoint
 
 import attn_mt
 from attn_mt.analysis.explain import explain
-from attn_mt.analysis.explain_text import render
+from attn_mt.analysis.explanation import render
 from attn_mt.analysis.recompute import gather, recompute, recording
 from attn_mt.checkpoint import load_model
 from attn_mt.data.batching import pad

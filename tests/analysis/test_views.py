@@ -25,9 +25,9 @@ import torch
 from conftest import TINY, random_checkpoint, toy_test_files
 
 import attn_mt
-from attn_mt.analysis import views
+from attn_mt.analysis import overview, views
 from attn_mt.analysis.explain import explain
-from attn_mt.analysis.explain_text import render
+from attn_mt.analysis.explanation import explanation_html, render
 from attn_mt.checkpoint import load_model
 from attn_mt.config import load_config
 from attn_mt.decoding.attention_maps import attention_maps
@@ -120,7 +120,7 @@ def test_the_heads_grid_is_red_where_masking_cost_bleu(made):
     report = made["report"]
     changes = [-4.0, -1.0, -0.1, 0.0, 0.1, 1.0, 2.0, -2.0, 0.0, 0.0, 0.0, 0.0]  # the largest |change|: 4 BLEU
     rows = [{**r, "d_bleu": d} for r, d in zip(report.heads, changes, strict=True)]
-    cells = grid_cells(views.heads_html(replace(report, heads=rows)))
+    cells = grid_cells(overview.heads_html(replace(report, heads=rows)))
     rgb = [cells[r["kind"], r["layer"], r["head"]] for r in rows]
     assert rgb[0] == (103, 0, 31)  # -4: RdBu's darkest red, as the PNG's colour bar
     assert rgb[1][0] - rgb[1][2] > 50 and rgb[7][0] - rgb[7][2] > rgb[1][0] - rgb[1][2]  # red, deeper the more
@@ -130,7 +130,7 @@ def test_the_heads_grid_is_red_where_masking_cost_bleu(made):
 
 def test_two_views_on_one_page_have_ids_of_their_own(made):
     pages = [views.attention_html(made["translation"], made["maps"]) for _ in range(2)]
-    pages += [views.explanation_html(made["explanation"]), views.heads_html(made["report"])]
+    pages += [explanation_html(made["explanation"]), overview.heads_html(made["report"])]
     ids = [ROOT_ID.findall(p) for p in pages]
     assert all(len(i) == 1 for i in ids) and len({i[0] for i in ids}) == 4
     for page, (own,) in zip(pages, ids, strict=True):
@@ -139,7 +139,7 @@ def test_two_views_on_one_page_have_ids_of_their_own(made):
 
 def test_nothing_in_a_view_points_at_the_network(made):
     page = views.document("".join([views.attention_html(made["translation"], made["maps"]),
-                                   views.explanation_html(made["explanation"]), views.heads_html(made["report"])]))
+                                   explanation_html(made["explanation"]), overview.heads_html(made["report"])]))
     assert page.replace(SVG_NS, "").count("http") == 0  # no URL of any kind; SVG's namespace is a name
     for pattern in (r"\bsrc=", r"href=(?!\"data:)", r"url\(", r"@import", r"\bfetch\(", r"XMLHttpRequest",
                     r"\brequire\(", r"\bimport\("):
@@ -342,8 +342,8 @@ def test_views_draw_when_a_notebook_inserts_them_as_jupyterlab_does(browser, mad
     open_file(browser, views.save_html(f"<style>{JUPYTERLAB_CSS}</style>", tmp_path / "notebook.html"))
     for attached in (True, False):
         browser.execute_script(AS_JUPYTERLAB, views.attention_html(made["translation"], made["maps"]), attached)
-        browser.execute_script(AS_JUPYTERLAB, views.explanation_html(made["explanation"]), attached)
-    browser.execute_script(AS_JUPYTERLAB, views.heads_html(made["report"]), True)
+        browser.execute_script(AS_JUPYTERLAB, explanation_html(made["explanation"]), attached)
+    browser.execute_script(AS_JUPYTERLAB, overview.heads_html(made["report"]), True)
     bodies = browser.find_elements("css selector", ".attn-mt-body")
     assert [b.get_attribute("data-shown") for b in bodies] == ["cross/1/1", "cross/2/2/1"] * 2 + [None]
     assert not browser.find_elements("css selector", ".nojs")

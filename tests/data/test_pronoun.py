@@ -1,7 +1,7 @@
 """The toy corpus's pronoun variant: "it" decided by the predicate's meaning, and its contrastive set."""
 
 from attn_mt.data import pronoun
-from attn_mt.data.pronoun import classic, contrastive_records, make_pronoun_corpus
+from attn_mt.data.pronoun import classic, contrastive_records, make_pronoun_corpus, pronoun_pairs
 from attn_mt.data.toy import make_toy_corpus
 
 
@@ -12,13 +12,13 @@ def test_the_classic_sentence_and_its_twin_are_in_the_language_and_held_out():
     assert wide.de == "das Tier überquerte die Straße nicht, weil sie zu breit war."
     assert (tired.role, wide.role) == ("subject", "object")
     assert tired.src_positions == {"antecedent": 1, "other": 5, "pronoun": 7}
-    corpus = make_toy_corpus(2000, seed=1, variant="pronoun")
+    corpus = pronoun_pairs(2000, seed=1)
     assert not {tired.en, wide.en} & {s for split in corpus.values() for s, _ in split}
 
 
 def test_splits_are_disjoint_seeded_and_sized():
-    a = make_toy_corpus(400, seed=3, variant="pronoun")
-    assert a == make_toy_corpus(400, seed=3, variant="pronoun") != make_toy_corpus(400, seed=4, variant="pronoun")
+    a = pronoun_pairs(400, seed=3)
+    assert a == pronoun_pairs(400, seed=3) != pronoun_pairs(400, seed=4)
     assert len(a["train"]) == 400 and len(a["valid"]) == len(a["test"]) == 100
     srcs = [{s for s, _ in a[k]} for k in ("train", "valid", "test")]
     assert not (srcs[0] & srcs[1] or srcs[0] & srcs[2] or srcs[1] & srcs[2])

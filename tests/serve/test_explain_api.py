@@ -10,7 +10,7 @@ import pytest
 from conftest import LOCAL
 
 import attn_mt
-from attn_mt.analysis.explain import Explanation
+from attn_mt.analysis.explanation import Explanation
 
 pytest.importorskip("fastapi")  # the serve extra
 pytest.importorskip("httpx")
