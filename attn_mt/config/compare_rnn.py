@@ -10,7 +10,8 @@ from attn_mt.config.loader import ExperimentConfig, from_dict
 from attn_mt.config.yamlconf import ConfigError, build, check_limits, read_yaml, set_overrides
 
 MODELS = ("transformer", "rnn")
-PER_MODEL_TRAIN_KEYS = {"lr", "warmup_steps", "weight_decay", "betas", "clip_norm"}  # batches stay shared
+PER_MODEL_TRAIN_KEYS = {"lr", "warmup_steps", "weight_decay", "betas", "clip_norm",  # batches stay shared
+                        "compile", "cuda_graphs"}  # each model may use what the other may (docs/compare-rnn.md)
 
 
 # upper bounds far above any sensible value (lower bounds: __post_init__)

@@ -15,7 +15,7 @@ MOST = {"lr": 10.0, "warmup_steps": 1e9, "weight_decay": 10.0, "z_loss": 10.0, "
         "accum_steps": 100_000, "clip_norm": 1e6, "max_epochs": 1_000_000, "max_steps": 1e12, "max_tokens": 1e15,
         "max_minutes": 1e7, "eval_every": 1e12, "bleu_sentences": 10_000_000, "patience": 1e6,
         "checkpoint_every": 1e12, "keep_last": 1000, "max_bad_steps": 1e6, "log_every": 1e12,
-        "threads": 4096, "seed": 2**32 - 1}
+        "threads": 4096, "seed": 2**32 - 1, "length_buckets": 1_000_000}
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,12 @@ class TrainConfig:
     #     output layer tied to them), the encoder layers
     compile: bool = False  # torch.compile the training forward/backward (`attn-mt bench --compile`
     #                        measures whether it pays: on the 2-core CPU it did not, README Performance)
+    cuda_graphs: bool = False  # with compile on CUDA: mode "reduce-overhead", each step's kernels replayed as one
+    #     CUDA graph per batch shape (set length_buckets, or every new shape is captured anew); ignored on CPU
+    length_buckets: tuple[int, ...] = ()  # pad each training batch to the first of these widths (tokens, eos/bos
+    #     included) that holds it, and its rows to 2^k or 1.5 * 2^k: a few static shapes, each compiled or captured
+    #     once. Changes padding, not the loss (added rows and columns predict nothing; dropout draws differ).
+    #     (): each batch as wide as its longest sentence
 
     def __post_init__(self) -> None:
         check_limits("train", self, MOST)
@@ -105,5 +111,7 @@ class TrainConfig:
             raise ConfigError(f"train.log_every={self.log_every}: must be >= 1")
         if self.max_bad_steps < 1:
             raise ConfigError(f"train.max_bad_steps={self.max_bad_steps}: must be >= 1")
+        if any(w < 2 for w in self.length_buckets) or list(self.length_buckets) != sorted(set(self.length_buckets)):
+            raise ConfigError(f"train.length_buckets={list(self.length_buckets)}: must be increasing widths >= 2")
         if len(set(self.freeze)) != len(self.freeze):
             raise ConfigError(f"train.freeze={list(self.freeze)}: names a part twice")

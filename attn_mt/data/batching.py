@@ -126,3 +126,27 @@ def token_batches(src_lens: Sequence[int], tgt_lens: Sequence[int], batch_tokens
         perm = rng.permutation(len(starts))
         starts, ends = starts[perm], ends[perm]
     return Batches(order, starts, ends)
+
+
+def bucket_rows(rows: int) -> int:
+    """The next of 1, 2, 3, 4, 6, 8, 12, 16, ... (2^k and 1.5 * 2^k) at or above `rows`: fewer than 1.5x."""
+    k = 1 << max(rows - 1, 0).bit_length()  # the next power of two
+    return 3 * k // 4 if 3 * k // 4 >= rows and k >= 4 else k
+
+
+def to_bucket(batch: Batch, buckets: tuple[int, ...], pad_id: int, bos_id: int, eos_id: int,
+              pin: bool = False) -> Batch:
+    """`batch` padded to a static shape (rows, L): L the first of `buckets` (increasing widths) that holds both
+    sides (else their own width), rows rounded up by `bucket_rows`. The added rows are a one-token source (eos)
+    and a one-token decoder input (bos) with nothing to predict (tgt_out all padding): the loss and its
+    gradient are those of the batch itself (up to rounding; dropout draws differ), and no attention row is
+    fully masked. A few shapes per epoch, so a compiled or graphed step is captured once per shape."""
+    (b, s), t = batch.src.shape, batch.tgt_in.size(1)
+    width = next((w for w in buckets if w >= max(s, t)), max(s, t))
+    rows = bucket_rows(b)
+    if (rows, width) == (b, s) == (b, t):
+        return batch
+    out = torch.full((3, rows, width), pad_id, dtype=torch.long, pin_memory=pin)
+    out[0, :b, :s], out[1, :b, :t], out[2, :b, :t] = batch.src, batch.tgt_in, batch.tgt_out
+    out[0, b:, 0], out[1, b:, 0] = eos_id, bos_id
+    return Batch(out[0], out[1], out[2], batch.n_tokens)

@@ -33,6 +33,7 @@ from attn_mt.measure import timing
 from attn_mt.measure.prelude import prelude
 from attn_mt.measure.report import write_report
 from attn_mt.models import build_model, count_params
+from attn_mt.training.compiled import compiled
 from attn_mt.training.trainer import Trainer
 from attn_mt.training.validation import score_test_split, valid_bleu
 
@@ -139,7 +140,8 @@ def _compare(setup: CompareSetup, out_dir: Path) -> dict:
     for name, cfg in cfgs.items():
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, **corpus.tok.sizes()).to(device)
-        contestants.append(Contestant(name, cfg, Trainer(model, cfg, corpus, device, precision)))
+        net = compiled(model, cfg.train, device)  # each model may be compiled (train.compile in its section)
+        contestants.append(Contestant(name, cfg, Trainer(model, cfg, corpus, device, precision, net=net)))
     params = {c.name: count_params(c.model) for c in contestants}
     _check_sizes(params, cmp.max_param_gap)
     where = machine(device, precision)

@@ -158,8 +158,9 @@ class MuonAdamW(torch.optim.AdamW):
     def step(self, closure=None):  # noqa: ANN001 (torch's signature)
         """Muon on the flagged groups; their gradients are then dropped, so AdamW's step skips them.
 
-        The blocks that are orthogonalised (whole matrices, or heads with `per_head`) are stacked by shape, so
-        all blocks of one shape take one batched product per Newton-Schulz iteration (`orthogonalise_stacked`).
+        On a GPU the blocks that are orthogonalised (whole matrices, or heads with `per_head`) are stacked by
+        shape, so all blocks of one shape take one batched product per Newton-Schulz iteration
+        (`orthogonalise_stacked`); on the CPU each goes alone, as before.
         """
         for group in self.param_groups:
             if not group["muon"]:
@@ -176,7 +177,8 @@ class MuonAdamW(torch.optim.AdamW):
                 buf.lerp_(p.grad, 1 - self.momentum)
                 params.append(p)
                 moments.append(p.grad.lerp(buf, self.momentum))  # Nesterov
-            updates = orthogonalise_stacked(moments, [self.cuts.get(p) for p in params], self.ns, self.ns_dtype)
+            stack = bool(params) and params[0].device.type != "cpu"
+            updates = orthogonalise_stacked(moments, [self.cuts.get(p) for p in params], self.ns, self.ns_dtype, stack)
             for p, (update, block) in zip(params, updates, strict=True):
                 if group["weight_decay"]:
                     p.mul_(1 - group["lr"] * group["weight_decay"])
@@ -202,17 +204,23 @@ def from_blocks(x: Tensor, cut: tuple[str, int] | None) -> Tensor:
 
 
 def orthogonalise_stacked(grads: list[Tensor], cuts: list[tuple[str, int] | None], coefficients: Coefficients,
-                          dtype: torch.dtype = torch.float32) -> list[tuple[Tensor, torch.Size]]:
-    """Each (R, C) matrix orthogonalised as a whole (cut None) or head by head, with every block of one shape
-    in one stack: one batched Newton-Schulz run per block shape. Returns (update, block shape) per matrix;
-    each update equals `orthogonalise` / `orthogonalise_heads` of its matrix alone, up to rounding."""
+                          dtype: torch.dtype = torch.float32, stack: bool = True) -> list[tuple[Tensor, torch.Size]]:
+    """Each (R, C) matrix orthogonalised as a whole (cut None) or head by head; with `stack` every block of one
+    shape in one stack: one batched Newton-Schulz run per block shape (on a GPU, a few large products instead
+    of many small launches; on one CPU thread the copies cost more than they save: 0.9x). Returns (update,
+    block shape) per matrix; each update equals `orthogonalise` / `orthogonalise_heads` of its matrix alone,
+    up to rounding (exactly, without `stack`)."""
     blocks = [to_blocks(g, cut) for g, cut in zip(grads, cuts, strict=True)]  # (n_i, r, c) each
-    by_shape: dict[torch.Size, list[int]] = {}
+    groups: dict = {}
     for i, b in enumerate(blocks):
-        by_shape.setdefault(b.shape[1:], []).append(i)
+        groups.setdefault(b.shape[1:] if stack else i, []).append(i)
     done: list[Tensor | None] = [None] * len(blocks)
-    for members in by_shape.values():
-        stack = orthogonalise(torch.cat([blocks[i] for i in members]), coefficients, dtype)  # (sum n_i, r, c)
-        for i, part in zip(members, stack.split([blocks[i].size(0) for i in members]), strict=True):
+    for members in groups.values():
+        if len(members) == 1 and cuts[members[0]] is None:  # a matrix alone: the 2-D products
+            done[members[0]] = orthogonalise(grads[members[0]], coefficients, dtype).unsqueeze(0)
+            continue
+        both = blocks[members[0]] if len(members) == 1 else torch.cat([blocks[i] for i in members])  # (sum n_i, r, c)
+        stacked = orthogonalise(both, coefficients, dtype)
+        for i, part in zip(members, stacked.split([blocks[i].size(0) for i in members]), strict=True):
             done[i] = part
     return [(from_blocks(x, cut), b.shape[1:]) for x, cut, b in zip(done, cuts, blocks, strict=True)]

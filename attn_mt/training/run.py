@@ -36,6 +36,7 @@ from attn_mt.models import build_model, count_params
 from attn_mt.rundir import RunDir
 from attn_mt.training import autosize, distributed, finetune
 from attn_mt.training.board import Board
+from attn_mt.training.compiled import compiled
 from attn_mt.training.progress import Progress, time_left, write
 from attn_mt.training.resume import finished, optimizer_state, restore, resumed_config
 from attn_mt.training.schedule import Stop, budget_spent, limit_reached
@@ -197,7 +198,7 @@ def wrap(model: nn.Module, cfg: ExperimentConfig, world: distributed.World, devi
         log.info("%d processes (%s); train.batch_tokens=%d is the global batch, about %d tokens per rank",
                  world.size, "nccl" if device.type == "cuda" else "gloo", cfg.train.batch_tokens,
                  cfg.train.batch_tokens // world.size)
-    return torch.compile(net) if cfg.train.compile else net  # evaluation and decoding stay eager
+    return compiled(net, cfg.train, device)  # evaluation and decoding stay eager
 
 
 def run_epochs(run: Run, interrupt: StopOnInterrupt) -> str:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from attn_mt.config import ExperimentConfig, TrainConfig
-from attn_mt.data.batching import Batch, token_batches
+from attn_mt.data.batching import Batch, to_bucket, token_batches
 from attn_mt.data.corpus import Corpus
 from attn_mt.data.prefetch import Prefetcher
 from attn_mt.device import autocast
@@ -174,9 +174,11 @@ class Trainer(TrainStep):
         n_tokens = sum(int(tgt_lens[b].sum()) + len(b) for b in group)  # the global batch, eos included
         shards = [distributed.shard(b, self.world) for b in group]
         draws = (tc.seed, epoch, start)  # subword samples: a resumed run draws the same
-        made = self.corpus.batches(self.split, [s for s, _ in shards], tc.subword_sampling, draws,
-                                   pin=self.device.type == "cuda")
-        return n_tokens, list(made), [w for _, w in shards]
+        pin, tok = self.device.type == "cuda", self.corpus.tok
+        made = list(self.corpus.batches(self.split, [s for s, _ in shards], tc.subword_sampling, draws, pin=pin))
+        if tc.length_buckets:
+            made = [to_bucket(b, tc.length_buckets, tok.pad_id, tok.bos_id, tok.eos_id, pin) for b in made]
+        return n_tokens, made, [w for _, w in shards]
 
     @property
     def epoch_done(self) -> bool:

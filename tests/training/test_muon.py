@@ -208,10 +208,10 @@ def test_matrices_stacked_by_shape_equal_each_orthogonalised_alone(dtype):
     grads = [torch.randn(64, 32), torch.randn(64, 32), torch.randn(48, 32), torch.randn(24, 32), torch.randn(32, 24)]
     cuts = [None, None, ("rows", 2), None, ("cols", 3)]  # 48 x 32 by rows: (24, 32) twice; 32 x 24 by cols: (32, 8)
     ns = ns_coefficients(3, "polar")
-    got = orthogonalise_stacked(grads, cuts, ns, dtype)
-    for g, cut, (update, block) in zip(grads, cuts, got, strict=True):
+    stacked, single = (orthogonalise_stacked(grads, cuts, ns, dtype, stack) for stack in (True, False))
+    for g, cut, (update, block), (one, _) in zip(grads, cuts, stacked, single, strict=True):
         alone = orthogonalise(g, ns, dtype) if cut is None else orthogonalise_heads(g, cut, ns, dtype)
-        assert update.shape == g.shape and update.dtype == dtype
+        assert update.shape == g.shape and update.dtype == dtype and torch.equal(one, alone)
         torch.testing.assert_close(update.float(), alone.float(), atol=1e-5 if dtype == torch.float32 else 2e-2,
                                    rtol=0)
         assert block == (g.shape if cut is None else (24, 32) if cut[0] == "rows" else (32, 8))

@@ -1,0 +1,40 @@
+"""What runs a training step's forward and backward: the model eager, or under torch.compile.
+
+`train.compile` compiles it (inductor: fused element-wise kernels); with `train.cuda_graphs` on CUDA in
+the "reduce-overhead" mode, which replays each shape's kernels as one CUDA graph, so a small model's step
+is not bound by kernel launches. Shapes: with `train.length_buckets` every batch has one of a few static
+shapes (batching.to_bucket) and is compiled with `dynamic=False`, once per shape; without, torch decides
+(after a second shape it compiles a dynamic-shape graph). Evaluation and decoding stay eager.
+
+One job: the compile options of the training forward/backward; the step itself is trainer.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from attn_mt.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def compile_options(cfg: TrainConfig, device: torch.device) -> dict | None:
+    """torch.compile's keyword arguments for this config and device, or None: eager."""
+    if not cfg.compile:
+        return None
+    options: dict = {"dynamic": False} if cfg.length_buckets else {}
+    if cfg.cuda_graphs and device.type == "cuda":
+        options["mode"] = "reduce-overhead"
+    return options
+
+
+def compiled(net: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:
+    """`net` compiled as the config asks (`compile_options`), or `net` itself."""
+    options = compile_options(cfg, device)
+    if options is None:
+        return net
+    log.info("training forward/backward under torch.compile(%s)", ", ".join(f"{k}={v!r}" for k, v in options.items()))
+    return torch.compile(net, **options)
