@@ -76,8 +76,9 @@ class TrainConfig:
     cuda_graphs: bool = False  # with compile on CUDA: mode "reduce-overhead", each step's kernels replayed as one
     #     CUDA graph per batch shape (set length_buckets, or every new shape is captured anew); ignored on CPU
     length_buckets: tuple[int, ...] = ()  # pad each training batch to the first of these widths (tokens, eos/bos
-    #     included) that holds it, and its rows to 2^k or 1.5 * 2^k: a few static shapes, each compiled or captured
-    #     once. Changes padding, not the loss (added rows and columns predict nothing; dropout draws differ).
+    #     included) that holds it, and to the most rows a batch of that width can have: one static shape per
+    #     bucket, compiled or captured once. Changes padding, not the loss (added rows and columns predict nothing;
+    #     dropout draws differ; attn_mt/data/batching.py's to_bucket)
     #     (): each batch as wide as its longest sentence
 
     def __post_init__(self) -> None:

@@ -177,7 +177,8 @@ class Trainer(TrainStep):
         pin, tok = self.device.type == "cuda", self.corpus.tok
         made = list(self.corpus.batches(self.split, [s for s, _ in shards], tc.subword_sampling, draws, pin=pin))
         if tc.length_buckets:
-            made = [to_bucket(b, tc.length_buckets, tok.pad_id, tok.bos_id, tok.eos_id, pin) for b in made]
+            made = [to_bucket(b, tc.length_buckets, tok.pad_id, tok.bos_id, tok.eos_id, pin, tc.batch_tokens,
+                              self.world.size) for b in made]
         return n_tokens, made, [w for _, w in shards]
 
     @property

@@ -68,9 +68,21 @@ def test_an_epoch_of_bucketed_batches_takes_few_shapes_and_trains_as_unbucketed(
             seen.update(tuple(b.src.shape) + tuple(b.tgt_in.shape) for b in made)
             out.append(tr.step(lambda: 0.0).loss)
         losses[name], shapes[name] = out, seen
-    assert len(shapes["buckets"]) < len(shapes["plain"]) and len(shapes["buckets"]) <= 6
+    assert len(shapes["buckets"]) < len(shapes["plain"]) and len(shapes["buckets"]) <= 3 + 1  # + the first bucket's
     assert all(s[1] in (24, 40, 64) for s in shapes["buckets"])
     assert losses["buckets"] == pytest.approx(losses["plain"], rel=1e-4)
+
+
+def test_one_shape_per_bucket_holds_every_batch_of_that_width():
+    """Rows: the most a batch_tokens batch can have when its longest pair is wider than the bucket below."""
+    for rows, width in ((3, 9), (5, 13), (7, 16), (4, 16)):
+        xs = [[4] * (width - 1)] + [[5] * 3] * (rows - 1)
+        big = to_bucket(collate(xs, xs, PAD, BOS, EOS), BUCKETS, PAD, BOS, EOS, batch_tokens=120)
+        assert big.src.shape == ((120 // 9, 16) if width > 8 else (120 // 5, 8))
+    half = to_bucket(collate([[4] * 12], [[4] * 12], PAD, BOS, EOS), BUCKETS, PAD, BOS, EOS, batch_tokens=120, ranks=2)
+    assert half.src.shape == (7, 16)  # each of 2 ranks holds at most half of the global batch (13), rounded up
+    wide = collate([[4] * 40], [[4] * 3], PAD, BOS, EOS)  # wider than the last bucket: its own width
+    assert to_bucket(wide, BUCKETS, PAD, BOS, EOS, batch_tokens=120).src.shape == (1, 41)
 
 
 def test_length_buckets_must_increase():
