@@ -137,12 +137,12 @@ def bucket_rows(rows: int) -> int:
 def to_bucket(batch: Batch, buckets: tuple[int, ...], pad_id: int, bos_id: int, eos_id: int, pin: bool = False,
               batch_tokens: int = 0, ranks: int = 1) -> Batch:
     """`batch` padded to a static shape (rows, L): L the first of `buckets` (increasing widths) that holds both
-    sides (a batch wider than all is left as it is). Rows: as many as a batch of `batch_tokens` can have at that width (its longest
-    pair is wider than the bucket below: batch_tokens // (that width + 1), shared by `ranks`), so each bucket
-    has one shape; where that is fewer (or no batch_tokens), `bucket_rows`. The added rows are a one-token
-    source (eos) and a one-token decoder input (bos) with nothing to predict (tgt_out all padding): the loss
-    and its gradient are those of the batch itself (up to rounding; dropout draws differ), and no attention row
-    is fully masked. So a compiled or graphed step is captured once per bucket."""
+    sides (a batch wider than all is left as it is). Rows: as many as a batch of `batch_tokens` can have at
+    that width (its longest pair is wider than the bucket below: batch_tokens // (that width + 1), shared by
+    `ranks`), so each bucket has one shape; where that is fewer (or no batch_tokens), `bucket_rows`. The added
+    rows are a one-token source (eos) and a one-token decoder input (bos) with nothing to predict (tgt_out all
+    padding): the loss and its gradient are those of the batch itself (up to rounding; dropout draws differ),
+    and no attention row is fully masked. So a compiled or graphed step is captured once per bucket."""
     (b, s), t = batch.src.shape, batch.tgt_in.size(1)
     i = next((i for i, w in enumerate(buckets) if w >= max(s, t)), None)
     if i is None:  # wider than every bucket: the batch as it is

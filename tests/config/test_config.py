@@ -82,7 +82,8 @@ def test_env_expansion(tmp_path, monkeypatch):
     assert load_config(path).data.dir == "/somewhere"
 
 
-@pytest.mark.parametrize("name", ["toy.yaml", "multi30k.yaml", "multi30k_en_de.yaml", "multi30k_rnn.yaml"])
+@pytest.mark.parametrize("name", ["toy.yaml", "multi30k.yaml", "multi30k_en_de.yaml", "multi30k_rnn.yaml",
+                                  "multi30k_gpu.yaml"])
 def test_shipped_configs_load(name):
     from pathlib import Path
 

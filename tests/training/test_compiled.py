@@ -122,3 +122,25 @@ def test_a_compiled_step_equals_the_eager_one():
     assert counters["stats"]["unique_graphs"] == 1
     for a, b in zip(eager_model.parameters(), compiled_model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_gpu_config_trains_a_few_steps_on_the_cpu(tmp_path):
+    """configs/multi30k_gpu.yaml with the toy corpus and a tiny model: its buckets, token budget, evaluation
+    and checkpoint averaging settings work end to end (eager: inductor's CPU compile takes minutes here)."""
+    from pathlib import Path
+
+    from attn_mt.rundir import RunDir
+    from attn_mt.training.run import train
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "multi30k_gpu.yaml"
+    cfg = load_config(path, [])
+    assert cfg.train.compile and cfg.train.cuda_graphs and cfg.train.length_buckets[-1] == cfg.data.max_len + 1
+    assert cfg.train.max_tokens and not cfg.train.max_minutes  # a budget in tokens, the same on every GPU
+    small = [*TINY, "data.splits.test=test", "train.compile=false", "train.max_steps=4", "train.eval_every=2",
+             "train.bleu_sentences=5", "train.batch_tokens=600", "decode.beam_size=2", "decode.max_len_b=5"]
+    cfg = load_config(path, small)
+    assert cfg.train.length_buckets and cfg.train.keep_last == 3
+    train(cfg, tmp_path / "run")
+    results = RunDir(tmp_path / "run").read_results()
+    assert results["steps"] == 4 and results["averaged_checkpoints"] == 2
