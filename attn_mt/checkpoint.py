@@ -83,6 +83,10 @@ def model_from_state(state: dict, device: torch.device | str = "cpu",
     except ConfigError as e:
         raise CheckpointError(f"checkpoint config is not valid for this attn-mt: {e}") from None
     tok = tokenizer_from_state(state.get("tokenizer"))
+    banned = [i for i in getattr(cfg.model, "banned_ids", ()) if i >= tok.tgt_vocab_size]
+    if banned:
+        raise CheckpointError(f"checkpoint config: model.banned_ids holds {banned[0]}, outside the target "
+                              f"vocabulary of {tok.tgt_vocab_size}")
     shapes = empty_model(cfg.model, **tok.sizes())  # nothing allocated: a crafted config may ask for terabytes
     weights = check_weights(state["model"], shapes.state_dict())
     _check_size(shapes, weights, cfg.model.max_positions)

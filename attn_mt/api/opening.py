@@ -42,7 +42,8 @@ def _open(path: Path | str, device: str, threads: int | None) -> Translator:
         from attn_mt.export.ctranslate2 import META
 
         if not (path / META).is_file():
-            raise CheckpointError(f"{path}: a folder (an export?) without {META}; give a checkpoint file written "
+            hf = _model_type(path)
+            raise CheckpointError(f"{path}: a folder (an export?) without {META}{hf}; give a checkpoint file written "
                                   "by `attn-mt train` (e.g. RUN/checkpoint_best.pt), a folder written by "
                                   "`attn-mt export` or a MarianMT folder", "path")
 
@@ -50,6 +51,17 @@ def _open(path: Path | str, device: str, threads: int | None) -> Translator:
     if threads is not None:
         torch.set_num_threads(threads)
     return checkpoint_translator(path, device)
+
+
+def _model_type(folder: Path) -> str:
+    """", whose config.json says model_type X" where a config.json of another model type is there, else ""."""
+    import json
+
+    try:
+        kind = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return f", whose config.json says model_type={kind!r:.40} (not 'marian')"
 
 
 def marian_translator(path: Path | str, device: str = "auto") -> Translator:

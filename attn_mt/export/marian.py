@@ -24,23 +24,14 @@ from attn_mt.checkpoint import CheckpointError, model_state, tokenizer_from_prot
 from attn_mt.config import ConfigError, DataConfig, DecodeConfig, ExperimentConfig, TokenizerConfig, TransformerConfig
 from attn_mt.config.files import mark_model
 from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.export.marian_fields import check_embeddings, check_ids, check_pieces, config_fields, read_json, vocab_ids
 
 FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "source.spm", "target.spm",
          "vocab.json", "target_vocab.json")  # what is read (besides the weights)
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+FILE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".json", ".yaml", ".yml", ".model", ".spm",
+                 ".txt", ".gz", ".zip", ".tar", ".onnx"}  # a name ending so is a file, never a hub model
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu"}
-
-
-def _json(folder: Path, name: str, required: bool = True) -> dict:
-    path = folder / name
-    if not path.is_file():
-        if required:
-            raise CheckpointError(f"{folder}: a MarianMT folder without {name}")
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
 
 
 def is_marian(path: Path | str) -> bool:
@@ -49,12 +40,14 @@ def is_marian(path: Path | str) -> bool:
     p = Path(path)
     if p.is_dir():
         try:
-            return json.loads((p / "config.json").read_text(encoding="utf-8")).get("model_type") == "marian"
-        except (OSError, ValueError):
-            return False
-    text = str(path)  # owner/name, where no folder `owner` is here (runs/missing.pt is a missing file)
+            config = json.loads((p / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):  # a damaged config.json: the Marian reader says what is wrong
+            return (p / "config.json").is_file()
+        return not isinstance(config, dict) or config.get("model_type") == "marian"
+    text = str(path)  # owner/name, where no folder `owner` is here (runs/missing.pt is a missing file), and not
+    # a file name (nosuchdir/checkpoint_best.pt is a missing file, not a hub name to retry for minutes)
     return (not p.exists() and text.count("/") == 1 and not text.startswith((".", "/", "~")) and " " not in text
-            and not Path(text.split("/")[0]).is_dir())
+            and not Path(text.split("/")[0]).is_dir() and p.suffix.lower() not in FILE_SUFFIXES)
 
 
 def local_folder(path: Path | str) -> Path:
@@ -93,7 +86,11 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     if (folder / WEIGHTS[0]).is_file():
         from safetensors.torch import load_file
 
-        return load_file(folder / WEIGHTS[0])
+        try:
+            return load_file(folder / WEIGHTS[0])
+        except Exception as e:  # SafetensorError: truncated (a half-finished download), damaged, not safetensors
+            raise CheckpointError(f"{folder / WEIGHTS[0]}: not readable weights (truncated or damaged: "
+                                  f"{str(e).splitlines()[0][:120] if str(e) else type(e).__name__})") from None
     if (folder / WEIGHTS[1]).is_file():
         try:
             return torch.load(folder / WEIGHTS[1], map_location="cpu", weights_only=True)
@@ -102,59 +99,60 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"{folder}: a MarianMT folder without weights ({' or '.join(WEIGHTS)})")
 
 
-def _pieces(vocab: dict, size: int, name: str) -> list[str]:
-    """vocab.json's {piece: id} as pieces by id, `size` of them (an id without a piece gets a placeholder)."""
-    pieces = [f"<unused{i}>" for i in range(size)]
-    for piece, i in vocab.items():
-        if not isinstance(i, int) or not 0 <= i < size:
-            raise CheckpointError(f"{name}: {piece!r} has id {i!r}, outside the model's {size} embeddings")
-        pieces[i] = piece
-    return pieces
-
-
 def marian_tokenizer(folder: Path, hf: dict) -> Tokenizer:
-    """source.spm and target.spm, their pieces numbered by vocab.json (and target_vocab.json)."""
-    separate = bool(_json(folder, "tokenizer_config.json", False).get("separate_vocabs", False))
-    vocab = _json(folder, "vocab.json")
+    """source.spm and target.spm, their pieces numbered by vocab.json (and target_vocab.json); `hf` checked
+    (marian_fields.config_fields and check_embeddings)."""
+    separate = read_json(folder, "tokenizer_config.json", False).get("separate_vocabs", False)
+    if not isinstance(separate, bool):
+        raise CheckpointError(f"{folder / 'tokenizer_config.json'}: separate_vocabs={separate!r:.40}: expected bool")
+    vocab = read_json(folder, "vocab.json")
     if "<unk>" not in vocab:
         raise CheckpointError(f"{folder / 'vocab.json'}: has no <unk> piece")
-    src = _pieces(vocab, hf["vocab_size"], "vocab.json")
-    tgt_size = hf.get("decoder_vocab_size") or hf["vocab_size"]
-    shared = hf.get("share_encoder_decoder_embeddings", True)
-    tgt = _pieces(_json(folder, "target_vocab.json"), tgt_size, "target_vocab.json") if separate else (
-        None if shared else _pieces(vocab, tgt_size, "vocab.json"))
-    pad = hf.get("pad_token_id", len(src) - 1)
-    if vocab.get("<pad>", pad) != pad:
-        raise CheckpointError(f"{folder / 'vocab.json'}: <pad> is {vocab['<pad>']}, the model's pad_token_id {pad}; "
-                              "attn-mt reads models whose vocabularies share the pad id")
-    specials = {"pad": pad, "unk": vocab["<unk>"], "eos": hf.get("eos_token_id", 0),
-                "bos": hf.get("decoder_start_token_id", pad)}
     protos = [(folder / name).read_bytes() if (folder / name).is_file() else None for name in ("source.spm",
                                                                                               "target.spm")]
     if protos[0] is None:
         raise CheckpointError(f"{folder}: a MarianMT folder without source.spm")
-    return tokenizer_from_protos(protos[0], protos[1] or protos[0], f"{folder}: tokenizer",
+    src_proto, tgt_proto = protos[0], protos[1] or protos[0]
+    src = vocab_ids(vocab, hf["vocab_size"], folder / "vocab.json")
+    tgt_size, shared = hf["decoder_vocab_size"], hf["share_encoder_decoder_embeddings"]
+    tgt = vocab_ids(read_json(folder, "target_vocab.json"), tgt_size, folder / "target_vocab.json") if separate \
+        else None if shared else vocab_ids(vocab, tgt_size, folder / "vocab.json")
+    check_pieces(src, [src_proto] if separate else [src_proto, tgt_proto], folder / "vocab.json")
+    if separate:
+        check_pieces(tgt, [tgt_proto], folder / "target_vocab.json")
+    pad = len(src) - 1 if hf["pad_token_id"] is None else hf["pad_token_id"]
+    if vocab.get("<pad>", pad) != pad:
+        raise CheckpointError(f"{folder / 'vocab.json'}: <pad> is {vocab['<pad>']}, the model's pad_token_id {pad}; "
+                              "attn-mt reads models whose vocabularies share the pad id")
+    start = pad if hf["decoder_start_token_id"] is None else hf["decoder_start_token_id"]
+    specials = {"pad": pad, "unk": vocab["<unk>"], "eos": hf["eos_token_id"], "bos": start}
+    return tokenizer_from_protos(src_proto, tgt_proto, f"{folder}: tokenizer",
                                  {"src": src, "tgt": tgt, "specials": specials})
 
 
 def _same(hf: dict, a: str, b: str) -> int:
-    if hf.get(b, hf[a]) != hf[a]:
+    if hf[b] != hf[a]:
         raise CheckpointError(f"config.json: {a}={hf[a]} but {b}={hf[b]}; attn-mt's encoder and decoder have the "
                               "same shape")
     return hf[a]
 
 
+def check_layout(folder: Path, hf: dict) -> None:
+    """The MarianMT layout attn-mt reads: its activations, scaled embeddings, post-norm layers."""
+    if hf["activation_function"] not in ACTIVATIONS:
+        raise CheckpointError(f"{folder / 'config.json'}: activation_function={hf['activation_function']!r:.40}; "
+                              f"attn-mt runs {', '.join(ACTIVATIONS)}")
+    for key, want in (("scale_embedding", True), ("normalize_before", False), ("add_final_layer_norm", False)):
+        if hf[key] != want:
+            raise CheckpointError(f"{folder / 'config.json'}: {key}={hf[key]}: not the MarianMT layout attn-mt reads "
+                                  "(scaled embeddings, post-norm layers without a final LayerNorm)")
+
+
 def marian_config(folder: Path, hf: dict, tok: Tokenizer) -> ExperimentConfig:
     """config.json and generation_config.json as our config (model, tokenizer and decode sections)."""
-    act = hf.get("activation_function", "swish")
-    if act not in ACTIVATIONS:
-        raise CheckpointError(f"{folder / 'config.json'}: activation_function={act!r}; attn-mt runs "
-                              f"{', '.join(ACTIVATIONS)}")
-    if not hf.get("scale_embedding", False) or hf.get("normalize_before") or hf.get("add_final_layer_norm"):
-        raise CheckpointError(f"{folder / 'config.json'}: not the MarianMT layout attn-mt reads (scale_embedding, "
-                              "post-norm layers without a final LayerNorm)")
-    gen = _json(folder, "generation_config.json", False) or hf
-    banned = {w[0] for w in gen.get("bad_words_ids") or [] if isinstance(w, list) and len(w) == 1}
+    act = hf["activation_function"]
+    gen = hf["generation"]
+    banned = {w[0] for w in gen["bad_words_ids"] or [] if len(w) == 1}
     if tok.bos_id == tok.pad_id:
         banned.add(tok.pad_id)  # Marian's decoder start: never an output
     names = folder.resolve().name.split("-")  # opus-mt-en-de -> en, de
@@ -164,12 +162,11 @@ def marian_config(folder: Path, hf: dict, tok: Tokenizer) -> ExperimentConfig:
             d_model=hf["d_model"], n_heads=_same(hf, "encoder_attention_heads", "decoder_attention_heads"),
             n_layers=_same(hf, "encoder_layers", "decoder_layers"),
             d_ff=_same(hf, "encoder_ffn_dim", "decoder_ffn_dim"),
-            dropout=hf.get("dropout", 0.1), attention_dropout=hf.get("attention_dropout", 0.0),
-            activation_dropout=hf.get("activation_dropout", 0.0), norm_first=False,
-            tie_embeddings=hf.get("tie_word_embeddings", True), max_positions=hf.get("max_position_embeddings", 512),
+            dropout=hf["dropout"], attention_dropout=hf["attention_dropout"],
+            activation_dropout=hf["activation_dropout"], norm_first=False,
+            tie_embeddings=hf["tie_word_embeddings"], max_positions=hf["max_position_embeddings"],
             activation=ACTIVATIONS[act], positions="halves", output_bias=True, banned_ids=tuple(sorted(banned)))
-        beam = int(gen.get("num_beams") or 1)
-        decode = DecodeConfig(beam_size=beam, alpha=float(gen.get("length_penalty", 1.0)), length_norm="power")
+        decode = DecodeConfig(beam_size=gen["num_beams"], alpha=gen["length_penalty"], length_norm="power")
         return ExperimentConfig(name=folder.resolve().name, model=model, decode=decode,
                                 tokenizer=TokenizerConfig(joint=tok.joint, vocab_size=max(16, tok.src_vocab_size)),
                                 data=DataConfig(src_lang=src_lang, tgt_lang=tgt_lang))
@@ -219,13 +216,19 @@ def marian_state(path: Path | str) -> dict:
     `checkpoint.model_from_state` rebuilds), plus where it came from ("init_path")."""
     folder = local_folder(path)
     mark_model(folder)  # no report is written into it (config.files.check_report)
-    hf = _json(folder, "config.json")
-    if hf.get("model_type") != "marian":
-        raise CheckpointError(f"{folder / 'config.json'}: model_type is {hf.get('model_type')!r}, not 'marian'")
+    hf = config_fields(folder)  # every field typed and in range, before anything is sized by one
+    if hf["model_type"] != "marian":
+        raise CheckpointError(f"{folder / 'config.json'}: model_type is {hf['model_type']!r:.40}, not 'marian'")
+    check_ids(hf, folder / "config.json")
+    check_layout(folder, hf)
+    weights = read_weights(folder)
+    check_embeddings(hf, weights, folder)  # vocab_size and d_model are the weights' own
     tok = marian_tokenizer(folder, hf)
     cfg = marian_config(folder, hf, tok)
     try:
-        weights = our_weights(read_weights(folder), cfg.model.n_layers)
+        weights = our_weights(weights, cfg.model.n_layers)
     except (KeyError, StopIteration) as e:
         raise CheckpointError(f"{folder}: weights missing for {e}") from None
+    except RuntimeError as e:  # the parts of one projection do not fit together
+        raise CheckpointError(f"{folder}: weights of mismatched shapes ({str(e).splitlines()[0][:120]})") from None
     return {**model_state(weights, cfg, tok), "step": 0, "source": str(path)}

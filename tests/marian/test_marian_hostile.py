@@ -4,14 +4,21 @@ file or field, before anything is written or allocated."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 from conftest import cli, one_line_error
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from marian_models import build, texts
 
 import attn_mt
 from attn_mt.config.files import OutputError
+from attn_mt.export.marian_fields import CONFIG, GENERATION
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +68,163 @@ def test_the_api_never_writes_a_report_into_the_model_folder(folder, tmp_path):
             write()
     assert _snapshot(folder) == before
     assert explanation.save_json(tmp_path / "e.json").is_file()  # elsewhere it writes
+
+
+def _edit(folder, name="config.json", **fields):
+    path = folder / name
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+PROBE = """
+import json, resource, sys
+import attn_mt
+attn_mt.load(sys.argv[1], device="cpu")  # everything a load imports, loaded before the limit
+used = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (used + int(sys.argv[3]), resource.RLIM_INFINITY))
+try:
+    attn_mt.load(sys.argv[2], device="cpu")
+except attn_mt.AttnMTError as e:
+    print(json.dumps({"error": str(e)}))
+else:
+    print(json.dumps({"loaded": True}))
+"""
+
+
+def load_limited(good, folder, headroom: int) -> dict:
+    """attn_mt.load(folder) in a child process that can allocate `headroom` bytes more than a load of `good`
+    takes: its one-line error or {"loaded": True}; a bare exception or a kill fails the test."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", PROBE, str(good), str(folder), str(headroom)], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux: RLIMIT_AS and /proc")
+@pytest.mark.parametrize("fields,says", [
+    ({"vocab_size": 100_000_000}, "config.json: vocab_size=100000000: must be >= 1 and <= 1000000"),
+    ({"vocab_size": 200}, "config.json: vocab_size=200, but the weights' embeddings have 104 rows"),
+    ({"decoder_vocab_size": 1_000_000}, "decoder_vocab_size=1000000, but the weights' embeddings have 104 rows"),
+    ({"max_position_embeddings": 1_000_000}, "model.max_positions: the model needs"),
+    ({"max_position_embeddings": 100_000_000}, "max_position_embeddings=100000000: must be >= 1 and <= 1000000"),
+])
+def test_crafted_sizes_are_refused_before_allocation(marian, folder, fields, says):
+    """Under a 160 MiB limit beyond a load of the tiny model: a position table of 1e6 x 16 floats (64 MB, its
+    float64 sinusoids 3 times that) is refused by the memory check, a vocabulary of 1e8 pieces by its limit."""
+    _edit(folder, **fields)
+    assert load_limited(marian, marian, 160 << 20) == {"loaded": True}  # the limit leaves room for a model
+    result = load_limited(marian, folder, 160 << 20)
+    assert says in result.get("error", ""), result
+
+
+def _truncate(folder):
+    path = folder / "model.safetensors"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGED = {
+    "truncated weights": (_truncate, "model.safetensors: not readable weights (truncated or damaged"),
+    "garbage weights": (lambda f: (f / "model.safetensors").write_bytes(b"\xff" * 100),
+                        "model.safetensors: not readable weights"),
+    "config a list": (lambda f: (f / "config.json").write_text("[1, 2]"), "config.json: holds a JSON list, not an"),
+    "vocab a list": (lambda f: (f / "vocab.json").write_text('["a"]'), "vocab.json: holds a JSON list, not an"),
+    "tokenizer_config a list": (lambda f: (f / "tokenizer_config.json").write_text("[]"),
+                                "tokenizer_config.json: holds a JSON list"),
+    "deep JSON": (lambda f: (f / "config.json").write_text("[" * 100_000 + "]" * 100_000),
+                  "config.json: not valid JSON"),
+    "d_model a string": (lambda f: _edit(f, d_model="16"), "config.json: d_model='16': expected int, got str"),
+    "dropout a string": (lambda f: _edit(f, dropout="x"), "config.json: dropout='x': expected float, got str"),
+    "dropout a bool": (lambda f: _edit(f, dropout=True), "config.json: dropout=True: expected float, got bool"),
+    "bad_words_ids of text": (lambda f: _edit(f, "generation_config.json", bad_words_ids=[["x"]]),
+                              "generation_config.json: bad_words_ids holds ['x']: expected lists of token ids"),
+    "bad_words_ids too large": (lambda f: _edit(f, "generation_config.json", bad_words_ids=[[1_000_000_000]]),
+                                "generation_config.json: bad_words_ids holds [1000000000]"),
+    "separate_vocabs a string": (lambda f: _edit(f, "tokenizer_config.json", separate_vocabs="yes"),
+                                 "tokenizer_config.json: separate_vocabs='yes': expected bool"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED)
+def test_a_damaged_or_mistyped_file_is_one_line_naming_it(folder, case):
+    spoil, says = DAMAGED[case]
+    spoil(folder)
+    result = cli("translate", "--checkpoint", folder, "a dog.")
+    one_line_error(result, 1, says)
+
+
+def _vocab(folder) -> dict:
+    return json.loads((folder / "vocab.json").read_text())
+
+
+def _foreign_pieces(folder):
+    vocab = _vocab(folder)  # another model's pieces under the same ids (Q5, Q26, ...)
+    (folder / "vocab.json").write_text(json.dumps({(p if p.startswith("<") else f"Q{i}"): i for p, i in vocab.items()}))
+
+
+def _duplicate_id(folder):
+    vocab = _vocab(folder)
+    piece = next(p for p in vocab if p.startswith("▁"))
+    (folder / "vocab.json").write_text(json.dumps({**vocab, piece: vocab["<unk>"] + 4}))
+
+
+@pytest.mark.parametrize("spoil,says", [
+    (_foreign_pieces, "vocab.json: lacks"),
+    (lambda f: (f / "vocab.json").write_text(json.dumps({**_vocab(f), "Zzz": 5})), "id 5 is given to both"),
+    (_duplicate_id, "is given to both"),
+])
+def test_a_vocabulary_that_is_not_the_sentencepiece_models_is_refused(folder, spoil, says):
+    spoil(folder)
+    one_line_error(cli("translate", "--checkpoint", folder, "a dog."), 1, says)
+
+
+def test_a_missing_file_in_a_missing_folder_is_not_a_hub_name(tmp_path, monkeypatch):
+    from attn_mt.export.marian import is_marian
+
+    monkeypatch.chdir(tmp_path)
+    assert not is_marian("nosuchdir/checkpoint_best.pt") and not is_marian("nosuchdir/config.json")
+    assert is_marian("Helsinki-NLP/opus-mt-en-de")
+    one_line_error(cli("translate", "--checkpoint", "nosuchdir/checkpoint_best.pt", "a dog."), 1,
+                   "nosuchdir/checkpoint_best.pt: checkpoint not found")
+
+
+# --- fuzz: any JSON value in any field the reader takes -----------------------------------------------------
+JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12), st.sampled_from([0, 1, 2, 16,
+                    103, 104, 10**6, 10**9, -1]), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8)),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                    max_leaves=6)
+FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def _load_or_refuse(folder, named: tuple[str, ...]) -> None:
+    """The folder loads and translates, or is refused by an AttnMTError naming one of `named`."""
+    try:
+        model = attn_mt.load(folder, device="cpu")
+    except attn_mt.AttnMTError as e:
+        assert any(n in str(e) for n in named), str(e)
+        assert len(str(e).splitlines()) == 1, str(e)
+        return
+    assert isinstance(model.translate("a dog runs.", max_len_b=8, max_len_a=0.0), str)
+
+
+@FUZZ
+@given(field=st.sampled_from([*CONFIG, *GENERATION, "vocab_size", "d_model", "pad_token_id"]), value=JSON)
+def test_fuzz_any_config_field_loads_or_is_refused_naming_it(folder, field, value):
+    name = "generation_config.json" if field in GENERATION else "config.json"
+    saved = (folder / name).read_bytes()
+    try:
+        _edit(folder, name, **{field: value})
+        _load_or_refuse(folder, (field,))
+    finally:
+        (folder / name).write_bytes(saved)
+
+
+@FUZZ
+@given(piece=st.one_of(st.sampled_from(["<unk>", "<pad>", "</s>", "▁a", ">>de<<"]), st.text(max_size=4)), value=JSON)
+def test_fuzz_any_vocab_entry_loads_or_is_refused_naming_the_file(folder, piece, value):
+    saved = (folder / "vocab.json").read_bytes()
+    try:
+        (folder / "vocab.json").write_text(json.dumps({**json.loads(saved), piece: value}))
+        _load_or_refuse(folder, ("vocab.json",))
+    finally:
+        (folder / "vocab.json").write_bytes(saved)
