@@ -41,7 +41,8 @@ class TrainConfig:
     #     on its own: a fifth of those projections' Newton-Schulz time in fp32 (docs/speedrun.md)
     label_smoothing: float = 0.1
     subword_sampling: float = 0.0  # subword regularisation: each training source sentence split anew each time it
-    #     is batched (SentencePiece sampling: the BPE-dropout rate of a bpe model, a unigram model's alpha); 0: off.
+    #     is batched (data/sampling.py, drawn from (seed, epoch, batch) alone: the BPE-dropout rate of a bpe
+    #     model, a unigram model's alpha); 0: off.
     #     Targets keep their one segmentation (what the model learns to write, and the tokens the budget counts)
     z_loss: float = 0.0  # add z_loss * log(Z)^2 per target token to the training loss (1e-4 in PaLM); 0: off
     batch_tokens: int = 4096  # target tokens per optimizer step (before accumulation)

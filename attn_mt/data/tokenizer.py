@@ -11,6 +11,7 @@ import io
 import itertools
 import json
 import logging
+import random
 from collections.abc import Iterable
 
 import sentencepiece as spm
@@ -96,6 +97,7 @@ class Tokenizer:
 
     def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None, vocab: dict | None = None) -> None:
         self.src_proto, self.tgt_proto, self.vocab = src_proto, tgt_proto, vocab
+        self._sampler = None  # data/sampling.py's Sampler of the source model, made on first use
         self.src = spm.SentencePieceProcessor(model_proto=src_proto)
         self.tgt = self.src if tgt_proto is None else spm.SentencePieceProcessor(model_proto=tgt_proto)
         if vocab is not None:
@@ -127,12 +129,15 @@ class Tokenizer:
         return _each(self.src.encode, texts)
 
     def resample_src(self, ids: list[list[int]], alpha: float, seed: int, limit: int) -> list[list[int]]:
-        """The source sentences `ids` split anew by SentencePiece sampling (BPE-dropout at rate `alpha`, or a
-        unigram model's sampling with smoothing `alpha`), drawn from `seed` (uint32); a sentence whose sample is
-        longer than `limit` pieces keeps its ids."""
-        spm.set_random_generator_seed(seed)
-        texts = [self.src.decode(x) for x in ids]
-        new = [self.src.encode(t, enable_sampling=True, alpha=alpha, nbest_size=-1) for t in texts]
+        """The source sentences `ids` split anew (data/sampling.py: BPE-dropout at rate `alpha`, or a unigram
+        model's sampling with smoothing `alpha`), drawn from `seed` alone: the same in every process; a sentence
+        whose sample is longer than `limit` pieces keeps its ids."""
+        from .sampling import Sampler
+
+        if self._sampler is None:
+            self._sampler = Sampler(self.src)
+        rnd = random.Random(seed)
+        new = [self._sampler.resample(x, alpha, rnd) for x in ids]
         return [n if len(n) <= limit else x for x, n in zip(ids, new, strict=True)]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:

@@ -1,0 +1,126 @@
+"""Subword sampling (train.subword_sampling) drawn by our own seeded generator over a SentencePiece model's
+pieces, so that a draw depends only on its seed: BPE-dropout for a BPE model (Provilkov et al. 2020: each
+merge, taken best score first as SentencePiece does, is skipped with probability `alpha`), and for a unigram
+model a segmentation drawn from the lattice with probability proportional to prod exp(alpha * score) (Kudo
+2018, SentencePiece's sampling with nbest_size=-1). SentencePiece's own sampling (0.2.x) draws from a
+generator its seed call does not reset, so its draws differed from process to process and broke exact resume.
+
+    >>> sampler = Sampler(tok.src)  # a SentencePieceProcessor, or data/tokenizer.py's MappedPieces
+    >>> sampler.resample(ids, 0.1, random.Random(seed))  # new ids, the same text
+
+Tested in tests/data/test_sampling.py (two processes draw the same).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Iterator
+
+
+class Sampler:
+    """The pieces of `model` (a SentencePieceProcessor, or MappedPieces: the ids are then its vocabulary's)
+    with their scores, for drawing new segmentations of already tokenized sentences word by word."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        sp = getattr(model, "sp", model)  # MappedPieces numbers the pieces of a SentencePiece model
+        normal = [i for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i)
+                                                                or sp.is_unused(i))]
+        self.scores = {sp.id_to_piece(i): sp.get_score(i) for i in normal}
+        self.longest = max(map(len, self.scores), default=1)
+        self.unk_score = min(self.scores.values(), default=0.0) - 10.0  # SentencePiece's, for a character it lacks
+        self.bpe = _is_bpe(sp)
+        self.pieces = [model.id_to_piece(i) for i in range(model.get_piece_size())]  # by id, looked up once
+
+    def resample(self, ids: list[int], alpha: float, rnd: random.Random) -> list[int]:
+        """`ids` segmented anew: each word (a run of the model's pieces from one starting with ▁) drawn again;
+        other pieces (unknown, specials, a Marian language code) stay as they are."""
+        out: list[int] = []
+        word: list[int] = []
+        for i in ids:
+            piece = self.pieces[i]
+            if piece in self.scores and not (piece.startswith("▁") and word):
+                word.append(i)
+                continue
+            out += self._draw(word, alpha, rnd) if word else []
+            word = [i] if piece in self.scores else []
+            if piece not in self.scores:
+                out.append(i)
+        return out + (self._draw(word, alpha, rnd) if word else [])
+
+    def _draw(self, ids: list[int], alpha: float, rnd: random.Random) -> list[int]:
+        """One word's pieces `ids` drawn anew."""
+        word = "".join(self.pieces[i] for i in ids)
+        if self.bpe:  # BPE-dropout: the deterministic merges (as many as the word has characters less pieces)
+            draws = [rnd.random() for _ in range(len(word) - len(ids) if alpha else 0)]  # each kept unless < alpha
+            if all(d >= alpha for d in draws):
+                return ids  # no merge skipped: SentencePiece's own segmentation, which `ids` is
+            pieces = bpe_dropout(word, self.scores, alpha, itertools.chain(draws, iter(rnd.random, None)))
+        else:
+            pieces = unigram_sample(word, self.scores, alpha, rnd, self.longest, self.unk_score)
+        return [self.model.piece_to_id(p) for p in pieces]
+
+
+def _is_bpe(sp) -> bool:
+    """A BPE model (SentencePiece gives n-best segmentations of unigram models only)."""
+    try:
+        sp.nbest_encode("a", nbest_size=2)
+    except RuntimeError:
+        return True
+    return False
+
+
+def bpe_dropout(word: str, scores: dict[str, float], p: float, draws: Iterator[float]) -> list[str]:
+    """BPE on the characters of `word`: the adjacent pair whose merge has the best score (the leftmost of equal
+    ones) is merged, or skipped for good where the next of `draws` (uniform in [0, 1)) is below `p`; until no
+    pair is left. A skipped pair cannot come back: its symbols only ever grow into others."""
+    spans = [(i, i + 1) for i in range(len(word))]  # symbols as [start, end) of word
+    gain = [scores.get(word[i : i + 2], -math.inf) for i in range(len(word) - 1)]  # merging symbol k and k + 1
+
+    def pair(k: int) -> float:
+        return scores.get(word[spans[k][0] : spans[k + 1][1]], -math.inf)
+
+    while gain:
+        at = max(range(len(gain)), key=gain.__getitem__)  # the first of the best
+        if gain[at] == -math.inf:
+            break
+        if p and next(draws) < p:
+            gain[at] = -math.inf
+            continue
+        spans[at : at + 2] = [(spans[at][0], spans[at + 1][1])]
+        del gain[at]
+        if at > 0:
+            gain[at - 1] = pair(at - 1)
+        if at < len(gain):
+            gain[at] = pair(at)
+    return [word[a:b] for a, b in spans]
+
+
+def unigram_sample(word: str, scores: dict[str, float], alpha: float, rnd: random.Random, longest: int,
+                   unk_score: float) -> list[str]:
+    """A segmentation of `word` drawn with probability proportional to prod exp(alpha * score(piece)): forward
+    sums over the lattice, then pieces drawn backward from the end (a character the model lacks: unk_score)."""
+    n = len(word)
+    fwd = [0.0] + [-math.inf] * n  # log of the summed weight of every segmentation of word[:j]
+    edges: list[list[tuple[int, float]]] = [[] for _ in range(n + 1)]
+    for j in range(1, n + 1):
+        for i in range(max(0, j - longest), j):
+            score = scores.get(word[i:j], unk_score if j - i == 1 else None)
+            if score is not None and fwd[i] > -math.inf:
+                edges[j].append((i, fwd[i] + alpha * score))
+        if edges[j]:
+            top = max(w for _, w in edges[j])
+            fwd[j] = top + math.log(sum(math.exp(w - top) for _, w in edges[j]))
+    pieces, j = [], n
+    while j > 0:
+        r, start = rnd.random(), edges[j][-1][0]
+        for i, w in edges[j]:
+            r -= math.exp(w - fwd[j])
+            if r <= 0:
+                start = i
+                break
+        pieces.append(word[start:j])
+        j = start
+    return pieces[::-1]
