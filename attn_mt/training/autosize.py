@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -141,6 +142,10 @@ def choose(measured: list[Measured], corpus_tokens: int, budget_s: float, warmup
     return Choice(m.shape, steps, epochs, bleu, warmup, tuple(rows))
 
 
+CHOSEN = {"model": ("d_model", "n_heads", "n_layers", "d_ff"), "train": ("batch_tokens", "warmup_steps")}  # what
+#   a choice sets (apply): a resumed run keeps these as its checkpoint's config has them (resume.resumed_config)
+
+
 def apply(cfg: ExperimentConfig, shape: Shape, warmup_steps: int) -> ExperimentConfig:
     """The config trained with `shape` and the fitted warmup (model.size stays as it was: `auto` in a sized
     run's config.yaml and checkpoints says the shape was chosen, and a resumed run keeps it)."""
@@ -162,7 +167,21 @@ def replaced(cfg: ExperimentConfig, choice: Choice) -> str:
             "the configured shape") if changed else ""
 
 
-def measure(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precision: str,
+class Sizes(NamedTuple):
+    """What the ladder needs to know of the corpus, read from it once."""
+
+    train_lengths: tuple  # (source lengths, target lengths) of the training split
+    valid_tokens: int  # target tokens of the validation split
+    epoch_tokens: int  # target tokens of one epoch of training (with eos), what tokens/s counts
+
+
+def sizes(cfg: ExperimentConfig, corpus: Corpus) -> Sizes:
+    """The corpus's sizes the ladder and the choice use."""
+    train, valid = corpus.lengths(cfg.data.splits.train), corpus.lengths(cfg.data.splits.valid)
+    return Sizes(train, int(sum(valid[1])), int(sum(train[1])) + len(train[1]))
+
+
+def measure(cfg: ExperimentConfig, corpus: Corpus, known: Sizes, device: torch.device, precision: str,
             ladder: tuple[Shape, ...] | None = None, steps: int = 3) -> list[Measured]:
     """Time `steps` training steps and one short greedy translation of each shape on this corpus, each after
     an untimed pass over the same batches (bf16 kernels are slow the first time they meet a shape; a long run
@@ -181,8 +200,9 @@ def measure(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precisi
         shaped = apply(cfg, shape, tc.warmup_steps)
         torch.manual_seed(tc.seed)
         model = build_model(shaped.model, **corpus.tok.sizes()).to(device).train()
+        params = count_params(model)
         step = TrainStep(model, shaped.train, device, precision)
-        index = token_batches(*corpus.lengths(split), shape.batch_tokens, tc.seed, 0)
+        index = token_batches(*known.train_lengths, shape.batch_tokens, tc.seed, 0)
         batches = [b.to(device) for b in corpus.batches(split, index[:steps])]
         for _pass in ("untimed", "timed"):  # the first pass meets each batch's shapes (kernels, allocations) once
             with Stopwatch(device) as train:
@@ -194,11 +214,10 @@ def measure(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precisi
             translate(model.eval(), corpus.tok, probe[:4], greedy, device)  # untimed, as above
             with Stopwatch(device) as decode:
                 translate(model, corpus.tok, probe, greedy, device)
-        valid_tokens = sum(corpus.lengths(cfg.data.splits.valid)[1])
-        eval_s = decode.seconds * n_valid / max(1, len(probe)) + valid_tokens / (3 * tokens_per_s)
-        out.append(Measured(shape, tokens_per_s, eval_s, len(index), count_params(model)))
+        eval_s = decode.seconds * n_valid / max(1, len(probe)) + known.valid_tokens / (3 * tokens_per_s)
+        out.append(Measured(shape, tokens_per_s, eval_s, len(index), params))
         log.info("size: %s (%.2fM parameters) trains %.0f tokens/s, evaluates in %.1f s", shape.name,
-                 count_params(model) / 1e6, tokens_per_s, eval_s)
+                 params / 1e6, tokens_per_s, eval_s)
         del model, step
     return out
 
@@ -207,25 +226,6 @@ def wanted(cfg: ExperimentConfig) -> bool:
     """Whether the run sizes itself: model.size: auto and a clock budget (without one, e.g. a step budget,
     the configured shape trains as it is)."""
     return getattr(cfg.model, "size", "fixed") == "auto" and cfg.train.max_minutes > 0
-
-
-def as_resumed(cfg: ExperimentConfig, saved: dict) -> ExperimentConfig:
-    """An automatic size resumes with the shape and warmup it chose (read from the checkpoint's config)."""
-    if getattr(cfg.model, "size", "fixed") != "auto":
-        return cfg
-    model, train = saved.get("model", {}), saved.get("train", {})
-    try:
-        shape = Shape("resumed", int(model["d_model"]), int(model["n_heads"]), int(model["n_layers"]),
-                      int(model["d_ff"]), int(train["batch_tokens"]))
-        return apply(cfg, shape, int(train["warmup_steps"]))
-    except (KeyError, TypeError, ValueError):
-        return cfg  # the resume check names what differs
-
-
-def corpus_tokens(cfg: ExperimentConfig, corpus: Corpus) -> int:
-    """Target tokens of one epoch of the training split (with eos), what tokens/s counts."""
-    tgt = corpus.lengths(cfg.data.splits.train)[1]
-    return int(sum(tgt)) + len(tgt)
 
 
 def plan(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precision: str,
@@ -248,10 +248,11 @@ def plan(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precision:
 def size_run(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precision: str) -> tuple[ExperimentConfig,
                                                                                                  Choice]:
     """Measure the ladder, choose, log what was measured and chosen and why; (the sized config, the choice)."""
+    known = sizes(cfg, corpus)
     with Stopwatch() as watch:
-        measured = measure(cfg, corpus, device, precision)
+        measured = measure(cfg, corpus, known, device, precision)
     spent = watch.seconds
-    choice = choose(measured, corpus_tokens(cfg, corpus), cfg.train.max_minutes * 60 - spent, cfg.train.warmup_steps)
+    choice = choose(measured, known.epoch_tokens, cfg.train.max_minutes * 60 - spent, cfg.train.warmup_steps)
     choice = replace(choice, measure_s=spent)
     for row in choice.table:
         log.info("size: %-8s %6.2fM  %6d tokens/s  ~%5.1f epochs, %5d steps  -> valid BLEU ~%.1f", row["shape"],

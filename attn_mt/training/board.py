@@ -8,6 +8,7 @@ module writes nothing and needs nothing.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from attn_mt.config import ConfigError, DecodeConfig
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.attention_maps import attention_maps
 from attn_mt.models import Seq2Seq
+
+log = logging.getLogger(__name__)
 
 
 class Board:
@@ -32,6 +35,7 @@ class Board:
             raise ConfigError("train.tensorboard: true needs TensorBoard: pip install 'attn-mt[tb]'") from None
         # purge_step: a resumed run drops the events written after the checkpoint it resumes from
         self.writer = SummaryWriter(str(folder), purge_step=start_step or None)
+        log.info("TensorBoard events in %s; point TensorBoard's log folder at %s", folder, folder.parent)
 
     def scalars(self, step: int, prefix: str, values: dict[str, float | None]) -> None:
         if self.writer is not None:

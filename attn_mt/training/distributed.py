@@ -10,6 +10,7 @@ the world is one process and every function here is a no-op.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 from dataclasses import dataclass
 
@@ -33,11 +34,14 @@ class World:
 
 
 def init(device: torch.device) -> tuple[World, torch.device]:
-    """Join the process group torchrun set up (nccl on CUDA, gloo on CPU); returns (world, device)."""
+    """Join the process group torchrun set up (nccl on CUDA, gloo on CPU); returns (world, device). Only rank 0
+    logs below warnings."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size == 1:
         return World(), device
     world = World(int(os.environ["RANK"]), size, int(os.environ.get("LOCAL_RANK", "0")))
+    if not world.main:
+        logging.getLogger("attn_mt").setLevel(logging.WARNING)  # rank 0 reports
     if device.type == "cuda":
         device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)

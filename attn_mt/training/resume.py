@@ -11,7 +11,7 @@ their registration order, `out_proj` after the input projections, is restored co
 from __future__ import annotations
 
 import logging
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -45,9 +45,16 @@ def finished(st: TrainState, tc: TrainConfig) -> str | None:
 
 
 def resumed_config(resumed: dict, path: Path, cfg: ExperimentConfig) -> ExperimentConfig:
-    """The config a resumed run continues with (an automatic size keeps the shape and warmup it chose), once
-    `check_resumable` has found that the checkpoint can continue it."""
-    cfg = autosize.as_resumed(cfg, resumed.get("config", {}))
+    """The config a resumed run continues with, once `check_resumable` has found that the checkpoint can continue
+    it: an automatic size keeps the shape and warmup it chose (autosize.CHOSEN, as the checkpoint's config has
+    them); every other setting is the given config's."""
+    saved = resumed.get("config", {})
+    if getattr(cfg.model, "size", "fixed") == "auto":
+        try:
+            cfg = replace(cfg, **{part: replace(getattr(cfg, part), **{k: int(saved[part][k]) for k in keys})
+                                  for part, keys in autosize.CHOSEN.items()})
+        except (KeyError, TypeError, ValueError):
+            pass  # the check names what differs
     check_resumable(resumed, path, cfg)
     return cfg
 
@@ -83,8 +90,9 @@ def check_tokenizer(tokenizer: dict, tok: Tokenizer) -> None:
 
 
 def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConfig,
-            world: distributed.World) -> TrainState:
-    """Load a checkpoint_last.pt dict into model, optimizer, scaler and RNG; returns where the run stood."""
+            world: distributed.World) -> tuple[TrainState, str | None]:
+    """Load a checkpoint_last.pt dict into model, optimizer, scaler and RNG; returns where the run stood, and
+    why it is finished under `cfg` (`finished`; None: it goes on)."""
     check_config(resumed["config"], cfg)
     check_tokenizer(resumed["tokenizer"], tok)
     trained = resumed["model"]
@@ -103,6 +111,7 @@ def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConf
     if resumed.get("scaler") and trainer.scaler.is_enabled():
         trainer.scaler.load_state_dict(resumed["scaler"])
     st = TrainState(**{f.name: resumed[f.name] for f in fields(TrainState) if f.name in resumed})
+    done = finished(st, cfg.train)
     set_rng_state(resumed["rng"], trainer.device)
     ranks = resumed.get("rng_ranks") or []
     if len(ranks) == world.size:
@@ -112,7 +121,8 @@ def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConf
                     "are reseeded from (seed, rank, step), so the run is no longer bit-exact", world.size,
                     max(len(ranks), 1))
         torch.manual_seed((cfg.train.seed * 1_000_003 + world.rank * 10_007 + st.step) % 2**63)
-    return st
+    log.info("resumed at step %d (epoch %d, batch %d)", st.step, st.epoch, st.batch_in_epoch)
+    return st, done
 
 
 def optimizer_state(opt: torch.optim.Optimizer, model: nn.Module) -> dict:

@@ -30,7 +30,6 @@ from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.cache import Resumed, open_entry
 from attn_mt.data.corpus import Corpus, read_corpus
 from attn_mt.data.sources import source
-from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.device import pick_device, pick_precision, rng_state
 from attn_mt.models import build_model, count_params
 from attn_mt.rundir import RunDir
@@ -38,7 +37,7 @@ from attn_mt.training import autosize, distributed, finetune
 from attn_mt.training.board import Board
 from attn_mt.training.compiled import compiled
 from attn_mt.training.progress import Progress, time_left, write
-from attn_mt.training.resume import finished, optimizer_state, restore, resumed_config
+from attn_mt.training.resume import optimizer_state, restore, resumed_config
 from attn_mt.training.schedule import Stop, budget_spent, limit_reached
 from attn_mt.training.trainer import Trainer, TrainError, TrainInterrupted, TrainState
 from attn_mt.training.validation import score_test_split, validate
@@ -80,6 +79,7 @@ class Run:
     corpus: Corpus
     trainer: Trainer
     board: Board
+    finished: str | None = None  # why a resumed run had already finished (resume.finished), or None
     start: float = field(default_factory=time.perf_counter)  # the clock's zero (earlier when resumed)
     tokens_per_s: float = 0.0
     window_t0: float = field(default_factory=time.perf_counter)
@@ -102,10 +102,8 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite:
     """
     if resume and overwrite:
         raise OptionError("give one of resume and overwrite, not both", "overwrite")
-    if cfg.train.init_from and init is None:
-        init = checkpoint.load(cfg.train.init_from)  # a checkpoint of ours (the API reads MarianMT models too)
     run = setup(cfg, RunDir(run_dir), resume, overwrite, init)
-    done = finished(run.state, cfg.train) if resume else None
+    done = run.finished
     if done and run.files.results.exists():
         log.info("the run had already finished (%s): nothing to do", done)
         run.board.close()
@@ -122,83 +120,64 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite:
 
 def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = False,
           init: dict | None = None) -> Run:
-    """Join the process group, read and tokenize the data, build model and optimizer, restore a resumed run
-    (or start from the weights of `init`, the model `train.init_from` names)."""
-    if init is not None:
-        cfg = finetune.adopt(cfg, init)
+    """Set-up, in order: the processes and the run directory; the config, resolved once (fine-tuning and resuming
+    here, the automatic size once the data is open: it measures on it); the data; the model; the trainer, with a
+    resumed run's state. What each step is given comes from the final config."""
     world, device = distributed.init(pick_device(cfg.train.device))
-    if world.main:
-        files.claim(resume, overwrite)
-        files.check_writable()
-    else:
-        logging.getLogger("attn_mt").setLevel(logging.WARNING)  # rank 0 reports
-    resumed = checkpoint.load(files.last) if resume else None
-    if resumed is not None:
-        cfg = resumed_config(resumed, files.last, cfg)  # the settings the resumed run keeps
+    precision = pick_precision(cfg.train.precision, device)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    precision = pick_precision(cfg.train.precision, device)
-    corpus = prepare_data(cfg, files, world, resumed, finetune.init_tokenizer(cfg, init) if init else None)
-    choice = None
-    if resumed is None:
-        cfg, choice = autosize.plan(cfg, corpus, device, precision, world.enabled)
-    tc = cfg.train  # read once the config is final, never a stale copy
+    if world.main:  # rank 0 reports and writes (distributed.init quiets the others)
+        files.claim(resume, overwrite)
+        files.check_writable()
+    if cfg.train.init_from and init is None:
+        init = checkpoint.load(cfg.train.init_from)  # a checkpoint of ours (the API reads MarianMT models too)
+    resumed = checkpoint.load(files.last) if resume else None
+    tok = None  # the data's tokenizer: trained with the data, or else the fine-tuned model's, whose shape it takes
+    if init is not None:
+        cfg, tok = finetune.adopt(cfg, init), finetune.init_tokenizer(cfg, init)
+    if resumed is not None:
+        cfg = resumed_config(resumed, files.last, cfg)  # the settings the resumed run keeps
+    # the data cache entry, found or built (rank 0 first, the others wait and then find it), recorded in the run
+    used = Resumed.of(files.entry_key(), resumed["tokenizer"]) if resumed is not None else None
+    if not world.main:
+        distributed.barrier(world)
+    entry = open_entry(cfg, used, tok)
+    if world.main:
+        files.record_entry(entry)  # which entry the run uses (tokenizer.json), a copy of its tokenizer
+        distributed.barrier(world)
+    corpus = read_corpus(cfg, entry, cfg.model.max_positions)
+    cfg, choice = autosize.plan(cfg, corpus, device, precision, world.enabled) if resumed is None else (cfg, None)
+    tc = cfg.train  # the config is final
     if world.main:
         files.write_config(cfg)
         if choice is not None:
             files.write_size(choice.to_json())
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, **corpus.tok.sizes())
+    finetune.freeze(model, tc.freeze)
     if init is not None and resumed is None:
         finetune.start_from(model, init, tc.init_from)
-    finetune.freeze(model, tc.freeze)
     model = model.to(device)
     if world.main:
         files.check_space(model, tc.keep_last, averaged=bool(tc.ema_decay))
+    net = model  # what runs the training forward/backward: under torchrun DistributedDataParallel, compiled if asked
     if world.enabled:
         torch.manual_seed(tc.seed + world.rank)  # same initial weights, different dropout per rank
-    trainer = Trainer(model, cfg, corpus, device, precision, net=wrap(model, cfg, world, device), world=world)
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        log.info("%d processes; train.batch_tokens=%d is the global batch", world.size, tc.batch_tokens)
+    trainer = Trainer(model, cfg, corpus, device, precision, net=compiled(net, tc, device),
+                      world=world)  # evaluation and decoding stay eager
+    done = None  # why a resumed run had already finished
     if resumed is not None:
-        trainer.state = restore(resumed, trainer, corpus.tok, cfg, world)
-        if world.main:
-            files.trim_metrics(trainer.state.step, trainer.state.epoch)
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", files.last, trainer.state.step,
-                 trainer.state.epoch, trainer.state.batch_in_epoch)
-    elif world.main:
-        files.metrics.unlink(missing_ok=True)  # a fresh run starts a fresh log
+        trainer.state, done = restore(resumed, trainer, corpus.tok, cfg, world)
+    if world.main:  # the records after the checkpoint will be written again; a fresh run starts a fresh log
+        files.trim_metrics(trainer.state.step, trainer.state.epoch)
     log.info("model %s: %.2fM parameters; device %s, precision %s", cfg.model.kind, count_params(model) / 1e6,
              device, precision)
     board = Board(files.tensorboard, tc.tensorboard and world.main, trainer.state.step)
-    if board.writer is not None:
-        log.info("TensorBoard events in %s; point TensorBoard's log folder at %s", files.tensorboard, files.path)
-    return Run(cfg, files, world, corpus, trainer, board,
+    return Run(cfg, files, world, corpus, trainer, board, done,
                start=time.perf_counter() - trainer.state.elapsed_s - (choice.measure_s if choice else 0.0))
-
-
-def prepare_data(cfg: ExperimentConfig, files: RunDir, world: distributed.World, resumed: dict | None,
-                 tok: Tokenizer | None = None) -> Corpus:
-    """The data, in four steps: what a resumed run used; its data cache entry, found or built (rank 0 first,
-    the others wait and then find it; tokenized with `tok` where given: a fine-tuned model's); recorded in
-    the run directory; the corpus read from it."""
-    used = Resumed.of(files.entry_key(), resumed["tokenizer"]) if resumed is not None else None
-    if world.main:
-        entry = open_entry(cfg, used, tok)
-        files.record_entry(entry)  # which entry the run uses (tokenizer.json), a copy of its tokenizer
-    distributed.barrier(world)
-    if not world.main:
-        entry = open_entry(cfg, used, tok)
-    return read_corpus(cfg, entry, cfg.model.max_positions)
-
-
-def wrap(model: nn.Module, cfg: ExperimentConfig, world: distributed.World, device: torch.device) -> nn.Module:
-    """What runs the training forward/backward: DistributedDataParallel under torchrun, compiled if asked."""
-    net = model
-    if world.enabled:
-        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        log.info("%d processes (%s); train.batch_tokens=%d is the global batch, about %d tokens per rank",
-                 world.size, "nccl" if device.type == "cuda" else "gloo", cfg.train.batch_tokens,
-                 cfg.train.batch_tokens // world.size)
-    return compiled(net, cfg.train, device)  # evaluation and decoding stay eager
 
 
 def run_epochs(run: Run, interrupt: StopOnInterrupt) -> str:

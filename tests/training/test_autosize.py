@@ -100,7 +100,7 @@ def test_measure_times_each_shape_on_the_corpus_within_its_share(tiny_cfg):
 
     from attn_mt.models import build_model, count_params
 
-    out = autosize.measure(cfg, corpus, torch.device("cpu"), "fp32", ladder)
+    out = autosize.measure(cfg, corpus, autosize.sizes(cfg, corpus), torch.device("cpu"), "fp32", ladder)
     assert [m.shape for m in out] == list(ladder)
     shaped = [autosize.apply(cfg, s, cfg.train.warmup_steps).model for s in ladder]
     assert [m.params for m in out] == [count_params(build_model(c, **corpus.tok.sizes())) for c in shaped]
@@ -138,7 +138,8 @@ def test_measure_times_each_batch_after_its_first_sight(tiny_cfg, monkeypatch):
     import attn_mt.device  # the Stopwatch's clock
 
     monkeypatch.setattr(attn_mt.device, "time", SimpleNamespace(perf_counter=lambda: time.perf_counter() + late[0]))
-    (m,) = autosize.measure(cfg, corpus, torch.device("cpu"), "fp32", (Shape("a", 32, 2, 1, 64, 600),), steps=3)
+    (m,) = autosize.measure(cfg, corpus, autosize.sizes(cfg, corpus), torch.device("cpu"), "fp32",
+                            (Shape("a", 32, 2, 1, 64, 600),), steps=3)
     assert len(seen) == 3  # three batches, each met once untimed
     tokens = sum(b.n_tokens for b in corpus.batches(cfg.data.splits.train, autosize.token_batches(
         *corpus.lengths(cfg.data.splits.train), 600, cfg.train.seed, 0)[:3]))
