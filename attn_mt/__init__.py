@@ -28,7 +28,9 @@ _HOMES = {
     "Attention": "attn_mt.api.attention",
     "average": "attn_mt.api.commands", "download": "attn_mt.api.commands", "export_model": "attn_mt.api.commands",
     "prepare": "attn_mt.api.commands", "compare_rnn": "attn_mt.api.commands", "bench": "attn_mt.api.commands",
-    "create_app": "attn_mt.serve",
+    "create_app": "attn_mt.serve", "Limits": "attn_mt.api.limits",
+    "Item": "attn_mt.decoding.contrastive", "ContrastiveReport": "attn_mt.decoding.contrastive",
+    "Entry": "attn_mt.data.cache",
     "Translation": "attn_mt.decoding.search", "Score": "attn_mt.decoding.scoring",
     "Explanation": "attn_mt.analysis.explanation", "HeadsReport": "attn_mt.analysis.overview",
     "ExperimentConfig": "attn_mt.config", "DecodeConfig": "attn_mt.config", "DECODE_OPTIONS": "attn_mt.config",
@@ -36,10 +38,10 @@ _HOMES = {
     "ModelError": "attn_mt.errors", "RunError": "attn_mt.errors", "TrainError": "attn_mt.errors",
     "Interrupted": "attn_mt.errors",
 }
-__all__ = ["DECODE_OPTIONS", "Attention", "AttnMTError", "ConfigError", "DecodeConfig", "ExperimentConfig",
-           "Explanation", "HeadsReport", "InputError", "Interrupted", "Model", "ModelError", "Run", "RunError", "Score",
-           "TrainError", "Translation", "__version__", "average", "bench", "compare_rnn", "configure", "create_app",
-           "download", "export_model", "load", "prepare", "train"]
+__all__ = ["DECODE_OPTIONS", "Attention", "AttnMTError", "ConfigError", "ContrastiveReport", "DecodeConfig", "Entry",
+           "ExperimentConfig", "Explanation", "HeadsReport", "InputError", "Interrupted", "Item", "Limits", "Model",
+           "ModelError", "Run", "RunError", "Score", "TrainError", "Translation", "__version__", "average", "bench",
+           "compare_rnn", "configure", "create_app", "download", "export_model", "load", "prepare", "train"]
 
 
 def __getattr__(name: str) -> Any:
@@ -59,9 +61,12 @@ if TYPE_CHECKING:  # for editors and type checkers; at run time __getattr__ impo
     from attn_mt.analysis.overview import HeadsReport
     from attn_mt.api.attention import Attention
     from attn_mt.api.commands import average, bench, compare_rnn, download, export_model, prepare
+    from attn_mt.api.limits import Limits
     from attn_mt.api.model import Model, load
     from attn_mt.api.training import Run, configure, train
     from attn_mt.config import DecodeConfig, ExperimentConfig
+    from attn_mt.data.cache import Entry
+    from attn_mt.decoding.contrastive import ContrastiveReport, Item
     from attn_mt.decoding.scoring import Score
     from attn_mt.decoding.search import Translation
     from attn_mt.errors import AttnMTError, ConfigError, InputError, Interrupted, ModelError, RunError, TrainError

@@ -80,7 +80,8 @@ class _Verb(TyperCommand):
             if isinstance(e, AttnMTError):
                 kind = "config error" if isinstance(e, ConfigError) else "interrupted" if isinstance(
                     e, Interrupted) else "error"
-                what = f"{flag(e.field)}: {e.message}" if e.field and not isinstance(e, ConfigError) else str(e)
+                what = f"{flag(e.field)}: {e.message}" if e.field and not e.named and not isinstance(
+                    e, ConfigError) else str(e)
                 line, status = f"{kind}: {what}", 2 if isinstance(e, ConfigError | OutputError) else 130 if \
                     isinstance(e, Interrupted) else 1
             elif isinstance(e, KeyboardInterrupt):
@@ -152,7 +153,7 @@ def translate(checkpoint: ModelOpt,
     dcfg = _decode(model, beam, alpha, nbest, batch_size)
     interactive = not texts and input is None and sys.stdin.isatty()
     lines = input_lines(texts, input, "> " if interactive else "")
-    for out in translate_lines(model, lines, dcfg, fmt, stream=stream or interactive):
+    for out in translate_lines(model.translator, lines, dcfg, fmt, stream=stream or interactive):
         typer.echo(out)  # click.echo flushes
 
 

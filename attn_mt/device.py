@@ -33,8 +33,15 @@ def pick_device(name: str) -> torch.device:
         if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
+    if isinstance(name, str) and name.startswith("cuda:") and name[5:].isdigit():  # one GPU of several
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if int(name[5:]) >= count:
+            raise DeviceError(f"device {name}: this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1})"
+                              if count else f"device {name}: no CUDA device is available")
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        return torch.device(name)
     if name not in DEVICES:
-        raise DeviceError(f"device {name!r} is not one of {', '.join(DEVICES)}")
+        raise DeviceError(f"device {name!r} is not one of {', '.join(DEVICES)} (or cuda:N)")
     if name == "cuda" and not torch.cuda.is_available():
         raise DeviceError("train.device=cuda but no CUDA device is available")
     if name == "mps" and not torch.backends.mps.is_available():

@@ -9,7 +9,8 @@
         Interrupted      stopped by Ctrl-C or SIGTERM, after saving what could be saved
 
 `field` is the name of the argument, config key or file at fault, as the Python API spells it (`beam`,
-`train.lr`, `src`); `str(error)` puts it in front of the message. A message names other arguments in
+`train.lr`, `src`, `path`); `str(error)` puts it in front of the message unless the message already starts
+with what it names (`named`: a config key, a file's path). A message names other arguments in
 backticks (`overwrite`). Only the CLI turns both into its option names and errors into
 one-line exits (cli.py).
 
@@ -20,22 +21,42 @@ Tested in tests/test_cli.py (one line naming the flag) and tests/test_layout.py 
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["AttnMTError", "ConfigError", "InputError", "Interrupted", "ModelError", "RunError", "TrainError"]
 
 
 class AttnMTError(Exception):
-    """A failure attn-mt expects and explains in one line; `field` names what is at fault, or is None."""
+    """A failure attn-mt expects and explains in one line; `field` names what is at fault. `named`: the message
+    already starts with it (a key, a path), so `str()` does not repeat it."""
 
-    def __init__(self, message: str = "", field: str | None = None) -> None:
+    def __init__(self, message: str = "", field: str | None = None, *, named: bool = False) -> None:
         super().__init__(message)
-        self.message, self.field = message, field
+        self.message, self.field, self.named = message, field, named
 
     def __str__(self) -> str:
-        return f"{self.field}: {self.message}" if self.field else self.message
+        return f"{self.field}: {self.message}" if self.field and not self.named else self.message
+
+    def naming(self, field: str) -> AttnMTError:
+        """This error with `field` set where it was not (its message already names the thing); for a caller
+        that knows which of its arguments was at fault: `raise e.naming("path")`."""
+        if self.field is None:
+            self.field, self.named = field, True
+        return self
+
+
+_KEY = re.compile(r"(?:data|tokenizer|model|train|decode|compare|splits|serve)\.[a-z_0-9]+")
 
 
 class ConfigError(AttnMTError, ValueError):
-    """A config that cannot be used; the message names the key and what is allowed."""
+    """A config that cannot be used; the message names the key and what is allowed. Without a `field`, the
+    first `section.key` the message names is the field, else "config" (the file or the whole config)."""
+
+    def __init__(self, message: str = "", field: str | None = None, *, named: bool = False) -> None:
+        if field is None:
+            found = _KEY.search(message)
+            field, named = (found.group(0) if found else "config"), True
+        super().__init__(message, field, named=named)
 
 
 class InputError(AttnMTError, ValueError):

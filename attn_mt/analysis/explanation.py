@@ -73,6 +73,10 @@ class Explanation:
     def __str__(self) -> str:
         return render(self)
 
+    def __repr__(self) -> str:  # short: print() shows every step, `to_json` every number
+        return (f"<Explanation {self.kind} layer {self.layer} head {self.head}: query {self.query_index} "
+                f"{self.query_token!r} over {len(self.keys)} keys, max_abs_diff {self.max_abs_diff:.1e}>")
+
     def _repr_html_(self) -> str:  # a notebook shows the five steps (views.py loads only when drawn)
         return explanation_html(self)
 

@@ -1,6 +1,8 @@
 """`attn-mt heads`'s report (`HeadsReport`, what heads.py measures) as an 80-column table, as JSON, as one PNG
 overview of every head and as an HTML view (a layer x head grid and a table, plain HTML through views.py).
 
+One job: the heads report and its forms.
+
 Tested in tests/analysis/test_heads.py (the heads command's table and files) and tests/analysis/test_views.py.
 """
 
@@ -41,6 +43,15 @@ class HeadsReport:
 
     def _repr_html_(self) -> str:  # a notebook shows the grid and the table (views.py loads only when drawn)
         return heads_html(self)
+
+    def __repr__(self) -> str:
+        pruned = f", {len(self.pruned)} pruned" if self.pruned else ""
+        return (f"<HeadsReport {Path(self.checkpoint).name}: {len(self.heads)} heads masked on {self.sentences} "
+                f"sentences, BLEU {self.bleu:.2f}{pruned}; .table() prints them>")
+
+    def table(self) -> str:
+        """Every head's importance and roles, one line each, then the pruning: what `attn-mt heads` prints."""
+        return table(self)
 
     def save_html(self, path: Path | str) -> Path:
         """The report as an HTML page that opens from disk (`overview.save` writes its JSON and PNG)."""

@@ -14,6 +14,15 @@ from attn_mt.errors import InputError
 KINDS = {"encoder": "encoder_self", "decoder": "decoder_self", "cross": "cross"}  # argument -> map kind
 
 
+def _index(value: object, count: int, field: str, owner: str, what: str) -> int:
+    """A layer's or head's number (from 1) as an index (from 0); InputError naming `field` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"must be an integer from 1 to {count}, not {value!r}", field)
+    if not 1 <= value <= count:
+        raise InputError(f"{value} is out of range: {owner} {count} {what}", field)
+    return value - 1
+
+
 @dataclass(frozen=True)
 class Attention:
     """Every attention head of every layer for one sentence: `weights(kind, layer, head)` gives the arrays,
@@ -26,6 +35,10 @@ class Attention:
     source: str
     translation: str
     maps: list[AttentionMap] = field(repr=False)
+
+    def __repr__(self) -> str:
+        layers = ", ".join(f"{k} {n}" for k, n in self.layers.items())
+        return f"<Attention {self.source!r} -> {self.translation!r}: layers {layers}>"
 
     @property
     def source_tokens(self) -> list[str]:
@@ -47,26 +60,28 @@ class Attention:
 
     def map(self, kind: str = "cross", layer: int = 1) -> AttentionMap:
         """One layer's map of `kind` (encoder, decoder or cross), layers from 1."""
-        name = KINDS.get(kind, kind)
+        return self._maps(kind)[_index(layer, len(self._maps(kind)), "layer", f"{kind} attention has", "layers")]
+
+    def _maps(self, kind: str) -> list[AttentionMap]:
+        name = KINDS.get(kind, kind) if isinstance(kind, str) else None
         found = [m for m in self.maps if m.kind == name]
         if not found:
             raise InputError(f"{kind!r} is not one of {', '.join(self.layers)}", "kind")
-        if not 1 <= layer <= len(found):
-            raise InputError(f"{layer} is out of range: {kind} attention has {len(found)} layers", "layer")
-        return found[layer - 1]
+        return found
 
-    def weights(self, kind: str = "cross", layer: int = 1, head: int | None = None) -> np.ndarray:
-        """Attention weights as a float32 array: (heads, queries, keys), or (queries, keys) for one `head`
-        (from 1). Each row sums to 1 over the keys.
+    def weights(self, kind: str = "cross", layer: int | None = None, head: int | None = None) -> np.ndarray:
+        """Attention weights as a float32 array: (heads, queries, keys) of one `layer` (from 1), or
+        (queries, keys) for one `head` (from 1); without `layer`, every layer stacked in front: (layers,
+        heads, queries, keys), or (layers, queries, keys) for one head. Each row sums to 1 over the keys.
 
         >>> att.weights("encoder", layer=2, head=1)[att.source_tokens.index("▁dog")]
+        >>> att.weights("cross").shape  # (layers, heads, target tokens, source tokens)
         """
-        w = self.map(kind, layer).weights.float().cpu().numpy()
-        if head is None:
-            return w
-        if not 1 <= head <= w.shape[0]:
-            raise InputError(f"{head} is out of range: the model has {w.shape[0]} heads", "head")
-        return w[head - 1]
+        maps = self._maps(kind) if layer is None else [self.map(kind, layer)]
+        w = np.stack([m.weights.float().cpu().numpy() for m in maps])  # (L, H, Tq, Tk)
+        if head is not None:
+            w = w[:, _index(head, w.shape[1], "head", "the model has", "heads")]  # (L, Tq, Tk)
+        return w if layer is None else w[0]
 
     def to_html(self) -> str:
         """The interactive head view as an HTML fragment (self-contained: no network)."""

@@ -25,7 +25,7 @@ class OutputError(InputError):
     its caller spells it ("out", "json")."""
 
     def __init__(self, message: str, option: str) -> None:
-        super().__init__(message)
+        super().__init__(message, option, named=True)  # the message starts with the option and the path
         self.option = option
 
 

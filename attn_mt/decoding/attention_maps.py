@@ -47,15 +47,20 @@ class Forced:
 @torch.inference_mode()
 def translate_then_force(model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeConfig,
                          device: torch.device | str = "cpu", *, weights: AttentionWeights | None = None,
-                         stepwise: bool = False, watch: AbstractContextManager = nullcontext()) -> Forced:
-    """Translate `text` with `cfg`, then run source and translation through `model` once more, teacher-forced,
-    inside `watch` (e.g. a hook recording a module): the decoder at once, `weights` collecting every attention
-    map, or with `stepwise` a token at a time with its cache, as translation runs it (the encoder's maps only)."""
+                         stepwise: bool = False, watch: AbstractContextManager = nullcontext(),
+                         target: str | None = None) -> Forced:
+    """Translate `text` with `cfg` (or take the given `target` as its translation), then run source and
+    translation through `model` once more, teacher-forced, inside `watch` (e.g. a hook recording a module): the
+    decoder at once, `weights` collecting every attention map, or with `stepwise` a token at a time with its
+    cache, as translation runs it (the encoder's maps only)."""
     model.eval()
     src_ids = prepare_sources(tok, [text.strip()], model.max_positions)[0]
     src = torch.tensor([src_ids], device=device)  # (1, S)
-    max_len = max_lengths(torch.tensor([len(src_ids)]), cfg, model.max_positions)
-    out = search(model, tok, src, max_len, cfg)[0][0].tokens
+    if target is None:
+        max_len = max_lengths(torch.tensor([len(src_ids)]), cfg, model.max_positions)
+        out = search(model, tok, src, max_len, cfg)[0][0].tokens
+    else:  # pieces as `score` reads them: truncated so that they, <s> and </s> fit the positions
+        out = tok.encode_tgt([target.strip()])[0][: model.max_positions - 1]
     tgt_in = [tok.bos_id, *out]  # (T)
     with watch:
         src_mask = model.src_mask(src)  # (1, 1, 1, S)
@@ -71,10 +76,11 @@ def translate_then_force(model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeC
 
 
 def attention_maps(model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeConfig,
-                   device: torch.device | str = "cpu") -> tuple[str, list[AttentionMap]]:
-    """Translate `text` and return the translation with every attention map of the model."""
+                   device: torch.device | str = "cpu", target: str | None = None) -> tuple[str, list[AttentionMap]]:
+    """Translate `text` (or take `target` as its translation, teacher-forced) and return the translation with
+    every attention map of the model."""
     weights = AttentionWeights()
-    f = translate_then_force(model, tok, text, cfg, device, weights=weights)
+    f = translate_then_force(model, tok, text, cfg, device, weights=weights, target=target)
     maps = [AttentionMap("encoder_self", i, w[0], f.source_tokens, f.source_tokens)
             for i, w in enumerate(weights.encoder_self, 1)]
     maps += [AttentionMap("decoder_self", i, w[0], f.predicted, f.target_in)

@@ -19,6 +19,8 @@ from torch import Tensor
 from attn_mt.config import Penalty
 from attn_mt.models import Seq2Seq
 
+Steer = Callable[[int, Tensor], Tensor]  # (step, log P (rows, V)) -> log P with tokens ruled out at -inf
+
 
 @dataclass(frozen=True)
 class Hypothesis:
@@ -95,7 +97,7 @@ def best_possible(log_prob: Tensor, length: int | Tensor, max_len: Tensor, alpha
 @torch.inference_mode()
 def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int, beam_size: int,
                 alpha: float | Penalty = 0.6, nbest: int = 1, use_cache: bool = True,
-                interrupt: Callable[[], None] | None = None) -> list[list[Hypothesis]]:
+                interrupt: Callable[[], None] | None = None, steer: Steer | None = None) -> list[list[Hypothesis]]:
     """The `nbest` highest-scoring outputs for each source sentence, best first.
 
     Args:
@@ -107,6 +109,7 @@ def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eo
         nbest: hypotheses returned per sentence (<= beam_size).
         use_cache: feed only the newest token each step (else re-run the whole prefix).
         interrupt: called before each decoder step (it raises to abandon the search).
+        steer: (step, log P (B*k, V)) -> log P with tokens ruled out at -inf (a forced target prefix).
 
     Finished hypotheses are collected until the `nbest`-th best of them can no longer be beaten
     by any continuation of the active beams (see `best_possible`), or the length limit.
@@ -130,6 +133,7 @@ def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eo
             interrupt()
         inp = ys[:, -1:] if use_cache else ys
         logp = log_probs(model, model.decode(inp, memory, src_mask, cache)[:, -1])  # (B*k, V)
+        logp = steer(step, logp) if steer is not None else logp
         forced = step + 1 >= max_len  # (B,) last position: only eos is allowed
         c = candidates(scores, logp.view(b, k, -1), forced, eos_id)
         if bool(c.ended.any()):

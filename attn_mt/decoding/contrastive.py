@@ -145,7 +145,7 @@ class ContrastiveReport:
     by_distance: dict[str, dict] = field(default_factory=dict)  # bins of distance_bin, in order
     by_role: dict[str, dict] = field(default_factory=dict)
     unit: str = "words"
-    results: list[bool] = field(default_factory=list)  # per item, in order
+    results: list[bool] = field(default_factory=list, repr=False)  # per item, in order
 
     def json(self, per_item: bool = False) -> dict:
         out = asdict(self)

@@ -12,7 +12,7 @@ from torch import Tensor
 from attn_mt.config import DecodeConfig, Penalty
 from attn_mt.data.batching import pad
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decoding.beam import Hypothesis, beam_search, length_penalty, log_probs
+from attn_mt.decoding.beam import Hypothesis, Steer, beam_search, length_penalty, log_probs
 from attn_mt.models import Seq2Seq
 
 log = logging.getLogger(__name__)
@@ -27,12 +27,13 @@ def max_lengths(src_lens: Tensor, cfg: DecodeConfig, limit: int) -> Tensor:
 @torch.inference_mode()
 def greedy_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int,
                   alpha: float | Penalty = 0.0, use_cache: bool = True,
-                  interrupt: Interrupt | None = None) -> list[Hypothesis]:
+                  interrupt: Interrupt | None = None, steer: Steer | None = None) -> list[Hypothesis]:
     """Most likely next token at each step, for a batch. src: (B, S); max_len: (B,).
 
     With the cache each step feeds only the newest token; without it, the whole prefix
     is re-run through the decoder (the slow way, kept for comparison and tests).
-    Scores are log P / lp(length) as in beam search, so greedy and beam n-best compare.
+    Scores are log P / lp(length) as in beam search, so greedy and beam n-best compare. `steer` rules tokens
+    out at each step (a forced target prefix, a sampled token: api/steering.py); log P stays the model's.
     """
     b = src.size(0)
     src_mask = model.src_mask(src)
@@ -47,6 +48,7 @@ def greedy_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, 
             interrupt()
         inp = ys[:, -1:] if use_cache else ys
         logp = log_probs(model, model.decode(inp, memory, src_mask, cache)[:, -1])  # (B, V)
+        logp = steer(step, logp) if steer is not None else logp
         nxt = logp.argmax(-1)
         nxt = torch.where(step + 1 >= max_len, torch.full_like(nxt, eos_id), nxt)  # forced stop
         nxt = nxt.masked_fill(done, eos_id)
@@ -81,9 +83,11 @@ def prepare_sources(tok: Tokenizer, texts: list[str], limit: int) -> list[list[i
 
 
 def search(model: Seq2Seq, tok: Tokenizer, src: Tensor, max_len: Tensor, cfg: DecodeConfig,
-           use_cache: bool = True, interrupt: Interrupt | None = None) -> list[list[Hypothesis]]:
+           use_cache: bool = True, interrupt: Interrupt | None = None,
+           steer: Steer | None = None) -> list[list[Hypothesis]]:
     """n-best lists for a batch of source ids (B, S): greedy for beam_size 1, else beam search."""
-    ids = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, alpha=cfg.penalty, use_cache=use_cache, interrupt=interrupt)
+    ids = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, alpha=cfg.penalty, use_cache=use_cache, interrupt=interrupt,
+               steer=steer)
     if cfg.beam_size == 1:
         return [[h] for h in greedy_search(model, src, max_len, **ids)]
     return beam_search(model, src, max_len, beam_size=cfg.beam_size, nbest=cfg.nbest, **ids)

@@ -38,7 +38,7 @@ def test_translate_one_text_or_many_in_input_order_equal_to_the_cli(model, tiny_
 
 
 def test_nbest_gives_scored_hypotheses_best_first(model, tiny_run):
-    nbest = model.translate(SENTENCES[0], beam=4, nbest=3, alpha=0.6)
+    nbest = model.translate_nbest(SENTENCES[0], beam=4, nbest=3, alpha=0.6)
     assert len(nbest) == 3 and [h.score for h in nbest] == sorted((h.score for h in nbest), reverse=True)
     result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "--device", "cpu", "--beam", "4",
                  "--nbest", "3", "--alpha", "0.6", "--format", "jsonl", SENTENCES[0])
@@ -56,7 +56,7 @@ def test_length_limits_cut_the_output(model):
                                           ({"max_len_b": -1}, "max_len_b")])
 def test_bad_settings_name_the_argument(model, kwargs, field):
     with pytest.raises(attn_mt.InputError) as e:
-        model.translate("a dog.", **kwargs)
+        model.translate_nbest("a dog.", **kwargs)
     assert e.value.field == field and "--" not in str(e.value)
 
 
@@ -76,8 +76,10 @@ def test_attention_arrays_match_the_maps_and_rows_sum_to_one(model):
     cross = att.weights("cross", layer=1)
     assert cross.shape == (2, len(att.target_tokens), len(att.source_tokens))
     assert torch.allclose(torch.from_numpy(cross.sum(-1)), torch.ones(cross.shape[:2]), atol=1e-5)
-    enc = att.weights("encoder", head=2)
+    enc = att.weights("encoder", layer=1, head=2)
     assert enc.shape == (len(att.source_tokens),) * 2
+    assert att.weights("encoder", head=2).shape == (1, *enc.shape)  # without a layer: every layer, stacked
+    assert (att.weights("cross") == cross[None]).all()
     with pytest.raises(attn_mt.InputError, match="out of range"):
         att.weights("cross", layer=2)
 

@@ -1,0 +1,174 @@
+"""Decoding as a caller steers it: a forced target prefix, sampling with a temperature and a seed, a token
+stream; and where the weights live (device, dtype).
+
+`Steer` is checked once per call; its `rule` rules tokens out at each decoder step (search.Steer): a row
+still inside its prefix keeps only the prefix's next token, and a sampled row only the token drawn from
+softmax(log P / temperature). Search then takes the best remaining token, so log P stays the model's.
+
+One job: steered decoding and placement. Tested in tests/api/test_steering.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from attn_mt.config import DecodeConfig
+from attn_mt.data.batching import pad
+from attn_mt.decoding.beam import log_probs
+from attn_mt.decoding.search import Translation, max_lengths, prepare_sources, search, translations
+from attn_mt.decoding.translator import Translator, model_translator
+from attn_mt.errors import InputError, ModelError
+
+from . import checks
+from .sharing import Shared
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def dtype_name(module: torch.nn.Module) -> str:
+    return str(next(module.parameters()).dtype).removeprefix("torch.")
+
+
+def moved(translator: Translator, device: str | None, dtype: str | None) -> Translator:
+    """The translator of the same module moved to `device` and/or cast to `dtype` (in place)."""
+    from attn_mt.device import pick_device
+
+    dev = pick_device(device) if device is not None else torch.device(translator.device)
+    module = translator.model.to(device=dev, dtype=getattr(torch, dtype) if dtype else None)
+    return model_translator(module, translator.cfg, translator.tok, dev, translator.path, translator.state)
+
+
+@dataclass(frozen=True)
+class Steer:
+    """What a call asks of decoding beyond its DecodeConfig: each text's target prefix (ids, None: none) and
+    sampling's temperature and seed (None: search)."""
+
+    prefixes: list[list[int]] | None = None
+    temperature: float | None = None
+    seed: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.prefixes is not None or self.temperature is not None
+
+    @classmethod
+    def of(cls, translator: Translator, items: list[str], target_prefix: str | Iterable[str] | None,
+           temperature: float | None, seed: int | None) -> Steer:
+        """The call's arguments checked (InputError naming one); ModelError for an export."""
+        if temperature is not None:
+            checks.number(temperature, "temperature")
+            if temperature <= 0:
+                raise InputError(f"must be > 0, not {temperature!r} (leave it out to search)", "temperature")
+        if seed is not None:
+            checks.integer(seed, "seed", least=0)
+            if temperature is None:
+                raise InputError("seeds sampling: give `temperature` too", "seed")
+        prefixes = None
+        if target_prefix is not None:
+            given, one = checks.texts(target_prefix, "target_prefix")
+            given = given * len(items) if one else given
+            if len(given) != len(items):
+                raise InputError(f"{len(given)} prefixes for {len(items)} texts: give one, or one per text",
+                                 "target_prefix")
+            limit = translator.model.max_positions - 2 if translator.model is not None else 0
+            prefixes = [ids[:limit] for ids in translator.tok.encode_tgt([p.strip() for p in given])]
+        steer = cls(prefixes, None if temperature is None else float(temperature), seed)
+        if steer.active and translator.model is None:
+            what = "target_prefix" if target_prefix is not None else "temperature"
+            raise ModelError(f"{translator.path}: `{what}` needs a PyTorch checkpoint; a CTranslate2 export decodes "
+                             "as exported", what)
+        return steer
+
+    def part(self, i: int) -> Steer:
+        """The steer of text `i` alone."""
+        return replace(self, prefixes=None if self.prefixes is None else [self.prefixes[i]])
+
+    def rule(self, prefixes: list[list[int]], device: torch.device | str):
+        """search.Steer for a batch whose sentences have these prefixes: (step, log P (B*k, V)) -> log P."""
+        b = len(prefixes)
+        width = max((len(p) for p in prefixes), default=0)
+        table = torch.tensor([p + [-1] * (width - len(p)) for p in prefixes], dtype=torch.long,
+                             device=device).view(b, width)  # (B, P): -1 past each prefix
+        draw = torch.Generator(device=device) if self.temperature is not None else None
+        if draw is not None:
+            draw.manual_seed(self.seed if self.seed is not None else int(torch.seed()))
+
+        def rule(step: int, logp: Tensor) -> Tensor:
+            k = logp.size(0) // b
+            keep = torch.full(logp.shape[:1], -1, dtype=torch.long, device=logp.device)  # (B*k,) -1: free
+            if step < width:
+                keep = table[:, step].repeat_interleave(k)
+            if draw is not None:
+                probs = (logp / self.temperature).softmax(-1)  # (B*k, V)
+                drawn = torch.multinomial(probs, 1, generator=draw)[:, 0]
+                keep = torch.where(keep >= 0, keep, drawn)
+            free = keep < 0
+            if bool(free.all()):
+                return logp
+            only = torch.full_like(logp, -math.inf).scatter(1, keep.clamp(min=0)[:, None], 0.0)
+            return torch.where(free[:, None], logp, logp + only)
+
+        return rule
+
+
+def translate_nbest(translator: Translator, items: list[str], dcfg: DecodeConfig,
+                    steer: Steer) -> list[list[Translation]]:
+    """The n-best lists of `items` (in input order, batches of dcfg.batch_size) decoded with `steer`."""
+    if steer.temperature is not None and dcfg.beam_size > 1:
+        raise InputError(f"sampling draws one token a step: give beam=1, not {dcfg.beam_size}", "beam")
+    module, tok, device = translator.model, translator.tok, translator.device
+    limit = module.max_positions
+    out = [[Translation("", 0.0, 0.0)] for _ in items]
+    todo = [i for i, t in enumerate(items) if t.strip()]
+    for start in range(0, len(todo), dcfg.batch_size):
+        chunk = todo[start : start + dcfg.batch_size]
+        srcs = prepare_sources(tok, [items[i].strip() for i in chunk], limit)
+        prefixes = [steer.prefixes[i] if steer.prefixes else [] for i in chunk]
+        src = pad(srcs, tok.pad_id).to(device)  # (B, S)
+        max_len = max_lengths(torch.tensor([len(s) for s in srcs]), dcfg, limit)
+        max_len = torch.maximum(max_len, torch.tensor([len(p) + 1 for p in prefixes])).clamp(max=limit)
+        for i, nbest in zip(chunk, search(module, tok, src, max_len, dcfg, steer=steer.rule(prefixes, device)),
+                            strict=True):
+            out[i] = translations(tok, nbest)
+    return out
+
+
+def stream(translator: Translator, shared: Shared, text: str, dcfg: DecodeConfig, steer: Steer) -> Iterator[str]:
+    """`Model.stream`: greedy decoding of `text`, a token a step with the cache, giving each step's new text
+    (checked now, decoded as the generator is read; `shared` held while a step runs)."""
+    if translator.model is None:
+        raise ModelError(f"{translator.path}: a CTranslate2 export decodes whole sentences; stream needs a "
+                         "PyTorch checkpoint", "path")
+    return _pieces(translator, shared, text, dcfg, steer) if text.strip() else iter(())
+
+
+def _pieces(translator: Translator, shared: Shared, text: str, dcfg: DecodeConfig, steer: Steer) -> Iterator[str]:
+    module, tok, device = translator.model, translator.tok, translator.device
+    limit = module.max_positions
+    prefix = steer.prefixes[0] if steer.prefixes else []
+    with shared.reading(), torch.inference_mode():
+        module.eval()
+        src = torch.tensor(prepare_sources(tok, [text.strip()], limit), device=device)  # (1, S)
+        src_mask = module.src_mask(src)
+        memory = module.encode(src, src_mask)  # (1, S, D)
+    max_len = max(int(max_lengths(torch.tensor([src.size(1)]), dcfg, limit)[0]), min(len(prefix) + 1, limit))
+    rule, cache, ids, shown = steer.rule([prefix], device), module.new_cache(), [tok.bos_id], ""
+    for step in range(max_len):
+        with shared.reading(), torch.inference_mode():
+            logits = module.decode(torch.tensor([ids[-1:]], device=device), memory, src_mask, cache)[:, -1]
+            nxt = int(rule(step, log_probs(module, logits)).argmax(-1)[0])
+        if nxt == tok.eos_id or step + 1 >= max_len:
+            break
+        ids.append(nxt)
+        now = tok.decode_tgt([ids[1:]])[0]
+        if now.startswith(shown) and len(now) > len(shown):
+            yield now[len(shown):]
+            shown = now
+    final = tok.decode_tgt([ids[1:]])[0]
+    if final.startswith(shown) and len(final) > len(shown):
+        yield final[len(shown):]

@@ -1,0 +1,132 @@
+"""The API's arguments checked at the door (attn_mt/api/checks.py): any iterable of strings works, and every bad
+value is an AttnMTError subclass naming its argument (`field`), never a TypeError from inside."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import attn_mt
+
+TEXTS = ["a small dog sees the old man.", "yesterday the children find the red ball."]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_run):
+    return attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu")
+
+
+def test_any_iterable_of_strings_translates_and_scores_like_a_list(model):
+    expected = model.translate(TEXTS)
+    assert len(expected) == 2 and all(expected)
+    assert model.translate(t for t in TEXTS) == expected  # a generator is read once, not consumed by a check
+    assert model.translate(tuple(TEXTS)) == expected
+    assert model.translate(iter(TEXTS)) == expected
+    refs = ["ein Hund.", "die Kinder."]
+    scores = model.score(TEXTS, refs)
+    assert model.score((t for t in TEXTS), (r for r in refs)) == scores
+    assert model.evaluate(iter(TEXTS), tuple(refs)) == model.evaluate(TEXTS, refs)
+
+
+@pytest.mark.parametrize("call,field", [
+    (lambda m: m.translate({"a dog.": 1}), "texts"),  # a dict: not its keys
+    (lambda m: m.translate(["a dog.", 5]), "texts"),
+    (lambda m: m.translate(None), "texts"),
+    (lambda m: m.translate(5), "texts"),
+    (lambda m: m.translate(b"a dog."), "texts"),
+    (lambda m: m.translate("a", beam=1.5), "beam"),
+    (lambda m: m.translate("a", beam="5"), "beam"),
+    (lambda m: m.translate("a", beam=True), "beam"),
+    (lambda m: m.translate("a", alpha="x"), "alpha"),
+    (lambda m: m.translate("a", alpha=float("nan")), "alpha"),
+    (lambda m: m.translate("a", batch_size=0), "batch_size"),
+    (lambda m: m.translate("a", max_len_a="2"), "max_len_a"),
+    (lambda m: m.translate("a", temperature=0), "temperature"),
+    (lambda m: m.translate("a", seed=3), "seed"),
+    (lambda m: m.translate(TEXTS, target_prefix=["ein"]), "target_prefix"),
+    (lambda m: m.translate_nbest("a", nbest="2"), "nbest"),
+    (lambda m: m.score(1, "x"), "sources"),
+    (lambda m: m.score("a", 1), "targets"),
+    (lambda m: m.score("a", ["x"]), "targets"),
+    (lambda m: m.score("a", "x", batch_size=0), "batch_size"),
+    (lambda m: m.evaluate(["a"], ["x"], beam="x"), "beam"),
+    (lambda m: m.evaluate([], []), "sources"),
+    (lambda m: m.evaluate(["a", "b"], ["x"]), "refs"),
+    (lambda m: m.evaluate(Path("/nonexistent/test.en"), ["x"]), "sources"),
+    (lambda m: m.attention(["a", "b"]), "text"),
+    (lambda m: m.attention(""), "text"),
+    (lambda m: m.attention("a dog.", target=3), "target"),
+    (lambda m: m.explain("a dog.", layer="1"), "layer"),
+    (lambda m: m.explain("a dog.", layer=1.0), "layer"),
+    (lambda m: m.explain("a dog.", head=None), "head"),
+    (lambda m: m.explain("a dog.", kind=None), "kind"),
+    (lambda m: m.explain("a dog.", token=None), "token"),
+    (lambda m: m.explain("a dog.", beam=0), "beam"),
+    (lambda m: m.explain(None), "text"),
+    (lambda m: m.heads(["a"], ["b"], sentences=0), "sentences"),
+    (lambda m: m.heads(["a"], None), "refs"),
+    (lambda m: m.prune(1.5, ["a"], ["b"]), "n"),
+    (lambda m: m.prune(1, ["a"], ["b"], out="pruned.txt"), "out"),
+    (lambda m: m.contrastive([1, 2]), "contrastive"),
+    (lambda m: m.to(device="gpu"), "device"),
+    (lambda m: m.to(dtype="float64"), "dtype"),
+    (lambda m: m.save(3), "path"),
+])
+def test_every_bad_argument_is_an_attn_mt_error_naming_it(model, call, field):
+    with pytest.raises(attn_mt.AttnMTError) as e:
+        call(model)
+    assert e.value.field == field, (e.value.field, str(e.value))
+    assert "\n" not in str(e.value)
+
+
+def test_load_config_and_output_errors_name_their_field(tmp_path):
+    for call, field in [(lambda: attn_mt.load(tmp_path / "missing.pt"), "path"),
+                        (lambda: attn_mt.load(None), "path"),
+                        (lambda: attn_mt.load(tmp_path / "missing.pt", device="tpu"), "device"),
+                        (lambda: attn_mt.load(tmp_path / "missing.pt", threads=0), "threads"),
+                        (lambda: attn_mt.load(tmp_path / "missing.pt", dtype="int8"), "dtype"),
+                        (lambda: attn_mt.configure(None, ["train.lrr=1"]), "train.lrr"),
+                        (lambda: attn_mt.configure(None, ["decode.beam_size=0"]), "decode.beam_size"),
+                        (lambda: attn_mt.configure(tmp_path / "nope.yaml"), "config")]:
+        with pytest.raises(attn_mt.AttnMTError) as e:
+            call()
+        assert e.value.field == field, (field, str(e.value))
+    with pytest.raises(attn_mt.ModelError) as e:
+        attn_mt.load(tmp_path / "missing.pt")
+    assert str(e.value) == f"{tmp_path / 'missing.pt'}: checkpoint not found"  # named once, not twice
+
+
+def test_attention_weights_arguments_and_all_layers(model):
+    att = model.attention(TEXTS[0])
+    every = att.weights("cross")
+    assert every.shape[0] == att.layers["cross"] and (every[0] == att.weights("cross", layer=1)).all()
+    for kwargs, field in [({"layer": "1"}, "layer"), ({"layer": 0}, "layer"), ({"head": 1.0}, "head"),
+                          ({"head": 9}, "head"), ({"kind": "self"}, "kind"), ({"kind": None}, "kind")]:
+        with pytest.raises(attn_mt.InputError) as e:
+            att.weights(**{"kind": "cross", **kwargs})
+        assert e.value.field == field
+
+
+def test_attention_for_a_given_target_is_teacher_forced_on_it(model):
+    target = "der alte Hund sieht den Mann."
+    att = model.attention(TEXTS[0], target=target)
+    tok = model.tokenizer
+    ids = tok.encode_tgt([target])[0]
+    assert att.target_tokens == tok.tgt_pieces([*ids, tok.eos_id]) and att.translation == tok.decode_tgt([ids])[0]
+    assert att.weights("cross", layer=1).shape[1:] == (len(ids) + 1, len(att.source_tokens))
+    assert att.target_tokens == model.score(TEXTS[0], target).tokens  # the pieces `score` reads
+    free = model.attention(TEXTS[0])  # the first query reads only <s>: its row is the same whatever follows
+    assert (att.weights("cross")[..., 0, :] == free.weights("cross")[..., 0, :]).all()
+    assert not (att.weights("cross")[..., 1, :] == free.weights("cross")[..., 1, :]).all()
+
+
+def test_return_attention_gives_an_attention_per_text_with_the_translation(model):
+    atts = model.translate(t for t in TEXTS)
+    with_maps = model.translate(TEXTS, return_attention=True)
+    assert [a.translation for a in with_maps] == atts
+    one = model.translate(TEXTS[0], return_attention=True)
+    assert isinstance(one, attn_mt.Attention) and one.translation == atts[0]
+    with pytest.raises(attn_mt.InputError) as e:
+        model.translate(["a dog.", " "], return_attention=True)
+    assert e.value.field == "texts"

@@ -1,0 +1,86 @@
+"""Steered decoding and placement (attn_mt/api/steering.py): a target prefix, sampling with a temperature and a
+seed, the token stream, `dtype`, `Model.to` and `Model.save`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attn_mt
+
+TEXTS = ["a small dog sees the old man.", "yesterday the children find the red ball.", "", "the cat sleeps."]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_run):
+    return attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu")
+
+
+def _ids(model, text):
+    return model.tokenizer.encode_tgt([text])[0]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_target_prefix_starts_every_translation_and_its_log_prob_is_the_models(model, beam):
+    prefix = "die Kinder finden"
+    nbest = model.translate_nbest(TEXTS, beam=beam, nbest=beam, target_prefix=prefix)
+    for text, hyps in zip(TEXTS, nbest, strict=True):
+        if not text:
+            assert hyps[0].text == ""
+            continue
+        for h in hyps:
+            assert _ids(model, h.text)[: len(_ids(model, prefix))] == _ids(model, prefix), h.text
+            scored = model.score(text, h.text)
+            assert abs(scored.log_prob - h.log_prob) < 1e-3  # the prefix's tokens count, as the model gives them
+    per_text = model.translate(TEXTS[:2], beam=beam, target_prefix=["ein", "gestern"])
+    assert per_text[0].startswith("ein") and per_text[1].startswith("gestern")
+
+
+def test_sampling_is_reproducible_with_a_seed_and_varies_without_one(model):
+    first = model.translate(TEXTS, temperature=1.5, seed=7)
+    assert model.translate(TEXTS, temperature=1.5, seed=7) == first
+    draws = {tuple(model.translate(TEXTS[:2], temperature=2.0, seed=s)) for s in range(6)}
+    assert len(draws) > 1
+    assert model.translate(TEXTS, temperature=1e-4, seed=1) == model.translate(TEXTS, beam=1)  # cold: greedy
+    scored = model.score(TEXTS[0], first[0])
+    sampled = model.translate_nbest(TEXTS[0], beam=1)[0]
+    assert scored.log_prob <= sampled.log_prob + 1e-4 or first[0] == sampled.text  # greedy is the likelier
+    with pytest.raises(attn_mt.InputError) as e:
+        model.translate(TEXTS[0], beam=3, temperature=1.0)
+    assert e.value.field == "beam"
+
+
+def test_the_stream_gives_the_greedy_translation_a_piece_at_a_time(model):
+    for text in TEXTS:
+        pieces = list(model.stream(text))
+        assert "".join(pieces) == model.translate(text, beam=1)
+        assert len(pieces) >= (1 if text else 0)
+    pieces = list(model.stream(TEXTS[0], target_prefix="ein Hund"))
+    assert "".join(pieces) == model.translate(TEXTS[0], beam=1, target_prefix="ein Hund")
+    long = list(model.stream(TEXTS[1]))
+    assert len(long) > 2  # more than one piece: it streams
+
+
+def test_save_writes_a_checkpoint_that_loads_the_same(model, tmp_path):
+    path = model.save(tmp_path / "copy.pt")
+    again = attn_mt.load(path, device="cpu")
+    assert again.translate(TEXTS) == model.translate(TEXTS)
+    assert again.info["step"] == model.info["step"]
+    with pytest.raises(attn_mt.InputError) as e:
+        model.save(tmp_path / "copy.txt")
+    assert e.value.field == "path"
+    with pytest.raises(attn_mt.InputError):
+        model.save(model.path)  # never over the file it was read from
+
+
+def test_dtype_and_to_cast_and_move_in_place(tiny_run):
+    half = attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu", dtype="bfloat16")
+    assert next(half.module.parameters()).dtype == torch.bfloat16 and "bfloat16" in repr(half)
+    full = attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu")
+    got, expected = half.translate(TEXTS), full.translate(TEXTS)
+    assert sum(a == b for a, b in zip(got, expected, strict=True)) >= 2  # bf16 rounding may change a word
+    assert half.to(dtype="float32") is half and half.translate(TEXTS) == expected
+    assert half.to("cpu").device == "cpu"
+    with pytest.raises(attn_mt.AttnMTError) as e:
+        full.to("cuda:99")
+    assert e.value.field == "device"

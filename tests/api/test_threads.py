@@ -1,0 +1,97 @@
+"""One Model shared by threads (attn_mt/api/sharing.py): translate and score beside heads and explain give the
+serial answers, and nothing raises (issue 58, defect 5: heads' masks and explain's hook leaked across threads)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import attn_mt
+from attn_mt.api.sharing import Shared
+
+TEXTS = ["a small dog sees the old man.", "yesterday the children find the red ball.", "the cat sleeps."]
+REFS = ["ein kleiner Hund sieht den alten Mann.", "gestern finden die Kinder den roten Ball.", "die Katze schläft."]
+
+
+def test_translate_and_score_beside_heads_and_explain_equal_the_serial_answers(tiny_run):
+    model = attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu")
+    translations, scores = model.translate(TEXTS, beam=2), model.score(TEXTS, REFS)
+    explained = model.explain(TEXTS[0], kind="decoder", layer=1, head=2, token=1)
+    report = model.heads(TEXTS, REFS)
+    errors: list[BaseException] = []
+    counts = {"translate": 0, "score": 0, "explain": 0, "heads": 0}
+    stop = threading.Event()
+
+    def loop(name, call, check):
+        try:
+            while not stop.is_set():
+                assert check(call()), name
+                counts[name] += 1
+        except BaseException as e:  # any failure fails the test, in the main thread
+            errors.append(e)
+            stop.set()
+
+    jobs = [("translate", lambda: model.translate(TEXTS, beam=2), lambda r: r == translations),
+            ("score", lambda: model.score(TEXTS, REFS), lambda r: r == scores),
+            ("explain", lambda: model.explain(TEXTS[0], kind="decoder", layer=1, head=2, token=1),
+             lambda r: r == explained),
+            ("heads", lambda: model.heads(TEXTS, REFS), lambda r: r.heads == report.heads and r.bleu == report.bleu)]
+    threads = [threading.Thread(target=loop, args=job) for job in jobs for _ in range(2 if job[0] != "heads" else 1)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while not stop.is_set() and time.monotonic() < deadline and min(counts.values()) < 3:
+        time.sleep(0.05)
+    stop.set()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors[0]
+    assert min(counts.values()) >= 3, counts  # each kind ran beside the others
+    assert model.translate(TEXTS, beam=2) == translations and all(m.head_mask is None for m in _attentions(model))
+
+
+def _attentions(model):
+    from attn_mt.models.attention import MultiHeadAttention
+
+    return [m for m in model.module.modules() if isinstance(m, MultiHeadAttention)]
+
+
+def test_a_writer_waits_for_readers_and_holds_new_ones_back():
+    shared, order = Shared(), []
+    entered = threading.Event()
+
+    def reader(tag, hold):
+        with shared.reading():
+            entered.set()
+            order.append(f"{tag} in")
+            time.sleep(hold)
+            order.append(f"{tag} out")
+
+    def writer():
+        with shared.writing():
+            order.append("writer")
+            with shared.reading():  # the writer may read its own state
+                order.append("writer reads")
+
+    first = threading.Thread(target=reader, args=("r1", 0.3))
+    first.start()
+    entered.wait()
+    w = threading.Thread(target=writer)
+    w.start()
+    time.sleep(0.1)  # the writer is waiting now: a new reader queues behind it
+    second = threading.Thread(target=reader, args=("r2", 0.0))
+    second.start()
+    for t in (first, w, second):
+        t.join(timeout=10)
+    assert order == ["r1 in", "r1 out", "writer", "writer reads", "r2 in", "r2 out"]
+
+
+@pytest.mark.parametrize("tries", [3])
+def test_the_lock_leaves_no_thread_waiting_after_errors(tiny_run, tries):
+    model = attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu")
+    for _ in range(tries):
+        with pytest.raises(attn_mt.InputError):
+            model.explain(TEXTS[0], token="nowhere")  # raised while holding the writer's lock
+    assert model.translate(TEXTS[0]) and model.explain(TEXTS[0], token=0).max_abs_diff < 1e-4
