@@ -126,7 +126,8 @@ def train(config: Config | None = None, out: str | os.PathLike | None = None, *,
 
     cfg = configure(config, overrides)
     run_dir = Path(out) if out is not None else Path("runs") / cfg.name
-    init = open_state(cfg.train.init_from) if cfg.train.init_from else None  # a checkpoint or a MarianMT model
+    init = open_state(cfg.train.init_from) if cfg.train.init_from and not resume else None  # a checkpoint or a
+    # MarianMT model; a resumed run reads only its own checkpoint
     reuse_freed_memory()  # ~20-30% faster CPU training steps (training/memory.py)
     with _reporting(quiet):
         run_training(cfg, run_dir, resume=resume, overwrite=overwrite, init=init)

@@ -9,12 +9,13 @@ schedule, on the config's data; and the parts of a model that `train.freeze` kee
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from torch import nn
 
 from attn_mt.checkpoint import CheckpointError, check_weights, tokenizer_from_state
 from attn_mt.config import ConfigError, ExperimentConfig, TransformerConfig, from_dict
+from attn_mt.config.yamlconf import show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.training.trainer import TrainError
 
@@ -29,10 +30,26 @@ def adopt(cfg: ExperimentConfig, init: dict) -> ExperimentConfig:
         theirs = from_dict(init["config"])
     except (ConfigError, KeyError) as e:
         raise TrainError(f"{cfg.train.init_from}: its config is not valid for this attn-mt: {e}", "init_from") from None
+    conflicts = [*_conflicts("model", cfg.model, theirs.model, KEEP), *_conflicts("tokenizer", cfg.tokenizer,
+                                                                                  theirs.tokenizer)]
+    if conflicts:
+        raise TrainError(f"{cfg.train.init_from}: a fine-tuned run takes this model's shape and tokenizer, and the "
+                         f"config sets them otherwise: {', '.join(conflicts[:6])}; leave these keys out (or set "
+                         "them as the model has them)", "init_from")
     model = theirs.model
     if isinstance(model, TransformerConfig) and isinstance(cfg.model, TransformerConfig):
         model = replace(model, **{k: getattr(cfg.model, k) for k in KEEP}, size="fixed")
     return replace(cfg, model=model, tokenizer=theirs.tokenizer)
+
+
+def _conflicts(section: str, ours: object, theirs: object, keep: tuple[str, ...] = ()) -> list[str]:
+    """`section.key=value (the model's: value)` for each key the config sets (away from its default) to
+    another value than the model's own; `keep` and model.size are the config's to set."""
+    default = type(ours)()
+    return [f"{section}.{f.name}={show(getattr(ours, f.name))} (the model's: {show(getattr(theirs, f.name, None))})"
+            for f in fields(ours) if f.name not in (*keep, "size")
+            and getattr(ours, f.name) != getattr(default, f.name)
+            and getattr(ours, f.name) != getattr(theirs, f.name, None)]
 
 
 def init_tokenizer(cfg: ExperimentConfig, init: dict) -> Tokenizer:
