@@ -59,6 +59,9 @@ def check_request(src: Path | None, ref: Path | None, contrastive: Path | None, 
         raise InputError("`out` is where `n` writes the pruned checkpoint; give `n` too")
     if (src is None) != (ref is None) or (src is None and contrastive is None):
         raise InputError("give `src` with `ref` (sentences and their references), `contrastive` FILE, or both")
+    if n and (src is None or contrastive is not None):  # Model.prune measures BLEU on sentences, not on a set
+        raise InputError("pruning (`n`) measures each head on `src` and `ref`; give them, without `contrastive`",
+                         "contrastive" if contrastive is not None else "src")
 
 
 @dataclass

@@ -59,7 +59,8 @@ def _item(obj: object, where: str) -> Item:
     if type(distance) is not int or distance < 0:
         raise DataError(f"{where}: {keys['distance']!r} must be an integer >= 0, not {str(distance)[:40]}")
     if "src segment" in obj:
-        variants = [e.get("contrastive") if isinstance(e, dict) else None for e in errors or []]
+        variants = [e.get("contrastive") if isinstance(e, dict) else None for e in errors or []] \
+            if isinstance(errors, list) else [None]
     else:
         variants = errors if isinstance(errors, list) else [None]
     if not variants or not all(isinstance(v, str) for v in variants):
@@ -91,6 +92,8 @@ def read_items(path: Path | str) -> list[Item]:
             entries = json.loads(text)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+        except RecursionError:
+            raise DataError(f"{path}: not valid JSON (nested too deep)") from None
         items = [_item(obj, f"{path}: entry {i}") for i, obj in enumerate(entries)]
     else:
         items = []
@@ -100,6 +103,8 @@ def read_items(path: Path | str) -> list[Item]:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+                except RecursionError:
+                    raise DataError(f"{path}:{n}: not valid JSON (nested too deep)") from None
                 items.append(_item(obj, f"{path}:{n}"))
     if not items:
         raise DataError(f"{path}: no contrastive items")

@@ -216,6 +216,16 @@ def test_bad_input_is_one_line_naming_the_flag(case, tiny_run, tmp_path):
     assert not (tmp_path / "p.pt").exists()
 
 
+def test_pruning_refuses_a_contrastive_set_before_the_model_loads(tiny_run, tmp_path):
+    (tmp_path / "set.jsonl").write_text('{"src": "a", "ref": "b", "pronoun": "es", "distance": 2, "variants": ["c"]}\n')
+    ckpt, sentences = tiny_run / "checkpoint_best.pt", ["--src", tiny_run / "test.en", "--ref", tiny_run / "test.de"]
+    for args, flag in (([], "--src"), (sentences, "--contrastive")):  # alone it cannot prune; with them it is unused
+        result = cli("heads", "--checkpoint", ckpt, "--contrastive", tmp_path / "set.jsonl", *args, "--prune", "1",
+                     "--out", tmp_path / "p.pt")
+        one_line_error(result, 1, flag, "measures each head on --src and --ref")
+    assert not (tmp_path / "p.pt").exists()
+
+
 @pytest.mark.parametrize("args,texts", [
     (["--json", "{ckpt}"], ["--json", "must end in .json"]),
     (["--json", "{tmp}/in.json"], ["--json", "the same file as the input"]),

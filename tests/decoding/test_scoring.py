@@ -105,6 +105,10 @@ def test_contrapro_json_is_read(tmp_path):
     ('[{"src segment": "a", "ref segment": "b", "ref pronoun": "es", "ante distance": 0, "errors": []}]',
      "bad.jsonl: entry 0: 'errors' must be a non-empty list"),
     ("", "no contrastive items"),
+    ('[{"src segment": "a", "ref segment": "b", "ref pronoun": "es", "ante distance": 0, "errors": 5}]',
+     "bad.jsonl: entry 0: 'errors' must be a non-empty list"),
+    ("[" * 100_000 + "]" * 100_000, "bad.jsonl: not valid JSON \\(nested too deep\\)"),
+    ('{"a": ' * 100_000 + "1" + "}" * 100_000, "bad.jsonl:1: not valid JSON \\(nested too deep\\)"),
 ])
 def test_a_bad_contrastive_file_is_one_line_naming_it(tmp_path, content, message):
     (tmp_path / "bad.jsonl").write_text(content)
