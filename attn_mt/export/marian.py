@@ -43,7 +43,7 @@ def is_marian(path: Path | str) -> bool:
             config = json.loads((p / "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError, RecursionError):  # a damaged config.json: the Marian reader says what is wrong
             return (p / "config.json").is_file()
-        return not isinstance(config, dict) or config.get("model_type") == "marian"
+        return not isinstance(config, dict) or config.get("model_type") in ("marian", "attn_mt")
     text = str(path)  # owner/name, where no folder `owner` is here (runs/missing.pt is a missing file), and not
     # a file name (nosuchdir/checkpoint_best.pt is a missing file, not a hub name to retry for minutes)
     return (not p.exists() and text.count("/") == 1 and not text.startswith((".", "/", "~")) and " " not in text
@@ -216,6 +216,10 @@ def marian_state(path: Path | str) -> dict:
     `checkpoint.model_from_state` rebuilds), plus where it came from ("init_path")."""
     folder = local_folder(path)
     mark_model(folder)  # no report is written into it (config.files.check_report)
+    if read_json(folder, "config.json").get("model_type") == "attn_mt":  # our own pre-norm transformers export
+        from attn_mt.export.attn_mt_folder import attn_mt_state
+
+        return attn_mt_state(folder, read_json(folder, "config.json"))
     hf = config_fields(folder)  # every field typed and in range, before anything is sized by one
     if hf["model_type"] != "marian":
         raise CheckpointError(f"{folder / 'config.json'}: model_type is {hf['model_type']!r:.40}, not 'marian'")

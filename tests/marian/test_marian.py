@@ -152,7 +152,10 @@ def test_a_folder_that_is_not_marian_says_so(tmp_path, marian):
         marian_state(folder)
 
 
-@pytest.mark.parametrize("overrides", [(), ("tokenizer.joint=false",)], ids=["joint", "separate"])
+@pytest.mark.parametrize("overrides", [(), ("tokenizer.joint=false",), ("model.norm_first=true",),
+                                       ("model.norm_first=true", "tokenizer.joint=false",
+                                        "model.tie_embeddings=false")],
+                         ids=["joint", "separate", "pre-norm", "pre-norm-separate-untied"])
 def test_our_export_reads_back_the_same_model(hf, tiny_cfg, tiny_run, tmp_path, overrides):
     from conftest import random_checkpoint
 
@@ -163,7 +166,9 @@ def test_our_export_reads_back_the_same_model(hf, tiny_cfg, tiny_run, tmp_path, 
     model, tok = random_checkpoint(tiny_cfg, tiny_run, tmp_path / "ours.pt", "model.norm_first=false", *overrides)
     export_hf(tmp_path / "ours.pt", tmp_path / "hf")
     back, cfg, back_tok = _ours(tmp_path / "hf")
-    assert cfg.model.positions == "halves" and cfg.model.activation == "relu" and not cfg.model.banned_ids
+    pre = "model.norm_first=true" in overrides  # written as modeling_attn_mt.py's model, else as a MarianMT one
+    assert cfg.model.positions == ("interleaved" if pre else "halves") and cfg.model.norm_first == pre
+    assert cfg.model.activation == "relu" and not cfg.model.banned_ids
     pairs = texts(40)
     srcs, refs = [s for s, _ in pairs], [t for _, t in pairs]
     assert back_tok.encode_src(srcs) == tok.encode_src(srcs) and back_tok.encode_tgt(refs) == tok.encode_tgt(refs)
