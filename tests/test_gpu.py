@@ -1,5 +1,7 @@
 """The CUDA path: bf16 and fp16 (with the gradient scaler) training steps, CPU and GPU agreeing on a
-batch, cached and uncached decoding equal on the GPU, a GPU checkpoint loading on the CPU.
+batch, cached and uncached decoding equal on the GPU, a GPU checkpoint loading on the CPU; the compiled and
+graphed step equal to the eager one, bucketed shapes compiled at most once each, a whole run on the GPU
+(compiled, graphed, bucketed) whose checkpoint decodes on the CPU.
 
 Every test needs a CUDA device and skips without one (`pytest -m gpu` selects them).
 """
@@ -82,3 +84,68 @@ def test_a_checkpoint_saved_on_the_gpu_loads_on_the_cpu(tmp_path, tiny_run):
     tgt = torch.tensor([[tok.bos_id, 5, 6]])
     with torch.no_grad():
         torch.testing.assert_close(loaded(src, tgt), model(src.to(CUDA), tgt.to(CUDA)).cpu(), atol=1e-4, rtol=1e-4)
+
+
+def test_a_graphed_compiled_step_equals_the_eager_one():
+    """torch.compile in the reduce-overhead mode (CUDA graphs) on bucketed batches: the same losses and weights
+    as the eager step within rounding, over steps on two shapes."""
+    from attn_mt.data.batching import to_bucket
+    from attn_mt.training.compiled import compiled
+
+    cfg = TrainConfig(label_smoothing=0.1, compile=True, cuda_graphs=True, length_buckets=(8, 16, 32))
+    eager_model = tiny_model().to(CUDA).train()
+    graph_model = copy.deepcopy(eager_model)
+    eager = TrainStep(eager_model, cfg, CUDA, "fp32")
+    graph = TrainStep(graph_model, cfg, CUDA, "fp32", net=compiled(graph_model, cfg, CUDA))
+    assert graph.graphed and not eager.graphed
+    batches = [to_bucket(a_batch(n, seed), cfg.length_buckets, PAD, BOS, EOS, batch_tokens=256)
+               for n, seed in ((16, 3), (9, 4), (16, 5), (9, 6))]
+    for batch in batches:
+        losses = [s.apply(s.backward([batch], batch.n_tokens), 3e-3) for s in (eager, graph)]
+        assert losses[1] == pytest.approx(losses[0], rel=1e-3)
+    for a, b in zip(eager_model.parameters(), graph_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_bucketed_shapes_compile_at_most_once_each():
+    from torch._dynamo.utils import counters
+
+    from attn_mt.data.batching import to_bucket
+    from attn_mt.training.compiled import compiled
+
+    buckets = (8, 16, 24, 32)
+    cfg = TrainConfig(compile=True, cuda_graphs=True, length_buckets=buckets)
+    model = tiny_model().to(CUDA).train()
+    torch._dynamo.reset()
+    counters.clear()
+    step = TrainStep(model, cfg, CUDA, "bf16" if torch.cuda.is_bf16_supported() else "fp32",
+                     net=compiled(model, cfg, CUDA))
+    shapes = set()
+    for i in range(24):
+        xs = [s[: 3 + i % 20] for s in sources(8 + i % 5, seed=i)]
+        batch = to_bucket(collate(xs, [x[::-1] for x in xs], PAD, BOS, EOS), buckets, PAD, BOS, EOS,
+                          batch_tokens=512)
+        shapes.add(tuple(batch.src.shape))
+        step.apply(step.backward([batch], batch.n_tokens), 1e-3)
+    assert 2 <= len(shapes) <= len(buckets)
+    assert counters["stats"]["unique_graphs"] <= len(shapes)
+
+
+def test_a_model_trained_on_the_gpu_translates_on_the_cpu(tmp_path, tiny_cfg):
+    """The whole run on CUDA (bf16 where supported, compiled and graphed on buckets); its checkpoint loads and
+    decodes on a CPU, with the GPU's scores."""
+    from attn_mt.decoding.search import translate
+    from attn_mt.training.run import train
+
+    cfg = tiny_cfg("train.device=cuda", "train.precision=auto", "train.compile=true", "train.cuda_graphs=true",
+                   "train.length_buckets=[24,40,64]", "train.max_epochs=1", "train.bleu_sentences=5")
+    best = train(cfg, tmp_path / "run")
+    model, ckcfg, tok = checkpoint.load_model(best, "cpu")
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    hyps = translate(model, tok, ["a dog sees the cat.", "the cat runs."], ckcfg.decode, torch.device("cpu"))
+    assert len(hyps) == 2 and all(isinstance(h, str) for h in hyps)
+    on_gpu = checkpoint.load_model(best, CUDA)[0]
+    src = torch.tensor([tok.encode_src(["a dog sees the cat."])[0] + [tok.eos_id]])
+    tgt = torch.tensor([[tok.bos_id, 5, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), on_gpu(src.to(CUDA), tgt.to(CUDA)).cpu(), atol=1e-4, rtol=1e-4)

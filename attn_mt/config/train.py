@@ -75,7 +75,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the training forward/backward (`attn-mt bench --compile`
     #                        measures whether it pays: on the 2-core CPU it did not, README Performance)
     cuda_graphs: bool = False  # with compile on CUDA: mode "reduce-overhead", each step's kernels replayed as one
-    #     CUDA graph per batch shape (set length_buckets, or every new shape is captured anew); ignored on CPU
+    #     CUDA graph per batch shape (length_buckets: one graph per bucket); ignored on CPU
     length_buckets: tuple[int, ...] = ()  # pad each training batch to the first of these widths (tokens, eos/bos
     #     included) that holds it, and to the most rows a batch of that width can have: one static shape per
     #     bucket, compiled or captured once. Changes padding, not the loss (added rows and columns predict nothing;

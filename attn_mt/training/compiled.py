@@ -2,9 +2,10 @@
 
 `train.compile` compiles it (inductor: fused element-wise kernels); with `train.cuda_graphs` on CUDA in
 the "reduce-overhead" mode, which replays each shape's kernels as one CUDA graph, so a small model's step
-is not bound by kernel launches. Shapes: with `train.length_buckets` every batch has one of a few static
-shapes (batching.to_bucket) and is compiled with `dynamic=False`, once per shape; without, torch decides
-(after a second shape it compiles a dynamic-shape graph). Evaluation and decoding stay eager.
+is not bound by kernel launches. Shapes: torch compiles for the first batch's shape, and on the second
+shape once more for any shape (its automatic dynamic shapes), so a run compiles at most twice; CUDA
+graphs are recorded once per shape, and `train.length_buckets` keeps those to one per bucket
+(batching.to_bucket). Evaluation and decoding stay eager.
 
 One job: the compile options of the training forward/backward; the step itself is trainer.py's.
 """
@@ -25,10 +26,7 @@ def compile_options(cfg: TrainConfig, device: torch.device) -> dict | None:
     """torch.compile's keyword arguments for this config and device, or None: eager."""
     if not cfg.compile:
         return None
-    options: dict = {"dynamic": False} if cfg.length_buckets else {}
-    if cfg.cuda_graphs and device.type == "cuda":
-        options["mode"] = "reduce-overhead"
-    return options
+    return {"mode": "reduce-overhead"} if cfg.cuda_graphs and device.type == "cuda" else {}
 
 
 def compiled(net: nn.Module, cfg: TrainConfig, device: torch.device) -> nn.Module:

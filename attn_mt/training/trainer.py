@@ -69,6 +69,7 @@ class TrainStep:
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.grad_norm: float | None = None  # of the last step, before clipping (when train.clip_norm is set)
         self.ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay else None  # evaluated and saved, when on
+        self.graphed = self.net is not model and cfg.cuda_graphs and device.type == "cuda"  # training/compiled.py
 
     def backward(self, batches: Iterable[Batch], n_tokens: int, weights: list[float] | None = None) -> torch.Tensor:
         """Accumulate the gradient of the mean token loss over `batches`; returns their summed loss."""
@@ -77,6 +78,8 @@ class TrainStep:
         total = torch.zeros((), device=self.device)
         for i, (batch, weight) in enumerate(zip(batches, weights, strict=True)):
             batch = batch.to(self.device)
+            if self.graphed:
+                torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs are no longer needed
             last = i == len(batches) - 1
             with contextlib.nullcontext() if last or not self.world.enabled else self.net.no_sync():
                 with autocast(self.device, self.precision):

@@ -97,7 +97,8 @@ def test_compile_options_follow_the_config_and_the_device():
     assert compile_options(TrainConfig(compile=True), CPU) == {}
     assert compile_options(TrainConfig(compile=True, cuda_graphs=True), CPU) == {}  # graphs are CUDA's
     assert compile_options(TrainConfig(compile=True, cuda_graphs=True, length_buckets=(16, 32)), cuda) == \
-        {"dynamic": False, "mode": "reduce-overhead"}
+        {"mode": "reduce-overhead"}
+    assert compile_options(TrainConfig(compile=True), cuda) == {}
 
 
 def test_a_compiled_step_equals_the_eager_one():

@@ -1,0 +1,99 @@
+"""Kernels per training step and the device's busy share, from torch.profiler: what launch overhead costs.
+
+    python -m attn_mt.measure.profile --config configs/multi30k_gpu.yaml --set data.dir=/path/to/multi30k \\
+        --steps 10 --json profile.json
+
+One fixed batch (the first of the epoch's plan, padded to its length bucket when the config has buckets) is
+trained on by the trainer's own step, eager and (with `--variants eager compiled`) under torch.compile with
+the config's options (training/compiled.py): warm-up steps first (the compile among them, timed apart),
+then `--steps` steps under the profiler. Per variant: device kernels per step, the share of the wall clock
+in which the device ran kernels (kernel time / wall time; on a CPU, which has no device kernels: None), the
+step time and the CPU operators per step.
+
+One job: the profile of a step; bench.py measures throughput, timing.py times functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from attn_mt.config import ExperimentConfig, load_config
+from attn_mt.config.files import write_atomic
+from attn_mt.data.batching import to_bucket, token_batches
+from attn_mt.device import Stopwatch, machine
+from attn_mt.measure.prelude import prelude
+from attn_mt.models import build_model
+from attn_mt.training.compiled import compiled
+from attn_mt.training.trainer import TrainStep
+
+
+def profile_steps(cfg: ExperimentConfig, steps: int = 10, warmup: int = 3,
+                  variants: tuple[str, ...] = ("eager", "compiled")) -> dict:
+    """The profile of each variant's training step on one batch (see the module docstring)."""
+    start = prelude(cfg, cfg.model.max_positions, "the config configs/toy.yaml")
+    device, precision, corpus, tc = start.device, start.precision, start.corpus, cfg.train
+    split, tok = cfg.data.splits.train, start.corpus.tok
+    index = token_batches(*corpus.lengths(split), tc.batch_tokens, tc.seed, 0)
+    batch = next(corpus.batches(split, index[:1]))
+    if tc.length_buckets:
+        batch = to_bucket(batch, tc.length_buckets, tok.pad_id, tok.bos_id, tok.eos_id, batch_tokens=tc.batch_tokens)
+    batch = batch.to(device)
+    out = {"machine": machine(device, precision), "config": cfg.name, "batch_shape": list(batch.src.shape),
+           "target_tokens": batch.n_tokens, "steps": steps, "warmup": warmup, "variants": {}}
+    for name in variants:
+        torch.manual_seed(tc.seed)
+        model = build_model(cfg.model, **tok.sizes()).to(device).train()
+        net = compiled(model, replace(tc, compile=True), device) if name == "compiled" else model
+        step = TrainStep(model, tc, device, precision, net=net)
+        run = lambda step=step: step.apply(step.backward([batch], batch.n_tokens), tc.lr)  # noqa: E731
+        with Stopwatch(device) as warm:
+            for _ in range(warmup):
+                run()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof, Stopwatch(device) as watch:
+            for _ in range(steps):
+                run()
+        out["variants"][name] = summarise(prof.events(), watch.seconds, warm.seconds, steps, batch.n_tokens)
+    return out
+
+
+def summarise(events, seconds: float, warmup_s: float, steps: int, tokens: int) -> dict:
+    """Kernels and operators per step, the device's busy share, from the profiler's events."""
+    kernels = [e for e in events if e.device_type != DeviceType.CPU]
+    operators = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None]
+    busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6
+    return {"step_s": seconds / steps, "tokens_per_s": tokens * steps / seconds, "warmup_s": warmup_s,
+            "kernels_per_step": len(kernels) / steps if kernels else None,
+            "device_busy_share": busy / seconds if kernels else None,
+            "top_level_cpu_ops_per_step": len(operators) / steps}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", type=Path, required=True)
+    p.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--variants", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    result = profile_steps(load_config(args.config, args.overrides), args.steps, args.warmup, tuple(args.variants))
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    for name, v in result["variants"].items():
+        print(f"{name}: {v['step_s'] * 1e3:.1f} ms per step, {v['tokens_per_s']:.0f} tokens/s, kernels per step "
+              f"{v['kernels_per_step']}, device busy {v['device_busy_share']}, warm-up {v['warmup_s']:.1f} s")
+    if args.json:
+        write_atomic(args.json, json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
