@@ -53,11 +53,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(checkpoint: Path, threads: int, checkout: Path | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(checkpoint: Path, threads: int, checkout: Path | None = None,
+                 device: str = "cpu") -> tuple[subprocess.Popen, str]:
     """`attn-mt serve` in its own process (of `checkout`'s code when given), with `threads` torch threads."""
     port = free_port()
     cmd = [sys.executable, "-m", "attn_mt", "--quiet", "serve", "--checkpoint", str(checkpoint),
-           "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--max-queue", "128"]
+           "--host", "127.0.0.1", "--port", str(port), "--device", device, "--max-queue", "128"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     if checkout is not None:
         env["PYTHONPATH"] = str(checkout)
@@ -132,14 +133,14 @@ def clients(url: str, requests: list[list[str]], n: int, beam: int, timeout: flo
 
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
-    model, cfg, tok = load_model(args.checkpoint, "cpu")
+    model, cfg, tok = load_model(args.checkpoint, args.device)
     sentences = read_lines(args.src)[: args.sentences]
     single, big = sentences[: args.single], sentences[: args.big]
     dcfg = replace(cfg.decode, beam_size=args.beam, nbest=1)
-    servers = {"server": start_server(args.checkpoint, args.threads)}
+    servers = {"server": start_server(args.checkpoint, args.threads, device=args.device)}
     for i, checkout in enumerate(args.baseline or [], 1):
         servers[f"baseline{i}"] = start_server(args.baseline_checkpoint or args.checkpoint, args.threads, checkout)
-    offline_text = [n[0].text for n in translate_nbest(model, tok, sentences, dcfg)]  # warm-up, and the reference
+    offline_text = [n[0].text for n in translate_nbest(model, tok, sentences, dcfg, args.device)]  # the reference
     for _, url in servers.values():
         clients(url, [[s] for s in sentences[:64]], 8, args.beam, args.timeout)
     runs: dict[str, dict] = {}
@@ -150,10 +151,10 @@ def run(args: argparse.Namespace) -> dict:
         if batch == 1:
             for s in texts:
                 t1 = time.perf_counter()
-                out += [n[0].text for n in translate_nbest(model, tok, [s], replace(dcfg, batch_size=1))]
+                out += [n[0].text for n in translate_nbest(model, tok, [s], replace(dcfg, batch_size=1), args.device)]
                 latencies.append(time.perf_counter() - t1)
         else:
-            out = [n[0].text for n in translate_nbest(model, tok, texts, replace(dcfg, batch_size=batch))]
+            out = [n[0].text for n in translate_nbest(model, tok, texts, replace(dcfg, batch_size=batch), args.device)]
         wall = time.perf_counter() - t0
         return {"seconds": round(wall, 3), "sentences_per_s": round(len(texts) / wall, 2),
                 **(percentiles(latencies) if latencies else {}), "answers": out}
@@ -258,7 +259,7 @@ def summary(args: argparse.Namespace, rounds: list[dict], n_sentences: int) -> d
         v.get("n_errors", 0) == 0 and v.get("big_errors", 0) == 0 and v.get("answered", 1) == v.get("requests", 1)
         and v.get("small", {}).get("n_errors", 0) == 0 for r in rounds for v in r.values())
     out["loadavg_1min"] = sorted({x for r in rounds for v in r.values() for x in v["loadavg_1min"]})
-    out["machine"], out["rounds_detail"] = machine(torch.device("cpu")), rounds
+    out["machine"], out["rounds_detail"] = machine(torch.device(args.device)), rounds
     return out
 
 
@@ -274,6 +275,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads, both sides")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    p.add_argument("--device", default="cpu", help="of the server and the offline runs: cpu or cuda")
     p.add_argument("--baseline", type=Path, action="append", help="another checkout whose server is measured "
                                                                   "with 8 clients (may be repeated)")
     p.add_argument("--baseline-checkpoint", type=Path, help="the checkpoint for it (default: --checkpoint)")

@@ -1,8 +1,11 @@
-"""scripts/gpu_check.py --dry-run: every step of the GPU check, on the CPU with tiny settings."""
+"""scripts/gpu_check.py: every step of the GPU check in its dry run (on the CPU with tiny settings), the line
+naming missing packages, a step cut at its time limit, and the docs and results rows made from the reports."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,19 +16,85 @@ import torch
 from attn_mt.device import precisions_for
 
 ROOT = Path(__file__).resolve().parents[2]
+STEPS = ("prepare", "tests", "bench", "profile", "train", "compare", "serve")
+
+
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check")
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    return out, done
 
 
 @pytest.mark.slow
-def test_gpu_check_dry_run_writes_every_report(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--out",
-                           str(tmp_path)], capture_output=True, text=True, timeout=900)
+def test_gpu_check_dry_run_writes_every_report(dry_run):
+    pytest.importorskip("fastapi")  # the serve step
+    out, done = dry_run
     assert done.returncode == 0, done.stdout + done.stderr
-    for name in ("env", "tests", "bench", "compare", "train"):
-        assert (tmp_path / f"gpu_{name}.json").exists(), name
-    bench = json.loads((tmp_path / "gpu_bench.json").read_text())["report"]
+    for name in ("env", *STEPS):
+        assert (out / f"gpu_{name}.json").exists(), name
+    steps = {n: json.loads((out / f"gpu_{n}.json").read_text()) for n in STEPS}
+    assert all(s["status"] == 0 and s["seconds"] <= s["limit_s"] for s in steps.values())
+    bench = steps["bench"]["report"]
     ours = {row["precision"]: row["tokens_per_s"] for row in bench["train"] if row["model"] == "ours"}
     assert bench["ours_tokens_per_s"] == ours and list(ours) == precisions_for(torch.device("cpu"))
-    assert set(json.loads((tmp_path / "gpu_compare.json").read_text())["report"]["models"]) == {"transformer", "rnn"}
-    train = json.loads((tmp_path / "gpu_train.json").read_text())
+    assert set(steps["compare"]["report"]["models"]) == {"transformer", "rnn"}
+    train = steps["train"]
     assert train["results"]["steps"] == 4 and max(r["step"] for r in train["metrics"] if "step" in r) == 4
+    eager = steps["profile"]["report"]["variants"]["eager"]  # a CPU has no device kernels
+    assert eager["kernels_per_step"] is None and eager["top_level_cpu_ops_per_step"] > 10
+    serve = steps["serve"]["report"]
+    assert serve["all_answered"] and serve["clients_8"]["server_sentences_per_s"] > 0
     assert "train: 4 steps" in done.stdout
+
+
+@pytest.mark.slow
+def test_docs_and_results_rows_come_from_the_reports(dry_run, tmp_path):
+    """--docs on a copy of the docs: docs/gpu/<step>.json with machine, commit and command, no machine path in
+    them, and the rows of results.md rendered from those files."""
+    out, done = dry_run
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("README.md", "docs"):
+        (shutil.copytree if name == "docs" else shutil.copy)(ROOT / name, tmp_path / name)
+    shutil.rmtree(tmp_path / "docs" / "gpu", ignore_errors=True)
+    module = gpu_check()
+    results = {"env": json.loads((out / "gpu_env.json").read_text()),
+               **{n: json.loads((out / f"gpu_{n}.json").read_text()) for n in STEPS}}
+    written = module.write_docs(results, None, out, root=tmp_path)
+    assert sorted(written) == sorted(f"docs/gpu/{n}.json" for n in ("bench", "profile", "train", "compare", "serve"))
+    bench = json.loads((tmp_path / "docs" / "gpu" / "bench.json").read_text())
+    assert {"machine", "commit", "command", "report"} <= set(bench) and "OUT/bench.json" in bench["command"]
+    assert str(out) not in (tmp_path / "docs" / "gpu" / "train.json").read_text()
+    results_md = (tmp_path / "docs" / "results.md").read_text()
+    test_bleu = results["train"]["results"]["test_bleu"]
+    assert f"test2016 BLEU {test_bleu:.2f}" in results_md
+    assert ("target tokens/s (ours, bf16)" in results_md) == ("bf16" in precisions_for(torch.device("cpu")))
+    assert "kernels per step" not in results_md  # a CPU has no device kernels: no row
+    module.write_docs(results, None, out, root=tmp_path)  # again: the rows are replaced, not added twice
+    assert (tmp_path / "docs" / "results.md").read_text().count(f"test2016 BLEU {test_bleu:.2f}") == 1
+
+
+def test_a_bare_python_is_told_what_to_bring_before_any_work(tmp_path):
+    """`python -S` (no site packages: no torch) stands for a bare image: one line, exit 2, nothing run."""
+    done = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stdout.splitlines()
+    assert line.startswith("missing packages:") and " torch" in line and "--target" in line and "PYTHONPATH" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_step_cut_at_its_limit_still_writes_its_json(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--only", "compare",
+                           "--budget-s", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "compare: timeout" in done.stdout
+    step = json.loads((tmp_path / "gpu_compare.json").read_text())
+    assert step["status"] == "timeout" and step["seconds"] < 30 and "compare-rnn" in step["command"]
