@@ -58,6 +58,13 @@ TINY = ["data.source=toy", "data.src_lang=en", "data.tgt_lang=de", "data.toy_siz
         "model.d_ff=64", "train.batch_tokens=600", "train.compile=false"]
 
 
+def run_dir(out: Path):
+    """The train step's run directory (imported here, once the packages are known to be there)."""
+    from attn_mt.rundir import RunDir
+
+    return RunDir(out / "run")
+
+
 def sets(keys: list[str]) -> list[str]:
     return [x for k in keys for x in ("--set", k)]
 
@@ -95,7 +102,7 @@ def steps(data: Path | None, out: Path, dry: bool, limits: dict[str, float]) -> 
         profile, variants = ["--steps", "2", "--warmup", "1"], ["eager"]  # inductor on a CPU takes minutes
         serve = ["--sentences", "12", "--single", "3", "--big", "4", "--clients", "8", "--rounds", "1", "--device",
                  "cpu", "--threads", "1"]
-        src = out / "run" / "test.en"  # written by the train step
+        src = run_dir(out).test_text("test", "en")  # written by the train step
     else:
         base, gpu_cfg = ["--config", "configs/multi30k.yaml"], ["--config", "configs/multi30k_gpu.yaml"]
         cuda = [f"data.dir={data}", "train.device=cuda"]
@@ -121,7 +128,7 @@ def steps(data: Path | None, out: Path, dry: bool, limits: dict[str, float]) -> 
                     "--json", str(out / "profile.json")],
         "train": [*cli, "train", *gpu_cfg, "--out", str(out / "run"), *sets([*cuda, *train])],
         "compare": [*cli, "compare-rnn", "--config", "configs/compare.yaml", "--out", str(out / "compare"), *compare],
-        "serve": [str(ROOT / "scripts" / "serve_load.py"), "--checkpoint", str(out / "run" / "checkpoint_best.pt"),
+        "serve": [str(ROOT / "scripts" / "serve_load.py"), "--checkpoint", str(run_dir(out).best),
                   "--src", str(src), *serve, "--out-json", str(out / "serve.json")],
     }
 
@@ -129,14 +136,11 @@ def steps(data: Path | None, out: Path, dry: bool, limits: dict[str, float]) -> 
 def reports(name: str, out: Path) -> dict:
     """What the step produced, read back (partial where it was cut: a run's metrics so far)."""
     files = {"bench": out / "bench.json", "profile": out / "profile.json", "serve": out / "serve.json",
-             "compare": out / "compare" / "report.json", "train": out / "run" / "results.json"}
-    found = {}
-    if name in files and files[name].exists():
-        found["report" if name != "train" else "results"] = json.loads(files[name].read_text())
-    if name == "train" and (out / "run" / "metrics.jsonl").exists():
-        lines = (out / "run" / "metrics.jsonl").read_text().splitlines()
-        found["metrics"] = [json.loads(x) for x in lines if x.strip().endswith("}")]
-    return found
+             "compare": out / "compare" / "report.json"}
+    if name == "train":  # the run's results (none when it was cut) and its metrics so far
+        run = run_dir(out)
+        return {k: v for k, v in (("results", run.read_results()), ("metrics", run.read_metrics())) if v}
+    return {"report": json.loads(files[name].read_text())} if name in files and files[name].exists() else {}
 
 
 def run_step(name: str, cmd: list[str], limit: float, out: Path, env: dict, skip: str = "") -> dict:
@@ -243,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = steps(args.data and args.data.resolve(), out, args.dry_run, limits)[name]
         absent_here = missing(EXTRA[name]) if name in ("tests", "serve") else []
         skip = f"missing {' '.join(absent_here)}" if absent_here else ""
-        if name == "serve" and not skip and not (out / "run" / "checkpoint_best.pt").exists():
+        if name == "serve" and not skip and not run_dir(out).best.exists():
             skip = "no checkpoint from the train step"
         results[name] = run_step(name, cmd, limit, out, env, skip)
 
