@@ -18,7 +18,7 @@ from attn_mt.checkpoint import CheckpointError, model_state, tokenizer_from_prot
 from attn_mt.config import ConfigError, DataConfig, DecodeConfig, ExperimentConfig, TokenizerConfig, TransformerConfig
 from attn_mt.config.model import MOST
 from attn_mt.config.tokenizer import MOST as TOKENIZER_MOST
-from attn_mt.export.marian_fields import GENERATION, REQUIRED, read_fields, read_json
+from attn_mt.export.marian_fields import GENERATION, REQUIRED, read_fields, read_json, read_weights
 
 VOCAB = (1, TOKENIZER_MOST["vocab_size"])
 CONFIG = {"model_type": (str, REQUIRED, None), "src_vocab_size": (int, REQUIRED, VOCAB),
@@ -39,8 +39,6 @@ def _ours(name: str) -> str:
 
 def attn_mt_state(folder: Path, raw: dict) -> dict:
     """The folder (its config.json already read as `raw`) as {"model", "config", "tokenizer", "step", "source"}."""
-    from attn_mt.export.marian import read_weights
-
     hf = read_fields(raw, CONFIG, folder / "config.json")
     gen_raw = read_json(folder, "generation_config.json", False)
     gen = read_fields(gen_raw, GENERATION, folder / "generation_config.json")

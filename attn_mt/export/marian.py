@@ -24,11 +24,19 @@ from attn_mt.checkpoint import CheckpointError, model_state, tokenizer_from_prot
 from attn_mt.config import ConfigError, DataConfig, DecodeConfig, ExperimentConfig, TokenizerConfig, TransformerConfig
 from attn_mt.config.files import mark_model
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.export.marian_fields import check_embeddings, check_ids, check_pieces, config_fields, read_json, vocab_ids
+from attn_mt.export.marian_fields import (
+    WEIGHTS,
+    check_embeddings,
+    check_ids,
+    check_pieces,
+    config_fields,
+    read_json,
+    read_weights,
+    vocab_ids,
+)
 
 FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "source.spm", "target.spm",
          "vocab.json", "target_vocab.json")  # what is read (besides the weights)
-WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 FILE_SUFFIXES = {".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".json", ".yaml", ".yml", ".model", ".spm",
                  ".txt", ".gz", ".zip", ".tar", ".onnx"}  # a name ending so is a file, never a hub model
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu"}
@@ -79,24 +87,6 @@ def local_folder(path: Path | str) -> Path:
     if got is None:
         raise CheckpointError(f"{path}: the hub holds no MarianMT files under this name")
     return got
-
-
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The folder's weights by transformers' names (model.safetensors, else pytorch_model.bin)."""
-    if (folder / WEIGHTS[0]).is_file():
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(folder / WEIGHTS[0])
-        except Exception as e:  # SafetensorError: truncated (a half-finished download), damaged, not safetensors
-            raise CheckpointError(f"{folder / WEIGHTS[0]}: not readable weights (truncated or damaged: "
-                                  f"{str(e).splitlines()[0][:120] if str(e) else type(e).__name__})") from None
-    if (folder / WEIGHTS[1]).is_file():
-        try:
-            return torch.load(folder / WEIGHTS[1], map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise CheckpointError(f"{folder / WEIGHTS[1]}: not readable weights ({type(e).__name__})") from None
-    raise CheckpointError(f"{folder}: a MarianMT folder without weights ({' or '.join(WEIGHTS)})")
 
 
 def marian_tokenizer(folder: Path, hf: dict) -> Tokenizer:

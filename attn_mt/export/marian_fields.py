@@ -41,6 +41,7 @@ MOST = {"vocab_size": TOKENIZER_MOST["vocab_size"], "decoder_vocab_size": TOKENI
         **{f"{side}_{k}": MODEL_MOST[ours] for side in ("encoder", "decoder")
            for k, ours in (("layers", "n_layers"), ("attention_heads", "n_heads"), ("ffn_dim", "d_ff"))}}
 SPECIAL = ("</s>", "<unk>", "<s>", "<pad>")
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
 def read_json(folder: Path, name: str, required: bool = True) -> dict:
@@ -168,3 +169,24 @@ def check_pieces(pieces: list[str], protos: list[bytes], path: Path) -> None:
         what = (f"lacks {len(missing)} pieces of the SentencePiece models (e.g. {missing[0]!r:.30})" if missing else
                 f"holds {len(extra)} pieces the SentencePiece models do not (e.g. {extra[0]!r:.30})")
         raise CheckpointError(f"{path}: {what}: not the vocabulary of this folder's .spm files")
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The folder's weights by transformers' names (model.safetensors, else pytorch_model.bin)."""
+    if (folder / WEIGHTS[0]).is_file():
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(folder / WEIGHTS[0])
+        except Exception as e:  # SafetensorError: truncated (a half-finished download), damaged, not safetensors
+            raise CheckpointError(f"{folder / WEIGHTS[0]}: not readable weights (truncated or damaged: "
+                                  f"{str(e).splitlines()[0][:120] if str(e) else type(e).__name__})") from None
+    if (folder / WEIGHTS[1]).is_file():
+        try:
+            weights = torch.load(folder / WEIGHTS[1], map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise CheckpointError(f"{folder / WEIGHTS[1]}: not readable weights ({type(e).__name__})") from None
+        if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+            raise CheckpointError(f"{folder / WEIGHTS[1]}: not a dict of tensors")
+        return weights
+    raise CheckpointError(f"{folder}: a MarianMT folder without weights ({' or '.join(WEIGHTS)})")

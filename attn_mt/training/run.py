@@ -131,10 +131,8 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         files.claim(resume, overwrite)
         files.check_writable()
     resumed = checkpoint.load(files.last) if resume else None
-    if cfg.train.init_from and resumed is not None:  # a resumed run reads only itself: its checkpoint holds the
-        init = resumed  # weights, shape and tokenizer it took from init_from (gone, replaced or offline by now)
-    elif cfg.train.init_from and init is None:
-        init = checkpoint.load(cfg.train.init_from)  # a checkpoint of ours (the API reads MarianMT models too)
+    if cfg.train.init_from and (init is None or resumed is not None):  # a resumed run reads only itself (what
+        init = resumed or checkpoint.load(cfg.train.init_from)  # it took from init_from); the API reads Marian
     tok = None  # the data's tokenizer: trained with the data, or else the fine-tuned model's, whose shape it takes
     if init is not None:
         cfg, tok = finetune.adopt(cfg, init), finetune.init_tokenizer(cfg, init)
