@@ -1,6 +1,5 @@
-"""The `attn-mt` command line: each verb parses, calls the public API (`attn_mt`, attn_mt/api/) and prints.
-
-Errors arrive as `attn_mt.AttnMTError`s naming an argument (`field`); here they become one line naming its flag.
+"""The `attn-mt` command line: each verb parses, calls the public API (`attn_mt`, attn_mt/api/) and prints. Errors
+arrive as `attn_mt.AttnMTError`s naming an argument (`field`); here they become one line naming its flag.
 
 One job: the command line (option declarations, printing, exit codes); what a verb does is the API's.
 """
@@ -9,16 +8,16 @@ import functools
 import json
 import logging
 import os
-import re
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from typer import Argument, Option
 from typer.core import TyperCommand, TyperGroup
 
 import attn_mt
+from attn_mt.api.flags import AttnMTError, error_line, flag, flags  # the CLI's words (no torch loaded)
 from attn_mt.api.limits import Limits  # the served limits' defaults (no web extra needed)
 
 
@@ -40,55 +39,24 @@ app = typer.Typer(cls=_GlobalOptionsAnywhere, add_completion=False, no_args_is_h
 @app.callback()
 def main(debug: Annotated[bool, Option(help="Show tracebacks on errors.")] = False,  # read by _Verb.invoke
          quiet: Annotated[bool, Option(help="Only warnings and errors on stderr.")] = False) -> None:
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s",
-                        stream=sys.stderr, force=True)
-
-
-# an API argument -> this CLI's flag, where they differ
-FLAGS = {"text": "TEXT", "texts": "TEXT", "path": "--checkpoint", "n": "--prune", "sources": "--src", "refs": "--ref",
-         "ref": "--ref", "src": "--src", "format": "--format", "json": "--json", "overrides": "--set"}
-
-
-def flag(field: str) -> str:
-    """The CLI's name of an API argument: "beam" -> "--beam", "batch_size" -> "--batch-size"."""
-    return field if field.startswith("-") else FLAGS.get(field, "--" + field.replace("_", "-"))
-
-
-def flags(message: str) -> str:
-    """A library message as the CLI says it: "`src` and `ref` go together" -> "--src and --ref go together"."""
-    return re.sub(r"`(\w+)`", lambda m: flag(m.group(1)), message)
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", force=True)  # stderr
 
 
 class _Verb(TyperCommand):
-    """A subcommand whose known failures end in one line on stderr and exit status 2 (config, a flag's value),
-    130 (Ctrl-C) or 1 (the rest); with --debug they end in their traceback."""
+    """A verb: its known failures end in one line and an exit status (api/flags.py), with --debug in a traceback."""
 
     def invoke(self, ctx):
-        from attn_mt.api.terminal import OptionError, OutputError, RequestError
-        from attn_mt.errors import AttnMTError, ConfigError, Interrupted
+        from attn_mt.api.terminal import OptionError, RequestError
 
         try:
             return super().invoke(ctx)
         except OptionError as e:  # a flag's value: usage, one line naming the flag, status 2
             raise typer.BadParameter(flags(e.message), ctx=ctx, param_hint=e.field and flag(e.field)) from None
-        except RequestError as e:  # a value only the model can check (its layers, heads, tokens): status 2
-            typer.echo(f"error: {flag(e.field)}: {e.message}", err=True)
-            raise typer.Exit(2) from None
         except (AttnMTError, KeyboardInterrupt, OSError) as e:
-            if ctx.find_root().params["debug"]:
+            if ctx.find_root().params["debug"] and not isinstance(e, RequestError):
                 raise
-            if isinstance(e, AttnMTError):
-                kind = "config error" if isinstance(e, ConfigError) else "interrupted" if isinstance(
-                    e, Interrupted) else "error"
-                what = f"{flag(e.field)}: {e.message}" if e.field and not e.named and not isinstance(
-                    e, ConfigError) else str(e)
-                line, status = f"{kind}: {what}", 2 if isinstance(e, ConfigError | OutputError) else 130 if \
-                    isinstance(e, Interrupted) else 1
-            elif isinstance(e, KeyboardInterrupt):
-                line, status = "interrupted", 130
-            else:  # OSError: a full disk or a vanished directory while writing, anywhere
-                line, status = f"error: {f'{e.filename}: ' if e.filename else ''}{e.strerror or e}", 1
-            typer.echo(flags(line), err=True)  # `resume` -> --resume
+            line, status = error_line(e, RequestError)
+            typer.echo(line, err=True)
             raise typer.Exit(status) from None
 
 
@@ -126,31 +94,22 @@ def train(config: ConfigOpt, overrides: SetOpt = None,
         typer.echo(run.summary())
 
 
-def _decode(model, beam=None, alpha=None, nbest=None, batch_size=None):
-    """The model's decode settings with the flags given, errors naming the flags."""
-
-    return model.options(beam=beam, alpha=alpha, nbest=nbest, batch_size=batch_size, names=DECODE_FLAGS)
-
-
 @_verb()
 def translate(checkpoint: ModelOpt,
               texts: Annotated[list[str] | None, Argument(help="Sentences to translate.")] = None,
               input: Annotated[Path | None, Option("--input", "-i", help="Input file.")] = None,
               beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None, device: DeviceOpt = "auto",
               nbest: NbestOpt = None,
-              fmt: Annotated[str, Option("--format", help="text, or jsonl with scores.")] = "text",
+              fmt: Annotated[Literal["text", "jsonl"], Option("--format", help="text, or jsonl with scores.")] = "text",
               stream: Annotated[bool, Option(help="Write each line's translation as soon as it is done (else large "
                                                   "inputs go in pieces of 1000).")] = False) -> None:
     """Translate text from arguments, --input FILE or stdin, in input order, one result per line.
 
-    A terminal on stdin gets a prompt, and each line is translated as it is entered. An export folder
-    (--checkpoint) decodes with CTranslate2."""
-    if fmt not in ("text", "jsonl"):
-        raise typer.BadParameter(f"{fmt!r} is not one of 'text', 'jsonl'", param_hint="--format")
+    A terminal on stdin gets a prompt, each line translated as it is entered; an export folder uses CTranslate2."""
     from attn_mt.api.terminal import input_lines, translate_lines
 
     model = attn_mt.load(checkpoint, device=device)
-    dcfg = _decode(model, beam, alpha, nbest, batch_size)
+    dcfg = model.options(beam=beam, alpha=alpha, nbest=nbest, batch_size=batch_size, names=DECODE_FLAGS)
     interactive = not texts and input is None and sys.stdin.isatty()
     lines = input_lines(texts, input, "> " if interactive else "")
     for out in translate_lines(model.translator, lines, dcfg, fmt, stream=stream or interactive):
@@ -162,10 +121,10 @@ def evaluate(checkpoint: ModelOpt, src: SrcOpt, ref: RefOpt,
              beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None, device: DeviceOpt = "auto",
              as_json: Annotated[bool, Option("--json", help="Print JSON.")] = False) -> None:
     """Translate --src and score it against --ref with sacrebleu BLEU and chrF (--checkpoint: file or export)."""
-    model = attn_mt.load(checkpoint, device=device)
-    _decode(model, beam, alpha, None, batch_size)  # the flags' errors before any work
     from attn_mt.api.terminal import evaluation_text
 
+    model = attn_mt.load(checkpoint, device=device)
+    model.options(beam=beam, alpha=alpha, batch_size=batch_size, names=DECODE_FLAGS)  # the flags' errors first
     result = model.evaluate(src, ref, beam=beam, alpha=alpha, batch_size=batch_size)
     typer.echo(json.dumps(result, indent=2) if as_json else evaluation_text(result))
 
@@ -188,9 +147,8 @@ def download(dataset: Annotated[str, Argument(help="Dataset name: multi30k.")] =
 
 @_verb()
 def attention(checkpoint: CkptOpt, text: TextArg, out: Annotated[Path, Option(help="Directory for the PNG figures.")],
-              beam: BeamOpt = None, device: DeviceOpt = "auto",
               html: Annotated[Path | None, Option(help="Also write the interactive head view as an HTML page.")] = None,
-              ) -> None:
+              beam: BeamOpt = None, device: DeviceOpt = "auto") -> None:
     """Translate one sentence and draw every attention head of every layer as PNGs in --out."""
     from attn_mt.api.terminal import check_outputs
 
@@ -253,9 +211,8 @@ def export(checkpoint: CkptOpt,
            out: Annotated[Path, Option(help="Directory for the exported model (replaced if an export).")],
            quantization: Annotated[str, Option(help="float32, int8, int8_float32 or bfloat16.")] = "float32",
            fmt: Annotated[str, Option("--format", help="ctranslate2 or transformers.")] = "ctranslate2") -> None:
-    """Write a Transformer checkpoint as a CTranslate2 model (`translate` and `evaluate` take the directory as
-    --checkpoint; the export extra) or, with --format transformers, as a Hugging Face model folder with a model
-    card, ready to push to the hub (the hf extra)."""
+    """Write a Transformer checkpoint as a CTranslate2 model (--checkpoint of `translate` and `evaluate`; the export
+    extra) or, with --format transformers, a Hugging Face model folder with a card, ready for the hub (hf extra)."""
     typer.echo("\n".join(map(str, attn_mt.export_model(checkpoint, out, format=fmt, quantization=quantization))))
 
 
@@ -268,10 +225,9 @@ def prepare(config: ConfigOpt, overrides: SetOpt = None,
     `train`: a cluster job, its ranks and later runs of the same data then start from it."""
     from attn_mt.api.commands import cache_survey
 
-    if list_ or clean:
-        typer.echo("\n".join(cache_survey(config, overrides or [], clean=clean)))
-    else:
-        typer.echo(attn_mt.prepare(config, overrides or []).describe())
+    survey = list_ or clean  # else prepare
+    typer.echo("\n".join(cache_survey(config, overrides or [], clean=clean)) if survey else
+               attn_mt.prepare(config, overrides or []).describe())
 
 
 @_verb("compare-rnn")
@@ -296,9 +252,8 @@ def bench(config: ConfigOpt, overrides: SetOpt = None, json_out: JsonOpt = None,
     """Training tokens/s against torch.nn.Transformer, MFU against the matmul peak, translation speed."""
     from attn_mt.api.terminal import bench_text
 
-    result = attn_mt.bench(config, overrides or [], checkpoint=checkpoint, repeats=repeats, steps=steps,
-                           compile=compiled, sentences=sentences, json_out=json_out)
-    typer.echo(bench_text(result))
+    typer.echo(bench_text(attn_mt.bench(config, overrides or [], checkpoint=checkpoint, repeats=repeats, steps=steps,
+                                        compile=compiled, sentences=sentences, json_out=json_out)))
 
 
 @_verb()
