@@ -35,3 +35,15 @@ def test_config_errors():
         load_compare_config(CONFIG, ["compare.budget=3"])
     with pytest.raises(ConfigError, match="must be 'rnn'"):
         load_compare_config(CONFIG, ["rnn.model.kind=transformer"])
+
+
+def test_each_model_may_be_compiled_on_its_own():
+    """What one model may use the other may too: compile (and CUDA graphs) per model, the batches still shared."""
+    setup = load_compare_config(CONFIG, ["rnn.train.compile=true", "rnn.train.cuda_graphs=true",
+                                         "train.length_buckets=[16,32,64,101]"])
+    rnn, transformer = setup.configs["rnn"].train, setup.configs["transformer"].train
+    assert rnn.compile and rnn.cuda_graphs and not transformer.compile and not transformer.cuda_graphs
+    assert rnn.length_buckets == transformer.length_buckets == (16, 32, 64, 101)
+    with pytest.raises(ConfigError, match="only model and train"):
+        load_compare_config(CONFIG, ["rnn.train.length_buckets=[16,32]"])  # shapes stay shared
+
