@@ -1,5 +1,6 @@
-"""Batches: padded token ids for a step (`Batch`, `collate`) and the plan of an epoch, by token count from
-length-sorted buckets so padding stays small (`token_batches`)."""
+"""Batches: padded token ids for a step (`Batch`; `collate` from lists, `collate_ragged` from flat id arrays in
+a few array operations), the plan of an epoch, by token count from length-sorted buckets so padding stays
+small (`token_batches`), and static shapes for a compiled step (`to_bucket`)."""
 
 from __future__ import annotations
 
