@@ -51,7 +51,7 @@ CORE = {"torch": "torch", "numpy": "numpy", "sentencepiece": "sentencepiece", "s
         "yaml": "PyYAML", "typer": "typer", "tqdm": "tqdm", "datasets": "datasets", "matplotlib": "matplotlib"}
 EXTRA = {"tests": {"pytest": "pytest"}, "serve": {"fastapi": "fastapi", "uvicorn": "uvicorn", "httpx": "httpx"},
          "profile": {}, "train": {"triton": "triton"}}  # triton: torch.compile on CUDA (train.compile)
-SHARES = {"prepare": 30, "tests": 35, "bench": 50, "profile": 60, "train": 150, "compare": 100, "serve": 40}
+SHARES = {"prepare": 25, "tests": 80, "bench": 45, "profile": 55, "train": 135, "compare": 95, "serve": 35}
 TINY = ["data.source=toy", "data.src_lang=en", "data.tgt_lang=de", "data.toy_size=300", "data.splits.test=test",
         "tokenizer.vocab_size=120", "train.device=cpu", "train.precision=fp32", "train.bleu_sentences=20",
         "decode.max_len_b=5", "decode.beam_size=2", "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
