@@ -7,6 +7,8 @@ on when it is built (the plan and the subword draws are functions of the key), s
 same with or without the thread; on a GPU they are gathered into pinned memory, which lets their
 copies to the device run asynchronously (`Batch.to` copies with `non_blocking` on CUDA).
 
+Tested in tests/training/test_trainer.py (the trainer with and without the thread, bit for bit).
+
 One job: overlapping batch building with the step; building is batching.py's and corpus.py's.
 """
 

@@ -10,6 +10,8 @@ then `--steps` steps under the profiler. Per variant: device kernels per step, t
 in which the device ran kernels (kernel time / wall time; on a CPU, which has no device kernels: None), the
 step time and the CPU operators per step.
 
+Tested in tests/scripts/test_gpu_check.py (gpu_check's profile step, on the CPU).
+
 One job: the profile of a step; bench.py measures throughput, timing.py times functions.
 """
 
