@@ -13,6 +13,7 @@ Tested in tests/data/test_sampling.py (two processes draw the same).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import random
@@ -33,6 +34,8 @@ class Sampler:
         self.unk_score = min(self.scores.values(), default=0.0) - 10.0  # SentencePiece's, for a character it lacks
         self.bpe = _is_bpe(sp)
         self.pieces = [model.id_to_piece(i) for i in range(model.get_piece_size())]  # by id, looked up once
+        self.ids = {p: i for i, p in enumerate(self.pieces)}
+        self.lattices: dict[tuple[str, float], list] = {}  # unigram: each word's lattice, by (word, alpha)
 
     def resample(self, ids: list[int], alpha: float, rnd: random.Random) -> list[int]:
         """`ids` segmented anew: each word (a run of the model's pieces from one starting with ▁) drawn again;
@@ -59,8 +62,8 @@ class Sampler:
                 return ids  # no merge skipped: SentencePiece's own segmentation, which `ids` is
             pieces = bpe_dropout(word, self.scores, alpha, itertools.chain(draws, iter(rnd.random, None)))
         else:
-            pieces = unigram_sample(word, self.scores, alpha, rnd, self.longest, self.unk_score)
-        return [self.model.piece_to_id(p) for p in pieces]
+            pieces = unigram_sample(word, self.scores, alpha, rnd, self.longest, self.unk_score, self.lattices)
+        return [self.ids[p] if p in self.ids else self.model.piece_to_id(p) for p in pieces]
 
 
 def _is_bpe(sp) -> bool:
@@ -98,29 +101,44 @@ def bpe_dropout(word: str, scores: dict[str, float], p: float, draws: Iterator[f
     return [word[a:b] for a, b in spans]
 
 
-def unigram_sample(word: str, scores: dict[str, float], alpha: float, rnd: random.Random, longest: int,
-                   unk_score: float) -> list[str]:
-    """A segmentation of `word` drawn with probability proportional to prod exp(alpha * score(piece)): forward
-    sums over the lattice, then pieces drawn backward from the end (a character the model lacks: unk_score)."""
+def lattice(word: str, scores: dict[str, float], alpha: float, longest: int,
+            unk_score: float) -> list[tuple[list[int], list[float]]]:
+    """For each end j of `word`: the starts i of the pieces word[i:j] and the cumulative probabilities of
+    choosing each, given everything before j, with weights prod exp(alpha * score(piece)) (forward sums; a
+    character the model lacks: unk_score)."""
     n = len(word)
     fwd = [0.0] + [-math.inf] * n  # log of the summed weight of every segmentation of word[:j]
-    edges: list[list[tuple[int, float]]] = [[] for _ in range(n + 1)]
+    out: list[tuple[list[int], list[float]]] = [([], [])]
     for j in range(1, n + 1):
+        starts, logw = [], []
         for i in range(max(0, j - longest), j):
             score = scores.get(word[i:j], unk_score if j - i == 1 else None)
             if score is not None and fwd[i] > -math.inf:
-                edges[j].append((i, fwd[i] + alpha * score))
-        if edges[j]:
-            top = max(w for _, w in edges[j])
-            fwd[j] = top + math.log(sum(math.exp(w - top) for _, w in edges[j]))
-    pieces, j = [], n
+                starts.append(i)
+                logw.append(fwd[i] + alpha * score)
+        top = max(logw)
+        weights = [math.exp(w - top) for w in logw]
+        fwd[j] = top + math.log(sum(weights))
+        out.append((starts, list(itertools.accumulate(w / sum(weights) for w in weights))))
+    return out
+
+
+def unigram_sample(word: str, scores: dict[str, float], alpha: float, rnd: random.Random, longest: int,
+                   unk_score: float, cache: dict | None = None) -> list[str]:
+    """A segmentation of `word` drawn with probability proportional to prod exp(alpha * score(piece)): pieces
+    drawn backward from the end over its `lattice` (kept in `cache` by (word, alpha): words recur)."""
+    key = (word, alpha)
+    table = cache.get(key) if cache is not None else None
+    if table is None:
+        table = lattice(word, scores, alpha, longest, unk_score)
+        if cache is not None:
+            if len(cache) >= 500_000:  # bounded: a new epoch's words mostly come back
+                cache.clear()
+            cache[key] = table
+    pieces, j = [], len(word)
     while j > 0:
-        r, start = rnd.random(), edges[j][-1][0]
-        for i, w in edges[j]:
-            r -= math.exp(w - fwd[j])
-            if r <= 0:
-                start = i
-                break
+        starts, cumulative = table[j]
+        start = starts[min(bisect.bisect_right(cumulative, rnd.random()), len(starts) - 1)]
         pieces.append(word[start:j])
         j = start
     return pieces[::-1]
