@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -56,7 +56,7 @@ def contrastive_items(items: Items) -> list[Item]:
 
     if isinstance(items, str | os.PathLike):
         try:
-            return read_items(items)
+            return read_items(Path(items) if isinstance(items, os.PathLike) else items)
         except AttnMTError as e:
             raise e.naming("contrastive") from None
     found = list(items) if isinstance(items, Iterable) else []
@@ -80,7 +80,7 @@ class Analyses:
     info: dict
     decode: DecodeConfig
 
-    def options(self, **settings: Any) -> DecodeConfig: ...  # model.py's
+    options: Callable[..., DecodeConfig]  # model.py's
 
     def _transformer(self, what: str, any_kind: bool = False):
         """The PyTorch module, or ModelError saying why `what` cannot run on this model."""
@@ -180,7 +180,7 @@ class Analyses:
         checks.integer(n, "n")
         if out is not None and not isinstance(out, str | os.PathLike):
             raise InputError(f"expected a file name, not {type(out).__name__}", "out")
-        check_outputs([("out", out, (".pt",))], [self.path])  # before any work
+        check_outputs([("out", None if out is None else Path(out), (".pt",))], [self.path])  # before any work
         report, model, gone = self._heads(sources, refs, sentences, n)
         state = pruned_state(model, self._state(), gone, self.path.name)
         path = Path(out) if out is not None else self.path.with_name(f"{self.path.stem}.pruned{n}.pt")

@@ -59,7 +59,7 @@ def load(path: str | os.PathLike, *, device: str = "auto", threads: int | None =
     if dtype is not None:
         checks.choice(dtype, "dtype", steering.DTYPES)
     try:
-        model = Model(open_translator(path, device, threads))
+        model = Model(open_translator(Path(path) if isinstance(path, os.PathLike) else path, device, threads))
     except AttnMTError as e:
         raise e.naming("device" if e.message.startswith("device ") else "path") from None
     return model.to(dtype=dtype) if dtype is not None else model
@@ -96,22 +96,22 @@ class Model(Analyses):
         for value, key in ((beam, "beam_size"), (nbest, "nbest"), (batch_size, "batch_size")):
             if value is not None:
                 checks.integer(value, names.get(key, key), least=None)  # types here; ranges as the config's
-        if alpha is not None:
-            checks.number(alpha, names.get("alpha", "alpha"))
+        if alpha is not None:  # negative exponents overflow the penalty: ((5 + length) / 6) ** -400 is 0
+            checks.number(alpha, names.get("alpha", "alpha"), least=0)
         if max_len_a is not None:
-            checks.number(max_len_a, "max_len_a")
+            checks.number(max_len_a, "max_len_a", least=0)
         if max_len_b is not None:
-            checks.integer(max_len_b, "max_len_b", least=None)
+            checks.integer(max_len_b, "max_len_b", least=1)
         dcfg = decode_options(self.decode, names, beam_size=beam, alpha=alpha, nbest=nbest, batch_size=batch_size)
-        limits = {k: v for k, v in (("max_len_a", max_len_a), ("max_len_b", max_len_b)) if v is not None}
         try:
-            return replace(dcfg, **limits)
+            return replace(dcfg, max_len_a=dcfg.max_len_a if max_len_a is None else float(max_len_a),
+                           max_len_b=dcfg.max_len_b if max_len_b is None else int(max_len_b))
         except ConfigError as e:
-            key = next((k for k in limits if f"decode.{k}" in str(e)), "max_len_b")
+            key = "max_len_a" if max_len_a is not None and "decode.max_len_a=" in str(e) else "max_len_b"
             raise InputError(str(e).split(": ", 1)[-1], key) from None
 
     @overload
-    def translate(self, texts: str, *, beam: int | None = ..., alpha: float | None = ...,
+    def translate(self, texts: str, *, beam: int | None = ..., alpha: float | None = ...,  # type: ignore[overload-overlap]
                   batch_size: int | None = ..., max_len_a: float | None = ..., max_len_b: int | None = ...,
                   target_prefix: Prefix = ..., temperature: float | None = ..., seed: int | None = ...,
                   return_attention: Literal[False] = ...) -> str: ...
@@ -121,7 +121,7 @@ class Model(Analyses):
                   target_prefix: Prefix = ..., temperature: float | None = ..., seed: int | None = ...,
                   return_attention: Literal[False] = ...) -> list[str]: ...
     @overload
-    def translate(self, texts: str, *, beam: int | None = ..., alpha: float | None = ...,
+    def translate(self, texts: str, *, beam: int | None = ..., alpha: float | None = ...,  # type: ignore[overload-overlap]
                   batch_size: int | None = ..., max_len_a: float | None = ..., max_len_b: int | None = ...,
                   target_prefix: Prefix = ..., temperature: float | None = ..., seed: int | None = ...,
                   return_attention: Literal[True]) -> Attention: ...
@@ -156,7 +156,7 @@ class Model(Analyses):
         return out[0] if one else out
 
     @overload
-    def translate_nbest(self, texts: str, *, nbest: int | None = ..., beam: int | None = ...,
+    def translate_nbest(self, texts: str, *, nbest: int | None = ..., beam: int | None = ...,  # type: ignore[overload-overlap]
                         alpha: float | None = ..., batch_size: int | None = ..., max_len_a: float | None = ...,
                         max_len_b: int | None = ..., target_prefix: Prefix = ...) -> list[Translation]: ...
     @overload
@@ -198,7 +198,7 @@ class Model(Analyses):
             return self.translator.translate_nbest(items, dcfg)
 
     @overload
-    def score(self, sources: str, targets: str, *, batch_size: int = ...) -> Score: ...
+    def score(self, sources: str, targets: str, *, batch_size: int = ...) -> Score: ...  # type: ignore[overload-overlap]
     @overload
     def score(self, sources: Iterable[str], targets: Iterable[str], *, batch_size: int = ...) -> list[Score]: ...
 
@@ -279,7 +279,7 @@ class Model(Analyses):
         if not isinstance(path, str | os.PathLike):
             raise InputError(f"expected a file name, not {type(path).__name__}", "path")
         module = self._transformer("save", any_kind=True)
-        check_outputs([("path", path, (".pt",))], [self.path])
+        check_outputs([("path", Path(path), (".pt",))], [self.path])
         with self.shared.reading():
             weights = {k: (v.float() if v.is_floating_point() else v).cpu() for k, v in module.state_dict().items()}
         checkpoint.save({**self._state(), "model": weights}, Path(path))

@@ -94,7 +94,8 @@ class Steer:
         width = max((len(p) for p in prefixes), default=0)
         table = torch.tensor([p + [-1] * (width - len(p)) for p in prefixes], dtype=torch.long,
                              device=device).view(b, width)  # (B, P): -1 past each prefix
-        draw = torch.Generator(device=device) if self.temperature is not None else None
+        temperature = self.temperature
+        draw = torch.Generator(device=device) if temperature is not None else None
         if draw is not None:
             draw.manual_seed(self.seed if self.seed is not None else int(torch.seed()))
 
@@ -103,8 +104,10 @@ class Steer:
             keep = torch.full(logp.shape[:1], -1, dtype=torch.long, device=logp.device)  # (B*k,) -1: free
             if step < width:
                 keep = table[:, step].repeat_interleave(k)
-            if draw is not None:
-                probs = (logp / self.temperature).softmax(-1)  # (B*k, V)
+            if draw is not None and temperature is not None:
+                top = logp.max(-1, keepdim=True).values  # the best token's at 0: no overflow for any temperature
+                cold = max(temperature, 1e-30)  # a float32 divisor (below: greedy all the same)
+                probs = ((logp - top) / cold).softmax(-1)  # (B*k, V)
                 drawn = torch.multinomial(probs, 1, generator=draw)[:, 0]
                 keep = torch.where(keep >= 0, keep, drawn)
             free = keep < 0
