@@ -98,3 +98,30 @@ def test_a_step_cut_at_its_limit_still_writes_its_json(tmp_path):
     assert done.returncode == 1 and "compare: timeout" in done.stdout
     step = json.loads((tmp_path / "gpu_compare.json").read_text())
     assert step["status"] == "timeout" and step["seconds"] < 30 and "compare-rnn" in step["command"]
+
+
+def test_the_gpu_steps_configs_and_overrides_load(tmp_path):
+    """The real (CUDA) steps cannot run here, but their configs and every `--set` can be checked: a typo in a
+    key would cost a GPU lease."""
+    from attn_mt.config import load_config
+    from attn_mt.config.compare_rnn import load_compare_config
+
+    module = gpu_check()
+    limits = {n: float(s) for n, s in module.SHARES.items()}
+    cmds = module.steps(tmp_path / "multi30k", tmp_path / "out", False, limits)
+    assert list(cmds) == list(STEPS)
+    for name, cmd in cmds.items():
+        if "--config" not in cmd:
+            continue
+        config = ROOT / cmd[cmd.index("--config") + 1]
+        overrides = [cmd[i + 1] for i, x in enumerate(cmd) if x == "--set"]
+        assert f"data.dir={tmp_path / 'multi30k'}" in overrides and "train.device=cuda" in overrides, name
+        if name == "compare":
+            setup = load_compare_config(config, overrides)
+            assert max(setup.compare.lengths) == 1024 and setup.configs["rnn"].train.batch_tokens == 16384
+        else:
+            cfg = load_config(config, overrides)
+            assert cfg.train.device == "cuda"
+            if name == "train":
+                assert cfg.train.max_minutes * 60 < limits["train"] and cfg.train.compile == bool(
+                    importlib.util.find_spec("triton"))
