@@ -37,7 +37,7 @@ from attn_mt.errors import InputError
 from attn_mt.models import AttentionWeights, mean_loss
 from attn_mt.models.transformer import Transformer
 
-from . import coref
+from . import coref, intervals
 from .masking import Head, all_heads, attention_modules, masked, prune
 from .overview import HeadsReport
 from .roles import RoleSums, key_info
@@ -88,10 +88,10 @@ def sentences(src: list[str], ref: list[str], tok: Tokenizer, limit: int) -> Sen
 
 
 def measure(model: Transformer, tok: Tokenizer, data: Sentences, dcfg: DecodeConfig,
-            device: torch.device) -> tuple[float, float]:
-    """(BLEU of the translations, loss of the references) on the analysed sentences."""
-    value = bleu(translate(model, tok, data.src, dcfg, device), data.ref)
-    return value, mean_loss(model, data.batches, model.pad_id, device)
+            device: torch.device) -> tuple[float, float, list[str]]:
+    """(BLEU of the translations, loss of the references, the translations) on the analysed sentences."""
+    hyps = translate(model, tok, data.src, dcfg, device)
+    return bleu(hyps, data.ref), mean_loss(model, data.batches, model.pad_id, device), hyps
 
 
 @torch.inference_mode()
@@ -140,16 +140,22 @@ def analyse(model: Transformer, cfg, tok: Tokenizer, sources: list[str], refs: l
     start = time.perf_counter()
     items = list(items)[:n_sentences]
     accuracy = (lambda: coref.accuracy(model, tok, items, dev).accuracy) if items else (lambda: None)  # noqa: E731
-    base_bleu, base_loss = measure(model, tok, data, dcfg, dev)
+    base_bleu, base_loss, base_hyps = measure(model, tok, data, dcfg, dev)
     base_acc = accuracy()
-    masked_scores = {}
+    masked_scores, stats = {}, {}
     for h in tqdm(heads, desc="masking heads", unit="head", disable=None, leave=False):
         with masked(model, [h]):
-            masked_scores[h] = (*measure(model, tok, data, dcfg, dev), accuracy())
+            b, loss, hyps = measure(model, tok, data, dcfg, dev)
+            masked_scores[h] = (b, loss, accuracy())
+        stats[h] = intervals.sentence_stats(hyps, data.ref)
     per_head = (time.perf_counter() - start) / (len(heads) + 1)
     roles = measure_roles(model, tok, data, dev)
+    base_stats, idx = intervals.sentence_stats(base_hyps, data.ref), intervals.draws(len(data.src))
     rows = [{"kind": h.kind, "layer": h.layer, "head": h.head, "bleu": b, "loss": round(loss, 4),
-             "d_bleu": round(b - base_bleu, 2), "d_loss": round(loss - base_loss, 4), "roles": roles[h]}
+             "d_bleu": round(b - base_bleu, 2),
+             **dict(zip(("d_bleu_low", "d_bleu_high"), intervals.delta_interval(base_stats, stats[h], idx),
+                        strict=True)),
+             "d_loss": round(loss - base_loss, 4), "roles": roles[h]}
             for h, (b, loss, _) in masked_scores.items()]
     report = HeadsReport(name, len(data.src), base_bleu, round(base_loss, 4), rows, round(per_head, 2),
                          pruned_before=[str(h) for h in before])
@@ -160,7 +166,7 @@ def analyse(model: Transformer, cfg, tok: Tokenizer, sources: list[str], refs: l
         gone = prune_greedily(model, tok, data, dcfg, dev, prune_n, [h for h in heads if h not in before],
                               {h: s[1] for h, s in masked_scores.items()}, before, report)
         prune(model, gone)
-        bleu_after, loss_after = measure(model, tok, data, dcfg, dev)  # the pruned weights, no mask
+        bleu_after, loss_after, _ = measure(model, tok, data, dcfg, dev)  # the pruned weights, no mask
         report.bleu_after, report.loss_after = bleu_after, round(loss_after, 4)
     report.seconds = round(time.perf_counter() - start, 1)
     return report, gone

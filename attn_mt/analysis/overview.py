@@ -29,7 +29,8 @@ class HeadsReport:
     sentences: int
     bleu: float
     loss: float
-    heads: list[dict]  # per head: kind, layer, head, bleu, loss (masked), d_bleu, d_loss, roles; with a
+    heads: list[dict]  # per head: kind, layer, head, bleu, loss (masked), d_bleu with its 95% bootstrap interval
+    #                    (d_bleu_low, d_bleu_high: intervals.py), d_loss, roles; with a
     #                    contrastive set also coref (coref.Resolution.row), contrastive and d_contrastive (masked)
     seconds_per_head: float
     seconds: float = 0.0
@@ -192,10 +193,13 @@ def heads_html(report: HeadsReport) -> str:
              f"{report.loss:.4f} on {report.sentences} sentences (greedy), {report.seconds_per_head:.1f} s per head"
              "</h2>",
              '<p class="legend">Each head masked alone: the change in BLEU (red: the head mattered, blue: BLEU rose '
-             "without it), where its attention goes most (the previous, same, next, rarest token, eos, punctuation) "
+             "without it; the interval: 95% of the changes on the sentences resampled 1000 times, so a change whose "
+             "interval holds 0 may be the sentences drawn, not the head), where its attention goes most (the "
+             "previous, same, next, rarest token, eos, punctuation) "
              "and, for cross-attention, the monotony of its alignment.</p>",
              f'<div class="grids">{"".join(grids)}</div>',
-             '<div class="scroll"><table class="report"><thead><tr><th>head</th><th>dBLEU</th><th>dloss</th>'
+             '<div class="scroll"><table class="report"><thead><tr><th>head</th><th>dBLEU</th>'
+             '<th title="95% paired bootstrap interval over the sentences">95% interval</th><th>dloss</th>'
              + "".join(f"<th>{k}</th>" for k in ROLES) + ("<th>coref</th>" if report.coref else "")
              + f"</tr></thead><tbody>{''.join(_table_rows(report, worst))}</tbody></table></div>",
              *_heads_notes(report)]
@@ -230,8 +234,17 @@ def _grid_cell(r: dict, worst: float) -> str:
     shade = r["d_bleu"] / worst
     ink = "#fff" if abs(shade) > 0.6 else "#1d2330"
     return (f'<td style="background:{_rdbu(shade)};color:{ink}" data-kind="{kind}" '
-            f'data-layer="{layer}" data-head="{h}" title="{kind} {layer}.{h}: BLEU change '
-            f'{r["d_bleu"]:+.2f}, loss change {r["d_loss"]:+.4f}">{"<br>".join(lines)}</td>')
+            f'data-layer="{layer}" data-head="{h}" title="{kind} {layer}.{h}: BLEU change {r["d_bleu"]:+.2f} '
+            f'{html.escape(_interval(r).replace("<b>", "").replace("</b>", ""))}, loss change {r["d_loss"]:+.4f}">'
+            f'{"<br>".join(lines)}</td>')
+
+
+def _interval(r: dict) -> str:
+    """A head's dBLEU interval, "[-1.20, +0.35]", bold where it excludes 0; "–" in reports made without one."""
+    if r.get("d_bleu_low") is None:
+        return "–"
+    text = f"[{r['d_bleu_low']:+.2f}, {r['d_bleu_high']:+.2f}]"
+    return f"<b>{text}</b>" if r["d_bleu_low"] > 0 or r["d_bleu_high"] < 0 else text
 
 
 def _table_rows(report: HeadsReport, worst: float) -> list[str]:
@@ -241,6 +254,7 @@ def _table_rows(report: HeadsReport, worst: float) -> list[str]:
         width = round(40 * min(abs(r["d_bleu"]) / worst, 1))
         bar = (f'<span class="dbar" style="width:{width}px;background:{_rdbu(r["d_bleu"] / worst)}"></span>')
         rows.append(f"<tr><td>{html.escape(r['kind'])} {r['layer']}.{r['head']}</td><td>{r['d_bleu']:+.2f}{bar}</td>"
+                    f"<td>{_interval(r)}</td>"
                     f"<td>{r['d_loss']:+.4f}</td>" + "".join(f"<td>{_shown(r['roles'].get(k))}</td>" for k in ROLES)
                     + (f"<td>{_shown((r.get('coref') or {}).get('resolved'))}</td>" if report.coref else "") + "</tr>")
     return rows

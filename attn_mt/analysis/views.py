@@ -58,9 +58,10 @@ LAUNCH = """const script = document.currentScript;
 """
 
 
-def view(kind: str, body: str, draw: str | None = None, data: object = None) -> str:
+def view(kind: str, body: str, draw: str | None = None, data: object = None, script: str = "views.js") -> str:
     """One view: a root element with a unique id, its styles, its data as JSON, a body (what shows without
-    scripts) and, with `draw`, a script calling views.js's `attnMtViews.<draw>(body, data)` on this root only."""
+    scripts) and, with `draw`, a script calling `attnMtViews.<draw>(body, data)` of `script` (a file of
+    static/: views.js, or modelview.js for the model view) on this root only."""
     root = f"attn-mt-{uuid.uuid4().hex[:12]}"
     parts = [f'<div class="attn-mt-view attn-mt-box" id="{root}" data-view="{kind}">',
              f"<style>{asset('views.css')}</style>"]
@@ -68,7 +69,7 @@ def view(kind: str, body: str, draw: str | None = None, data: object = None) -> 
         parts.append(f'<script type="application/json" class="attn-mt-data">{_json(data)}</script>')
     parts += [f'<div class="attn-mt-body">{body}</div>', "</div>"]
     if draw:
-        js = asset("views.js")
+        js = asset(script)
         assert "</script" not in js.lower()
         launch = LAUNCH.replace("ROOT", root).replace("DRAW", draw)
         parts.append(f"<script>(function () {{\n{js}\n{launch}}})();</script>")

@@ -151,6 +151,7 @@ def test_pruned_checkpoint_scores_what_heads_reported(trained, tmp_path):
     assert max(len(line) for line in result.stdout.splitlines() if str(tmp_path) not in line) <= 80
     report = json.loads((tmp_path / "heads.json").read_text())
     assert len(report["heads"]) == 6 and report["sentences"] == 20 and report["bleu"] > 0
+    assert all(h["d_bleu_low"] <= h["d_bleu_high"] for h in report["heads"])  # each change with its interval
     assert (tmp_path / "heads.png").read_bytes()[:4] == b"\x89PNG"
     evaluated = cli("evaluate", "--checkpoint", out, "--src", src, "--ref", ref, "--beam", "1", "--json")
     assert json.loads(evaluated.stdout)["bleu"] == report["bleu_after"] == report["pruned"][-1]["bleu"]
@@ -286,3 +287,19 @@ def test_the_heads_request_is_checked_below_the_cli_naming_arguments(args, text)
         check_request(*args)
     assert "--" not in str(e.value)
     check_request(None, None, Path("c.jsonl"))  # a contrastive set alone is enough
+
+
+def test_bleu_change_intervals_are_paired_over_resampled_sentences():
+    from attn_mt.analysis import intervals
+
+    refs = [f"the dog {i} runs after the red ball ." for i in range(30)]
+    worse = [r if i % 3 else "a cat sleeps" for i, r in enumerate(refs)]  # a third of the sentences broken
+    base, changed = intervals.sentence_stats(refs, refs), intervals.sentence_stats(worse, refs)
+    assert base.shape == (30, 10)
+    idx = intervals.draws(30)
+    assert intervals.delta_interval(base, base, idx) == (0.0, 0.0)  # the same sentences: no change in any draw
+    lo, hi = intervals.delta_interval(base, changed, idx)
+    assert lo < hi < 0  # worse in every resample, by an amount that depends on the draw
+    near = intervals.sentence_stats([r if i else "a cat sleeps" for i, r in enumerate(refs)], refs)
+    lo1, hi1 = intervals.delta_interval(base, near, idx)
+    assert lo1 < hi1 <= 0 and lo1 > lo  # one broken sentence: a smaller change; some draws miss it
