@@ -365,9 +365,13 @@ def test_the_stored_tutorials_views_draw_from_its_outputs_saved_as_a_page(browse
                for o in c["outputs"] if "text/html" in o.get("data", {})]
     open_file(browser, views.save_html("\n".join(f"<div class='output'>{h}</div>" for h in outputs),
                                        tmp_path / "tutorial.html"))
-    roots = browser.find_elements("css selector", ".attn-mt-view")
-    assert len(roots) == len(outputs) == 3  # the attention view, the explanation and the heads report
-    assert roots[0].find_elements("css selector", ".heatmap td")  # the head view drew its map
-    assert roots[1].find_elements("css selector", "ol.steps > li")  # the five steps
-    assert roots[2].find_elements("css selector", "table.grid td[data-kind]")  # the heads grid
+    roots = {}
+    for root in browser.find_elements("css selector", ".attn-mt-view"):
+        roots.setdefault(root.get_attribute("data-view"), []).append(root)
+    assert sum(map(len, roots.values())) == len(outputs)
+    assert sorted(roots) == ["explanation", "heads", "model"]  # every head at once, the five steps, the heads report
+    assert len(roots["model"][0].find_elements("css selector", ".mv-grid canvas")) == 3 * 2 * 4  # the model view drew
+    assert not roots["model"][0].find_element("css selector", ".mv-static").is_displayed()
+    assert all(r.find_elements("css selector", "ol.steps > li") for r in roots["explanation"])  # the five steps
+    assert roots["heads"][0].find_elements("css selector", "table.grid td[data-kind]")  # the heads grid
     screenshot(browser, tmp_path, "views_tutorial.png")
