@@ -65,14 +65,14 @@ class ModelView:
         return f"ModelView(source={self.source!r}, translation={self.translation!r}, heads={len(self.heads)})"
 
     def payload(self) -> dict:
-        from .views import _permille
+        from .views import permille
 
         chosen = set(self.heads)
         return {"source": self.source, "translation": self.translation, "ticks": list(TICKS),
                 "maps": [{"kind": KIND_NAMES[m.kind], "layer": m.layer, "queries": list(m.queries),
                           "keys": list(m.keys), "heads": [h for h in range(1, m.weights.shape[0] + 1)
                                                           if (KIND_NAMES[m.kind], m.layer, h) in chosen],
-                          "permille": _permille(m.weights)} for m in self.maps
+                          "permille": permille(m.weights)} for m in self.maps
                          if any((KIND_NAMES[m.kind], m.layer, h) in chosen for h in range(1, 1 + m.weights.shape[0]))]}
 
     def png(self) -> bytes:
@@ -110,7 +110,7 @@ class ModelView:
 
     def to_html(self, png: bytes | None = None) -> str:
         """The view as an HTML fragment: the picture (what shows without scripts) and the interactive maps."""
-        from .views import _view
+        from .views import view
 
         png = self.png() if png is None else png
         e = html.escape
@@ -118,7 +118,7 @@ class ModelView:
         body = (f'<p class="mv-caption">{e(self.source)} → {e(self.translation)}</p>'
                 f'<img class="mv-static" alt="every chosen head\'s attention map, one colour scale from 0 to 1" '
                 f'src="data:image/png;base64,{picture}">')
-        return _view("model", body, "modelView", self.payload(), script="modelview.js")
+        return view("model", body, "modelView", self.payload(), script="modelview.js")
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         png = self.png()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -72,6 +72,12 @@ class Inside:
         return out, w
 
 
+def _alone(model) -> AbstractContextManager:
+    """The model's writer lock where it has one (api/sharing.py: a Model shared by threads), else nothing."""
+    shared = getattr(model, "shared", None)
+    return shared.writing() if shared is not None else nullcontext()
+
+
 def _module(net, kind: str, layer: int) -> MultiHeadAttention:
     if kind not in KINDS:
         raise InputError(f"{kind!r} is not one of {', '.join(KINDS)}", "kind")
@@ -116,7 +122,7 @@ def inside(model, texts: str | Sequence[str], *, kind: str = "encoder", layer: i
         batch = collate(src_ids, tgt_ids, tok.pad_id, tok.bos_id, tok.eos_id)
         src, tgt_in = batch.src.to(device), batch.tgt_in.to(device)
         maps, calls = AttentionWeights(), []
-        with recording(attn, calls):
+        with _alone(model), recording(attn, calls):  # the hook would record other threads' calls
             src_mask = net.src_mask(src)  # (B, 1, 1, S)
             net.decode(tgt_in, net.encode(src, src_mask, maps), src_mask, weights=maps)
         call = gather(attn, calls)
@@ -160,5 +166,5 @@ def without(model, *heads: str) -> Iterator[None]:
         if not 1 <= int(layer) <= n_layers or not 1 <= int(head) <= n_heads:
             raise InputError(f"{name!r}: the model has {n_layers} layers of {n_heads} heads", "heads")
         chosen.append(Head(kind, int(layer), int(head)))
-    with masked(net, chosen):
+    with _alone(model), masked(net, chosen):  # other threads' translations wait: they would lose the heads too
         yield

@@ -86,13 +86,13 @@ def attention_html(translation: str, maps: list[AttentionMap], source: str | Non
         raise ValueError("attention_html: no attention maps to show (an RNN or an export has none)")
     payload = {"source": source, "translation": translation, "maps": [
         {"kind": m.kind, "layer": m.layer, "queries": list(m.queries), "keys": list(m.keys),
-         "permille": _permille(m.weights)} for m in maps]}
+         "permille": permille(m.weights)} for m in maps]}
     note = ('<p class="nojs">The head view draws itself with JavaScript: run the cell in a trusted notebook, or '
             f"open the saved HTML file. Translation: {html.escape(translation)}</p>")
     return view("attention", note, "headView", payload)
 
 
-def _permille(weights) -> list:
+def permille(weights) -> list:
     """(H, Tq, Tk) weights, a tensor (any dtype or device) or an array, as nested lists of round(1000 w)."""
     import numpy as np
 

@@ -25,7 +25,7 @@ import torch
 from conftest import TINY, random_checkpoint, toy_test_files
 
 import attn_mt
-from attn_mt.analysis import overview, views
+from attn_mt.analysis import model_view, overview, views
 from attn_mt.analysis.explain import explain
 from attn_mt.analysis.explanation import explanation_html, render
 from attn_mt.checkpoint import load_model
@@ -375,3 +375,50 @@ def test_the_stored_tutorials_views_draw_from_its_outputs_saved_as_a_page(browse
     assert all(r.find_elements("css selector", "ol.steps > li") for r in roots["explanation"])  # the five steps
     assert roots["heads"][0].find_elements("css selector", "table.grid td[data-kind]")  # the heads grid
     screenshot(browser, tmp_path, "views_tutorial.png")
+
+
+@pytest.mark.slow
+def test_the_model_view_draws_answers_and_shows_its_picture_without_scripts(browser, made, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    att = attn_mt.Attention(TEXT, made["translation"], made["maps"])
+    view = model_view(att)
+    open_file(browser, view.save_html(tmp_path / "model_view.html"))
+    root = browser.find_element("css selector", ".attn-mt-view")
+    canvases = root.find_elements("css selector", ".mv-grid canvas")
+    assert len(canvases) == 3 * 2 * 2  # kinds x layers x heads
+    assert not root.find_element("css selector", ".mv-static").is_displayed()  # the canvases replace the picture
+    drawn = browser.execute_script("""return [...arguments[0].querySelectorAll('.mv-grid canvas')].map(c => {
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let lit = 0; for (let i = 3; i < d.length; i += 4) lit += d[i] > 0; return lit / (d.length / 4); });""", root)
+    assert min(drawn) == 1.0  # every pixel of every map painted
+    root.find_element("css selector", 'input[data-head="2"]').click()
+    assert len(root.find_elements("css selector", ".mv-grid canvas")) == 6  # head 2 hidden
+    root.find_element("css selector", 'input[data-kind="encoder"]').click()
+    shown = root.find_elements("css selector", ".mv-grid canvas")
+    assert [(c.get_attribute("data-kind"), c.get_attribute("data-head")) for c in shown] == \
+        [("decoder", "1"), ("decoder", "1"), ("cross", "1"), ("cross", "1")]
+    last = shown[-1]  # cross layer 2, head 1: point at its top-left cell
+    ActionChains(browser).move_to_element_with_offset(last, -last.size["width"] // 2 + 1,
+                                                      -last.size["height"] // 2 + 1).perform()
+    tip = root.find_element("css selector", ".mv-tip").text
+    w = att.weights("cross", 2, 1)[0, 0]
+    assert tip.startswith("cross 2.1: query 0") and tip.endswith(f"{round(w * 1000) / 1000:.3f}")
+    last.click()
+    cells = root.find_elements("css selector", ".mv-large td")
+    assert len(cells) == att.weights("cross", 2, 1).size
+    assert all(c.text == "" for c in cells)  # numbers on demand only
+    root.find_element("css selector", "input[data-numbers]").click()
+    texts = [c.text for c in root.find_elements("css selector", ".mv-large td")]
+    assert texts[0] == f"{round(w * 1000) / 1000:.2f}".lstrip("0")
+    screenshot(browser, tmp_path, "model_view.png")
+
+    # GitHub's renderer drops scripts: the same page without them shows the picture
+    page = (tmp_path / "model_view.html").read_text(encoding="utf-8")
+    bare = re.sub(r"<script(?![^>]*application/json)[^>]*>.*?</script>", "", page, flags=re.S)
+    (tmp_path / "no_scripts.html").write_text(bare, encoding="utf-8")
+    open_file(browser, tmp_path / "no_scripts.html")
+    picture = browser.find_element("css selector", ".mv-static")
+    assert picture.is_displayed() and browser.execute_script("return arguments[0].naturalWidth", picture) > 200
+    assert not browser.find_elements("css selector", ".mv-grid canvas")
+    screenshot(browser, tmp_path, "model_view_no_scripts.png")
