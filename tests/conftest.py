@@ -92,6 +92,18 @@ def tiny_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.fixture(scope="session")
+def tiny_ct2(tiny_run, tmp_path_factory) -> Path:
+    """tiny_run's best checkpoint exported for CTranslate2, once per session (tests read it; one that damages an
+    export damages a copy); skipped where ctranslate2 is not installed."""
+    pytest.importorskip("ctranslate2")
+    from attn_mt.export.ctranslate2 import export_ct2
+
+    out = tmp_path_factory.mktemp("ct2") / "tiny"
+    export_ct2(tiny_run / "checkpoint_best.pt", out)
+    return out
+
+
 @pytest.fixture
 def multi30k() -> Path:
     """The shared Multi30k directory; the test is skipped where it is absent (a user's clone)."""

@@ -63,16 +63,6 @@ def texts(tmp_path_factory) -> tuple[Path, Path]:
     return folder / "src.txt", folder / "ref.txt"
 
 
-@pytest.fixture(scope="module")
-def exported(tiny_run, tmp_path_factory) -> Path:
-    pytest.importorskip("ctranslate2")
-    from attn_mt.export.ctranslate2 import export_ct2
-
-    out = tmp_path_factory.mktemp("export") / "ct2"
-    export_ct2(tiny_run / "checkpoint_best.pt", out)
-    return out
-
-
 def _damage_bytes(path: Path, damage) -> None:
     kind, where, flips = damage
     data = bytearray(path.read_bytes())
@@ -139,23 +129,26 @@ def test_crafted_checkpoint(tiny_run, texts, tmp_path, keys, value, command):
 @SETTINGS
 @given(file=st.sampled_from(["attn_mt.json", "spm.model", "model.bin", "config.json", "shared_vocabulary.json"]),
        damage=BYTES, command=COMMANDS)
-def test_export_with_damaged_bytes(exported, texts, tmp_path, file, damage, command):
+def test_export_with_damaged_bytes(tiny_ct2, texts, tmp_path, file, damage, command):
     with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
-        out = shutil.copytree(exported, Path(folder) / "ct2")
+        out = shutil.copytree(tiny_ct2, Path(folder) / "ct2")
+        whole = (out / file).read_bytes()
         _damage_bytes(out / file, damage)
-        _check(_run(command, out, texts), out, must_fail=damage[0] == "truncate" and file != "model.bin")
+        cut = whole[len((out / file).read_bytes()):]  # a JSON file's last newline alone is no damage
+        _check(_run(command, out, texts), out, must_fail=damage[0] == "truncate" and file != "model.bin"
+               and not (file.endswith(".json") and not cut.strip()))
 
 
 @SETTINGS
 @given(keys=st.sampled_from(EXPORT_KEYS), value=VALUES, command=COMMANDS)
-def test_crafted_export(exported, texts, tmp_path, keys, value, command):
-    meta = json.loads((exported / "attn_mt.json").read_text())
+def test_crafted_export(tiny_ct2, texts, tmp_path, keys, value, command):
+    meta = json.loads((tiny_ct2 / "attn_mt.json").read_text())
     if not keys:  # the whole file
         meta = {"": value} if value == DROP else value
     else:
         _set(meta, keys, value)
     with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
-        out = shutil.copytree(exported, Path(folder) / "ct2")
+        out = shutil.copytree(tiny_ct2, Path(folder) / "ct2")
         (out / "attn_mt.json").write_text(json.dumps(meta, default=lambda b: b.decode()))
         _check(_run(command, out, texts), out, must_fail=not _decode_setting(keys))
 

@@ -24,14 +24,6 @@ def toy_test() -> list[tuple[str, str]]:
     return make_toy_corpus(300)["test"]  # the tiny run's corpus (data.toy_size=300)
 
 
-@pytest.fixture(scope="module")
-def exported(tiny_run, tmp_path_factory):
-    pytest.importorskip("ctranslate2")
-    out = tmp_path_factory.mktemp("ct2") / "tiny"
-    export_ct2(tiny_run / "checkpoint_best.pt", out)
-    return out
-
-
 
 @pytest.mark.parametrize("overrides", [(), ("model.norm_first=false",),
                                        ("tokenizer.joint=false", "model.tie_embeddings=false"),
@@ -55,11 +47,11 @@ def test_teacher_forced_log_probs_match(tiny_cfg, tiny_run, toy_test, tmp_path, 
         torch.testing.assert_close(torch.tensor(result.log_probs), ours, atol=1e-4, rtol=1e-4)
 
 
-def test_greedy_and_beam_give_our_translations(tiny_run, exported, toy_test):
+def test_greedy_and_beam_give_our_translations(tiny_run, tiny_ct2, toy_test):
     from attn_mt.export import ct2_translator as ct2
 
     model, cfg, tok = checkpoint.load_model(tiny_run / "checkpoint_best.pt")
-    exp = ct2.load_exported(exported, threads=1)
+    exp = ct2.load_exported(tiny_ct2, threads=1)
     texts = [s for s, _ in toy_test] + ["", "   "]
     for beam, nbest in ((1, 1), (4, 2)):
         dcfg = replace(cfg.decode, beam_size=beam, nbest=nbest, batch_size=16)
@@ -72,18 +64,18 @@ def test_greedy_and_beam_give_our_translations(tiny_run, exported, toy_test):
         assert theirs[-1][0].text == "" and all(h.score >= b[-1].score for b in theirs for h in b[:1])
 
 
-def test_load_opens_a_checkpoint_file_with_torch_and_a_folder_with_ctranslate2(tiny_run, exported):
+def test_load_opens_a_checkpoint_file_with_torch_and_a_folder_with_ctranslate2(tiny_run, tiny_ct2):
     import attn_mt
 
     ckpt = attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu").translator
-    folder = attn_mt.load(exported, device="cpu").translator
+    folder = attn_mt.load(tiny_ct2, device="cpu").translator
     assert (ckpt.kind, folder.kind) == ("checkpoint", "export")
     assert ckpt.model is not None and folder.model is None and folder.state["step"] == ckpt.state["step"]
     texts = ["a dog", "the old man sees a small dog."]
     dcfg = replace(ckpt.decode, beam_size=1, nbest=1)
     assert [n[0].text for n in folder.translate_nbest(texts, dcfg)] == [n[0].text for n in ckpt.translate_nbest(
         texts, dcfg)]
-    model = attn_mt.load(exported, device="cpu")
+    model = attn_mt.load(tiny_ct2, device="cpu")
     for call in (lambda: model.attention("a dog"), lambda: model.explain("a dog"), lambda: model.heads(["a"], ["b"])):
         with pytest.raises(attn_mt.ModelError, match=r": a CTranslate2 export keeps no PyTorch weights to \w+; give a "
                                                       r"checkpoint file") as e:
@@ -175,8 +167,8 @@ def test_reexport_never_deletes_the_checkpoint_or_user_files(tiny_run, tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere.pt", "ex1"]  # no temporary folder left
 
 
-def test_damaged_exports_fail_in_one_line_naming_the_file(exported, tmp_path):
-    meta = json.loads((exported / "attn_mt.json").read_text())
+def test_damaged_exports_fail_in_one_line_naming_the_file(tiny_ct2, tmp_path):
+    meta = json.loads((tiny_ct2 / "attn_mt.json").read_text())
     cases = {
         "corrupt-spm": ("spm.model", b"\x0agarbage", "spm.model: not a SentencePiece model"),
         "empty-spm": ("spm.model", b"", "spm.model: empty SentencePiece model"),
@@ -189,7 +181,7 @@ def test_damaged_exports_fail_in_one_line_naming_the_file(exported, tmp_path):
         "bad-decode": ("attn_mt.json", {**meta, "decode": {"beam_size": "x"}}, "attn_mt.json: unreadable"),
     }
     for name, (file, content, message) in cases.items():
-        out = shutil.copytree(exported, tmp_path / name)
+        out = shutil.copytree(tiny_ct2, tmp_path / name)
         data = content if isinstance(content, bytes) else json.dumps(content).encode()
         (out / file).write_bytes(data)
         result = runner.invoke(app, ["translate", "--checkpoint", str(out), "hello"])
