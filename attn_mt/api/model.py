@@ -258,7 +258,8 @@ class Model(Analyses):
             checks.choice(dtype, "dtype", steering.DTYPES)
         if self.module is None:
             raise ModelError(f"{self.path}: a CTranslate2 export is placed when it is loaded (`attn_mt.load`'s "
-                             "device)", "path")
+                             "device; its weights' type is the export's quantization)",
+                             "dtype" if dtype is not None else "device")
         with self.shared.writing():
             try:
                 self.translator = steering.moved(self.translator, device, dtype)

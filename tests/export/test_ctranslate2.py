@@ -81,6 +81,13 @@ def test_load_opens_a_checkpoint_file_with_torch_and_a_folder_with_ctranslate2(t
                                                       r"checkpoint file") as e:
             call()
         assert e.value.field == "path"
+    assert model.translate(t for t in texts) == [n[0].text for n in folder.translate_nbest(texts, dcfg)]
+    for call, field in [(lambda: model.translate("a dog", target_prefix="ein"), "target_prefix"),
+                        (lambda: model.translate("a dog", temperature=0.5), "temperature"),
+                        (lambda: model.stream("a dog"), "path"), (lambda: model.to(dtype="bfloat16"), "dtype")]:
+        with pytest.raises(attn_mt.ModelError) as e:
+            call()
+        assert e.value.field == field
 
 
 def test_cli_export_translate_evaluate(tiny_run, tmp_path, toy_test):
