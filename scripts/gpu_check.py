@@ -5,7 +5,8 @@
 It runs from a checkout with the image's python and no install: this process puts the checkout on its
 own path and on every step's PYTHONPATH. Before any work it prints one line naming each missing package
 and how to bring it (wheels, installed with `pip install --target DIR`, DIR on PYTHONPATH); without a
-package every step needs it stops there, and a step whose own extra is missing is skipped. Nothing is
+package every step needs it stops there, a step whose own extra is missing is skipped (pytest: tests;
+fastapi, uvicorn, httpx: serve), and without triton the GPU config and the profile run eager. Nothing is
 downloaded: the data comes from --data ({split}.{de,en} files), the data cache goes into OUT/cache.
 
 Steps, in order, each a subprocess with its own time limit (its share of what is left of --budget-s, so
