@@ -125,3 +125,17 @@ def test_errors_share_one_base_and_name_the_thing(tmp_path):
     with pytest.raises(attn_mt.InputError) as e:
         attn_mt.load(tmp_path / "missing.pt", threads=0)
     assert e.value.field == "threads"
+
+
+def test_results_have_short_reprs_and_the_heads_report_its_table(model, tiny_run):
+    from attn_mt.analysis.overview import table
+
+    src = (tiny_run / "test.en").read_text().splitlines()[:5]
+    ref = (tiny_run / "test.de").read_text().splitlines()[:5]
+    report = model.heads(src, ref)
+    assert report.table() == table(report) and report.table().startswith("BLEU ")
+    e = model.explain(SENTENCES[0], kind="encoder", layer=1, head=2, token=1)
+    att = model.attention(SENTENCES[0])
+    for obj in (model, report, e, att, model.contrastive([attn_mt.Item(src[0], ref[0], (ref[1],), "er", 1)])):
+        assert len(repr(obj)) < 300, repr(obj)[:400]
+    assert "max_abs_diff" in repr(e) and "heads masked on 5 sentences" in repr(report)
