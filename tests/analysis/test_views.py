@@ -375,6 +375,14 @@ def test_the_stored_tutorials_views_draw_from_its_outputs_saved_as_a_page(browse
     assert all(r.find_elements("css selector", "ol.steps > li") for r in roots["explanation"])  # the five steps
     assert roots["heads"][0].find_elements("css selector", "table.grid td[data-kind]")  # the heads grid
     screenshot(browser, tmp_path, "views_tutorial.png")
+    # as GitHub's renderer shows it, without scripts: the model view's picture in their place
+    bare = re.sub(r"<script(?![^>]*application/json)[^>]*>.*?</script>", "", (tmp_path / "tutorial.html").read_text(
+        encoding="utf-8"), flags=re.S)
+    (tmp_path / "tutorial_no_scripts.html").write_text(bare, encoding="utf-8")
+    open_file(browser, tmp_path / "tutorial_no_scripts.html")
+    picture = browser.find_element("css selector", ".mv-static")
+    assert picture.is_displayed() and browser.execute_script("return arguments[0].naturalWidth", picture) > 300
+    screenshot(browser, tmp_path, "views_tutorial_no_scripts.png")
 
 
 @pytest.mark.slow
