@@ -146,6 +146,8 @@ class Model(Analyses):
         >>> model.translate("a dog runs.", target_prefix="ein Hund")
         """
         items, one = checks.texts(texts, "texts")
+        if temperature is not None and beam is None:
+            beam = 1  # sampling draws one token a step, whatever the model's beam
         dcfg = self.options(beam=beam, alpha=alpha, nbest=1, batch_size=batch_size, max_len_a=max_len_a,
                             max_len_b=max_len_b)
         steer = steering.Steer.of(self.translator, items, target_prefix, temperature, seed)

@@ -3,6 +3,8 @@ seed, the token stream, `dtype`, `Model.to` and `Model.save`."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -48,6 +50,8 @@ def test_sampling_is_reproducible_with_a_seed_and_varies_without_one(model):
     with pytest.raises(attn_mt.InputError) as e:
         model.translate(TEXTS[0], beam=3, temperature=1.0)
     assert e.value.field == "beam"
+    wide = attn_mt.Model(replace(model.translator, decode=replace(model.decode, beam_size=4)))  # one that beams
+    assert wide.translate(TEXTS, temperature=1.5, seed=7) == first  # sampling: greedy steps, beam 1
 
 
 def test_the_stream_gives_the_greedy_translation_a_piece_at_a_time(model):
