@@ -149,3 +149,56 @@ def test_a_model_trained_on_the_gpu_translates_on_the_cpu(tmp_path, tiny_cfg):
     tgt = torch.tensor([[tok.bos_id, 5, 6]])
     with torch.no_grad():
         torch.testing.assert_close(model(src, tgt), on_gpu(src.to(CUDA), tgt.to(CUDA)).cpu(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_deferred_step_reads_nothing_from_the_device(optimizer):
+    """train.skip_check=device: backward, clip, the non-finite check, optimizer and counters without one host
+    sync (torch's sync debug mode raises on any), after a first step that makes the optimizer's state; a
+    poisoned step is undone, and the counters read afterwards say so."""
+    from attn_mt.training.deferred import Tally
+
+    model = tiny_model().to(CUDA).train()
+    step = TrainStep(model, TrainConfig(optimizer=optimizer, ema_decay=0.9), CUDA, "fp32")
+    batch, tally = a_batch().to(CUDA), Tally(CUDA, 0.0, 0, 0)
+    for i in range(4):
+        torch.cuda.synchronize()
+        before = [p.detach().clone() for p in model.parameters()]
+        torch.cuda.set_sync_debug_mode("error" if i else 0)
+        try:
+            loss = step.backward([batch], batch.n_tokens) * (float("nan") if i == 2 else 1.0)
+            finite, norm = step.apply_on_device(loss, 1e-3)
+            tally.add(loss, finite, batch.n_tokens, norm)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        if i == 2:
+            assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    counts = tally.read()
+    assert (counts.steps, counts.skipped, counts.tokens) == (3, 1, 3 * batch.n_tokens)
+
+
+def test_a_deferred_trainer_step_reads_nothing_from_the_device():
+    """The Trainer's whole step on CUDA (deferred by default there: batches prefetched into pinned memory,
+    copied without waiting, counters on the device) makes no host sync; `read` then brings exact counts."""
+    from conftest import TINY
+
+    from attn_mt.config import load_config
+    from attn_mt.data.corpus import load_corpus
+    from attn_mt.training.trainer import Trainer
+
+    cfg = load_config(None, [*TINY, "train.device=cuda"])
+    corpus = load_corpus(cfg, cfg.model.max_positions)
+    torch.manual_seed(0)
+    tr = Trainer(build_model(cfg.model, **corpus.tok.sizes()).to(CUDA), cfg, corpus, CUDA, "fp32")
+    assert tr.deferred
+    tr.step(lambda: 0.0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(4):
+            tr.step(lambda: 0.0)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    tr.prefetch.close()
+    tr.read()
+    assert tr.state.step == 5 and tr.state.skipped_steps == 0 and tr.state.tokens > 0

@@ -65,6 +65,14 @@ class TrainConfig:
     #                     averages them at the end and tests the average if it wins on valid
     max_bad_steps: int = 5  # non-finite losses are skipped; this many in a row stop the run
     log_every: int = 20  # steps between progress-bar updates (each one syncs the device)
+    skip_check: Literal["auto", "device", "host"] = "auto"  # where a step's non-finite check and the run's
+    #     counters live. host: the loss and gradient norm are read after every step (one device sync per step).
+    #     device: a non-finite step's update (optimizer, Muon, EMA) is undone on the device, and the loss sum,
+    #     steps, tokens and skipped steps are read only to log, evaluate, checkpoint or stop (every log_every
+    #     steps at most): no sync per step. The schedule then counts attempted steps, a skipped one included
+    #     (host: a skipped step is retried at the same rate); max_bad_steps is checked at those reads, so a run
+    #     of bad steps stops up to log_every steps later (attn_mt/training/deferred.py). auto: device on CUDA,
+    #     host elsewhere (both give the same weights, bit for bit, while every step is finite)
     threads: int = 0  # torch intra-op threads on CPU; 0: torch's default
     tensorboard: bool = False  # TensorBoard events under <run_dir>/tensorboard (needs the `tb` extra)
     init_from: str = ""  # fine-tune: start from this model's weights (a checkpoint, or a MarianMT folder or hub

@@ -73,6 +73,7 @@ def _train_step(c: Contestant, budget: float) -> float:
 def _validate(c: Contestant, corpus: Corpus, epoch_tokens: int) -> None:
     """Greedy BLEU on the validation subset; the time goes to eval_s, not to the training clock."""
     tr = c.trainer
+    tr.read()  # deferred checks: the step and token counts, exact
     with Stopwatch(tr.device) as watch:
         value = valid_bleu(c.model, corpus, c.cfg, tr.device, tr.precision)
     c.model.train()

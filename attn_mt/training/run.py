@@ -206,13 +206,16 @@ def run_epoch(run: Run, interrupt: StopOnInterrupt) -> str | None:
         while not tr.epoch_done and reason is None:
             out = tr.step(run.elapsed, lambda: interrupt.requested)
             bar.update()
-            if out.loss is not None:
-                if st.step % tc.log_every == 0:
+            if out.loss is not None or tr.deferred:  # with host checks a skipped step changes no count
+                n = tr.schedule_step  # deferred checks: attempted steps, so no count needs a read
+                if n % tc.log_every == 0:
                     report_progress(run, bar, out.lr)
-                reason = limit_reached(tc, st.step, out.elapsed, st.tokens)
-                if reason or (tc.eval_every and st.step % tc.eval_every == 0):
+                if reason := limit_reached(tc, tr.counted[0], out.elapsed, tr.counted[1]):
+                    tr.read()  # the unread steps were counted as taken: the limit again, on the exact counts
+                    reason = limit_reached(tc, st.step, out.elapsed, st.tokens)
+                if reason or (tc.eval_every and n % tc.eval_every == 0):
                     reason = validation_round(run, reason)
-                elif tc.checkpoint_every and st.step % tc.checkpoint_every == 0:
+                elif tc.checkpoint_every and n % tc.checkpoint_every == 0:
                     save_last(run)
             if out.interrupted:
                 save_last(run)
@@ -222,7 +225,10 @@ def run_epoch(run: Run, interrupt: StopOnInterrupt) -> str | None:
 
 def report_progress(run: Run, bar: Progress, lr: float) -> None:
     """Mean loss and tokens/s over the steps since the last report, on the progress bar and TensorBoard."""
+    run.trainer.read()
     st, now = run.state, time.perf_counter()
+    if not st.window_tokens:  # deferred checks: every step since the last report was skipped
+        return
     st.train_loss = st.window_loss / st.window_tokens
     run.tokens_per_s = st.window_tokens / max(now - run.window_t0, 1e-9)
     spent = budget_spent(run.cfg.train, st.step, run.elapsed(), st.epoch + bar.done / max(bar.total, 1), st.tokens)
@@ -247,6 +253,7 @@ def checkpoint_state(run: Run, rngs: list[dict]) -> dict:
 
 def save_last(run: Run) -> None:
     """checkpoint_last.pt; every rank calls it (the RNG states are gathered), rank 0 writes."""
+    run.trainer.read()  # the counters it saves, exact
     rngs = distributed.gather(rng_state(run.trainer.device), run.world)
     if run.world.main:
         checkpoint.save(checkpoint_state(run, rngs), run.files.last)
@@ -254,6 +261,7 @@ def save_last(run: Run) -> None:
 
 def validation_round(run: Run, reason: str | None = None) -> str | None:
     """Every rank calls it; rank 0 validates, logs and saves. Returns `reason`, or early stopping's."""
+    run.trainer.read()
     st = run.state
     rngs = distributed.gather(rng_state(run.trainer.device), run.world)
     if run.world.main:

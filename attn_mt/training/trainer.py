@@ -3,7 +3,10 @@ non-finite skip, optimizer and learning-rate step.
 
 `TrainStep` is that step for any model and any batches (`attn-mt bench` times it on fixed
 batches). `Trainer` adds a place in a corpus's batch stream and the counters of a run
-(`TrainState`); `train` drives one Trainer, `compare-rnn` two of them on one clock.
+(`TrainState`); `train` drives one Trainer, `compare-rnn` two of them on one clock. On CUDA the
+step reads nothing from the device (train.skip_check, training/deferred.py): the counters come in at `read`.
+
+One job: the optimizer step and the run's place and counters around it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from attn_mt.device import autocast
 from attn_mt.errors import Interrupted, TrainError
 from attn_mt.models import Seq2Seq, loss_sum
 from attn_mt.training import distributed
+from attn_mt.training.deferred import Guard, Tally
 from attn_mt.training.distributed import World
 from attn_mt.training.ema import WeightEMA
 from attn_mt.training.muon import MuonAdamW
@@ -70,6 +74,7 @@ class TrainStep:
         self.grad_norm: float | None = None  # of the last step, before clipping (when train.clip_norm is set)
         self.ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay else None  # evaluated and saved, when on
         self.graphed = self.net is not model and cfg.cuda_graphs and device.type == "cuda"  # training/compiled.py
+        self.guard: Guard | None = None  # apply_on_device's, made at its first call
 
     def backward(self, batches: Iterable[Batch], n_tokens: int, weights: list[float] | None = None) -> torch.Tensor:
         """Accumulate the gradient of the mean token loss over `batches`; returns their summed loss."""
@@ -94,18 +99,23 @@ class TrainStep:
         with train.ema_decay, else the trained weights themselves."""
         return contextlib.nullcontext() if self.ema is None else self.ema.swapped_in()
 
-    def apply(self, loss: torch.Tensor, lr: float) -> float | None:
-        """Clip and apply the gradients at rate `lr`; returns the summed loss, or None when the loss
-        or the gradient norm is not finite and the step was skipped."""
+    def _checks(self, loss: torch.Tensor, lr: float) -> list[torch.Tensor]:
+        """Set the rate, unscale and clip; the values that must be finite: the loss and the gradient norm
+        before clipping (when clipped, and not fp16: there the scaler itself skips steps with inf gradients)."""
         for g in self.opt.param_groups:
             g["lr"] = lr
         self.scaler.unscale_(self.opt)
         checks = [loss]
         if self.cfg.clip_norm:
             norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
-            if not self.scaler.is_enabled():  # with fp16 the scaler itself skips steps with inf gradients
+            if not self.scaler.is_enabled():
                 checks.append(norm)
-        values = torch.stack(checks).tolist()  # the one host sync of a step
+        return checks
+
+    def apply(self, loss: torch.Tensor, lr: float) -> float | None:
+        """Clip and apply the gradients at rate `lr`; returns the summed loss, or None when the loss
+        or the gradient norm is not finite and the step was skipped."""
+        values = torch.stack(self._checks(loss, lr)).tolist()  # the one host sync of a step
         self.grad_norm = values[1] if len(values) > 1 else None
         finite = all(math.isfinite(v) for v in values)
         if finite:
@@ -115,6 +125,23 @@ class TrainStep:
         self.scaler.update()
         self.opt.zero_grad(set_to_none=True)
         return values[0] if finite else None
+
+    def apply_on_device(self, loss: torch.Tensor, lr: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`apply` without reading the device: the update is made and then undone on the device
+        (training/deferred.py's Guard) when the loss or gradient norm is not finite. Returns (finite: 0-dim
+        bool, the gradient norm or None when it is not checked). With fp16 the scaler's step still reads
+        its own inf check."""
+        checks = self._checks(loss, lr)
+        finite = torch.stack(checks).isfinite().all()
+        self.guard = self.guard or Guard(self.opt, self.ema, self.device)
+        self.guard.save()
+        self.scaler.step(self.opt)
+        if self.ema is not None:
+            self.ema.update()
+        self.guard.restore(finite)
+        self.scaler.update()
+        self.opt.zero_grad(set_to_none=True)
+        return finite, checks[1] if len(checks) > 1 else None
 
 
 @dataclass
@@ -138,8 +165,8 @@ class TrainState:
 
 @dataclass(frozen=True)
 class Step:
-    """What one `Trainer.step` did: its summed loss (None: skipped), global target tokens and rate,
-    and the clock and Ctrl-C flag as every rank agreed on them."""
+    """What one `Trainer.step` did: its summed loss (None: skipped, or with deferred checks not read),
+    global target tokens and rate, and the clock and Ctrl-C flag as every rank agreed on them."""
 
     loss: float | None
     n_tokens: int
@@ -150,7 +177,11 @@ class Step:
 
 class Trainer(TrainStep):
     """A TrainStep that walks through a corpus's token batches, epoch by epoch, in the order
-    (seed, epoch) fixes, keeping the counters of the run in `state`."""
+    (seed, epoch) fixes, keeping the counters of the run in `state`.
+
+    With deferred checks (train.skip_check, `deferred`) a step reads nothing from the device: `state`'s
+    step, token, loss and skip counters are those of the last `read()`, the steps since then are
+    `pending`, and the schedule counts attempted steps (`schedule_step`)."""
 
     def __init__(self, model: Seq2Seq, cfg: ExperimentConfig, corpus: Corpus, device: torch.device,
                  precision: str, *, net: nn.Module | None = None, world: World = World()) -> None:
@@ -160,6 +191,44 @@ class Trainer(TrainStep):
         self.state = TrainState()
         self._plan: tuple[int, list[list[int]]] = (-1, [])
         self.prefetch: Prefetcher[tuple[int, list[Batch], list[float]]] = Prefetcher(device.type == "cuda")
+        check = cfg.train.skip_check
+        self.deferred = check == "device" or (check == "auto" and device.type == "cuda")
+        self.tally: Tally | None = None  # the device's counters since the last read (deferred)
+        self.pending, self.pending_tokens = 0, 0  # steps since the last read, and their target tokens
+
+    @property
+    def schedule_step(self) -> int:
+        """The steps the learning rate and the log, evaluation and checkpoint cadence count: those taken,
+        or with deferred checks those attempted (a skipped step included; the unread ones too)."""
+        st = self.state
+        return st.step + st.skipped_steps + self.pending if self.deferred else st.step
+
+    @property
+    def counted(self) -> tuple[int, int]:
+        """(steps, target tokens) for the budget: the unread steps counted as taken."""
+        return self.state.step + self.pending, self.state.tokens + self.pending_tokens
+
+    def read(self) -> None:
+        """Deferred checks: the device's counters into `state`, in one sync (nothing to do when none is
+        unread). Raises TrainError when train.max_bad_steps non-finite steps came in a row."""
+        if not self.pending:
+            return
+        st, tc, got = self.state, self.cfg, self.tally.read()
+        first = st.step + st.skipped_steps + 1
+        st.step, st.tokens = st.step + got.steps, st.tokens + got.tokens
+        st.skipped_steps += got.skipped
+        st.window_loss, st.window_tokens, st.bad_steps = got.window_loss, got.window_tokens, got.bad
+        self.grad_norm = got.grad_norm if tc.clip_norm and not self.scaler.is_enabled() else None
+        self.guard.uncount(got.skipped)
+        if self.ema is not None:
+            self.ema.updates = st.step  # it counted the attempts
+        self.tally, self.pending, self.pending_tokens = None, 0, 0
+        if got.skipped:
+            log.warning("steps %d-%d: %d had a non-finite loss and were skipped", first, first + got.steps +
+                        got.skipped - 1, got.skipped)
+        if got.longest_bad >= tc.max_bad_steps:
+            raise TrainError(f"stopped at step {st.step}: {got.longest_bad} non-finite losses in a row "
+                             "(train.max_bad_steps); try a lower train.lr or train.clip_norm")
 
     def epoch_batches(self) -> list[list[int]]:
         """The index batches of the current epoch (computed once per epoch)."""
@@ -211,8 +280,17 @@ class Trainer(TrainStep):
             sync = distributed.all_sum(torch.cat([loss.float().view(1), flags]), self.world)
             loss, interrupted, elapsed = sync[0], bool(sync[1] > 0), float(sync[2])
         if spent is None:
-            spent = budget_spent(tc, st.step, elapsed, st.epoch + st.batch_in_epoch / len(batches), st.tokens)
-        lr = lr_at(st.step + 1, tc, spent)
+            steps, tokens = self.counted
+            spent = budget_spent(tc, steps, elapsed, st.epoch + st.batch_in_epoch / len(batches), tokens)
+        lr = lr_at(self.schedule_step + 1, tc, spent)
+        if self.deferred:
+            finite, norm = self.apply_on_device(loss, lr)
+            if self.tally is None:
+                self.tally = Tally(self.device, st.window_loss, st.window_tokens, st.bad_steps)
+            self.tally.add(loss, finite, n_tokens, norm)
+            st.batch_in_epoch += len(weights)
+            self.pending, self.pending_tokens = self.pending + 1, self.pending_tokens + n_tokens
+            return Step(None, n_tokens, lr, elapsed, interrupted)
         value = self.apply(loss, lr)
         st.batch_in_epoch += len(weights)
         if value is None:
