@@ -9,7 +9,9 @@ on the device, as a 0-dim `finite` tensor:
   every step is finite the result is the update itself, bit for bit; state that a skipped first step
   created is set to zeros, which is what a fresh AdamW or Muon state holds. Optimizer counters kept on
   another device (AdamW's and Muon's step counts live on the CPU unless fused) count every attempt and
-  are set back by the skipped ones at the next read (`uncount`).
+  are set back by the skipped ones at the next read (`uncount`). torch's fused AdamW (the CUDA default)
+  skips the update itself when given `found_inf`, as the gradient scaler uses it: there only the EMA's
+  average is copied.
 - `Tally` sums the loss, steps, tokens and skipped steps on the device, in float64 (exact for integers
   below 2**53, and the loss sum the same additions as the host's float sum), and is read in one
   `.tolist()` when the trainer logs, evaluates, checkpoints or stops (`Trainer.read`).
@@ -31,8 +33,11 @@ from attn_mt.training.ema import WeightEMA
 class Guard:
     """Undoes, on the device, an optimizer step (and EMA update) whose `finite` flag is false."""
 
-    def __init__(self, opt: torch.optim.Optimizer, ema: WeightEMA | None, device: torch.device) -> None:
+    def __init__(self, opt: torch.optim.Optimizer, ema: WeightEMA | None, device: torch.device,
+                 scaled: bool = False) -> None:
         self.opt, self.ema, self.device = opt, ema, device
+        # fused AdamW takes the skip as found_inf (unless the fp16 scaler passes its own)
+        self.native = type(opt) is torch.optim.AdamW and bool(opt.defaults.get("fused")) and not scaled
         self.before: list[Tensor] = []
         self.copies: list[Tensor] = []  # reused from step to step while the guarded tensors stay the same
 
@@ -41,23 +46,27 @@ class Guard:
 
     def guarded(self) -> list[Tensor]:
         """What a step may change on the step's device: parameters, optimizer state, the EMA's weights."""
-        params = [p for g in self.opt.param_groups for p in g["params"]]
+        params = [p for g in self.opt.param_groups for p in g["params"]] if not self.native else []
         ema = self.ema.weights if self.ema is not None else []
-        return [t for t in [*params, *self._state(), *ema] if t.device == self.device]
+        return [t for t in [*params, *(self._state() if not self.native else []), *ema] if t.device == self.device]
 
     @torch.no_grad()
-    def save(self) -> None:
+    def save(self, finite: Tensor) -> None:
         """Before the step: copy the guarded tensors (into the buffers of the last step when they fit)."""
+        if self.native:
+            self.opt.found_inf = (~finite).float()  # read by torch's fused step, as GradScaler sets it
         before = self.guarded()
         if [id(t) for t in before] != [id(t) for t in self.before]:
             self.copies = [t.clone() for t in before]
-        else:
+        elif before:
             torch._foreach_copy_(self.copies, before)
         self.before = before
 
     @torch.no_grad()
     def restore(self, finite: Tensor) -> None:
         """After the step: where `finite` (0-dim bool) is false, the copies again; new state becomes zeros."""
+        if self.native:
+            del self.opt.found_inf
         for t, copy in zip(self.before, self.copies, strict=True):
             torch.where(finite, t, copy, out=t)
         known = {id(t) for t in self.before}

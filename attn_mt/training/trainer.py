@@ -133,8 +133,8 @@ class TrainStep:
         its own inf check."""
         checks = self._checks(loss, lr)
         finite = torch.stack(checks).isfinite().all()
-        self.guard = self.guard or Guard(self.opt, self.ema, self.device)
-        self.guard.save()
+        self.guard = self.guard or Guard(self.opt, self.ema, self.device, self.scaler.is_enabled())
+        self.guard.save(finite)
         self.scaler.step(self.opt)
         if self.ema is not None:
             self.ema.update()
