@@ -132,7 +132,7 @@ class Variant:
             torch.cuda.reset_peak_memory_stats(self.device)
         with Stopwatch(self.device) as watch:
             for batch in batches:
-                self.step.apply(self.step.backward([batch], batch.n_tokens), self.step.cfg.lr)
+                self.step.update(self.step.backward([batch], batch.n_tokens), self.step.cfg.lr)
         if self.device.type == "cuda":
             self.peak_mem = max(self.peak_mem, torch.cuda.max_memory_allocated(self.device))
         return watch.seconds

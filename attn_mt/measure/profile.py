@@ -55,7 +55,7 @@ def profile_steps(cfg: ExperimentConfig, steps: int = 10, warmup: int = 3,
         model = build_model(cfg.model, **tok.sizes()).to(device).train()
         net = compiled(model, replace(tc, compile=True), device) if name == "compiled" else model
         step = TrainStep(model, tc, device, precision, net=net)
-        run = lambda step=step: step.apply(step.backward([batch], batch.n_tokens), tc.lr)  # noqa: E731
+        run = lambda step=step: step.update(step.backward([batch], batch.n_tokens), tc.lr)  # noqa: E731
         with Stopwatch(device) as warm:
             for _ in range(warmup):
                 run()

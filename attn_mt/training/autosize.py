@@ -207,7 +207,7 @@ def measure(cfg: ExperimentConfig, corpus: Corpus, known: Sizes, device: torch.d
         for _pass in ("untimed", "timed"):  # the first pass meets each batch's shapes (kernels, allocations) once
             with Stopwatch(device) as train:
                 for batch in batches:
-                    step.apply(step.backward([batch], batch.n_tokens), 1e-9)  # a tiny rate: timing, not learning
+                    step.update(step.backward([batch], batch.n_tokens), 1e-9)  # a tiny rate: timing, not learning
         tokens_per_s = sum(b.n_tokens for b in batches) / train.seconds
         greedy = replace(cfg.decode, beam_size=1, nbest=1)
         with autocast(device, precision):

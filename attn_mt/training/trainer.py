@@ -75,6 +75,8 @@ class TrainStep:
         self.ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay else None  # evaluated and saved, when on
         self.graphed = self.net is not model and cfg.cuda_graphs and device.type == "cuda"  # training/compiled.py
         self.guard: Guard | None = None  # apply_on_device's, made at its first call
+        check = cfg.skip_check  # deferred: no host sync per step (training/deferred.py)
+        self.deferred = check == "device" or (check == "auto" and device.type == "cuda")
 
     def backward(self, batches: Iterable[Batch], n_tokens: int, weights: list[float] | None = None) -> torch.Tensor:
         """Accumulate the gradient of the mean token loss over `batches`; returns their summed loss."""
@@ -125,6 +127,14 @@ class TrainStep:
         self.scaler.update()
         self.opt.zero_grad(set_to_none=True)
         return values[0] if finite else None
+
+    def update(self, loss: torch.Tensor, lr: float) -> None:
+        """The update as `train` makes it (for bench, profile and autosize's timings): `apply`, or
+        `apply_on_device` with deferred checks."""
+        if self.deferred:
+            self.apply_on_device(loss, lr)
+        else:
+            self.apply(loss, lr)
 
     def apply_on_device(self, loss: torch.Tensor, lr: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`apply` without reading the device: the update is made and then undone on the device
@@ -191,8 +201,6 @@ class Trainer(TrainStep):
         self.state = TrainState()
         self._plan: tuple[int, list[list[int]]] = (-1, [])
         self.prefetch: Prefetcher[tuple[int, list[Batch], list[float]]] = Prefetcher(device.type == "cuda")
-        check = cfg.train.skip_check
-        self.deferred = check == "device" or (check == "auto" and device.type == "cuda")
         self.tally: Tally | None = None  # the device's counters since the last read (deferred)
         self.pending, self.pending_tokens = 0, 0  # steps since the last read, and their target tokens
 

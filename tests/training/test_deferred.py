@@ -214,3 +214,22 @@ def test_a_killed_deferred_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch
 def test_skip_check_takes_one_of_three_places():
     with pytest.raises(ConfigError, match="skip_check"):
         load_config(None, [*TINY, "train.skip_check=sometimes"])
+
+
+def test_bench_and_profile_time_the_update_train_makes():
+    """`update` (bench's, profile's and autosize's step) is apply_on_device where train defers, the same
+    weights as `apply`; auto defers on CUDA only."""
+    assert not TrainStep(nn.Linear(2, 2), TrainConfig(), CPU, "fp32").deferred
+    layers = []
+    for check in ("host", "device"):
+        torch.manual_seed(0)
+        layer = nn.Linear(3, 2)
+        step = TrainStep(layer, TrainConfig(skip_check=check), CPU, "fp32")
+        assert step.deferred == (check == "device")
+        for x in torch.randn(3, 4, 3):
+            loss = layer(x).square().sum()
+            loss.backward()
+            step.update(loss.detach(), 1e-2)
+        assert (step.guard is not None) == step.deferred  # apply_on_device made the step
+        layers.append(layer)
+    assert all(torch.equal(a, b) for a, b in zip(*(m.parameters() for m in layers), strict=True))
