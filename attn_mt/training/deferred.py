@@ -16,6 +16,10 @@ on the device, as a 0-dim `finite` tensor:
   below 2**53, and the loss sum the same additions as the host's float sum), and is read in one
   `.tolist()` when the trainer logs, evaluates, checkpoints or stops (`Trainer.read`).
 
+Counted on the host meanwhile, every attempt as a step: the learning rate's step (a skipped step keeps its
+place in the schedule) and the EMA's update count (set to the steps taken at each read). Under torchrun the
+step still reads the shared clock and Ctrl-C flag from its one small all-reduce.
+
 Tested in tests/training/test_deferred.py (same weights and losses as host checks, a skipped step changes
 nothing, bit-exact resume, max_bad_steps) and tests/test_gpu.py (no sync in a CUDA step).
 """

@@ -178,16 +178,20 @@ def test_a_deferred_run_writes_what_a_host_checked_one_does(tiny_cfg, tmp_path):
     assert (a["step"], a["tokens"], a["window_loss"]) == (b["step"], b["tokens"], b["window_loss"])
 
 
-def test_a_killed_deferred_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch):
+@pytest.mark.parametrize("first", ["device", "host"])
+def test_a_killed_deferred_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch, first):
     """Killed after step 10's backward pass: resumed from step 8's checkpoint, it ends as the run that was
-    never stopped (checkpoints are written after a read, so their counters are exact)."""
-    cfg = tiny_cfg("model.dropout=0.1", "train.checkpoint_every=4", "train.ema_decay=0.9", DEVICE)
+    never stopped (checkpoints are written after a read, so their counters are exact). A run begun with host
+    checks (as on a CPU) may go on with deferred ones (as on a GPU): the same, while no step is skipped."""
+    settings = ("model.dropout=0.1", "train.checkpoint_every=4", "train.ema_decay=0.9")
+    cfg = tiny_cfg(*settings, DEVICE)
     train(cfg, tmp_path / "whole")
 
     class Killed(BaseException):
         pass
 
-    real, calls = TrainStep.apply_on_device, [0]
+    method = "apply_on_device" if first == "device" else "apply"
+    real, calls = getattr(TrainStep, method), [0]
 
     def killing(self, *args, **kwargs):
         calls[0] += 1
@@ -195,9 +199,9 @@ def test_a_killed_deferred_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch
             raise Killed
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(TrainStep, "apply_on_device", killing)
+    monkeypatch.setattr(TrainStep, method, killing)
     with pytest.raises(Killed):
-        train(cfg, tmp_path / "cut")
+        train(tiny_cfg(*settings, f"train.skip_check={first}"), tmp_path / "cut")
     monkeypatch.undo()
     assert checkpoint.load(tmp_path / "cut" / "checkpoint_last.pt")["step"] == 8
     train(cfg, tmp_path / "cut", resume=True)
