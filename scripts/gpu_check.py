@@ -17,7 +17,7 @@ OUT/gpu_<step>.json the moment it ends: its status (the exit code, "timeout" whe
     tests     `pytest -m gpu` (tests/test_gpu.py)
     bench     `attn-mt bench` on configs/multi30k.yaml with 16k-token batches: ours against
               torch.nn.Transformer, MFU, data_s_per_batch
-    profile   `python -m attn_mt.measure.profile` on configs/multi30k_gpu.yaml: kernels per step and
+    profile   `scripts/profile_step.py` on configs/multi30k_gpu.yaml: kernels per step and
               the GPU's busy share, eager and compiled
     train     `attn-mt train --config configs/multi30k_gpu.yaml` (its token budget, or train.max_minutes
               from the step's limit, whichever ends first): results.json and metrics
@@ -125,7 +125,7 @@ def steps(data: Path | None, out: Path, dry: bool, limits: dict[str, float]) -> 
         "prepare": [*cli, "prepare", *base, *sets(cuda)],
         "tests": ["-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_gpu.py")],
         "bench": [*cli, "bench", *base, *sets(cuda), *bench, "--json", str(out / "bench.json")],
-        "profile": ["-m", "attn_mt.measure.profile", *gpu_cfg, *sets(cuda), *profile, "--variants", *variants,
+        "profile": [str(ROOT / "scripts" / "profile_step.py"), *gpu_cfg, *sets(cuda), *profile, "--variants", *variants,
                     "--json", str(out / "profile.json")],
         "train": [*cli, "train", *gpu_cfg, "--out", str(out / "run"), *sets([*cuda, *train])],
         "compare": [*cli, "compare-rnn", "--config", "configs/compare.yaml", "--out", str(out / "compare"), *compare],

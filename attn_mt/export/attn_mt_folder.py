@@ -1,4 +1,4 @@
-"""Read our own `export --format transformers` folder of a pre-norm model (model_type attn_mt: the model of
+"""Read our own transformers-format export of a pre-norm model (model_type attn_mt: the model of
 modeling_attn_mt.py, shipped in the folder) back as our checkpoint state; the post-norm route writes a
 MarianMT folder, which export/marian.py reads. The inverse of transformers.py's `custom_weights`: the same
 modules under our names; the tokenizer is our SentencePiece model(s), whose ids the folder's vocab.json keeps.

@@ -1,12 +1,12 @@
 """Kernels per training step and the device's busy share, from torch.profiler: what launch overhead costs.
 
-    python -m attn_mt.measure.profile --config configs/multi30k_gpu.yaml --set data.dir=/path/to/multi30k \\
+    python scripts/profile_step.py --config configs/multi30k_gpu.yaml --set data.dir=/path/to/multi30k \\
         --steps 10 --json profile.json
 
 One fixed batch (the first of the epoch's plan, padded to its length bucket when the config has buckets) is
-trained on by the trainer's own step, eager and (with `--variants eager compiled`) under torch.compile with
+trained on by the trainer's own step, eager and (when asked) under torch.compile with
 the config's options (training/compiled.py): warm-up steps first (the compile among them, timed apart),
-then `--steps` steps under the profiler. Per variant: device kernels per step, the share of the wall clock
+then the asked number of steps under the profiler. Per variant: device kernels per step, the share of the wall clock
 in which the device ran kernels (kernel time / wall time; on a CPU, which has no device kernels: None), the
 step time and the CPU operators per step.
 
@@ -17,18 +17,13 @@ One job: the profile of a step; bench.py measures throughput, timing.py times fu
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from attn_mt.config import ExperimentConfig, load_config
-from attn_mt.config.files import write_atomic
+from attn_mt.config import ExperimentConfig
 from attn_mt.data.batching import to_bucket, token_batches
 from attn_mt.device import Stopwatch, machine
 from attn_mt.measure.prelude import prelude
@@ -76,26 +71,3 @@ def summarise(events, seconds: float, warmup_s: float, steps: int, tokens: int) 
             "kernels_per_step": len(kernels) / steps if kernels else None,
             "device_busy_share": busy / seconds if kernels else None,
             "top_level_cpu_ops_per_step": len(operators) / steps}
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", type=Path, required=True)
-    p.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--variants", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
-    p.add_argument("--json", type=Path)
-    args = p.parse_args(argv)
-    t0 = time.perf_counter()
-    result = profile_steps(load_config(args.config, args.overrides), args.steps, args.warmup, tuple(args.variants))
-    result["seconds"] = round(time.perf_counter() - t0, 1)
-    for name, v in result["variants"].items():
-        print(f"{name}: {v['step_s'] * 1e3:.1f} ms per step, {v['tokens_per_s']:.0f} tokens/s, kernels per step "
-              f"{v['kernels_per_step']}, device busy {v['device_busy_share']}, warm-up {v['warmup_s']:.1f} s")
-    if args.json:
-        write_atomic(args.json, json.dumps(result, indent=2) + "\n")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,5 +1,6 @@
 """scripts/gpu_check.py: every step of the GPU check in its dry run (on the CPU with tiny settings), the line
-naming missing packages, a step cut at its time limit, and the docs and results rows made from the reports."""
+naming missing packages, a step cut at its time limit, and the docs and results rows made from the reports.
+The profile step runs scripts/profile_step.py, the serve step scripts/serve_load.py."""
 
 from __future__ import annotations
 
