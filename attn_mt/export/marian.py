@@ -206,11 +206,12 @@ def marian_state(path: Path | str) -> dict:
     `checkpoint.model_from_state` rebuilds), plus where it came from ("init_path")."""
     folder = local_folder(path)
     mark_model(folder)  # no report is written into it (config.files.check_report)
-    if read_json(folder, "config.json").get("model_type") == "attn_mt":  # our own pre-norm transformers export
+    raw = read_json(folder, "config.json")
+    if raw.get("model_type") == "attn_mt":  # our own pre-norm transformers export
         from attn_mt.export.attn_mt_folder import attn_mt_state
 
-        return attn_mt_state(folder, read_json(folder, "config.json"))
-    hf = config_fields(folder)  # every field typed and in range, before anything is sized by one
+        return attn_mt_state(folder, raw)
+    hf = config_fields(folder, raw)  # every field typed and in range, before anything is sized by one
     if hf["model_type"] != "marian":
         raise CheckpointError(f"{folder / 'config.json'}: model_type is {hf['model_type']!r:.40}, not 'marian'")
     check_ids(hf, folder / "config.json")

@@ -86,11 +86,10 @@ def read_fields(raw: dict, schema: dict, path: Path) -> dict:
     return out
 
 
-def config_fields(folder: Path) -> dict:
-    """config.json's fields (decoder sizes default to the encoder's), and generation_config.json's where it
-    exists (else config.json's) under "generation"."""
+def config_fields(folder: Path, raw: dict) -> dict:
+    """config.json's fields (`raw`: the file as `read_json` gives it; decoder sizes default to the encoder's),
+    and generation_config.json's where it exists (else config.json's) under "generation"."""
     path = folder / "config.json"
-    raw = read_json(folder, "config.json")
     hf = read_fields(raw, CONFIG, path)
     for side in ("layers", "attention_heads", "ffn_dim"):
         if hf[f"decoder_{side}"] is None:
