@@ -124,11 +124,7 @@ def head_cuts(model: nn.Module) -> dict[str, tuple[str, int]]:
 def orthogonalise_heads(g: Tensor, cut: tuple[str, int], coefficients: Coefficients,
                         dtype: torch.dtype = torch.float32) -> Tensor:
     """(R, C) weight-shaped update -> each head's block orthogonalised on its own, as one stack (`head_cuts`)."""
-    (rows, cols), (axis, n) = g.shape, cut
-    if axis == "rows":
-        return orthogonalise(g.reshape(n, rows // n, cols), coefficients, dtype).reshape(rows, cols)
-    blocks = g.reshape(rows, n, cols // n).transpose(0, 1)  # (n, R, C / n)
-    return orthogonalise(blocks, coefficients, dtype).transpose(0, 1).reshape(rows, cols)
+    return from_blocks(orthogonalise(to_blocks(g, cut), coefficients, dtype), cut)
 
 
 class MuonAdamW(torch.optim.AdamW):
