@@ -159,8 +159,7 @@ def replaced(cfg: ExperimentConfig, choice: Choice) -> str:
     """What the choice replaces of the configured shape (a user's override of model.d_model included), as a
     log line; "" when it keeps all of it."""
     chosen = apply(cfg, choice.shape, choice.warmup_steps)
-    keys = [("model", k) for k in ("d_model", "n_heads", "n_layers", "d_ff")] + [
-        ("train", k) for k in ("batch_tokens", "warmup_steps")]
+    keys = [(part, k) for part, names in CHOSEN.items() for k in names]
     changed = [f"{a}.{k}={getattr(getattr(cfg, a), k)} (now {getattr(getattr(chosen, a), k)})" for a, k in keys
                if getattr(getattr(cfg, a), k) != getattr(getattr(chosen, a), k)]
     return (f"size: model.size: auto replaces the configured {', '.join(changed)}; set model.size=fixed to train "
