@@ -92,8 +92,8 @@ def check_tokenizer(tokenizer: dict, tok: Tokenizer) -> None:
 def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConfig,
             world: distributed.World) -> tuple[TrainState, str | None]:
     """Load a checkpoint_last.pt dict into model, optimizer, scaler and RNG; returns where the run stood, and
-    why it is finished under `cfg` (`finished`; None: it goes on)."""
-    check_config(resumed["config"], cfg)
+    why it is finished under `cfg` (`finished`; None: it goes on). `cfg` is the config `resumed_config` checked
+    against the checkpoint's."""
     check_tokenizer(resumed["tokenizer"], tok)
     trained = resumed["model"]
     try:
