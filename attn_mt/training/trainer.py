@@ -42,6 +42,12 @@ class TrainInterrupted(TrainError, Interrupted):
     """Ctrl-C: the run saved checkpoint_last.pt and stopped; `resume=True` continues it."""
 
 
+def too_many_bad(step: int, in_a_row: int) -> TrainError:
+    """The error that stops a run after train.max_bad_steps non-finite steps in a row (host or deferred checks)."""
+    return TrainError(f"stopped at step {step}: {in_a_row} non-finite losses in a row (train.max_bad_steps); "
+                      "try a lower train.lr or train.clip_norm")
+
+
 def make_optimizer(model: nn.Module, cfg: TrainConfig, precision: str = "fp32") -> torch.optim.Optimizer:
     """AdamW with the configured betas and weight decay, or with train.optimizer=muon Muon for the layers'
     weight matrices (its Newton-Schulz iterations in bf16 when training in bf16, else fp32); the rate is set
@@ -235,8 +241,7 @@ class Trainer(TrainStep):
             log.warning("steps %d-%d: %d had a non-finite loss and were skipped", first, first + got.steps +
                         got.skipped - 1, got.skipped)
         if got.longest_bad >= tc.max_bad_steps:
-            raise TrainError(f"stopped at step {st.step}: {got.longest_bad} non-finite losses in a row "
-                             "(train.max_bad_steps); try a lower train.lr or train.clip_norm")
+            raise too_many_bad(st.step, got.longest_bad)
 
     def epoch_batches(self) -> list[list[int]]:
         """The index batches of the current epoch (computed once per epoch)."""
@@ -291,22 +296,20 @@ class Trainer(TrainStep):
             steps, tokens = self.counted
             spent = budget_spent(tc, steps, elapsed, st.epoch + st.batch_in_epoch / len(batches), tokens)
         lr = lr_at(self.schedule_step + 1, tc, spent)
+        st.batch_in_epoch += len(weights)
         if self.deferred:
             finite, norm = self.apply_on_device(loss, lr)
             if self.tally is None:
                 self.tally = Tally(self.device, st.window_loss, st.window_tokens, st.bad_steps)
             self.tally.add(loss, finite, n_tokens, norm)
-            st.batch_in_epoch += len(weights)
             self.pending, self.pending_tokens = self.pending + 1, self.pending_tokens + n_tokens
             return Step(None, n_tokens, lr, elapsed, interrupted)
         value = self.apply(loss, lr)
-        st.batch_in_epoch += len(weights)
         if value is None:
             st.bad_steps, st.skipped_steps = st.bad_steps + 1, st.skipped_steps + 1
             log.warning("step %d: non-finite loss, step skipped (%d in a row)", st.step + 1, st.bad_steps)
             if st.bad_steps >= tc.max_bad_steps:
-                raise TrainError(f"stopped at step {st.step}: {st.bad_steps} non-finite losses in a row "
-                                 "(train.max_bad_steps); try a lower train.lr or train.clip_norm")
+                raise too_many_bad(st.step, st.bad_steps)
         else:
             st.step, st.bad_steps, st.tokens = st.step + 1, 0, st.tokens + n_tokens
             st.window_loss, st.window_tokens = st.window_loss + value, st.window_tokens + n_tokens
