@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attn_mt.config import ExperimentConfig
-from attn_mt.data.batching import Batch, collate, collate_ragged
+from attn_mt.data.batching import Batch, collate_ragged
 from attn_mt.data.cache import Entry, Resumed, open_entry
 from attn_mt.data.sources import DataError, read_pairs
 from attn_mt.data.tokenizer import Tokenizer
@@ -100,12 +100,12 @@ class Corpus:
         special = self.tok.pad_id, self.tok.bos_id, self.tok.eos_id
         for i, b in enumerate(index):
             b = np.asarray(b, dtype=np.int64) if rows is None else rows[np.asarray(b, dtype=np.int64)]
-            if not sampling:
-                yield collate_ragged(src.spans(b), tgt.spans(b), *special, pin=pin)
-                continue
-            draw = int(np.random.SeedSequence([*seed, i]).generate_state(1)[0])
-            sources = self.tok.resample_src(src.get(b), sampling, draw, self.limit)
-            yield collate(sources, tgt.get(b), *special)
+            sources = src.spans(b)
+            if sampling:
+                draw = int(np.random.SeedSequence([*seed, i]).generate_state(1)[0])
+                drawn = Ragged.from_lists(self.tok.resample_src(src.get(b), sampling, draw, self.limit))
+                sources = drawn.spans(np.arange(len(drawn)))
+            yield collate_ragged(sources, tgt.spans(b), *special, pin=pin)
 
 
 def load_corpus(cfg: ExperimentConfig, max_positions: int, resumed: Resumed | None = None) -> Corpus:
