@@ -61,7 +61,7 @@ def _merge(base: dict, top: dict) -> dict:
 def load_compare_config(path: Path, overrides: list[str] = (), quick: bool = False) -> CompareSetup:
     """compare.yaml: shared sections, a `transformer` and an `rnn` section, `compare`, and `quick`.
 
-    `--quick` merges the `quick` section over the rest; then `section.key=value` overrides apply.
+    `quick=True` merges the `quick` section over the rest; then `section.key=value` overrides apply.
     """
     raw = read_yaml(Path(path))
     quick_raw = raw.pop("quick", {}) or {}

@@ -80,7 +80,7 @@ class TrainConfig:
     #     and schedule; "": from scratch
     freeze: tuple[Literal["embeddings", "encoder"], ...] = ()  # parts not trained: the embedding tables (and the
     #     output layer tied to them), the encoder layers
-    compile: bool = False  # torch.compile the training forward/backward (`attn-mt bench --compile`
+    compile: bool = False  # torch.compile the training forward/backward (bench's `compile` argument
     #                        measures whether it pays: on the 2-core CPU it did not, README Performance)
     cuda_graphs: bool = False  # with compile on CUDA: mode "reduce-overhead", each step's kernels replayed as one
     #     CUDA graph per batch shape (length_buckets: one graph per bucket); ignored on CPU

@@ -8,7 +8,7 @@ updates use decay n / (n + 1), a plain mean of the n weights so far, so the rand
 fade out at once instead of lingering in the average.
 
 The optimizer keeps training the raw weights. Checkpoints hold the average as `model` (what translate,
-evaluate, export and `attn-mt average` read) and the raw weights as `trained_model` (what --resume
+evaluate, export and `attn-mt average` read) and the raw weights as `trained_model` (what a resumed run
 continues from); the number of updates is the run's step count (one per finite optimizer step).
 """
 
