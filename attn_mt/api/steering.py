@@ -100,6 +100,8 @@ class Steer:
             draw.manual_seed(self.seed if self.seed is not None else int(torch.seed()))
 
         def rule(step: int, logp: Tensor) -> Tensor:
+            if step >= width and draw is None:  # past every prefix, searching: nothing to rule out
+                return logp
             k = logp.size(0) // b
             keep = torch.full(logp.shape[:1], -1, dtype=torch.long, device=logp.device)  # (B*k,) -1: free
             if step < width:
@@ -110,9 +112,7 @@ class Steer:
                 probs = ((logp - top) / cold).softmax(-1)  # (B*k, V)
                 drawn = torch.multinomial(probs, 1, generator=draw)[:, 0]
                 keep = torch.where(keep >= 0, keep, drawn)
-            free = keep < 0
-            if bool(free.all()):
-                return logp
+            free = keep < 0  # (B*k,) read on the device: no sync per token
             only = torch.full_like(logp, -math.inf).scatter(1, keep.clamp(min=0)[:, None], 0.0)
             return torch.where(free[:, None], logp, logp + only)
 
