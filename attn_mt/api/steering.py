@@ -19,8 +19,8 @@ from torch import Tensor
 
 from attn_mt.config import DecodeConfig
 from attn_mt.data.batching import pad
-from attn_mt.decoding.beam import log_probs
-from attn_mt.decoding.search import Translation, max_lengths, prepare_sources, search, translations
+from attn_mt.decoding.beam import Hypothesis, log_probs
+from attn_mt.decoding.search import Translation, max_lengths, prepare_sources, search, translate_batches
 from attn_mt.decoding.translator import Translator, model_translator
 from attn_mt.errors import InputError, ModelError
 
@@ -121,24 +121,21 @@ class Steer:
 
 def translate_nbest(translator: Translator, items: list[str], dcfg: DecodeConfig,
                     steer: Steer) -> list[list[Translation]]:
-    """The n-best lists of `items` (in input order, batches of dcfg.batch_size) decoded with `steer`."""
+    """The n-best lists of `items` (in input order; search.translate_batches' batches of dcfg.batch_size, by
+    length) decoded with `steer`."""
     if steer.temperature is not None and dcfg.beam_size > 1:
         raise InputError(f"sampling draws one token a step: give beam=1, not {dcfg.beam_size}", "beam")
     module, tok, device = translator.model, translator.tok, translator.device
     limit = module.max_positions
-    out = [[Translation("", 0.0, 0.0)] for _ in items]
-    todo = [i for i, t in enumerate(items) if t.strip()]
-    for start in range(0, len(todo), dcfg.batch_size):
-        chunk = todo[start : start + dcfg.batch_size]
-        srcs = prepare_sources(tok, [items[i].strip() for i in chunk], limit)
-        prefixes = [steer.prefixes[i] if steer.prefixes else [] for i in chunk]
+
+    def decode(srcs: list[list[int]], rows: list[int]) -> list[list[Hypothesis]]:
+        prefixes = [steer.prefixes[i] if steer.prefixes else [] for i in rows]
         src = pad(srcs, tok.pad_id).to(device)  # (B, S)
         max_len = max_lengths(torch.tensor([len(s) for s in srcs]), dcfg, limit)
         max_len = torch.maximum(max_len, torch.tensor([len(p) + 1 for p in prefixes])).clamp(max=limit)
-        for i, nbest in zip(chunk, search(module, tok, src, max_len, dcfg, steer=steer.rule(prefixes, device)),
-                            strict=True):
-            out[i] = translations(tok, nbest)
-    return out
+        return search(module, tok, src, max_len, dcfg, steer=steer.rule(prefixes, device))
+
+    return translate_batches(tok, items, limit, dcfg.batch_size, decode)
 
 
 def stream(translator: Translator, shared: Shared, text: str, dcfg: DecodeConfig, steer: Steer) -> Iterator[str]:

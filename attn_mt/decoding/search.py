@@ -109,13 +109,14 @@ def translations(tok: Tokenizer, nbest: list[Hypothesis]) -> list[Translation]:
 
 
 def translate_batches(tok: Tokenizer, texts: list[str], limit: int, batch_size: int,
-                      decode: Callable[[list[list[int]]], list[list[Hypothesis]]],
+                      decode: Callable[[list[list[int]], list[int]], list[list[Hypothesis]]],
                       interrupt: Interrupt | None = None) -> list[list[Translation]]:
     """The batched translate loop of every decoder (ours, CTranslate2's): n-best translations of each text,
     in input order.
 
     Texts are encoded (truncated to `limit` positions), sorted by length into batches of `batch_size` so
-    little padding is decoded, and each batch's source ids go to `decode`, which returns its n-best lists;
+    little padding is decoded, and each batch's source ids go to `decode` with the texts' indices (for what a
+    caller gives per text), which returns its n-best lists;
     an empty (or all-space) text gets one empty translation. `interrupt` is called before each batch.
     """
     out: list[list[Translation]] = [[Translation("", 0.0, 0.0)] for _ in texts]
@@ -126,7 +127,7 @@ def translate_batches(tok: Tokenizer, texts: list[str], limit: int, batch_size: 
         if interrupt is not None:
             interrupt()
         chunk = order[start : start + batch_size]
-        for j, nbest in zip(chunk, decode([srcs[j] for j in chunk]), strict=True):
+        for j, nbest in zip(chunk, decode([srcs[j] for j in chunk], [todo[j] for j in chunk]), strict=True):
             out[todo[j]] = translations(tok, nbest)
     return out
 
@@ -138,7 +139,7 @@ def translate_nbest(model: Seq2Seq, tok: Tokenizer, texts: list[str], cfg: Decod
     beam_size 1 is greedy decoding. `interrupt` is called before each decoder step."""
     model.eval()
 
-    def decode(srcs: list[list[int]]) -> list[list[Hypothesis]]:
+    def decode(srcs: list[list[int]], _rows: list[int]) -> list[list[Hypothesis]]:
         src = pad(srcs, tok.pad_id).to(device)  # (B, S)
         max_len = max_lengths(torch.tensor([len(s) for s in srcs]), cfg, model.max_positions)
         return search(model, tok, src, max_len, cfg, use_cache, interrupt)

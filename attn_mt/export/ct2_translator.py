@@ -147,7 +147,7 @@ def translate_nbest(exp: Exported, texts: list[str], cfg: DecodeConfig,
     `translate_batches`, with CTranslate2 decoding each batch; `interrupt` is called between batches)."""
     tok, options = exp.tok, search_options(cfg)
 
-    def decode(srcs: list[list[int]]) -> list[list[Hypothesis]]:
+    def decode(srcs: list[list[int]], _rows: list[int]) -> list[list[Hypothesis]]:
         limits = max_lengths(torch.tensor([len(s) for s in srcs]), cfg, exp.max_positions).tolist()
         pieces = [[tok.src.id_to_piece(i) for i in s] for s in srcs]
         results = exp.translator.translate_batch(pieces, max_decoding_length=max(limits), **options)
