@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from attn_mt.errors import InputError
+from attn_mt.errors import AttnMTError, InputError
 
 
 def _shown(value: object) -> str:
@@ -70,7 +70,6 @@ def texts(value: object, field: str) -> tuple[list[str], bool]:
         return [value], True
     if isinstance(value, os.PathLike):
         from attn_mt.data.sources import read_lines
-        from attn_mt.errors import AttnMTError
 
         try:
             return read_lines(Path(value)), False
