@@ -3,7 +3,7 @@
 Mask one head at a time and measure the change in BLEU and loss (Michel et al., NeurIPS 2019), measure its
 roles (roles.py), and choose the heads to prune.
 
-Masking and pruning a head: masking.py. BLEU is greedy (`attn-mt evaluate --beam 1` scores the same), loss
+Masking and pruning a head: masking.py. BLEU is greedy (evaluate with beam 1 scores the same), loss
 is the mean per-token cross-entropy of the references, teacher-forced.
 
 Given a contrastive set with word positions (`items`), each head also gets its coreference measures

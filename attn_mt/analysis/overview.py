@@ -182,7 +182,7 @@ def _shown(value: float | None, fmt: str = "{:.2f}") -> str:
 
 def heads_html(report: HeadsReport) -> str:
     """A heads report (analysis.heads) as HTML: a layer x head grid per kind coloured by the BLEU change when the
-    head is masked (as the PNG of `attn-mt heads --png`), each cell with its largest share of attention, then
+    head is masked (as the heads command's PNG), each cell with its largest share of attention, then
     the table of every head's dBLEU, dloss and roles, then the pruning. Plain HTML, no script."""
     from .views import view
 

@@ -1,5 +1,5 @@
 """Opening a model: a checkpoint file (ours: trained, averaged or pruned), an export folder, or a MarianMT
-model (a transformers folder or a hub name: opus-mt, or our own `export --format transformers`), as a `Translator`.
+model (a transformers folder or a hub name: opus-mt, or our own export in the `transformers` format), as a `Translator`.
 
 This is the one place that chooses between the kinds; `attn_mt.load` and every command go through it.
 

@@ -158,7 +158,7 @@ def _crc32(path: Path) -> int:
 class Resumed:
     """What a resumed run brings to its data: the key of the entry it was trained on (from its run directory)
     and its tokenizer (from its checkpoint). If that entry is gone, it is rebuilt with this tokenizer rather
-    than a newly trained one, so `--resume` survives a deleted cache."""
+    than a newly trained one, so resuming survives a deleted cache."""
 
     key: str
     tok: Tokenizer

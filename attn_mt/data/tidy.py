@@ -6,7 +6,7 @@ so it never touches a build in progress, and removes damaged entries, what stopp
 files no process holds; complete entries stay (delete one by hand when no run needs it any more), and
 so do entries of another layout version (another attn-mt's, which this one cannot check).
 
-Tested in tests/data/test_cache.py (`prepare --list` and `--clean`).
+Tested in tests/data/test_cache.py (listing and cleaning the cache).
 """
 
 from __future__ import annotations

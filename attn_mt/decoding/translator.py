@@ -130,7 +130,7 @@ def format_nbest(sources: list[str], nbests: list[list[Translation]], fmt: str, 
 def translate_lines(translator: Translator, lines: Iterable[str], dcfg: DecodeConfig, fmt: str,
                     stream: bool = False) -> Iterator[str]:
     """`attn-mt translate`'s output for `lines`, in order: each line's as soon as it is read with `stream`
-    (a terminal, --stream), else pieces of 1000 lines or more (batches of dcfg.batch_size inside)."""
+    (a terminal, or when asked), else pieces of 1000 lines or more (batches of dcfg.batch_size inside)."""
     lines, done, chunk = iter(lines), 0, 1 if stream else max(1000, dcfg.batch_size)
     while piece := list(itertools.islice(lines, chunk)):
         yield format_nbest(piece, translator.translate_nbest(piece, dcfg), fmt, done)

@@ -19,7 +19,7 @@ FORMATS = ("ctranslate2", "transformers")
 
 def export_model(checkpoint: Path, out: Path, fmt: str = "ctranslate2", quantization: str = "float32") -> list[Path]:
     """`attn-mt export`: write the checkpoint as a `fmt` folder; returns its files. An OptionError names the
-    flag (--format, --quantization) of a value that cannot be used."""
+    argument (format, quantization) of a value that cannot be used."""
     from attn_mt.export.ctranslate2 import check_quantization, export_ct2
 
     if fmt not in FORMATS:

@@ -4,7 +4,7 @@
 in a manifest, and only then moves it to `out`. It replaces `out` only when `out` is absent, empty, or
 holds exactly the files a previous export listed in its manifest: a checkpoint, notes or anything else
 a user put there is never deleted, and a failed write leaves the previous export as it was. An `out`
-that is the working directory (`--out .`) or holds it is not renamed (the shell would be left in a
+that is the working directory (`.`) or holds it is not renamed (the shell would be left in a
 deleted folder): its entries are swapped for the new ones instead.
 """
 

@@ -1,7 +1,8 @@
 """Kernels per training step and the device's busy share, from torch.profiler: what launch overhead costs.
 
-    python scripts/profile_step.py --config configs/multi30k_gpu.yaml --set data.dir=/path/to/multi30k \\
-        --steps 10 --json profile.json
+    >>> profile_steps(load_config("configs/multi30k_gpu.yaml", ["data.dir=/path/to/multi30k"]), steps=10)
+
+(scripts/profile_step.py is its command line.)
 
 One fixed batch (the first of the epoch's plan, padded to its length bucket when the config has buckets) is
 trained on by the trainer's own step, eager and (when asked) under torch.compile with
