@@ -221,10 +221,15 @@ def measure(cfg: ExperimentConfig, corpus: Corpus, known: Sizes, device: torch.d
     return out
 
 
+def auto(cfg: ExperimentConfig) -> bool:
+    """Whether the config asks for an automatic size (model.size: auto; an RNN's config has no size)."""
+    return getattr(cfg.model, "size", "fixed") == "auto"
+
+
 def wanted(cfg: ExperimentConfig) -> bool:
     """Whether the run sizes itself: model.size: auto and a clock budget (without one, e.g. a step budget,
     the configured shape trains as it is)."""
-    return getattr(cfg.model, "size", "fixed") == "auto" and cfg.train.max_minutes > 0
+    return auto(cfg) and cfg.train.max_minutes > 0
 
 
 def plan(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precision: str,
@@ -233,7 +238,7 @@ def plan(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precision:
 
     `model.size: auto` with a clock budget measures the ladder on `corpus` at this machine's speed and
     chooses (`size_run`); a resumed run does not come here (resume.resumed_config keeps the shape it chose)."""
-    if getattr(cfg.model, "size", "fixed") != "auto":
+    if not auto(cfg):
         return cfg, None
     if not wanted(cfg):
         log.info("model.size: auto sizes a clock budget (train.max_minutes); without one the configured shape trains")

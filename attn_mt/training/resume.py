@@ -49,7 +49,7 @@ def resumed_config(resumed: dict, path: Path, cfg: ExperimentConfig) -> Experime
     it: an automatic size keeps the shape and warmup it chose (autosize.CHOSEN, as the checkpoint's config has
     them); every other setting is the given config's."""
     saved = resumed.get("config", {})
-    if getattr(cfg.model, "size", "fixed") == "auto":
+    if autosize.auto(cfg):
         try:
             cfg = replace(cfg, **{part: replace(getattr(cfg, part), **{k: int(saved[part][k]) for k in keys})
                                   for part, keys in autosize.CHOSEN.items()})
