@@ -17,6 +17,7 @@ from collections.abc import Iterable
 import sentencepiece as spm
 
 from attn_mt.config import ConfigError, TokenizerConfig
+from attn_mt.data.sampling import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +133,6 @@ class Tokenizer:
         """The source sentences `ids` split anew (data/sampling.py: BPE-dropout at rate `alpha`, or a unigram
         model's sampling with smoothing `alpha`), drawn from `seed` alone: the same in every process; a sentence
         whose sample is longer than `limit` pieces keeps its ids."""
-        from .sampling import Sampler
-
         if self._sampler is None:
             self._sampler = Sampler(self.src)
         rnd = random.Random(seed)
