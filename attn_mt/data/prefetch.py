@@ -22,7 +22,8 @@ T = TypeVar("T")
 
 
 class Prefetcher(Generic[T]):
-    """At most one result built ahead, in one worker thread; `enabled=False` builds everything in place."""
+    """At most one result built ahead, in one worker thread; `enabled=False` builds everything in place. As a
+    context manager it stops the thread at the end of the block (the training loop's)."""
 
     def __init__(self, enabled: bool) -> None:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="attn-mt-batches") if enabled else None
@@ -42,7 +43,14 @@ class Prefetcher(Generic[T]):
         if self.pool is not None:
             self.pending = (key, self.pool.submit(make))
 
+    def __enter__(self) -> Prefetcher[T]:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
+        """Stop the thread (a group built ahead and not taken is dropped); `take` then builds in place."""
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool, self.pending = None, None

@@ -107,6 +107,8 @@ def race(contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig) -> N
             bar.set_postfix_str("  ".join(f"{x.name} BLEU {x.curve[-1]['valid_bleu']:.1f}"
                                           for x in contestants if x.curve))
     bar.close()
+    for c in contestants:
+        c.trainer.prefetch.close()  # no step follows: each trainer's batch thread ends
 
 
 def _check_sizes(params: dict[str, int], gap: float) -> None:

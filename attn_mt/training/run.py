@@ -110,7 +110,7 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite:
         distributed.close(run.world)
         return run.files.tested(run.files.read_results())
     if not done:
-        with StopOnInterrupt() as interrupt:
+        with StopOnInterrupt() as interrupt, run.trainer.prefetch:  # its batch thread ends with the loop
             done = run_epochs(run, interrupt)
     log.info("stopped: %s", done)
     run.board.close()
