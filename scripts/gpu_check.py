@@ -93,7 +93,7 @@ def steps(data: Path | None, out: Path, dry: bool, limits: dict[str, float]) -> 
         train = ["train.max_steps=4", "train.eval_every=2", "train.keep_last=2"]
         compare = ["--quick", *sets(["compare.lengths=[8]", "compare.length_batch_tokens=256", "compare.repeats=1",
                                      "compare.decode_sentences=8", "compare.decode_repeats=1", "compare.beam_size=2",
-                                     "compare.eval_every_minutes=0.02", "compare.budget_minutes=0.02",
+                                     "compare.eval_every_minutes=0.005", "compare.budget_minutes=0.005",
                                      "data.toy_size=300", "tokenizer.vocab_size=120", "train.bleu_sentences=5",
                                      "train.batch_tokens=500", "train.device=cpu", "train.precision=fp32",
                                      "decode.beam_size=2", "decode.max_len_b=4", "transformer.model.d_model=32",

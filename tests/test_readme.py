@@ -55,7 +55,7 @@ SHORTEN = {  # subcommand -> arguments inserted after it
     "train": [*_model, *_short_outputs, "tokenizer.vocab_size=300", "data.toy_size=1000", "train.max_steps=3",
               "train.max_minutes=0", "train.bleu_sentences=5", "train.eval_every=3"],
     "prepare": ["tokenizer.vocab_size=300"],
-    "compare-rnn": ["compare.budget_minutes=0.02", "compare.eval_every_minutes=0.02", "compare.lengths=[8]",
+    "compare-rnn": ["compare.budget_minutes=0.005", "compare.eval_every_minutes=0.005", "compare.lengths=[8]",
                     "compare.length_batch_tokens=256", "compare.repeats=1", "compare.decode_sentences=4",
                     "compare.decode_repeats=1", "tokenizer.vocab_size=300", "data.toy_size=1000",
                     "train.bleu_sentences=5", "transformer.model.d_model=32", "transformer.model.n_heads=2",
