@@ -5,7 +5,9 @@ in the same folder as the shell examples, with the same markers.
 
 Every ```sh / ```bash block of README.md (and of the docs in DOCS, whose blocks can run offline) runs
 in bash (`set -euo pipefail`) in a temporary folder, with this venv's `attn-mt` and `python` first on
-PATH, and must exit 0. A line directly above a block marks it:
+PATH, and must exit 0. Its `attn-mt` commands are forks of a pre-started process that has imported torch
+(tests/prestarted.py: the same command without 2-3 s of imports each; tests/test_cli.py runs the installed
+one). A line directly above a block marks it:
 
     <!-- example: needs multi30k -->     skipped without Multi30k (MULTI30K_DIR); so is a block naming /path/to/multi30k
     <!-- example: needs gpu -->          skipped without CUDA
@@ -38,6 +40,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import MULTI30K, TINY
+from prestarted import prestarted
 
 ROOT = Path(__file__).resolve().parents[1]
 # README and the linked docs whose examples run offline or are marked (the others' blocks are commands
@@ -106,6 +109,13 @@ def toy_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.fixture(scope="session")
+def commands_bin(tmp_path_factory):
+    """A folder whose `attn-mt` runs each command in a fork of one process that imported torch and attn-mt."""
+    with prestarted(tmp_path_factory.mktemp("prestarted")) as folder:
+        yield folder
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -167,7 +177,7 @@ def multi30k_sample(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("where", "mark", "text"), EXAMPLES, ids=[e[0] for e in EXAMPLES])
-def test_example_runs(where, mark, text, toy_run, tmp_path, request):
+def test_example_runs(where, mark, text, toy_run, commands_bin, tmp_path, request):
     if mark.startswith("not run"):
         pytest.skip(mark)
     if SEEN[commands(text)] != where:
@@ -181,7 +191,8 @@ def test_example_runs(where, mark, text, toy_run, tmp_path, request):
     script = shorten(text.replace("/path/to/multi30k", str(sample))
                      .replace("/path/to/checkpoint.pt", "runs/toy/checkpoint_best.pt")
                      .replace("/path/to/checkpoint_best.pt", "runs/toy/checkpoint_best.pt"))
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "MULTI30K_DIR": str(sample)}
+    env = {**os.environ, "PATH": os.pathsep.join(map(str, (commands_bin, BIN, os.environ["PATH"]))),
+           "MULTI30K_DIR": str(sample)}
     result = subprocess.run(["bash", "-c", f"set -euo pipefail\n{script}"], cwd=cwd, env=env, capture_output=True,
                             text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, f"{where}:\n{script}\n--- stdout\n{result.stdout[-2000:]}\n--- stderr\n" \
