@@ -1,5 +1,6 @@
 """The public API type-checks (mypy, the `dev` extra; skipped where it is not installed): its modules are clean,
-and a caller's code sees one return type per kind of input (`translate(str) -> str`, of an iterable -> list)."""
+and a caller's code sees one return type per kind of input (`translate(str) -> str`, of an iterable -> list).
+torch is not followed (its types are Any here): reading torch's sources took half of the 13 s cold run."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def test_the_public_api_type_checks(tmp_path):
     api = pytest.importorskip("mypy.api")
     caller = tmp_path / "caller.py"
     caller.write_text(CALLER)
-    out, err, status = api.run(["--follow-imports=silent", "--ignore-missing-imports", "--no-incremental",
-                                "--cache-dir", str(tmp_path / "cache"), *[str(ROOT / m) for m in MODULES],
-                                str(caller)])
+    (tmp_path / "mypy.ini").write_text("[mypy]\n[mypy-torch.*]\nfollow_imports = skip\n")
+    out, err, status = api.run(["--config-file", str(tmp_path / "mypy.ini"), "--follow-imports=silent",
+                                "--ignore-missing-imports", "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
+                                *[str(ROOT / m) for m in MODULES], str(caller)])
     assert status == 0, out + err
