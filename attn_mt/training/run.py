@@ -104,17 +104,16 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite:
         raise OptionError("give one of resume and overwrite, not both", "overwrite")
     run = setup(cfg, RunDir(run_dir), resume, overwrite, init)
     done = run.finished
-    if done and run.files.results.exists():
-        log.info("the run had already finished (%s): nothing to do", done)
-        run.board.close()
-        distributed.close(run.world)
-        return run.files.tested(run.files.read_results())
+    tested = bool(done) and run.files.results.exists()  # finished and tested before: nothing to do
     if not done:
         with StopOnInterrupt() as interrupt, run.trainer.prefetch:  # its batch thread ends with the loop
             done = run_epochs(run, interrupt)
-    log.info("stopped: %s", done)
+    log.info("the run had already finished (%s): nothing to do" if tested else "stopped: %s", done)
     run.board.close()
+    run.trainer.unwrap()  # the DistributedDataParallel wrapper goes before its process group
     distributed.close(run.world)  # every rank is past its last collective; rank 0 tests alone, nothing to time out
+    if tested:
+        return run.files.tested(run.files.read_results())
     return finish(run) if run.world.main else run.files.best
 
 

@@ -12,6 +12,7 @@ One job: the optimizer step and the run's place and counters around it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -83,6 +84,14 @@ class TrainStep:
         self.guard: Guard | None = None  # apply_on_device's, made at its first call
         check = cfg.skip_check  # deferred: no host sync per step (training/deferred.py)
         self.deferred = check == "device" or (check == "auto" and device.type == "cuda")
+
+    def unwrap(self) -> None:
+        """Training is over: `net` becomes the bare model, and a DistributedDataParallel wrapper is freed while the
+        interpreter is whole. It holds the process group, whose gloo threads, left to the interpreter's exit,
+        can abort the process (a rank once exited with SIGABRT after a finished run)."""
+        if self.net is not self.model:
+            self.net = self.model
+            gc.collect()  # the wrapper's reference cycles
 
     def backward(self, batches: Iterable[Batch], n_tokens: int, weights: list[float] | None = None) -> torch.Tensor:
         """Accumulate the gradient of the mean token loss over `batches`; returns their summed loss."""
