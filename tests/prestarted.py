@@ -2,11 +2,11 @@
 attn-mt once, and forks a child per command; the command's `attn-mt` on PATH is a small client that hands
 the child its arguments, folder, environment and standard streams, forwards SIGINT/SIGTERM/SIGHUP to it
 and exits with its status. A command then starts in milliseconds, not the 2-3 s of importing torch (and,
-for training, torch._dynamo, which the optimizers import).
+for training, torch._dynamo, which the optimizers import). `python/python SCRIPT ARGS` runs a script so.
 
-The child runs what the installed `attn-mt` runs (`attn_mt.cli:app`, as `python -m attn_mt` does), in a
-fresh fork of a process that ran no torch operation: no thread pools were started before the fork.
-Where the server is gone, the client runs the real command instead.
+The child runs what the installed `attn-mt` runs (`attn_mt.cli:app`, as `python -m attn_mt` does), or the
+script as `__main__`, in a fresh fork of a process that ran no torch operation: no thread pools were
+started before the fork. Where the server is gone, the client runs the real command instead.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import runpy
 import signal
 import socket
 import struct
@@ -30,14 +31,14 @@ PRELOAD = ("torch", "torch._dynamo", "attn_mt.cli", "attn_mt.api.commands", "att
            "fastapi", "uvicorn", "matplotlib.pyplot")
 
 CLIENT = '''#!{python}
-"""attn-mt through the pre-started server at {socket} (tests/prestarted.py)."""
+"""{name} through the pre-started server at {socket} (tests/prestarted.py)."""
 import json, os, signal, socket, struct, sys
 s = socket.socket(socket.AF_UNIX)
 try:
     s.connect({socket!r})
 except OSError:  # the server is gone: the real command
     os.execv({real!r}, [{real!r}, *sys.argv[1:]])
-msg = json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+msg = json.dumps({{"program": {name!r}, "argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
 socket.send_fds(s, [struct.pack("!I", len(msg))], [0, 1, 2])
 s.sendall(msg)
 answers = s.makefile("rb")
@@ -67,12 +68,17 @@ def _run(conn: socket.socket, request: dict, fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     conn.sendall(f"{os.getpid()}\n".encode())
-    sys.argv = ["attn-mt", *request["argv"]]
+    script = request["program"] == "python"
+    sys.argv = request["argv"] if script else ["attn-mt", *request["argv"]]
     status = 0
     try:
-        from attn_mt.cli import app
+        if script:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # as `python SCRIPT` has it
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        else:
+            from attn_mt.cli import app
 
-        app(prog_name="attn-mt")
+            app(prog_name="attn-mt")
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, int | None):
@@ -120,18 +126,21 @@ def serve(path: str) -> None:
 
 @contextmanager
 def prestarted(folder: Path):
-    """A folder with the client as `attn-mt` (put it first on PATH) while the server runs."""
+    """A folder with the client as `attn-mt` (put it first on PATH), and as `python/python`, while the server
+    runs."""
     folder.mkdir(parents=True, exist_ok=True)
     path = str(folder / "attn-mt.sock")
-    real = str(Path(sys.executable).parent / "attn-mt")
+    attn_mt = str(Path(sys.executable).parent / "attn-mt")
     proc = subprocess.Popen([sys.executable, __file__, path], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
                             text=True)
     try:
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError("the pre-started attn-mt did not start")
-        client = folder / "attn-mt"
-        client.write_text(CLIENT.format(python=sys.executable, socket=path, real=real), encoding="utf-8")
-        client.chmod(0o755)
+        (folder / "python").mkdir(exist_ok=True)
+        for client, real in ((folder / "attn-mt", attn_mt), (folder / "python" / "python", sys.executable)):
+            client.write_text(CLIENT.format(python=sys.executable, socket=path, real=real, name=client.name),
+                              encoding="utf-8")
+            client.chmod(0o755)
         yield folder
     finally:
         proc.kill()

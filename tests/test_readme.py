@@ -1,7 +1,7 @@
 """README's shell and Python examples run as written, so an example that stops working fails `make test`.
 
 The ```python blocks of a document run in order as one script (later blocks use what earlier ones made),
-in the same folder as the shell examples, with the same markers.
+in the same folder as the shell examples, with the same markers, started as the commands are (below).
 
 Every ```sh / ```bash block of README.md (and of the docs in DOCS, whose blocks can run offline) runs
 in bash (`set -euo pipefail`) in a temporary folder, with this venv's `attn-mt` and `python` first on
@@ -146,12 +146,12 @@ def workdir(tmp_path: Path, toy_run: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", PYTHON)
-def test_python_examples_run_as_one_script(doc, toy_run, tmp_path):
+def test_python_examples_run_as_one_script(doc, toy_run, commands_bin, tmp_path):
     cwd = workdir(tmp_path, toy_run)
     script = "\n\n".join(f"# {where}\n{text}" for where, _, text in PYTHON[doc])
     (cwd / "examples.py").write_text(script, encoding="utf-8")
-    result = subprocess.run([sys.executable, "examples.py"], cwd=cwd, capture_output=True, text=True, timeout=300,
-                            stdin=subprocess.DEVNULL)
+    result = subprocess.run([commands_bin / "python" / "python", "examples.py"], cwd=cwd, capture_output=True,
+                            text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, f"{doc}:\n--- stdout\n{result.stdout[-2000:]}\n--- stderr\n{result.stderr[-3000:]}"
 
 
