@@ -35,6 +35,13 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
+    def __post_init__(self) -> None:
+        """Checks that need two sections (each section checks its own fields)."""
+        widths, most = self.train.length_buckets, self.model.max_positions
+        if widths and widths[-1] > most:
+            raise ConfigError(f"train.length_buckets={list(widths)}: widths above model.max_positions={most} "
+                              "hold no sequence the model takes")
+
 
 def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
     """Plain nested dict (tuples as lists): what goes into config.yaml and checkpoints."""

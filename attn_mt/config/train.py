@@ -85,9 +85,10 @@ class TrainConfig:
     cuda_graphs: bool = False  # with compile on CUDA: mode "reduce-overhead", each step's kernels replayed as one
     #     CUDA graph per batch shape (length_buckets: one graph per bucket); ignored on CPU
     length_buckets: tuple[int, ...] = ()  # pad each training batch to the first of these widths (tokens, eos/bos
-    #     included) that holds it, and to the most rows a batch of that width can have: one static shape per
-    #     bucket, compiled or captured once. Changes padding, not the loss (added rows and columns predict nothing;
-    #     dropout draws differ; attn_mt/data/batching.py's to_bucket)
+    #     included, at most model.max_positions) that holds it, and to the most rows batch_tokens hold at that
+    #     width: one static shape per bucket, compiled or captured once. The epoch's plan counts each batch at its
+    #     bucket's width, so a padded batch stays within batch_tokens; the loss is that of the plan's batches
+    #     (added rows and columns predict nothing; dropout draws differ; attn_mt/data/batching.py's to_bucket)
     #     (): each batch as wide as its longest sentence
 
     def __post_init__(self) -> None:

@@ -101,12 +101,13 @@ class Batches(Sequence[list[int]]):
 
 
 def token_batches(src_lens: Sequence[int], tgt_lens: Sequence[int], batch_tokens: int,
-                  seed: int, epoch: int, shuffle: bool = True) -> Batches:
+                  seed: int, epoch: int, shuffle: bool = True, buckets: Sequence[int] = ()) -> Batches:
     """Index batches of at most `batch_tokens` padded tokens (longest side x sentences).
 
     Sentences are sorted by length (ties broken randomly), cut into batches, and the batch
     order is shuffled; the result depends only on (seed, epoch), so a resumed run can skip
-    to the batch it stopped at.
+    to the batch it stopped at. With `buckets` (train.length_buckets) a batch is counted at the
+    width `to_bucket` pads it to, so the padded batch too stays within `batch_tokens`.
     """
     rng = np.random.default_rng([seed, epoch])
     n = len(src_lens)
@@ -116,7 +117,12 @@ def token_batches(src_lens: Sequence[int], tgt_lens: Sequence[int], batch_tokens
     order = order[np.argsort(key, kind="stable")].astype(np.int32 if n < 2**31 else np.int64)  # kept all epoch
     # In length order, a batch starting at position s takes position k while (k - s + 1) * lens[k] <= batch_tokens,
     # i.e. while first_start[k] <= s below; first_start rises with k, so each batch end is one binary search.
-    first_start = np.arange(n) - batch_tokens // lens[order] + 1  # (N,)
+    width = lens[order]  # (N,) in length order; with buckets, the first bucket that holds each pair
+    if len(buckets):
+        edges = np.asarray(buckets)
+        at = np.searchsorted(edges, width)  # rises with width, so the widths still rise
+        width = np.where(at < len(edges), edges[np.minimum(at, len(edges) - 1)], width)
+    first_start = np.arange(n) - batch_tokens // width + 1  # (N,)
     starts, s = [], 0
     while s < n:
         starts.append(s)
@@ -138,19 +144,21 @@ def bucket_rows(rows: int) -> int:
 def to_bucket(batch: Batch, buckets: tuple[int, ...], pad_id: int, bos_id: int, eos_id: int, pin: bool = False,
               batch_tokens: int = 0, ranks: int = 1) -> Batch:
     """`batch` padded to a static shape (rows, L): L the first of `buckets` (increasing widths) that holds both
-    sides (a batch wider than all is left as it is). Rows: as many as a batch of `batch_tokens` can have at
-    that width (its longest pair is wider than the bucket below: batch_tokens // (that width + 1), shared by
-    `ranks`), so each bucket has one shape; where that is fewer (or no batch_tokens), `bucket_rows`. The added
-    rows are a one-token source (eos) and a one-token decoder input (bos) with nothing to predict (tgt_out all
-    padding): the loss and its gradient are those of the batch itself (up to rounding; dropout draws differ),
-    and no attention row is fully masked. So a compiled or graphed step is captured once per bucket."""
+    sides (a batch wider than all is left as it is). Rows: as many as `batch_tokens` hold at that width
+    (batch_tokens // L, shared by `ranks`), so each bucket has one shape and the padded batch stays within
+    batch_tokens (ranks - 1 rows aside); the plan (`token_batches` with the same buckets) cuts batches that fit.
+    A batch with more rows than that (a plan cut without the buckets) is left as it is: padded, it would
+    exceed batch_tokens. No batch_tokens: `bucket_rows`. The added rows are a one-token source (eos) and a
+    one-token decoder input (bos) with nothing to predict (tgt_out all padding): the loss and its gradient are
+    those of the batch itself (up to rounding; dropout draws differ), and no attention row is fully masked. So
+    a compiled or graphed step is captured once per bucket."""
     (b, s), t = batch.src.shape, batch.tgt_in.size(1)
-    i = next((i for i, w in enumerate(buckets) if w >= max(s, t)), None)
-    if i is None:  # wider than every bucket: the batch as it is
+    width = next((w for w in buckets if w >= max(s, t)), None)
+    if width is None:  # wider than every bucket: the batch as it is
         return batch
-    width, below = buckets[i], buckets[i - 1] if i else buckets[0] // 2
-    rows = -(-(batch_tokens // (below + 1)) // ranks) if batch_tokens else 0
-    rows = rows if rows >= b else bucket_rows(b)
+    rows = -(-(batch_tokens // width) // ranks) if batch_tokens else bucket_rows(b)
+    if rows < b:  # padded to this width, it would hold more than batch_tokens
+        return batch
     if (rows, width) == (b, s) == (b, t):
         return batch
     out = torch.full((3, rows, width), pad_id, dtype=torch.long, pin_memory=pin)

@@ -39,7 +39,7 @@ def profile_steps(cfg: ExperimentConfig, steps: int = 10, warmup: int = 3,
     start = prelude(cfg, cfg.model.max_positions, "the config configs/toy.yaml")
     device, precision, corpus, tc = start.device, start.precision, start.corpus, cfg.train
     split, tok = cfg.data.splits.train, start.corpus.tok
-    index = token_batches(*corpus.lengths(split), tc.batch_tokens, tc.seed, 0)
+    index = token_batches(*corpus.lengths(split), tc.batch_tokens, tc.seed, 0, buckets=tc.length_buckets)
     batch = next(corpus.batches(split, index[:1]))
     if tc.length_buckets:
         batch = to_bucket(batch, tc.length_buckets, tok.pad_id, tok.bos_id, tok.eos_id, batch_tokens=tc.batch_tokens)

@@ -257,7 +257,7 @@ class Trainer(TrainStep):
         if self._plan[0] != self.state.epoch:
             tc = self.cfg
             self._plan = (self.state.epoch, token_batches(self.src_lens, self.tgt_lens, tc.batch_tokens, tc.seed,
-                                                          self.state.epoch))
+                                                          self.state.epoch, buckets=tc.length_buckets))
         return self._plan[1]
 
     def group(self, batches: Sequence[list[int]], epoch: int, start: int) -> tuple[int, list[Batch], list[float]]:

@@ -11,7 +11,7 @@ import torch
 from conftest import BOS, EOS, PAD, TINY, V, sources
 
 from attn_mt.config import ConfigError, TrainConfig, TransformerConfig, load_config
-from attn_mt.data.batching import bucket_rows, collate, to_bucket
+from attn_mt.data.batching import bucket_rows, collate, to_bucket, token_batches
 from attn_mt.data.corpus import load_corpus
 from attn_mt.models import build_model, loss_sum
 from attn_mt.training.compiled import compile_options
@@ -55,40 +55,68 @@ def test_a_bucketed_batch_has_the_loss_and_gradients_of_the_batch_itself():
 
 
 def test_an_epoch_of_bucketed_batches_takes_few_shapes_and_trains_as_unbucketed(tiny_cfg):
+    """The plan's batches, padded to their buckets (each within batch_tokens), train as the same batches
+    unpadded."""
     cfg = tiny_cfg("train.length_buckets=[24,40,64]")
     plain_cfg = replace(cfg, train=replace(cfg.train, length_buckets=()))
     corpus = load_corpus(cfg, cfg.model.max_positions)
-    losses, shapes = {}, {}
+    losses, shapes, plan = {}, {}, None
     for name, c in (("buckets", cfg), ("plain", plain_cfg)):
         torch.manual_seed(0)
         tr = Trainer(build_model(c.model, **corpus.tok.sizes()), c, corpus, CPU, "fp32")  # dropout 0 (TINY)
+        if plan is None:
+            plan = tr.epoch_batches()
+        tr._plan = (tr.state.epoch, plan)  # the plain run takes the bucketed plan's batches
         seen, out = set(), []
         while not tr.epoch_done:
             _, made, _ = tr.group(tr.epoch_batches(), tr.state.epoch, tr.state.batch_in_epoch)
             seen.update(tuple(b.src.shape) + tuple(b.tgt_in.shape) for b in made)
+            assert all(b.src.numel() <= cfg.train.batch_tokens for b in made)
             out.append(tr.step(lambda: 0.0).loss)
         losses[name], shapes[name] = out, seen
-    assert len(shapes["buckets"]) < len(shapes["plain"]) and len(shapes["buckets"]) <= 3 + 1  # + the first bucket's
-    assert all(s[1] in (24, 40, 64) for s in shapes["buckets"])
+    assert len(shapes["buckets"]) < len(shapes["plain"]) and len(shapes["buckets"]) <= 3
+    assert {s[:2] for s in shapes["buckets"]} <= {(600 // w, w) for w in (24, 40, 64)}
     assert losses["buckets"] == pytest.approx(losses["plain"], rel=1e-4)
 
 
 def test_one_shape_per_bucket_holds_every_batch_of_that_width():
-    """Rows: the most a batch_tokens batch can have when its longest pair is wider than the bucket below."""
-    for rows, width in ((3, 9), (5, 13), (7, 16), (4, 16)):
+    """Rows: as many as batch_tokens hold at the bucket's width, shared by the ranks."""
+    for rows, width in ((3, 9), (5, 13), (7, 16), (4, 16), (2, 5)):
         xs = [[4] * (width - 1)] + [[5] * 3] * (rows - 1)
         big = to_bucket(collate(xs, xs, PAD, BOS, EOS), BUCKETS, PAD, BOS, EOS, batch_tokens=120)
-        assert big.src.shape == ((120 // 9, 16) if width > 8 else (120 // 5, 8))
+        assert big.src.shape == ((120 // 16, 16) if width > 8 else (120 // 8, 8))
     half = to_bucket(collate([[4] * 12], [[4] * 12], PAD, BOS, EOS), BUCKETS, PAD, BOS, EOS, batch_tokens=120, ranks=2)
-    assert half.src.shape == (7, 16)  # each of 2 ranks holds at most half of the global batch (13), rounded up
+    assert half.src.shape == (4, 16)  # each of 2 ranks holds at most half of a global batch (7), rounded up
     wide = collate([[4] * 40], [[4] * 3], PAD, BOS, EOS)  # wider than the last bucket: its own width
     assert to_bucket(wide, BUCKETS, PAD, BOS, EOS, batch_tokens=120).src.shape == (1, 41)
 
 
-def test_length_buckets_must_increase():
+def test_a_bucket_never_pads_a_batch_beyond_batch_tokens():
+    """100 pairs of 41 tokens (4,100 tokens) in buckets (2, 64) with batch_tokens 4,096 were padded to 1,365 x 64
+    (21 times the tokens): the most rows a pair wider than 2 allows. A batch that does not fit its bucket within
+    batch_tokens stays as it is; the plan cut with the buckets makes batches that fit."""
+    xs = [[4] * 40] * 100
+    batch = collate(xs, xs, PAD, BOS, EOS)
+    assert to_bucket(batch, (2, 64), PAD, BOS, EOS, batch_tokens=4096).src.shape == (100, 41)
+    assert to_bucket(batch, (2, 100_000), PAD, BOS, EOS, batch_tokens=4096).src.shape == (100, 41)
+    lens = [40] * 100 + [3] * 500 + [20] * 50
+    index = token_batches(lens, lens, 4096, 0, 0, buckets=(2, 64))
+    assert max(len(b) for b in index) == 4096 // 64 and sorted(sum(index, [])) == list(range(len(lens)))
+    for b in index:
+        padded = to_bucket(collate([[4] * lens[i] for i in b], [[4] * lens[i] for i in b], PAD, BOS, EOS), (2, 64),
+                           PAD, BOS, EOS, batch_tokens=4096)
+        assert padded.src.shape == (4096 // 64, 64)  # one shape, within batch_tokens
+
+
+def test_length_buckets_must_increase_and_fit_the_model():
     for bad in ("[16,8]", "[1,8]", "[8,8]"):
         with pytest.raises(ConfigError, match="train.length_buckets"):
             load_config(None, [*TINY, f"train.length_buckets={bad}"])
+    for bad in ("[16,100]", "[2,100000]"):  # a step's first batch wider than the model's positions; 3.3 GB
+        with pytest.raises(ConfigError, match=r"^train.length_buckets=.*model.max_positions=64") as e:
+            load_config(None, [*TINY, "model.max_positions=64", f"train.length_buckets={bad}"])
+        assert "\n" not in str(e.value)
+    assert load_config(None, [*TINY, "model.max_positions=64", "train.length_buckets=[16,64]"]).train.length_buckets
 
 
 def test_compile_options_follow_the_config_and_the_device():
