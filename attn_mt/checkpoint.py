@@ -27,6 +27,7 @@ from attn_mt.models import Seq2Seq, build_model, empty_model
 
 FORMAT_VERSION = 2
 READABLE = (1, 2)  # formats this attn-mt loads
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what a model's weights are saved as
 
 
 class CheckpointError(ModelError):
@@ -138,10 +139,17 @@ def _vocab_ok(vocab: object) -> bool:
 
 
 def check_weights(weights: object, expected: dict | None = None) -> dict:
-    """`weights` when it is a dict of tensors that fits `expected` (a model's state_dict), else
-    CheckpointError naming the missing, unexpected or misshapen ones."""
+    """`weights` when it is a dict of dense floating-point tensors (of the dtypes attn-mt saves, in memory)
+    that fits `expected` (a model's state_dict), else CheckpointError naming the first odd weight, or the
+    missing, unexpected or misshapen ones."""
     if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
         raise CheckpointError(f"checkpoint weights are a {type(weights).__name__}, not a dict of tensors")
+    for key, v in weights.items():
+        odd = (f"has the {str(v.layout).removeprefix('torch.')} layout, not a dense one" if v.layout != torch.strided
+               else "is on the meta device (a shape without values)" if v.is_meta
+               else f"is {v.dtype}, not float32, bfloat16 or float16" if v.dtype not in WEIGHT_DTYPES else None)
+        if odd:
+            raise CheckpointError(f"checkpoint weight {show(key)} {odd}")
     if expected is None:
         return weights
     missing, unexpected = expected.keys() - weights.keys(), weights.keys() - expected.keys()

@@ -195,6 +195,23 @@ def test_crafted_checkpoints_fail_in_one_line_naming_the_file(tiny_run, tmp_path
         one_line_error(cli("translate", "--checkpoint", path, "hello"), 1, f"error: {path}: ", message)
 
 
+def test_a_weight_of_another_layout_device_or_dtype_is_refused_in_one_line(tiny_run, tmp_path):
+    """Sparse and meta weights ended in a traceback (`Tensor.item() cannot be called on meta tensors`);
+    complex, integer and float64 ones loaded silently. Weights are strided floats of the dtypes attn-mt saves."""
+    weights = load(tiny_run / "checkpoint_best.pt")["model"]
+    key = "src_embed.weight"
+    w = weights[key]
+    cases = {"sparse": (w.to_sparse(), "the sparse_coo layout"), "meta": (w.to("meta"), "on the meta device"),
+             "complex": (w.to(torch.complex64), "torch.complex64"), "int64": (w.long(), "torch.int64"),
+             "float64": (w.double(), "torch.float64"), "bool": (w > 0, "torch.bool")}
+    for name, (tensor, message) in cases.items():
+        path = _crafted(tiny_run, tmp_path, f"{name}.pt", model={**weights, key: tensor})
+        one_line_error(cli("translate", "--checkpoint", path, "hello"), 1, f"error: {path}: ", f"'{key}' ", message)
+    for dtype in (torch.bfloat16, torch.float16):  # what a bf16 or fp16 model saves loads
+        path = _crafted(tiny_run, tmp_path, f"{dtype}.pt", model={k: v.to(dtype) for k, v in weights.items()})
+        assert load_model(path)[1].model.d_model == 32
+
+
 def test_save_removes_only_temp_files_whose_writer_is_gone(tmp_path):
     path = tmp_path / "c.pt"
     host = files.HOST

@@ -126,6 +126,29 @@ def test_crafted_checkpoint(tiny_run, texts, tmp_path, keys, value, command):
         _check(_run(command, path, texts), path, must_fail=not _decode_setting(keys))
 
 
+def _retyped(w: torch.Tensor, kind: str) -> torch.Tensor:
+    """`w` as another kind of tensor of its shape: another layout, device or dtype."""
+    return {"sparse": w.to_sparse, "meta": lambda: w.to("meta"), "bool": lambda: w > 0}.get(
+        kind, lambda: w.to(getattr(torch, kind)))()
+
+
+@SETTINGS
+@given(key=st.sampled_from(["src_embed.weight", "out_proj.weight", "encoder.0.self_attn.out_proj.bias"]),
+       kind=st.sampled_from(["sparse", "meta", "complex64", "int64", "float64", "bool", "bfloat16", "float16"]),
+       command=COMMANDS)
+def test_a_weight_of_another_kind(tiny_run, texts, tmp_path, key, kind, command):
+    """A weight turned sparse, meta, complex, integer, bool or float64 is refused in one line (sparse and
+    meta were tracebacks, the others loaded); bfloat16 and float16, as a model saved in them, translate."""
+    state = torch.load(tiny_run / "checkpoint_best.pt", weights_only=True)
+    state["model"][key] = _retyped(state["model"][key], kind)
+    with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+        path = Path(folder) / "retyped.pt"
+        torch.save(state, path)
+        result = _run(command, path, texts)
+        _check(result, path, must_fail=kind not in ("bfloat16", "float16"))
+        assert result.exit_code == (0 if kind in ("bfloat16", "float16") else 1), result.output
+
+
 @SETTINGS
 @given(file=st.sampled_from(["attn_mt.json", "spm.model", "model.bin", "config.json", "shared_vocabulary.json"]),
        damage=BYTES, command=COMMANDS)
