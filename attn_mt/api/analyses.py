@@ -109,20 +109,28 @@ class Analyses:
         return self._attention(text, self.options(beam=beam, nbest=1), target, Steer())
 
     def _attention(self, text: str, dcfg: DecodeConfig, target: str | None, steer: Steer) -> Attention:
+        return self._attentions([text], dcfg, steer, target)[0]
+
+    def _attentions(self, items: list[str], dcfg: DecodeConfig, steer: Steer,
+                    target: str | None = None) -> list[Attention]:
+        """Each text's translation and maps: `target` teacher-forced, or the texts decoded as `translate`
+        decodes them (batched, `steer`), each one's maps teacher-forced on the very ids its decode gave."""
         from attn_mt.decoding.attention_maps import attention_maps
 
         from . import steering
         from .attention import Attention
 
         model = self._transformer("draw")
-        if not text.strip():
+        if any(not text.strip() for text in items):
             raise InputError("a text is empty: attention needs a sentence", "texts")
+        ids: dict[int, list[int]] = {}
         with self.shared.reading():
-            if steer.active:  # the steered translation, then its maps teacher-forced
-                target = steering.translate_nbest(self.translator, [text], dcfg, steer)[0][0].text
-            translation, maps = attention_maps(model, self.tokenizer, text, dcfg, self.translator.device,
-                                               target=target)
-        return Attention(text.strip(), translation, maps)
+            if target is None:
+                steering.translate_nbest(self.translator, items, dcfg, steer, ids)
+            found = [attention_maps(model, self.tokenizer, text, dcfg, self.translator.device, target=target,
+                                    target_ids=ids.get(i)) for i, text in enumerate(items)]
+        return [Attention(text.strip(), translation, maps)
+                for text, (translation, maps) in zip(items, found, strict=True)]
 
     def explain(self, text: str, *, kind: str = "cross", layer: int = 1, head: int = 1, token: int | str = 0,
                 beam: int = 1) -> Explanation:

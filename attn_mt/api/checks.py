@@ -34,6 +34,16 @@ def integer(value: object, field: str, least: int | None = 1) -> int:
     return int(value)
 
 
+SEEDS = 2**64  # a torch.Generator's seeds: 0 .. 2**64 - 1
+
+
+def seed(value: object, field: str = "seed") -> int:
+    """A random seed: an int from 0 to 2**64 - 1 (torch's range; beyond it torch fails with a bare ValueError)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < SEEDS:
+        raise InputError(f"must be an integer from 0 to 2**64 - 1, not {_shown(value)}", field)
+    return int(value)
+
+
 def number(value: object, field: str, least: float | None = None) -> float:
     """`value` as a finite float (>= `least` where given); bools and strings are refused."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)) or (

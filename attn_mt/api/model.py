@@ -152,7 +152,7 @@ class Model(Analyses):
                             max_len_b=max_len_b)
         steer = steering.Steer.of(self.translator, items, target_prefix, temperature, seed)
         if return_attention:
-            out: list = [self._attention(text, dcfg, None, steer.part(i)) for i, text in enumerate(items)]
+            out: list = self._attentions(items, dcfg, steer)  # maps on the ids of this very decode
         else:
             out = [n[0].text for n in self._nbest(items, dcfg, steer)]
         return out[0] if one else out

@@ -4,15 +4,21 @@ stream; and where the weights live (device, dtype).
 `Steer` is checked once per call; its `rule` rules tokens out at each decoder step (search.Steer): a row
 still inside its prefix keeps only the prefix's next token, and a sampled row only the token drawn from
 softmax(log P / temperature). Search then takes the best remaining token, so log P stays the model's.
+Each text draws from its own generator, seeded from (the call's seed, the text, how often the same text came
+before it in the call): a sample depends on neither the batch, the length sort nor the other texts, repeats of
+a text draw differently, and the process's global RNG is never touched (no seed: a fresh one from `secrets`).
 
 One job: steered decoding and placement. Tested in tests/api/test_steering.py.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import secrets
+from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -46,11 +52,13 @@ def moved(translator: Translator, device: str | None, dtype: str | None) -> Tran
 @dataclass(frozen=True)
 class Steer:
     """What a call asks of decoding beyond its DecodeConfig: each text's target prefix (ids, None: none) and
-    sampling's temperature and seed (None: search)."""
+    sampling's temperature and seed (None: search; a call that samples without one gets a fresh one), with
+    each text's own generator seed (`draw_seeds`)."""
 
     prefixes: list[list[int]] | None = None
     temperature: float | None = None
     seed: int | None = None
+    seeds: tuple[int, ...] | None = None
 
     @property
     def active(self) -> bool:
@@ -65,7 +73,7 @@ class Steer:
             if temperature <= 0:
                 raise InputError(f"must be > 0, not {temperature!r} (leave it out to search)", "temperature")
         if seed is not None:
-            checks.integer(seed, "seed", least=0)
+            seed = checks.seed(seed, "seed")
             if temperature is None:
                 raise InputError("seeds sampling: give `temperature` too", "seed")
         prefixes = None
@@ -77,27 +85,26 @@ class Steer:
                                  "target_prefix")
             limit = translator.model.max_positions - 2 if translator.model is not None else 0
             prefixes = [ids[:limit] for ids in translator.tok.encode_tgt([p.strip() for p in given])]
-        steer = cls(prefixes, None if temperature is None else float(temperature), seed)
+        if temperature is not None and seed is None:
+            seed = secrets.randbits(64)  # fresh entropy, not torch.seed(): that reseeds the global RNG
+        steer = cls(prefixes, None if temperature is None else float(temperature), seed,
+                    None if seed is None else draw_seeds(seed, items))
         if steer.active and translator.model is None:
             what = "target_prefix" if target_prefix is not None else "temperature"
             raise ModelError(f"{translator.path}: `{what}` needs a PyTorch checkpoint; a CTranslate2 export decodes "
                              "as exported", what)
         return steer
 
-    def part(self, i: int) -> Steer:
-        """The steer of text `i` alone."""
-        return replace(self, prefixes=None if self.prefixes is None else [self.prefixes[i]])
-
-    def rule(self, prefixes: list[list[int]], device: torch.device | str):
-        """search.Steer for a batch whose sentences have these prefixes: (step, log P (B*k, V)) -> log P."""
+    def rule(self, prefixes: list[list[int]], device: torch.device | str, rows: list[int] | None = None):
+        """search.Steer for a batch whose sentences have these prefixes and these indices in the call (default
+        0, 1, ...): (step, log P (B*k, V)) -> log P."""
         b = len(prefixes)
         width = max((len(p) for p in prefixes), default=0)
         table = torch.tensor([p + [-1] * (width - len(p)) for p in prefixes], dtype=torch.long,
                              device=device).view(b, width)  # (B, P): -1 past each prefix
         temperature = self.temperature
-        draw = torch.Generator(device=device) if temperature is not None else None
-        if draw is not None:
-            draw.manual_seed(self.seed if self.seed is not None else int(torch.seed()))
+        draw = None if self.seeds is None else [torch.Generator(device=device).manual_seed(self.seeds[r])
+                                                for r in (range(b) if rows is None else rows)]  # (B,)
 
         def rule(step: int, logp: Tensor) -> Tensor:
             if step >= width and draw is None:  # past every prefix, searching: nothing to rule out
@@ -110,7 +117,8 @@ class Steer:
                 top = logp.max(-1, keepdim=True).values  # the best token's at 0: no overflow for any temperature
                 cold = max(temperature, 1e-30)  # a float32 divisor (below: greedy all the same)
                 probs = ((logp - top) / cold).softmax(-1)  # (B*k, V)
-                drawn = torch.multinomial(probs, 1, generator=draw)[:, 0]
+                # (B,) each row from its own generator (sampling is beam 1: a row per text)
+                drawn = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, draw, strict=True)])
                 keep = torch.where(keep >= 0, keep, drawn)
             free = keep < 0  # (B*k,) read on the device: no sync per token
             only = torch.full_like(logp, -math.inf).scatter(1, keep.clamp(min=0)[:, None], 0.0)
@@ -119,10 +127,24 @@ class Steer:
         return rule
 
 
-def translate_nbest(translator: Translator, items: list[str], dcfg: DecodeConfig,
-                    steer: Steer) -> list[list[Translation]]:
+def draw_seeds(seed: int, items: list[str]) -> tuple[int, ...]:
+    """Each text's generator seed (0 .. 2**64 - 1): a hash of (seed, the text stripped, how many times the same
+    text came before it), so a sample is the same alone, in any batch and beside any other texts."""
+    seen: Counter[str] = Counter()
+    out = []
+    for text in items:
+        key = text.strip()
+        h = hashlib.blake2b(f"{seed}\0{seen[key]}\0".encode(), digest_size=8)
+        h.update(key.encode("utf-8", "surrogatepass"))  # lone surrogates (from argv) hash as they are
+        out.append(int.from_bytes(h.digest(), "little"))
+        seen[key] += 1
+    return tuple(out)
+
+
+def translate_nbest(translator: Translator, items: list[str], dcfg: DecodeConfig, steer: Steer,
+                    ids: dict[int, list[int]] | None = None) -> list[list[Translation]]:
     """The n-best lists of `items` (in input order; search.translate_batches' batches of dcfg.batch_size, by
-    length) decoded with `steer`."""
+    length) decoded with `steer`; `ids` (if given) gets each text's best token ids by its index."""
     if steer.temperature is not None and dcfg.beam_size > 1:
         raise InputError(f"sampling draws one token a step: give beam=1, not {dcfg.beam_size}", "beam")
     module, tok, device = translator.model, translator.tok, translator.device
@@ -133,7 +155,10 @@ def translate_nbest(translator: Translator, items: list[str], dcfg: DecodeConfig
         src = pad(srcs, tok.pad_id).to(device)  # (B, S)
         max_len = max_lengths(torch.tensor([len(s) for s in srcs]), dcfg, limit)
         max_len = torch.maximum(max_len, torch.tensor([len(p) + 1 for p in prefixes])).clamp(max=limit)
-        return search(module, tok, src, max_len, dcfg, steer=steer.rule(prefixes, device))
+        nbest = search(module, tok, src, max_len, dcfg, steer=steer.rule(prefixes, device, rows))
+        if ids is not None:
+            ids.update((i, n[0].tokens) for i, n in zip(rows, nbest, strict=True))
+        return nbest
 
     return translate_batches(tok, items, limit, dcfg.batch_size, decode)
 

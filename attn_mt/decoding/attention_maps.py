@@ -48,15 +48,18 @@ class Forced:
 def translate_then_force(model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeConfig,
                          device: torch.device | str = "cpu", *, weights: AttentionWeights | None = None,
                          stepwise: bool = False, watch: AbstractContextManager = nullcontext(),
-                         target: str | None = None) -> Forced:
-    """Translate `text` with `cfg` (or take the given `target` as its translation), then run source and
+                         target: str | None = None, target_ids: list[int] | None = None) -> Forced:
+    """Translate `text` with `cfg` (or take the given `target` as its translation, or the token ids
+    `target_ids` a decode gave it: never re-tokenized), then run source and
     translation through `model` once more, teacher-forced, inside `watch` (e.g. a hook recording a module): the
     decoder at once, `weights` collecting every attention map, or with `stepwise` a token at a time with its
     cache, as translation runs it (the encoder's maps only)."""
     model.eval()
     src_ids = prepare_sources(tok, [text.strip()], model.max_positions)[0]
     src = torch.tensor([src_ids], device=device)  # (1, S)
-    if target is None:
+    if target_ids is not None:
+        out = list(target_ids)[: model.max_positions - 1]
+    elif target is None:
         max_len = max_lengths(torch.tensor([len(src_ids)]), cfg, model.max_positions)
         out = search(model, tok, src, max_len, cfg)[0][0].tokens
     else:  # pieces as `score` reads them: truncated so that they, <s> and </s> fit the positions
@@ -76,11 +79,12 @@ def translate_then_force(model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeC
 
 
 def attention_maps(model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeConfig,
-                   device: torch.device | str = "cpu", target: str | None = None) -> tuple[str, list[AttentionMap]]:
-    """Translate `text` (or take `target` as its translation, teacher-forced) and return the translation with
-    every attention map of the model."""
+                   device: torch.device | str = "cpu", target: str | None = None,
+                   target_ids: list[int] | None = None) -> tuple[str, list[AttentionMap]]:
+    """Translate `text` (or take `target`, or the ids `target_ids`, as its translation, teacher-forced) and
+    return the translation with every attention map of the model."""
     weights = AttentionWeights()
-    f = translate_then_force(model, tok, text, cfg, device, weights=weights, target=target)
+    f = translate_then_force(model, tok, text, cfg, device, weights=weights, target=target, target_ids=target_ids)
     maps = [AttentionMap("encoder_self", i, w[0], f.source_tokens, f.source_tokens)
             for i, w in enumerate(weights.encoder_self, 1)]
     maps += [AttentionMap("decoder_self", i, w[0], f.predicted, f.target_in)

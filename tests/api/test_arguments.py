@@ -44,6 +44,9 @@ def test_any_iterable_of_strings_translates_and_scores_like_a_list(model):
     (lambda m: m.translate("a", max_len_a="2"), "max_len_a"),
     (lambda m: m.translate("a", temperature=0), "temperature"),
     (lambda m: m.translate("a", seed=3), "seed"),
+    (lambda m: m.translate("a", temperature=1.0, seed=2**64), "seed"),  # was torch's bare ValueError
+    (lambda m: m.translate("a", temperature=1.0, seed=-1), "seed"),
+    (lambda m: m.translate("a", temperature=1.0, seed=True), "seed"),
     (lambda m: m.translate(TEXTS, target_prefix=["ein"]), "target_prefix"),
     (lambda m: m.translate_nbest("a", nbest="2"), "nbest"),
     (lambda m: m.score(1, "x"), "sources"),

@@ -54,6 +54,42 @@ def test_sampling_is_reproducible_with_a_seed_and_varies_without_one(model):
     assert wide.translate(TEXTS, temperature=1.5, seed=7) == first  # sampling: greedy steps, beam 1
 
 
+SIX = ["a small dog sees the old man.", "yesterday the children find the red ball.", "the cat sleeps.",
+       "two cats sleep.", "the old man sees a small dog.", "a dog runs."]
+
+
+def test_an_unseeded_sample_leaves_the_global_rng_as_it_was(model):
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    model.translate(SIX[:2], temperature=1.0)  # no seed: a fresh one, not torch.seed()
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_seeded_sample_is_the_same_alone_in_any_batch_and_beside_any_texts(model):
+    together = model.translate(SIX, temperature=1.5, seed=7)
+    assert [model.translate(t, temperature=1.5, seed=7) for t in SIX] == together
+    assert model.translate(SIX, temperature=1.5, seed=7, batch_size=1) == together
+    assert model.translate(SIX, temperature=1.5, seed=7, batch_size=4) == together
+    assert model.translate(SIX[::-1], temperature=1.5, seed=7) == together[::-1]
+    assert model.translate([" " + SIX[0]], temperature=1.5, seed=7) == together[:1]  # stripped, as decoded
+    repeats = model.translate([SIX[1]] * 3, temperature=1.5, seed=7)
+    assert repeats[0] == together[1] and len(set(repeats)) > 1  # a repeated text draws again
+
+
+def test_return_attention_forces_the_sampled_ids_of_the_same_call(model):
+    tok = model.tokenizer
+    steer = dict(temperature=1.5, seed=7, target_prefix="ein \u2603")  # the snowman: an unknown piece, drawn as ⁇
+    plain = model.translate(SIX, **steer)
+    atts = model.translate(SIX, return_attention=True, **steer)
+    assert [a.translation for a in atts] == plain
+    for att, text in zip(atts, plain, strict=True):
+        assert "<unk>" in att.target_tokens and att.target_tokens[-1] == "</s>"
+        ids = [tok.tgt.piece_to_id(p) for p in att.target_tokens[:-1]]  # the decode's ids, not re-tokenized
+        assert tok.decode_tgt([ids])[0] == text
+    sampled = model.translate(SIX, temperature=1.5, seed=7)
+    assert [a.translation for a in model.translate(SIX, temperature=1.5, seed=7, return_attention=True)] == sampled
+
+
 def test_the_stream_gives_the_greedy_translation_a_piece_at_a_time(model):
     for text in TEXTS:
         pieces = list(model.stream(text))
