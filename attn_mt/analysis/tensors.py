@@ -78,6 +78,12 @@ def _alone(model) -> AbstractContextManager:
     return shared.writing() if shared is not None else nullcontext()
 
 
+def _reading(model) -> AbstractContextManager:
+    """The model's reader lock where it has one: `Model.to` waits while the module is read."""
+    shared = getattr(model, "shared", None)
+    return shared.reading() if shared is not None else nullcontext()
+
+
 def _module(net, kind: str, layer: int) -> MultiHeadAttention:
     if kind not in KINDS:
         raise InputError(f"{kind!r} is not one of {', '.join(KINDS)}", "kind")
@@ -103,33 +109,37 @@ def inside(model, texts: str | Sequence[str], *, kind: str = "encoder", layer: i
         targets = [targets] if isinstance(targets, str) else list(targets)
         if len(targets) != len(texts) or not all(isinstance(t, str) for t in targets):
             raise InputError(f"expected {len(texts)} target string(s), as many as the texts", "targets")
-    device = model.translator.device
     src_ids = tok.encode_src([t.strip() for t in texts])
     limit = net.max_positions
     if max(len(s) for s in src_ids) + 1 > limit:
         raise InputError(f"a sentence is longer than the model's {limit} positions", "texts")
-    net.eval()
-    with torch.inference_mode():
-        if targets is None:
-            dcfg = model.options(beam=1, nbest=1)
-            tgt_ids = []
+    if targets is None:
+        dcfg = model.options(beam=1, nbest=1)
+        tgt_ids = []
+        with _reading(model), torch.inference_mode():  # as Model.translate: `Model.to` waits for the search
+            net.eval()
             for s in src_ids:
-                src = torch.tensor([[*s, tok.eos_id]], device=device)
+                src = torch.tensor([[*s, tok.eos_id]], device=model.translator.device)
                 tgt_ids.append(search(net, tok, src, max_lengths(torch.tensor([src.size(1)]), dcfg, limit),
                                       dcfg)[0][0].tokens)
-        else:
-            tgt_ids = [ids[: limit - 1] for ids in tok.encode_tgt(targets)]
-        batch = collate(src_ids, tgt_ids, tok.pad_id, tok.bos_id, tok.eos_id)
-        src, tgt_in = batch.src.to(device), batch.tgt_in.to(device)
-        maps, calls = AttentionWeights(), []
-        with _alone(model), recording(attn, calls):  # the hook would record other threads' calls
+    else:
+        tgt_ids = [ids[: limit - 1] for ids in tok.encode_tgt(targets)]
+    batch = collate(src_ids, tgt_ids, tok.pad_id, tok.bos_id, tok.eos_id)
+    maps, calls = AttentionWeights(), []
+    # alone: the hook would record other threads' calls; the module's weights and place are read once, here
+    with _alone(model):
+        with torch.inference_mode(), recording(attn, calls):
+            net.eval()
+            device = model.translator.device  # `Model.to` may have moved the module since the search
+            src, tgt_in = batch.src.to(device), batch.tgt_in.to(device)
             src_mask = net.src_mask(src)  # (B, 1, 1, S)
             net.decode(tgt_in, net.encode(src, src_mask, maps), src_mask, weights=maps)
-        call = gather(attn, calls)
-        own = {"encoder": maps.encoder_self, "decoder": maps.decoder_self, "cross": maps.cross}[kind][layer - 1]
-        emb = net.src_embed(src) * math.sqrt(net.d_model)  # (B, S, D)
-        pe = net.pos.pe[: src.size(1)] if net.pos.pe.size(1) else torch.zeros_like(emb[0])  # (S, D)
-    (w_q, b_q), (w_k, b_k), (w_v, b_v) = projections(attn)
+            emb = net.src_embed(src) * math.sqrt(net.d_model)  # (B, S, D)
+            pe = net.pos.pe[: src.size(1)] if net.pos.pe.size(1) else torch.zeros_like(emb[0])  # (S, D)
+        (w_q, b_q), (w_k, b_k), (w_v, b_v) = projections(attn)
+        w_o, b_o = attn.out_proj.weight.detach(), attn.out_proj.bias.detach()
+    call = gather(attn, calls)
+    own = {"encoder": maps.encoder_self, "decoder": maps.decoder_self, "cross": maps.cross}[kind][layer - 1]
     mask = call.mask
     if kind == "decoder":  # target padding sits after the real tokens: hide it from every query as well
         mask = mask & (tgt_in != tok.pad_id)[:, None, :]
@@ -139,7 +149,7 @@ def inside(model, texts: str | Sequence[str], *, kind: str = "encoder", layer: i
         target_inputs=[tok.tgt_pieces([tok.bos_id, *t]) for t in tgt_ids],
         x=call.x.detach().clone(), context=call.context.detach().clone(), mask=mask.clone(),
         w_q=w_q.detach(), b_q=b_q.detach(), w_k=w_k.detach(), b_k=b_k.detach(), w_v=w_v.detach(),
-        b_v=b_v.detach(), w_o=attn.out_proj.weight.detach(), b_o=attn.out_proj.bias.detach(),
+        b_v=b_v.detach(), w_o=w_o, b_o=b_o,
         weights=own.detach().float().clone(), output=call.output.detach().clone(), embeddings=emb.detach().clone(),
         positions=pe.detach().float().clone(), module=attn)
 

@@ -14,6 +14,7 @@ import torch
 
 from attn_mt.checkpoint import CheckpointError
 from attn_mt.config.files import mark_model
+from attn_mt.config.train import MOST
 from attn_mt.decoding.translator import Translator, checkpoint_translator, model_translator
 from attn_mt.errors import InputError
 
@@ -22,8 +23,9 @@ def open_translator(path: Path | str, device: str = "auto", threads: int | None 
     """A checkpoint file (PyTorch), a directory written by `attn-mt export` (CTranslate2), or a MarianMT model
     (a transformers folder, or a hub name where the hub is reachable), on `device`; `threads` sets torch's
     (or CTranslate2's) CPU threads where given."""
-    if threads is not None and threads < 1:
-        raise InputError(f"must be >= 1, not {threads}", "threads")
+    # train.threads' bound: OpenMP allocates per thread, and 10**9 threads end the process (no exception)
+    if threads is not None and not 1 <= threads <= MOST["threads"]:
+        raise InputError(f"must be from 1 to {MOST['threads']}, not {threads}", "threads")
     translator = _open(path, device, threads)
     mark_model(translator.path)  # a report is never written over it or into it (hub names: export/marian.py)
     return translator

@@ -17,8 +17,9 @@ import hashlib
 import math
 import secrets
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -165,7 +166,8 @@ def translate_nbest(translator: Translator, items: list[str], dcfg: DecodeConfig
 
 def stream(translator: Translator, shared: Shared, text: str, dcfg: DecodeConfig, steer: Steer) -> Iterator[str]:
     """`Model.stream`: greedy decoding of `text`, a token a step with the cache, giving each step's new text
-    (checked now, decoded as the generator is read; `shared` held while a step runs)."""
+    (checked now, decoded as the generator is read; `shared` held while a step runs). Where `Model.to` moved or
+    cast the module between two steps, the next one encodes the source again and feeds the tokens so far."""
     if translator.model is None:
         raise ModelError(f"{translator.path}: a CTranslate2 export decodes whole sentences; stream needs a "
                          "PyTorch checkpoint", "path")
@@ -173,27 +175,58 @@ def stream(translator: Translator, shared: Shared, text: str, dcfg: DecodeConfig
 
 
 def _pieces(translator: Translator, shared: Shared, text: str, dcfg: DecodeConfig, steer: Steer) -> Iterator[str]:
-    module, tok, device = translator.model, translator.tok, translator.device
+    module, tok = translator.model, translator.tok
     limit = module.max_positions
     prefix = steer.prefixes[0] if steer.prefixes else []
-    with shared.reading(), torch.inference_mode():
-        module.eval()
-        src = torch.tensor(prepare_sources(tok, [text.strip()], limit), device=device)  # (1, S)
-        src_mask = module.src_mask(src)
-        memory = module.encode(src, src_mask)  # (1, S, D)
-    max_len = max(int(max_lengths(torch.tensor([src.size(1)]), dcfg, limit)[0]), min(len(prefix) + 1, limit))
-    rule, cache, ids, shown = steer.rule([prefix], device), module.new_cache(), [tok.bos_id], ""
+    src_ids = prepare_sources(tok, [text.strip()], limit)  # (1, S) as lists
+    max_len = max(int(max_lengths(torch.tensor([len(src_ids[0])]), dcfg, limit)[0]), min(len(prefix) + 1, limit))
+    ids, shown, now = [tok.bos_id], "", None
     for step in range(max_len):
         with shared.reading(), torch.inference_mode():
-            logits = module.decode(torch.tensor([ids[-1:]], device=device), memory, src_mask, cache)[:, -1]
-            nxt = int(rule(step, log_probs(module, logits)).argmax(-1)[0])
+            if now is None or now.place != _place(module):  # the first step, or Model.to moved or cast it since
+                now = _Decoding.start(module, src_ids, ids[:-1], steer.rule([prefix], _place(module)[0]))
+            logits = module.decode(torch.tensor([ids[-1:]], device=now.place[0]), now.memory, now.src_mask,
+                                   now.cache)[:, -1]
+            nxt = int(now.rule(step, log_probs(module, logits)).argmax(-1)[0])
         if nxt == tok.eos_id or step + 1 >= max_len:
             break
         ids.append(nxt)
-        now = tok.decode_tgt([ids[1:]])[0]
-        if now.startswith(shown) and len(now) > len(shown):
-            yield now[len(shown):]
-            shown = now
+        text_now = tok.decode_tgt([ids[1:]])[0]
+        if text_now.startswith(shown) and len(text_now) > len(shown):
+            yield text_now[len(shown):]
+            shown = text_now
     final = tok.decode_tgt([ids[1:]])[0]
     if final.startswith(shown) and len(final) > len(shown):
         yield final[len(shown):]
+
+
+def _place(module: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
+    """Where the module's weights are and their type: what Model.to changes between two steps of a stream."""
+    weight = next(module.parameters())
+    return weight.device, weight.dtype
+
+
+@dataclass(frozen=True)
+class _Decoding:
+    """A stream's decoder state on the module as placed: the source encoded and the cache of the tokens so far."""
+
+    place: tuple[torch.device, torch.dtype]
+    src_mask: Tensor  # (1, 1, 1, S)
+    memory: Tensor  # (1, S, D)
+    cache: Any
+    rule: Callable[[int, Tensor], Tensor]  # steer's, on this device (a stream never samples: no draws to keep)
+
+    @classmethod
+    def start(cls, module: Any, src_ids: list[list[int]], fed: list[int],
+              rule: Callable[[int, Tensor], Tensor]) -> _Decoding:
+        """Encode the source and feed the decoder `fed` (the tokens decoded so far, but the last), a token at a
+        time as the stream did: the next step goes on as if the module had always been placed so."""
+        place = _place(module)
+        module.eval()
+        src = torch.tensor(src_ids, device=place[0])  # (1, S)
+        src_mask = module.src_mask(src)
+        memory = module.encode(src, src_mask)
+        cache = module.new_cache()
+        for token in fed:
+            module.decode(torch.tensor([[token]], device=place[0]), memory, src_mask, cache)
+        return cls(place, src_mask, memory, cache, rule)

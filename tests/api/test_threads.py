@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 import attn_mt
 from attn_mt.api.sharing import Shared
@@ -102,3 +103,82 @@ def test_the_lock_leaves_no_thread_waiting_after_errors(tiny_run, tries):
         with pytest.raises(attn_mt.InputError):
             model.explain(TEXTS[0], token="nowhere")  # raised while holding the writer's lock
     assert model.translate(TEXTS[0]) and model.explain(TEXTS[0], token=0).max_abs_diff < 1e-4
+
+
+# ---- Model.to beside a stream and inside() (issue 66, defects 6 and 7), and load's thread count (defect 8) ----
+
+PREFIX = "gestern finden die"  # forced for the stream's first steps: a restart must keep their count
+
+
+def _rounded(tiny_run):
+    """The tiny model with weights a bfloat16 holds exactly (casts back and forth lose nothing from here), and
+    the premise of the tests below: in bfloat16 it decodes the same tokens (a stream cast midway gives the
+    same text)."""
+    model = attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu").to(dtype="bfloat16").to(dtype="float32")
+    whole = list(model.stream(TEXTS[1], target_prefix=PREFIX))
+    assert model.to(dtype="bfloat16").translate(TEXTS[1], beam=1, target_prefix=PREFIX) == "".join(whole)
+    return model.to(dtype="float32"), whole
+
+
+def test_a_stream_goes_on_when_model_to_casts_the_module_between_its_steps(tiny_run):
+    model, whole = _rounded(tiny_run)
+    pieces = model.stream(TEXTS[1], target_prefix=PREFIX)
+    got = [next(pieces)]
+    for dtype in ("bfloat16", "float32", "bfloat16"):  # in this thread, between next() calls (inside the prefix)
+        model.to(dtype=dtype)
+        got.append(next(pieces))
+    got += list(pieces)  # to the end in bfloat16
+    assert got == whole  # was: RuntimeError: Expected query, key, and value to have the same dtype
+
+
+def test_a_stream_goes_on_while_another_thread_casts_the_module(tiny_run):
+    model, whole = _rounded(tiny_run)
+    stop, cast, errors = threading.Event(), threading.Event(), []
+
+    def flip():
+        try:
+            while not stop.is_set():
+                model.to(dtype="bfloat16").to(dtype="float32")
+                cast.set()
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=flip)
+    thread.start()
+    try:
+        assert cast.wait(timeout=30)  # flipping: the lock lets it in between any two steps (first come first served)
+        streams = [list(model.stream(TEXTS[1], target_prefix=PREFIX)) for _ in range(3)]
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not errors and streams == [whole] * 3
+
+
+def test_inside_waits_for_model_to_and_model_to_for_its_search(tiny_run):
+    from attn_mt.analysis import inside
+
+    model = attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu")
+    before = inside(model, TEXTS[0], kind="cross", layer=1)
+    threads: list[threading.Thread] = []
+
+    def cast_midway(module, args):  # the greedy search's first decoder step: Model.to from another thread
+        if not threads:
+            threads.append(threading.Thread(target=model.to, kwargs={"dtype": "bfloat16"}))
+            threads[0].start()
+            threads[0].join(timeout=0.5)  # unlocked, it casts now, mid-search; locked, it waits for the search
+
+    hook = model.module.decoder[0].register_forward_pre_hook(cast_midway)
+    try:
+        after = inside(model, TEXTS[0], kind="cross", layer=1)  # was: mat1 and mat2 must have the same dtype
+    finally:
+        hook.remove()
+        threads[0].join(timeout=30)
+    assert after.target_inputs == before.target_inputs  # searched in float32, whole
+    assert after.x.dtype == after.w_q.dtype == torch.bfloat16  # recorded after the cast, on the cast module
+
+
+def test_load_bounds_the_thread_count_as_train_threads(tiny_run):
+    from attn_mt.config.train import MOST
+
+    with pytest.raises(attn_mt.InputError, match=f"^threads: must be from 1 to {MOST['threads']}, not 1000000000$"):
+        attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu", threads=10**9)  # was: libgomp's out of memory
