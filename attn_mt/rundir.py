@@ -10,6 +10,17 @@ names; disk checks before training. Checkpoints themselves are written atomicall
     {test split}.{lang}                        the test sources and references, line-aligned with test_hyps.txt
     {test split}.contrastive.jsonl             the test split's contrastive set, where the data has one
     tensorboard/                               TensorBoard events (train.tensorboard)
+
+A run directory is always in one of three states (`RunDir.state`), whenever the run is killed:
+    empty      no checkpoint_last.pt and no results.json: a run starts here; what else a run killed before its first
+               checkpoint_last.pt left (metrics.jsonl, checkpoint_best.pt, a snapshot, size.json) is removed then
+    resumable  checkpoint_last.pt and no results.json: `resume` goes on from it; what was written after it (metrics
+               records, snapshots, results.json of a smaller budget) is dropped and written again (`rewind`)
+    finished   results.json, written last of all (after the test texts and checkpoint_avg.pt): `resume` does nothing
+Each evaluation writes metrics.jsonl's record, checkpoint_best.pt, the new snapshot, checkpoint_last.pt, and only
+then deletes the snapshots beyond train.keep_last.
+
+One job: the files of a run directory (their names, and the states their order of writing keeps).
 """
 
 from __future__ import annotations
@@ -44,19 +55,27 @@ class RunDir:
         self.tensorboard = self.path / "tensorboard"
         self.size = self.path / "size.json"
 
+    def state(self) -> str:
+        """'finished', 'resumable' or 'empty' (the module's docstring says what each means)."""
+        return "finished" if self.results.is_file() else "resumable" if self.last.is_file() else "empty"
+
     def earlier_run(self) -> list[Path]:
-        """The files of an earlier run in this directory (none for a new or only-prepared one, nor for one
-        killed before it wrote anything but the size ladder's choice: nothing to resume or lose)."""
+        """The files of an earlier run in this directory; none when it is empty (a new or only-prepared one, or one
+        killed before its first checkpoint_last.pt: nothing to resume or lose)."""
         found = sorted(f for pattern in RUN_FILES for f in self.path.glob(pattern))
-        return found if any(f != self.size for f in found) else []
+        return found if self.state() != "empty" else []
 
     def claim(self, resume: bool, overwrite: bool) -> None:
         """Before anything is written: a fresh run into an earlier run's directory is refused,
         unless `overwrite` asks to delete that run's files (the tokenizer files stay: they are
-        reused only if the data and settings match)."""
+        reused only if the data and settings match); `resume` of an empty one is refused."""
         old = self.earlier_run()
-        if not resume and not old and self.size.exists():  # not where the folder cannot be: check_writable says
-            self.size.unlink()  # the choice of a run killed before its first checkpoint
+        if resume and self.state() == "empty":
+            raise TrainError(f"{self.last}: checkpoint not found: nothing to resume (no run here, or one stopped "
+                             "before its first checkpoint); start it without `resume`")
+        if not resume and not old:  # not where the folder cannot be: check_writable says
+            for f in (f for pattern in RUN_FILES for f in self.path.glob(pattern)):
+                f.unlink(missing_ok=True)  # what a run killed before its first checkpoint_last.pt left
         if resume or not old:
             return
         if not overwrite:
@@ -105,6 +124,15 @@ class RunDir:
             with contextlib.suppress(ValueError):
                 records.append(json.loads(line))
         return records
+
+    def rewind(self, step: int, epoch: int, keep: int, finished: bool) -> None:
+        """Before a run goes on from checkpoint_last.pt of (`step`, `epoch`) (a fresh one: (0, 0)): what was written
+        after it goes, as it will be written again: metrics records, newer snapshots and those beyond `keep`, and
+        results.json where the run is not `finished` (a finished run resumed with a larger budget)."""
+        self.trim_metrics(step, epoch)
+        self.trim_snapshots(step, keep)
+        if not finished:
+            self.results.unlink(missing_ok=True)
 
     def trim_metrics(self, step: int, epoch: int) -> None:
         """Drop the records written after the checkpoint a run resumes from: they will be written again."""
@@ -191,11 +219,22 @@ class RunDir:
         """The kept evaluation checkpoints, oldest first."""
         return sorted(self.path.glob("checkpoint_step*.pt"))
 
-    def keep_weights(self, state: dict, n: int) -> None:
-        """Save this evaluation's weights as checkpoint_step{step}.pt; delete all but the last n."""
+    def keep_weights(self, state: dict) -> None:
+        """Save this evaluation's weights as checkpoint_step{step}.pt (before checkpoint_last.pt: `trim_snapshots`
+        after it)."""
         keys = ("model", "config", "tokenizer", "step", "epoch")
         checkpoint.save({k: state[k] for k in keys}, self.path / f"checkpoint_step{state['step']:07d}.pt")
-        for old in self.snapshots()[:-n]:
+
+    def trim_snapshots(self, step: int, n: int) -> None:
+        """Delete the snapshots of steps after `step` and, of the others, all but the last `n` (0: keep them)."""
+        kept = []
+        for path in self.snapshots():
+            number = path.stem.removeprefix("checkpoint_step")
+            if number.isdigit() and int(number) > step:
+                path.unlink(missing_ok=True)
+            else:
+                kept.append(path)
+        for old in kept[:-n] if n else []:
             old.unlink(missing_ok=True)
 
     def average_snapshots(self) -> dict:

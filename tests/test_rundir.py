@@ -135,8 +135,9 @@ def test_results_are_written_whole_and_snapshots_keep_the_last_n(tmp_path, tiny_
     assert json.loads(files.results.read_text()) == {"test_bleu": 1.5}
     assert (tmp_path / "test_hyps.txt").read_text() == "a\nb\n" and not list(tmp_path.glob(".*.tmp"))
     state = checkpoint.load(tiny_run / "checkpoint_last.pt")
-    for step in (10, 20, 30):
-        files.keep_weights({**state, "step": step}, 2)
+    for step in (10, 20, 30, 40):
+        files.keep_weights({**state, "step": step})
+    files.trim_snapshots(30, 2)  # resuming from step 30: the newer one goes, and the oldest beyond 2
     assert [p.name for p in files.snapshots()] == ["checkpoint_step0000020.pt", "checkpoint_step0000030.pt"]
     averaged = files.average_snapshots()
     assert files.average.exists() and averaged["model"].keys() == state["model"].keys()
@@ -192,3 +193,38 @@ def test_a_run_killed_after_the_size_ladder_is_no_earlier_run(tmp_path):
     assert [p.name for p in files.earlier_run()] == ["checkpoint_last.pt", "size.json"]
     with pytest.raises(TrainError, match="holds an earlier run .2 files"):
         files.claim(resume=False, overwrite=False)
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_empty_and_a_new_run_takes_it(tmp_path):
+    """metrics.jsonl, checkpoint_best.pt or a snapshot without checkpoint_last.pt (a run killed while writing its
+    first checkpoints) used to be refused by a fresh run and by `resume` alike: only `overwrite` got out."""
+    files = RunDir(tmp_path)
+    for name in ("metrics.jsonl", "checkpoint_best.pt", "checkpoint_step0000002.pt", "size.json", "config.yaml"):
+        (tmp_path / name).write_text("{}")
+    assert files.state() == "empty" and files.earlier_run() == []
+    with pytest.raises(TrainError, match="checkpoint_last.pt: checkpoint not found: nothing to resume"):
+        files.claim(resume=True, overwrite=False)
+    files.claim(resume=False, overwrite=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]  # what the new run writes again
+    files.last.write_bytes(b"x")
+    assert files.state() == "resumable"
+    files.results.write_text("{}")
+    assert files.state() == "finished"
+
+
+def test_rewind_drops_what_was_written_after_the_checkpoint(tmp_path, tiny_run):
+    """A run killed between a snapshot and checkpoint_last.pt, or between checkpoint_last.pt and deleting the
+    oldest snapshot, resumes with the snapshots it had at checkpoint_last.pt's step."""
+    files = RunDir(tmp_path)
+    state = checkpoint.load(tiny_run / "checkpoint_last.pt")
+    for step in (2, 4, 6, 8):
+        files.append_metrics({"step": step, "epoch": 0})
+        files.keep_weights({**state, "step": step})
+    files.last.write_bytes(b"x")
+    files.results.write_text("{}")  # of a smaller budget: the run goes on
+    files.rewind(6, 0, keep=2, finished=False)
+    assert [p.name for p in files.snapshots()] == ["checkpoint_step0000004.pt", "checkpoint_step0000006.pt"]
+    assert [r["step"] for r in files.read_metrics()] == [2, 4, 6] and files.state() == "resumable"
+    files.results.write_text("{}")
+    files.rewind(6, 0, keep=0, finished=True)  # finished: nothing goes; keep_last 0 deletes no snapshot
+    assert len(files.snapshots()) == 2 and files.state() == "finished"

@@ -113,6 +113,8 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite:
     run.trainer.unwrap()  # the DistributedDataParallel wrapper goes before its process group
     distributed.close(run.world)  # every rank is past its last collective; rank 0 tests alone, nothing to time out
     if tested:
+        if run.world.main:
+            write_test_texts(run, missing=True)
         return run.files.tested(run.files.read_results())
     return finish(run) if run.world.main else run.files.best
 
@@ -170,8 +172,8 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
     done = None  # why a resumed run had already finished
     if resumed is not None:
         trainer.state, done = restore(resumed, trainer, corpus.tok, cfg, world)
-    if world.main:  # the records after the checkpoint will be written again; a fresh run starts a fresh log
-        files.trim_metrics(trainer.state.step, trainer.state.epoch)
+    if world.main:  # what was written after the checkpoint will be written again; a fresh run starts a fresh log
+        files.rewind(trainer.state.step, trainer.state.epoch, tc.keep_last, finished=bool(done))
     log.info("model %s: %.2fM parameters; device %s, precision %s", cfg.model.kind, count_params(model) / 1e6,
              device, precision)
     board = Board(files.tensorboard, tc.tensorboard and world.main, trainer.state.step)
@@ -294,9 +296,11 @@ def validate_and_save(run: Run, rngs: list[dict], reason: str | None) -> str | N
     state = checkpoint_state(run, rngs)
     if st.bad_evals == 0:
         checkpoint.save(state, run.files.best)  # before last: a kill in between loses nothing
+    if tc.keep_last:
+        run.files.keep_weights(state)  # before last too; the oldest goes after it (a resumed run rewinds to last)
     checkpoint.save(state, run.files.last)
     if tc.keep_last:
-        run.files.keep_weights(state, tc.keep_last)
+        run.files.trim_snapshots(st.step, tc.keep_last)
     return reason
 
 
@@ -321,17 +325,20 @@ def finish(run: Run) -> Path:
         results["init_from"] = tc.init_from
     if (size := files.read_size()) is not None:
         results["size"] = size
-    files.write_results(results, hyps)
     write_test_texts(run)
+    files.write_results(results, hyps)  # results.json last of all: a run directory that has it is finished
     return test_path
 
 
-def write_test_texts(run: Run) -> None:
+def write_test_texts(run: Run, missing: bool = False) -> None:
     """The test split's sources and references as `{split}.{lang}` in the run directory, line-aligned with
-    test_hyps.txt: the evaluate command works on these files (sources, references) for any data source."""
+    test_hyps.txt: the evaluate command works on these files (sources, references) for any data source.
+    `missing`: only where one is missing (a run finished by an attn-mt that wrote them after results.json)."""
     data = run.cfg.data
-    run.files.write_test_texts(data.splits.test, dict(zip((data.src_lang, data.tgt_lang),
-                                                          run.corpus.text[data.splits.test], strict=True)))
+    langs = (data.src_lang, data.tgt_lang)
+    if missing and all(run.files.test_text(data.splits.test, lang).exists() for lang in langs):
+        return
+    run.files.write_test_texts(data.splits.test, dict(zip(langs, run.corpus.text[data.splits.test], strict=True)))
     # the score command's contrastive mode reads these
     if (records := source(data).contrastive(data.splits.test)) is not None:
         run.files.write_contrastive(data.splits.test, records)
