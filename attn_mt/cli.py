@@ -154,7 +154,7 @@ def attention(checkpoint: CkptOpt, text: TextArg, out: Annotated[Path, Option(he
 
     if not text.strip():
         raise typer.BadParameter("the sentence is empty", param_hint="TEXT")
-    check_outputs([("--html", html, (".html", ".htm"))], [checkpoint])  # before any work
+    check_outputs([("--out", out, None), ("--html", html, (".html", ".htm"))], [checkpoint])  # before any work
     model = attn_mt.load(checkpoint, device=device)
     att = model.attention(text, beam=beam)
     paths = att.save_png(out) + ([att.save_html(html)] if html else [])

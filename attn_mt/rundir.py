@@ -26,6 +26,7 @@ One job: the files of a run directory (their names, and the states their order o
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import shutil
 from pathlib import Path
@@ -34,7 +35,7 @@ from torch import nn
 
 from attn_mt import checkpoint
 from attn_mt.config import ExperimentConfig, save_config
-from attn_mt.config.files import write_atomic
+from attn_mt.config.files import OutputError, check_outputs, write_atomic
 from attn_mt.data.cache import Entry
 from attn_mt.errors import TrainError
 
@@ -109,6 +110,17 @@ class RunDir:
         if free < need:
             raise TrainError(f"{self.path}: {free / 2**20:.1f} MiB free on disk, checkpoints need about "
                              f"{need / 2**20:.1f} MiB")
+
+    def refuse_own(self, path: Path, option: str) -> None:
+        """Refuse (OutputError naming `option`) a command's output named as a checkpoint of the run in this
+        directory (one that holds any of a run's files): the run resumes from checkpoint_last.pt, keeps and
+        averages checkpoint_step*.pt, names checkpoint_best.pt or _avg.pt as tested in results.json, and counts
+        every checkpoint_*.pt as its own (removed by `overwrite`). Any other name is the command's own."""
+        named = fnmatch.fnmatch(Path(path).name.lower(), "checkpoint_*.pt")  # lower: a case-blind disk too
+        held = self.config.exists() or self.record.exists() or any(f for p in RUN_FILES for f in self.path.glob(p))
+        if named and held:
+            raise OutputError(f"{option} {path}: a checkpoint name of the run in {self.path}, which train writes "
+                              "and reads back; give it another name (e.g. avg.pt)", option)
 
     def append_metrics(self, record: dict) -> None:
         try:
@@ -246,11 +258,14 @@ class RunDir:
 
 def average_files(paths: list[Path], out: Path, force: bool = False) -> None:
     """`attn-mt average`: the weights of several checkpoints of one run, averaged into `out`; a snapshot pattern
-    the shell left unmatched (no run kept any) says why."""
+    the shell left unmatched (no run kept any) says why. `out` is checked first: not one of `paths`, nor a
+    checkpoint name of a run directory (`RunDir.refuse_own`)."""
     missing = next((p for p in paths if not p.exists()), None)
     if missing is not None and "checkpoint_step" in missing.name:  # the shell left an unmatched glob as it was
         raise checkpoint.CheckpointError(f"{missing}: checkpoint not found (a run keeps checkpoint_step*.pt only "
                                          "with train.keep_last: N)")
+    check_outputs([("out", out, (".pt",))], paths)  # before any work: never over a checkpoint it reads
+    RunDir(out.parent).refuse_own(out, "out")
     checkpoint.save(checkpoint.average(paths, force=force), out)
 
 

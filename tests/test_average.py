@@ -1,6 +1,7 @@
 """Checkpoint averaging: `checkpoint.average`, train.keep_last, and `attn-mt average`."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,24 @@ def test_average_refuses_crafted_checkpoints_naming_the_file(tmp_path, tiny_run)
         average([best, tmp_path / "list.pt"])
     with pytest.raises(CheckpointError, match=r"no-tokenizer\.pt: checkpoint holds no tokenizer"):
         average([best, tmp_path / "no-tokenizer.pt"])
+
+
+@pytest.mark.parametrize("name", ["checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_avg.pt",
+                                  "checkpoint_step0000009.pt", "Checkpoint_Last.pt"])
+def test_average_never_writes_a_checkpoint_name_of_a_run(tmp_path, tiny_run, name):
+    """Not over the run's checkpoint_last.pt (resume), _best, _avg (results.json's `tested`) nor as a snapshot
+    (averaged at the end): refused in one line, the run untouched; any other name in the run, an earlier average
+    there included, is the command's own."""
+    from conftest import one_line_error, snapshot
+
+    run, inputs = tmp_path / "run", [tmp_path / "a.pt", tmp_path / "b.pt"]
+    run.mkdir()
+    for path in [*inputs, run / "checkpoint_last.pt", run / "checkpoint_best.pt"]:
+        shutil.copy(tiny_run / "checkpoint_best.pt", path)
+    shutil.copy(tiny_run / "config.yaml", run / "config.yaml")
+    before = snapshot(run)
+    one_line_error(cli("average", *inputs, "--out", run / name), 2,
+                   f"error: --out {run / name}: a checkpoint name of the run in {run}", "another name")
+    assert snapshot(run) == before
+    for out in (run / "avg.pt", run / "avg.pt", tmp_path / name):  # again over its own; elsewhere, any name
+        assert cli("average", *inputs, "--out", out).exit_code == 0 and checkpoint.load(out)["averaged"]

@@ -265,3 +265,68 @@ def test_stdin_lines_end_at_newline_only(tiny_run):
                           "--device", "cpu"], input=b"the dog\rsees a cat.\r\nthe old man.\n", capture_output=True)
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.decode().splitlines()) == 2
+
+
+def _outputs_over_inputs(tmp: Path, run: Path) -> dict[str, tuple[list, Path, int, str]]:
+    """command -> (its arguments, the input its output names, exit status, what the line says): every command
+    that writes a file, each asked to write over one of its inputs (as itself, a hard link or a symlink)."""
+    ckpt, other, cfg, yaml_cfg = tmp / "m.pt", tmp / "o.pt", write_config(tmp / "c.json"), tmp / "c.yaml"
+    shutil.copy(run / "checkpoint_best.pt", ckpt)
+    shutil.copy(ckpt, other)
+    shutil.copy(cfg, yaml_cfg)
+    (tmp / "m.json").hardlink_to(ckpt)
+    (tmp / "m.html").symlink_to(ckpt)
+    (tmp / "src.json").write_text("a dog .\n")
+    (tmp / "ref.json").write_text("ein Hund .\n")
+    run_copy = tmp / "run"  # a run directory: resumes from checkpoint_last.pt
+    copy_run(run, run_copy)
+    last = run_copy / "checkpoint_last.pt"
+    same, text = "the same file as the input", ["--src", tmp / "src.json", "--ref", tmp / "ref.json"]
+    return {
+        "bench --json config": (["bench", "-c", cfg, "--json", cfg], cfg, 2, f"--json {cfg}: {same}"),
+        "bench --json checkpoint": (["bench", "-c", yaml_cfg, "--checkpoint", ckpt, "--json", tmp / "m.json"],
+                                    ckpt, 2, f"{same} {ckpt}"),
+        "average --out input": (["average", other, ckpt, "--out", ckpt], ckpt, 2, f"--out {ckpt}: {same}"),
+        "average --out symlink": (["average", other, tmp / "m.html", "--out", ckpt], ckpt, 2, same),
+        "average --out run's last": (["average", other, ckpt, "--out", last], last, 2,
+                                     f"--out {last}: a checkpoint name of the run in {run_copy}"),
+        "heads --json ref": (["heads", "--checkpoint", ckpt, *text, "--json", tmp / "ref.json"], tmp / "ref.json",
+                             2, f"--json {tmp / 'ref.json'}: {same}"),
+        "score --json src": (["score", "--checkpoint", ckpt, *text, "--json", tmp / "src.json"], tmp / "src.json",
+                             2, f"--json {tmp / 'src.json'}: {same}"),
+        "explain --json": (["explain", "--checkpoint", ckpt, "a dog .", "--json", tmp / "m.json"], ckpt, 2, same),
+        "attention --out": (["attention", "--checkpoint", ckpt, "a dog .", "--out", ckpt], ckpt, 2,
+                            f"--out {ckpt}: {ckpt} is a file, not a folder"),
+        "attention --html": (["attention", "--checkpoint", ckpt, "a dog .", "--out", tmp / "figs", "--html",
+                              tmp / "m.html"], ckpt, 2, f"--html {tmp / 'm.html'}: {same}"),
+        "export --out": (["export", "--checkpoint", ckpt, "--out", ckpt], ckpt, 2, f"--out {ckpt}: {ckpt} is a file"),
+        "export --out its folder": (["export", "--checkpoint", ckpt, "--out", tmp], ckpt, 1,
+                                    f"{tmp}: holds {ckpt}, which this export reads; choose another --out"),
+        "compare-rnn --out": (["compare-rnn", "-c", yaml_cfg, "--out", yaml_cfg], yaml_cfg, 2, "is a file"),
+        "download --out": (["download", "--out", yaml_cfg], yaml_cfg, 2, f"--out {yaml_cfg}: {yaml_cfg} is a file"),
+    }
+
+
+@pytest.mark.parametrize("case", ["bench --json config", "bench --json checkpoint", "average --out input",
+                                  "average --out symlink", "average --out run's last", "heads --json ref",
+                                  "score --json src", "explain --json", "attention --out", "attention --html",
+                                  "export --out", "export --out its folder", "compare-rnn --out",
+                                  "download --out"])
+def test_no_command_writes_over_its_input(case, tmp_path, tiny_run, monkeypatch):
+    """Refused in one line before any work (nothing reads a checkpoint, benchmarks, trains or downloads), the
+    input untouched."""
+    import attn_mt.data.download
+    import attn_mt.measure.bench
+    import attn_mt.measure.compare
+
+    args, victim, status, says = _outputs_over_inputs(tmp_path, tiny_run)[case]
+    before = victim.read_bytes()
+
+    def work(*args, **kwargs):
+        raise AssertionError("work done before the output was checked")
+
+    for module, name in [(torch, "load"), (attn_mt.measure.bench, "run_bench"),
+                         (attn_mt.measure.compare, "compare_rnn"), (attn_mt.data.download, "download")]:
+        monkeypatch.setattr(module, name, work)
+    one_line_error(cli(*args), status, says)
+    assert victim.read_bytes() == before

@@ -66,6 +66,10 @@ def test_replace_folder_puts_the_old_folder_back_when_the_rename_fails(tmp_path,
     ([("--json", "in.pt", (".json",))], "--json {t}/in.pt: the file name must end in .json"),
     ([("--json", "in.json", (".json",))], "the same file as the input {t}/in.json"),
     ([("--json", "link.json", (".json",))], "the same file as the input {t}/in.json"),
+    ([("--json", "hard.json", (".json",))], "the same file as the input {t}/in.json"),  # a hard link
+    ([("--out", "in.pt", None)], "--out {t}/in.pt: {t}/in.pt is a file, not a folder"),  # a folder output
+    ([("--out", "in.pt/figs/a", None)], "--out {t}/in.pt/figs/a: {t}/in.pt is a file, not a folder"),
+    ([("--out", "model", None)], "--out {t}/model: the same file as the input {t}/model"),
     ([("--out", "p.pt", (".pt",)), ("--json", "P.PT", (".json",))], "must end in .json"),
     ([("--png", "g.pt", (".png",))], "--png {t}/g.pt: the file name must end in .png"),
     ([("--out", "p.pt", (".pt",)), ("--json", "p.pt", (".json", ".pt"))], "the same file as --out"),
@@ -78,6 +82,7 @@ def test_check_outputs_refuses_in_one_line_naming_the_option(tmp_path, outputs, 
     (tmp_path / "in.json").write_text("{}")
     (tmp_path / "in.pt").write_bytes(b"x")
     (tmp_path / "link.json").symlink_to(tmp_path / "in.json")
+    (tmp_path / "hard.json").hardlink_to(tmp_path / "in.json")
     (tmp_path / "dir.json").mkdir()
     (tmp_path / "model").mkdir()  # a model folder (an export, a MarianMT model): every file in it is an input
     (tmp_path / "model" / "attn_mt.json").write_text("{}")
@@ -91,7 +96,8 @@ def test_check_outputs_refuses_in_one_line_naming_the_option(tmp_path, outputs, 
 def test_check_outputs_accepts_new_and_existing_report_files(tmp_path):
     (tmp_path / "old.json").write_text("{}")
     check_outputs([("--json", tmp_path / "old.json", (".json",)), ("--png", tmp_path / "new.PNG", (".png",)),
-                   ("--out", None, (".pt",))], [tmp_path / "in.pt"])
+                   ("--out", None, (".pt",)), ("--figs", tmp_path / "new" / "figs", None),
+                   ("--dir", tmp_path, None)], [tmp_path / "in.pt"])
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
@@ -99,6 +105,8 @@ def test_check_outputs_refuses_a_folder_it_cannot_write(tmp_path):
     (tmp_path / "ro").mkdir(mode=0o500)
     with pytest.raises(OutputError, match="ro is not writable"):
         check_outputs([("--json", tmp_path / "ro" / "r.json", (".json",))])
+    with pytest.raises(OutputError, match="ro is not writable"):
+        check_outputs([("--out", tmp_path / "ro" / "new" / "figs", None)])  # a folder made with its parents
 
 
 def test_download_never_follows_a_planted_part_link(tmp_path, monkeypatch):

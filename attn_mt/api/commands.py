@@ -13,6 +13,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from attn_mt.config.files import check_outputs  # every output checked before any work
+
 from .training import Config, configure
 
 
@@ -28,6 +30,7 @@ def download(dataset: str = "multi30k", out: str | os.PathLike = "data/multi30k"
     """Fetch a corpus (its URL, else the Hugging Face hub) into line-aligned `{split}.{lang}` files in `out`."""
     from attn_mt.data.download import download as fetch
 
+    check_outputs([("out", out, None)])
     return fetch(dataset, Path(out))
 
 
@@ -37,6 +40,7 @@ def export_model(checkpoint: str | os.PathLike, out: str | os.PathLike, *, forma
     format="transformers", as a Hugging Face model folder with a model card; returns the files written."""
     from attn_mt.export import export_model as write
 
+    check_outputs([("out", out, None)], [checkpoint])  # the folder's own rules: export/folder.py
     return write(Path(checkpoint), Path(out), format, quantization)
 
 
@@ -62,8 +66,9 @@ def compare_rnn(config: str | os.PathLike, overrides: Sequence[str] = (), *, out
     from attn_mt.config.compare_rnn import load_compare_config
     from attn_mt.measure.compare import compare_rnn as run_compare
 
-    setup = load_compare_config(Path(config), list(overrides), quick=quick)
-    return run_compare(setup, Path(out) if out else Path("runs") / ("compare_quick" if quick else "compare"))
+    folder = Path(out) if out else Path("runs") / ("compare_quick" if quick else "compare")
+    check_outputs([("out", folder, None)], [config])
+    return run_compare(load_compare_config(Path(config), list(overrides), quick=quick), folder)
 
 
 def bench(config: Config | None = None, overrides: Sequence[str] = (), *, checkpoint: str | os.PathLike | None = None,
@@ -72,6 +77,8 @@ def bench(config: Config | None = None, overrides: Sequence[str] = (), *, checkp
     """Training tokens/s of ours against torch.nn.Transformer, MFU, and (with `checkpoint`) translation speed."""
     from attn_mt.measure.bench import run_bench
 
+    check_outputs([("json_out", json_out, (".json",))],
+                  [checkpoint, config if isinstance(config, str | os.PathLike) else None])  # before any work
     return run_bench(configure(config, overrides), checkpoint=Path(checkpoint) if checkpoint else None,
                      repeats=repeats, steps=steps, compile=compile, sentences=sentences,
                      json_out=Path(json_out) if json_out else None)

@@ -15,7 +15,8 @@ __all__ = ["FLAGS", "AttnMTError", "error_line", "flag", "flags"]  # AttnMTError
 
 # an API argument -> the CLI's flag, where they differ
 FLAGS = {"text": "TEXT", "texts": "TEXT", "path": "--checkpoint", "n": "--prune", "sources": "--src", "refs": "--ref",
-         "ref": "--ref", "src": "--src", "format": "--format", "json": "--json", "overrides": "--set"}
+         "ref": "--ref", "src": "--src", "format": "--format", "json": "--json", "overrides": "--set",
+         "json_out": "--json", "out_dir": "--out"}
 
 
 def flag(field: str) -> str:
@@ -41,4 +42,6 @@ def error_line(e: AttnMTError | KeyboardInterrupt | OSError, request: type | tup
     kind, status = ("config error", 2) if isinstance(e, ConfigError) else ("interrupted", 130) if isinstance(
         e, Interrupted) else ("error", 2 if isinstance(e, OutputError) else 1)
     what = f"{flag(e.field)}: {e.message}" if e.field and not e.named and not isinstance(e, ConfigError) else str(e)
+    if isinstance(e, OutputError) and what.startswith(f"{e.option} "):  # "out x.pt: ..." -> "--out x.pt: ..."
+        what = flag(e.option) + what[len(e.option):]
     return flags(f"{kind}: {what}"), status  # `resume` -> --resume

@@ -179,13 +179,15 @@ def write_report(path: Path | str, data: bytes | str | Callable[[BinaryIO], None
     return Path(path)
 
 
-def check_outputs(outputs: Sequence[tuple[str, Path | str | None, Sequence[str]]],
+def check_outputs(outputs: Sequence[tuple[str, Path | str | None, Sequence[str] | None]],
                   inputs: Sequence[Path | str | None] = ()) -> None:
     """Refuse (OutputError naming the option) an output path that cannot be written as asked, before any work:
-    `outputs` are (option name, path or None, allowed suffixes such as (".json",)); a path must end in one of
-    its suffixes, not be a folder, not be one of `inputs` nor another output, nor lie in an input that is a
-    folder (a MarianMT or export folder: every file a model is read from), and its folder must exist and be
-    writable."""
+    the one check of every command that writes a file. `outputs` are (option name, path or None, allowed
+    suffixes such as (".json",), or None for a folder the command creates or fills); a file must end in one of
+    its suffixes, not be a folder, not be one of `inputs` (by its resolved path or as the same file: a symlink,
+    a hard link) nor another output, nor lie in an input that is a folder (a MarianMT or export folder: every
+    file a model is read from), and its folder must exist and be writable; a folder must not be an input nor
+    another file, and the nearest of it and its parents that exists must be a writable folder."""
     taken: dict[Path, str] = {}
     folders = [Path(name) for name in inputs if name is not None and Path(name).is_dir()]
     for name in inputs:
@@ -196,19 +198,30 @@ def check_outputs(outputs: Sequence[tuple[str, Path | str | None, Sequence[str]]
             continue
         path = Path(path)
         what = f"{option} {path}"
-        if path.suffix.lower() not in suffixes:
+        if suffixes is None:  # a folder: its own files' names, never an input's
+            _check_folder(path, what, option)
+        elif path.suffix.lower() not in suffixes:
             raise OutputError(f"{what}: the file name must end in {' or '.join(suffixes)}", option)
-        if path.is_dir():
+        elif path.is_dir():
             raise OutputError(f"{what}: a folder; give a file name", option)
-        folder = path.parent
-        if not folder.is_dir():
-            raise OutputError(f"{what}: folder {folder} does not exist", option)
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise OutputError(f"{what}: folder {folder} is not writable", option)
-        check_report(path, option, folders)
+        else:
+            _check_folder(path.parent, what, option, made=False)
+            check_report(path, option, folders)
         real = path.resolve()
         same = taken.get(real) or next((taken[p] for p in taken if p.exists() and real.exists()
                                         and os.path.samefile(p, real)), None)
         if same:
             raise OutputError(f"{what}: the same file as {same}; write it to another file", option)
         taken[real] = option
+
+
+def _check_folder(folder: Path, what: str, option: str, made: bool = True) -> None:
+    """Refuse a folder that cannot take new files; `made`: one the command creates with its parents, so the
+    nearest of it and its parents that exists is the one checked."""
+    found = next((f for f in (folder, *folder.parents) if f.exists()), folder) if made else folder
+    if found.exists() and not found.is_dir():
+        raise OutputError(f"{what}: {found} is a file, not a folder", option)
+    if not found.is_dir():
+        raise OutputError(f"{what}: folder {folder} does not exist", option)
+    if not os.access(found, os.W_OK | os.X_OK):
+        raise OutputError(f"{what}: folder {found} is not writable", option)

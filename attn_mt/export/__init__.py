@@ -21,9 +21,11 @@ def export_model(checkpoint: Path, out: Path, fmt: str = "ctranslate2", quantiza
     """`attn-mt export`: write the checkpoint as a `fmt` folder; returns its files. An OptionError names the
     argument (format, quantization) of a value that cannot be used."""
     from attn_mt.export.ctranslate2 import check_quantization, export_ct2
+    from attn_mt.export.folder import check_out
 
     if fmt not in FORMATS:
         raise OptionError(f"{fmt!r} is not one of {', '.join(map(repr, FORMATS))}", "format")
+    check_out(out, [checkpoint])  # before the checkpoint is read
     if fmt == "ctranslate2":
         return export_ct2(checkpoint, out, quantization)
     check_quantization(quantization)

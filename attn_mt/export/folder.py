@@ -85,6 +85,12 @@ def _check(out: Path, reads: Sequence[Path]) -> None:
         raise FolderError(f"{out}: {why}; choose another `out` or remove them")
 
 
+def check_out(out: Path, reads: Sequence[Path] = ()) -> None:
+    """Refuse (FolderError) an `out` that `publish` would refuse, before the export's work: one that holds one
+    of `reads` or files of anything but an earlier export."""
+    _check(Path(out), [Path(r) for r in reads])
+
+
 def publish(out: Path, write: Callable[[Path], None], *, reads: Sequence[Path] = ()) -> Path:
     """Write an export to `out` through a temporary folder beside it; returns `out`.
 

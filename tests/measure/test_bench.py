@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, cli, one_line_error, write_config
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
+import attn_mt
+import attn_mt.measure.bench
 from attn_mt.cli import app
 from attn_mt.config import TransformerConfig
+from attn_mt.config.files import OutputError
 from attn_mt.device import precisions_for
 from attn_mt.measure.bench import TorchTransformer, train_flops
 from attn_mt.models import build_model, count_params
@@ -83,3 +87,20 @@ def test_train_flops_match_torch_flop_counter():
     with FlopCounterMode(display=False) as counter:
         model(src, tgt)
     assert 3 * counter.get_total_flops() == train_flops(cfg, 50, torch.tensor([9]), torch.tensor([6]))
+
+
+@pytest.mark.parametrize("json_out", ["none/b.json", "b.txt", "c.json"])
+def test_bench_checks_its_json_before_any_work(tmp_path, monkeypatch, json_out):
+    """A --json in a missing folder, of another kind, or over the config: one line naming --json before the
+    benchmark starts (run_bench fails if called); the API refuses it the same way."""
+    def work(*args, **kwargs):
+        raise AssertionError("the benchmark ran")
+
+    monkeypatch.setattr(attn_mt.measure.bench, "run_bench", work)
+    config = write_config(tmp_path / "c.json")
+    before = config.read_bytes()
+    out = tmp_path / json_out
+    one_line_error(cli("bench", "--config", config, "--json", out), 2, f"error: --json {out}: ")
+    with pytest.raises(OutputError, match=f"^json_out {re.escape(str(out))}: "):
+        attn_mt.bench(config, json_out=out)
+    assert config.read_bytes() == before
