@@ -18,7 +18,15 @@ from attn_mt.checkpoint import CheckpointError, model_state, tokenizer_from_prot
 from attn_mt.config import ConfigError, DataConfig, DecodeConfig, ExperimentConfig, TokenizerConfig, TransformerConfig
 from attn_mt.config.model import MOST
 from attn_mt.config.tokenizer import MOST as TOKENIZER_MOST
-from attn_mt.export.marian_fields import GENERATION, REQUIRED, read_fields, read_json, read_weights
+from attn_mt.export.marian_fields import (
+    GENERATION,
+    REQUIRED,
+    present,
+    read_fields,
+    read_json,
+    read_regular,
+    read_weights,
+)
 
 VOCAB = (1, TOKENIZER_MOST["vocab_size"])
 CONFIG = {"model_type": (str, REQUIRED, None), "src_vocab_size": (int, REQUIRED, VOCAB),
@@ -44,7 +52,7 @@ def attn_mt_state(folder: Path, raw: dict) -> dict:
     gen = read_fields(gen_raw, GENERATION, folder / "generation_config.json")
     tok_config = read_json(folder, "tokenizer_config.json", False)
     separate = tok_config.get("separate_vocabs") is True
-    spm = {n: (folder / n).read_bytes() for n in ("source.spm", "target.spm") if (folder / n).is_file()}
+    spm = {n: read_regular(folder / n) for n in ("source.spm", "target.spm") if present(folder / n)}
     if "source.spm" not in spm or (separate and "target.spm" not in spm):
         raise CheckpointError(f"{folder}: an attn-mt export without its SentencePiece model(s) (source.spm, "
                               "target.spm)")

@@ -30,7 +30,9 @@ from attn_mt.export.marian_fields import (
     check_ids,
     check_pieces,
     config_fields,
+    present,
     read_json,
+    read_regular,
     read_weights,
     vocab_ids,
 )
@@ -48,9 +50,9 @@ def is_marian(path: Path | str) -> bool:
     p = Path(path)
     if p.is_dir():
         try:
-            config = json.loads((p / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):  # a damaged config.json: the Marian reader says what is wrong
-            return (p / "config.json").is_file()
+            config = json.loads(read_regular(p / "config.json"))
+        except (OSError, ValueError, RecursionError, CheckpointError):  # a damaged config.json, a FIFO or a device:
+            return present(p / "config.json")  # the Marian reader says what is wrong
         return not isinstance(config, dict) or config.get("model_type") in ("marian", "attn_mt")
     text = str(path)  # owner/name, where no folder `owner` is here (runs/missing.pt is a missing file), and not
     # a file name (nosuchdir/checkpoint_best.pt is a missing file, not a hub name to retry for minutes)
@@ -98,8 +100,8 @@ def marian_tokenizer(folder: Path, hf: dict) -> Tokenizer:
     vocab = read_json(folder, "vocab.json")
     if "<unk>" not in vocab:
         raise CheckpointError(f"{folder / 'vocab.json'}: has no <unk> piece")
-    protos = [(folder / name).read_bytes() if (folder / name).is_file() else None for name in ("source.spm",
-                                                                                              "target.spm")]
+    protos = [read_regular(folder / name) if present(folder / name) else None for name in ("source.spm",
+                                                                                           "target.spm")]
     if protos[0] is None:
         raise CheckpointError(f"{folder}: a MarianMT folder without source.spm")
     src_proto, tgt_proto = protos[0], protos[1] or protos[0]

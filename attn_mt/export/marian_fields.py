@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
 import sentencepiece as spm
 import torch
@@ -42,17 +45,56 @@ MOST = {"vocab_size": TOKENIZER_MOST["vocab_size"], "decoder_vocab_size": TOKENI
            for k, ours in (("layers", "n_layers"), ("attention_heads", "n_heads"), ("ffn_dim", "d_ff"))}}
 SPECIAL = ("</s>", "<unk>", "<s>", "<pad>")
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+FILE_MOST = 256 << 20  # bytes of a JSON file or SentencePiece model read whole (opus-mt's: a few MB at most)
+
+
+def present(path: Path) -> bool:
+    """Whether the folder has an entry of this name, of any kind (a broken link included): a FIFO or a device
+    is then refused by `open_regular`, not taken as absent."""
+    return path.exists() or path.is_symlink()
+
+
+def open_regular(path: Path, most: int | None) -> BinaryIO:
+    """`path` open for reading when it is a regular file (or a link to one) of at most `most` bytes (None: any
+    size), else CheckpointError naming it. Opened without blocking, so a FIFO never waits for a writer, and
+    checked (fstat) before a byte is read, so a device such as /dev/zero is never read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be opened ({e.strerror or e})") from None
+    info = os.fstat(fd)
+    problem = ("not a regular file" if not stat.S_ISREG(info.st_mode) else
+               f"{info.st_size} bytes, more than the {most} it may have" if most is not None and info.st_size > most
+               else None)
+    if problem:
+        os.close(fd)
+        raise CheckpointError(f"{path}: {problem}")
+    if hasattr(os, "O_NONBLOCK"):
+        os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_regular(path: Path, most: int | None = None) -> bytes:
+    """The bytes of a regular file of at most `most` bytes (None: FILE_MOST; `open_regular`), one that grows
+    while read refused too."""
+    most = FILE_MOST if most is None else most
+    with open_regular(path, most) as f:
+        data = f.read(os.fstat(f.fileno()).st_size + 1)  # its size, and a byte more to see it grow
+    if len(data) > most:
+        raise CheckpointError(f"{path}: more than the {most} bytes it may have")
+    return data
 
 
 def read_json(folder: Path, name: str, required: bool = True) -> dict:
     """A JSON file of the folder as a dict ({} when absent and not `required`)."""
     path = folder / name
-    if not path.is_file():
+    if not present(path):
         if required:
             raise CheckpointError(f"{folder}: a MarianMT folder without {name}")
         return {}
+    text = read_regular(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(text.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({str(e)[:120]})") from None
     if not isinstance(data, dict):
@@ -171,18 +213,23 @@ def check_pieces(pieces: list[str], protos: list[bytes], path: Path) -> None:
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The folder's weights by transformers' names (model.safetensors, else pytorch_model.bin)."""
-    if (folder / WEIGHTS[0]).is_file():
+    """The folder's weights by transformers' names (model.safetensors, else pytorch_model.bin): regular files,
+    of any size."""
+    if present(folder / WEIGHTS[0]):
         from safetensors.torch import load_file
 
+        open_regular(folder / WEIGHTS[0], None).close()  # safetensors maps the file by its name
         try:
             return load_file(folder / WEIGHTS[0])
         except Exception as e:  # SafetensorError: truncated (a half-finished download), damaged, not safetensors
             raise CheckpointError(f"{folder / WEIGHTS[0]}: not readable weights (truncated or damaged: "
                                   f"{str(e).splitlines()[0][:120] if str(e) else type(e).__name__})") from None
-    if (folder / WEIGHTS[1]).is_file():
+    if present(folder / WEIGHTS[1]):
         try:
-            weights = torch.load(folder / WEIGHTS[1], map_location="cpu", weights_only=True)
+            with open_regular(folder / WEIGHTS[1], None) as f:
+                weights = torch.load(f, map_location="cpu", weights_only=True)
+        except CheckpointError:
+            raise
         except Exception as e:
             raise CheckpointError(f"{folder / WEIGHTS[1]}: not readable weights ({type(e).__name__})") from None
         if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):

@@ -4,9 +4,11 @@ file or field, before anything is written or allocated."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -173,6 +175,67 @@ def test_a_damaged_or_mistyped_file_is_one_line_naming_it(folder, case):
     spoil(folder)
     result = cli("translate", "--checkpoint", folder, "a dog.")
     one_line_error(result, 1, says)
+
+
+class Hung(BaseException):
+    """Raised by `deadline`: a BaseException, which no `except OSError` or `except Exception` of the code
+    under test swallows (a TimeoutError was caught as an OSError, and the load went on to block again)."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: int):
+    """Fails what is still running after `seconds` (SIGALRM interrupts a blocked open or read): a load that
+    blocks ends the test, not the suite."""
+    def stop(*_):
+        raise Hung(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+READ = ["config.json", "generation_config.json", "tokenizer_config.json", "vocab.json", "source.spm", "target.spm",
+        "model.safetensors"]  # every file the loader reads (target_vocab.json: tests/marian/test_marian.py's)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo") or not hasattr(signal, "alarm"), reason="POSIX: FIFOs and SIGALRM")
+@pytest.mark.parametrize("name", READ)
+def test_a_fifo_in_place_of_a_file_is_refused_at_once(folder, name):
+    """config.json as a FIFO hung the loader until it was killed (an open for reading waits for a writer)."""
+    (folder / name).unlink()
+    os.mkfifo(folder / name)
+    with deadline(20):
+        result = cli("translate", "--checkpoint", folder, "a dog.")
+    one_line_error(result, 1, f"{folder / name}: not a regular file")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero") or not os.path.exists("/proc/self/statm"),
+                    reason="Linux: /dev/zero, RLIMIT_AS and /proc")
+def test_a_link_to_a_device_in_place_of_a_file_is_refused_unread(marian, tmp_path):
+    """config.json as a link to /dev/zero was read until memory ran out (a MemoryError traceback under a
+    3 GB limit); here under a limit of 160 MiB beyond a load of the tiny model, for each file read."""
+    folders = []
+    for name in READ:
+        folder = shutil.copytree(marian, tmp_path / name / "opus-mt-en-de")
+        (folder / name).unlink()
+        (folder / name).symlink_to("/dev/zero")
+        folders.append(folder)
+    answers = load_limited(marian, folders, 160 << 20)
+    for folder, name, answer in zip(folders, READ, answers, strict=True):
+        assert answer.get("error") == f"{folder / name}: not a regular file", answer
+
+
+def test_a_json_file_or_sentencepiece_model_above_its_size_limit_is_refused_unread(folder, monkeypatch):
+    from attn_mt.export import marian_fields
+
+    monkeypatch.setattr(marian_fields, "FILE_MOST", 1000)
+    size = (folder / "vocab.json").stat().st_size
+    with pytest.raises(attn_mt.AttnMTError, match=f"vocab.json: {size} bytes, more than the 1000 it may have$"):
+        attn_mt.load(folder, device="cpu")
 
 
 def _vocab(folder) -> dict:
