@@ -23,8 +23,10 @@ OUT/gpu_<step>.json the moment it ends: its status (the exit code, "timeout" whe
               from the step's limit, whichever ends first): results.json and metrics
     compare   `attn-mt compare-rnn` with 16k-token batches, cost against length from 8 to 1024 tokens
     serve     scripts/serve_load.py on the train step's checkpoint on the GPU: 8 and 32 clients
---docs then copies each report to docs/gpu/<step>.json (with machine, commit and command), adds the
-GPU rows to docs/readme_results.json and rebuilds the results tables (scripts/results_table.py).
+--docs then copies the report of each step that ended well to docs/gpu/<step>.json (with machine, commit and
+command), puts its GPU row in docs/readme_results.json in place of the row it had (the rows of steps not run or
+failed stay as they were) and rebuilds the results tables (scripts/results_table.py). Only measurements on a
+CUDA GPU go into the docs: --docs with --dry-run, or on a machine without one, is refused before any step runs.
 
 `--dry-run` runs every step on the CPU with tiny settings on the built-in toy corpus (the GPU tests then
 skip), so everything but CUDA itself is exercised before device time is spent; the test suite runs it
@@ -226,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="run only these steps")
     parser.add_argument("--docs", action="store_true", help="also write docs/gpu/*.json and the results rows")
     args = parser.parse_args(argv)
+    if args.docs and args.dry_run:
+        parser.error("--docs: a dry run measures the CPU with tiny settings; the docs hold GPU measurements")
     if not args.dry_run and not (args.data and (args.data / "train.de").exists()):
         parser.error(f"--data {args.data}: no train.de there (Multi30k {{split}}.{{de,en}} files)")
     t0 = time.perf_counter()
@@ -237,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {"env": environment()}
+    if args.docs and not on_gpu(results["env"]):
+        print("error: --docs: no CUDA GPU here; the docs hold GPU measurements", file=sys.stderr)
+        return 2
     (out / "gpu_env.json").write_text(json.dumps(results["env"], indent=2) + "\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "PYTHONUNBUFFERED": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
@@ -283,6 +290,11 @@ ROWS = {  # step -> (measurement, result with {value}, file key, format, setup)
 }
 
 
+def on_gpu(env: dict) -> bool:
+    """Whether `environment()` saw a CUDA GPU: the only machine whose reports go into the docs."""
+    return bool(env.get("cuda_available") and env.get("device"))
+
+
 def lookup(data: dict, key: str):
     for part in key.split("."):
         data = data.get(part) if isinstance(data, dict) else None
@@ -290,23 +302,29 @@ def lookup(data: dict, key: str):
 
 
 def write_docs(results: dict[str, dict], data: Path | None, out: Path, root: Path = ROOT) -> list[str]:
-    """docs/gpu/<step>.json for each step with a report (machine, commit, command with placeholders for the
-    machine's paths), the GPU rows of docs/readme_results.json, and the results tables rebuilt from them."""
+    """docs/gpu/<step>.json for each step that ended well with a report (machine, commit, command with
+    placeholders for the machine's paths), its GPU row of docs/readme_results.json in place of the one it had,
+    and the results tables rebuilt from them. Files and rows of steps not run, failed or without their number
+    stay as they were; a run without a CUDA GPU (a dry run) writes nothing (ValueError)."""
     env = results["env"]
-    machine = f"{env.get('device', 'no GPU')}, torch {env['torch']}, CUDA {env['cuda']}"
+    if not on_gpu(env):
+        raise ValueError("no CUDA GPU measured these reports: the docs hold GPU measurements")
+    machine = f"{env['device']}, torch {env['torch']}, CUDA {env['cuda']}"
     written, rows = [], []
     (root / "docs" / "gpu").mkdir(parents=True, exist_ok=True)
     for name, r in results.items():
-        if name == "env" or not ({"report", "results"} & set(r)):
+        if name == "env" or r.get("status") != 0 or not ({"report", "results"} & set(r)):
             continue
         command = r["command"].replace(str(out), "OUT").replace(str(ROOT), "CHECKOUT")
         if data is not None:
             command = command.replace(str(data.resolve()), "/path/to/multi30k")
         doc = {"machine": machine, "commit": env["commit"], "command": command, "status": r["status"],
                "seconds": r["seconds"], **{k: r[k] for k in ("report", "results", "metrics") if k in r}}
+        if name in ROWS and lookup(doc, ROWS[name][2]) is None:  # its row's number is not there: keep the old
+            continue
         (root / "docs" / "gpu" / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
         written.append(f"docs/gpu/{name}.json")
-        if name in ROWS and r["status"] == 0 and lookup(doc, ROWS[name][2]) is not None:  # (no kernels on a CPU)
+        if name in ROWS:
             measurement, result, key, fmt, setup = ROWS[name]
             rows.append({"measurement": measurement, "summary": False, "result": result,
                          "values": {"value": {"file": f"docs/gpu/{name}.json", "key": key, "format": fmt}},
@@ -314,7 +332,8 @@ def write_docs(results: dict[str, dict], data: Path | None, out: Path, root: Pat
                          "details": "docs/performance.md", "gpu": True})
     table_path = root / "docs" / "readme_results.json"
     table = json.loads(table_path.read_text())
-    table["rows"] = [r for r in table["rows"] if not r.get("gpu")] + rows
+    new = {row["measurement"]: row for row in rows}  # each replaces the GPU row of its measurement, where it was
+    table["rows"] = [new.pop(r["measurement"], r) if r.get("gpu") else r for r in table["rows"]] + list(new.values())
     table_path.write_text(json.dumps(table, indent=2, ensure_ascii=False) + "\n")
     sys.path.insert(0, str(ROOT / "scripts"))
     import results_table

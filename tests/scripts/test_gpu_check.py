@@ -67,20 +67,78 @@ def test_docs_and_results_rows_come_from_the_reports(dry_run, tmp_path):
         (shutil.copytree if name == "docs" else shutil.copy)(ROOT / name, tmp_path / name)
     shutil.rmtree(tmp_path / "docs" / "gpu", ignore_errors=True)
     module = gpu_check()
-    results = {"env": json.loads((out / "gpu_env.json").read_text()),
-               **{n: json.loads((out / f"gpu_{n}.json").read_text()) for n in STEPS}}
+    env = {**json.loads((out / "gpu_env.json").read_text()), "cuda_available": True, "device": "a stand-in GPU"}
+    results = {"env": env, **{n: json.loads((out / f"gpu_{n}.json").read_text()) for n in STEPS}}
     written = module.write_docs(results, None, out, root=tmp_path)
-    assert sorted(written) == sorted(f"docs/gpu/{n}.json" for n in ("bench", "profile", "train", "compare", "serve"))
-    bench = json.loads((tmp_path / "docs" / "gpu" / "bench.json").read_text())
-    assert {"machine", "commit", "command", "report"} <= set(bench) and "OUT/bench.json" in bench["command"]
+    bf16 = "bf16" in precisions_for(torch.device("cpu"))  # the bench row's number; a CPU has no kernels (profile)
+    assert sorted(written) == sorted(f"docs/gpu/{n}.json" for n in ("train", "compare", "serve", *["bench"] * bf16))
+    train = json.loads((tmp_path / "docs" / "gpu" / "train.json").read_text())
+    assert {"machine", "commit", "command", "results"} <= set(train) and "OUT/run" in train["command"]
     assert str(out) not in (tmp_path / "docs" / "gpu" / "train.json").read_text()
     results_md = (tmp_path / "docs" / "results.md").read_text()
     test_bleu = results["train"]["results"]["test_bleu"]
     assert f"test2016 BLEU {test_bleu:.2f}" in results_md
-    assert ("target tokens/s (ours, bf16)" in results_md) == ("bf16" in precisions_for(torch.device("cpu")))
+    assert ("target tokens/s (ours, bf16)" in results_md) == bf16
     assert "kernels per step" not in results_md  # a CPU has no device kernels: no row
     module.write_docs(results, None, out, root=tmp_path)  # again: the rows are replaced, not added twice
     assert (tmp_path / "docs" / "results.md").read_text().count(f"test2016 BLEU {test_bleu:.2f}") == 1
+
+
+def a_checkout(tmp_path) -> Path:
+    """A copy of what gpu_check.py writes to and reads (docs, README.md) and runs (scripts, configs): a test
+    that fails never writes the real docs."""
+    copy = tmp_path / "checkout"
+    for name in ("scripts", "docs", "configs"):
+        shutil.copytree(ROOT / name, copy / name)
+    shutil.copy(ROOT / "README.md", copy / "README.md")
+    return copy
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_dry_run_or_a_machine_without_a_gpu_never_writes_the_docs(tmp_path):
+    """`--dry-run --only prepare bench --docs` wrote the CPU's toy figure into results.md as "Training speed on
+    one GPU" and exited 0; now it is refused before any step runs, as --docs without a CUDA GPU is."""
+    copy = a_checkout(tmp_path)
+    before = snapshot(copy)
+    script = str(copy / "scripts" / "gpu_check.py")
+    done = subprocess.run([sys.executable, script, "--dry-run", "--only", "prepare", "bench", "--docs", "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--docs: a dry run measures the CPU" in done.stderr, done.stdout + done.stderr
+    assert not (tmp_path / "out").exists()
+    if not torch.cuda.is_available():
+        (tmp_path / "multi30k").mkdir()
+        (tmp_path / "multi30k" / "train.de").write_text("ein Hund.\n")
+        done = subprocess.run([sys.executable, script, "--data", str(tmp_path / "multi30k"), "--only", "prepare",
+                               "--docs", "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr == "error: --docs: no CUDA GPU here; the docs hold GPU " \
+            "measurements\n", done.stdout + done.stderr
+        assert not (tmp_path / "out" / "gpu_prepare.json").exists()
+    assert snapshot(copy) == before
+
+
+def test_docs_keep_the_rows_this_run_did_not_measure(tmp_path):
+    """A run of some steps replaces their rows and files; the other GPU rows, and those of failed steps, stay."""
+    copy, module = a_checkout(tmp_path), gpu_check()
+    env = {"torch": "2.x", "cuda": "12.x", "cuda_available": True, "device": "a stand-in GPU", "commit": "abc1234"}
+    step = {"status": 0, "seconds": 1.0, "command": "python -m attn_mt"}
+    bench = {**step, "report": {"ours_tokens_per_s": {"bf16": 123456.0}}}
+    assert module.write_docs({"env": env, "bench": bench}, None, tmp_path, root=copy) == ["docs/gpu/bench.json"]
+    train = {**step, "results": {"test_bleu": 41.234}}
+    failed = {**step, "status": "timeout", "report": {"ours_tokens_per_s": {"bf16": 9.0}}}
+    assert module.write_docs({"env": env, "train": train, "bench": failed}, None, tmp_path, root=copy) == \
+        ["docs/gpu/train.json"]
+    results_md = (copy / "docs" / "results.md").read_text()
+    assert "123,456 target tokens/s" in results_md and "test2016 BLEU 41.23" in results_md
+    assert "9 target tokens/s" not in results_md
+    rows = json.loads((copy / "docs" / "readme_results.json").read_text())["rows"]
+    assert sum(r.get("gpu", False) for r in rows) == 2
+    before = snapshot(copy)
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        module.write_docs({"env": {**env, "cuda_available": False}, "train": train}, None, tmp_path, root=copy)
+    assert snapshot(copy) == before
 
 
 def test_a_bare_python_is_told_what_to_bring_before_any_work(tmp_path):
