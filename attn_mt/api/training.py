@@ -36,11 +36,24 @@ def configure(source: Config | None = None, overrides: Sequence[str] = ()) -> Ex
     if isinstance(source, ExperimentConfig):
         raw = to_dict(source)
     elif isinstance(source, Mapping):
-        raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in source.items()}
+        raw = _copy(source)  # the overrides change the copy, never the caller's dict (a section or one within)
     else:
         raise InputError(f"a YAML path, a dict or an ExperimentConfig, not {type(source).__name__}", "config")
     set_overrides(raw, list(overrides))
     return from_dict(raw)
+
+
+def _copy(raw: Mapping) -> dict:
+    """A deep copy of a nested config: mappings as dicts, lists as lists, down to the leaves."""
+    def copy(x):
+        if isinstance(x, Mapping):
+            return {k: copy(v) for k, v in x.items()}
+        return [copy(v) for v in x] if isinstance(x, list | tuple) else x
+
+    try:
+        return copy(raw)
+    except RecursionError:
+        raise InputError("a dict that holds itself (or nests deeper than Python recurses)", "config") from None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -30,6 +31,18 @@ def test_configure_takes_a_dict_an_object_or_a_file_with_overrides(tmp_path):
     assert e.value.field == "overrides"
     with pytest.raises(attn_mt.ConfigError, match="not found"):
         attn_mt.configure(tmp_path / "missing.yaml")
+
+
+def test_configure_never_changes_the_callers_dict():
+    """Overrides of a key within a section's section (data.splits.test) changed the caller's dict: the copy
+    was one level deep."""
+    raw = _raw()
+    raw["data"]["splits"] = {"test": "test"}
+    raw["model"]["banned_ids"] = [5]
+    before = copy.deepcopy(raw)
+    cfg = attn_mt.configure(raw, ["data.splits.test=valid", "model.banned_ids=[6]", "train.lr=1e-2"])
+    assert cfg.data.splits.test == "valid" and cfg.model.banned_ids == (6,) and cfg.train.lr == 1e-2
+    assert raw == before
 
 
 @pytest.mark.slow
