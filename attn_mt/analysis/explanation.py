@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from attn_mt.config.files import write_report
+from attn_mt.data import checks
 
 NAMES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",
          "cross": "cross-attention"}
@@ -68,7 +69,7 @@ class Explanation:
 
     def save_json(self, path: str | Path) -> Path:
         """Every number of the explanation as JSON, written atomically."""
-        return write_report(path, self.to_json() + "\n", "json")
+        return write_report(checks.path(path), self.to_json() + "\n", "json")
 
     def __str__(self) -> str:
         return render(self)
@@ -84,7 +85,8 @@ class Explanation:
         """The five steps as an HTML page that opens from disk."""
         from .views import save_html
 
-        return save_html(explanation_html(self), path, f"attn-mt explain: {self.kind} {self.layer}.{self.head}")
+        title = f"attn-mt explain: {self.kind} {self.layer}.{self.head}"
+        return save_html(explanation_html(self), checks.path(path), title)
 
 
 def _vec(xs: list[float], n: int = 6) -> str:

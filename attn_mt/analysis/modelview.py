@@ -25,11 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attn_mt.data import checks
 from attn_mt.errors import InputError
 
 KIND_NAMES = {"encoder_self": "encoder", "decoder_self": "decoder", "cross": "cross"}
 TICKS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the legend's numbers
-HEAD = re.compile(r"(encoder|decoder|cross) ([0-9]+)\.([0-9]+)")
+HEAD = re.compile(r"(encoder|decoder|cross) ([0-9]{1,9})\.([0-9]{1,9})")  # not a 5000-digit int()
 
 
 def _chosen(maps, heads: Sequence[str] | None) -> list[tuple[str, int, int]]:
@@ -129,13 +130,15 @@ class ModelView:
         """The view as a standalone page that opens from disk."""
         from .views import save_html
 
-        return save_html(self.to_html(), Path(path), f"attn-mt model view: {self.source}")
+        return save_html(self.to_html(), checks.path(path), f"attn-mt model view: {self.source}")
 
 
 def model_view(att, heads: Sequence[str] | None = None) -> ModelView:
     """Every head of `att` (an `attn_mt.Attention`: `model.attention(text)`), or those named in `heads`
     ("encoder 1.2", "cross 2.3": kind, layer.head from 1)."""
-    maps = list(getattr(att, "maps", None) or [])
-    if not maps:
+    maps = getattr(att, "maps", None)
+    if not isinstance(maps, list) or not maps or not all(isinstance(getattr(att, a, None), str)
+                                                          for a in ("source", "translation")):
         raise InputError("expected the attention of a sentence: model.attention(text)", "att")
-    return ModelView(att.source, att.translation, maps, _chosen(maps, heads))
+    names = None if heads is None else checks.texts(heads, "heads", files=False)[0]
+    return ModelView(att.source, att.translation, maps, _chosen(maps, names))

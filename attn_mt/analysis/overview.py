@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from attn_mt.config.files import check_report, write_report
+from attn_mt.data import checks
 
 from .masking import KINDS
 from .roles import ROLES
@@ -58,7 +59,7 @@ class HeadsReport:
         """The report as an HTML page that opens from disk (`overview.save` writes its JSON and PNG)."""
         from .views import save_html
 
-        return save_html(heads_html(self), path, f"attn-mt heads: {Path(self.checkpoint).name}")
+        return save_html(heads_html(self), checks.path(path), f"attn-mt heads: {Path(self.checkpoint).name}")
 
 
 def _cell(value: float | None, width: int = 6) -> str:

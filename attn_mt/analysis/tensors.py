@@ -15,6 +15,7 @@ count from 1, tokens from 0. Tested in tests/analysis/test_tensors.py.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from attn_mt.data import checks
 from attn_mt.data.batching import collate
 from attn_mt.decoding.search import max_lengths, search
 from attn_mt.errors import InputError
@@ -99,16 +101,18 @@ def inside(model, texts: str | Sequence[str], *, kind: str = "encoder", layer: i
     """The inputs, weights and outputs of `kind`'s attention in layer `layer` of `model` (an `attn_mt.Model`
     loaded from a Transformer checkpoint) for `texts`, teacher-forced on `targets` (None: the greedy
     translations)."""
-    net, tok = model._transformer("look inside"), model.tokenizer
-    one = isinstance(texts, str)
-    texts = [texts] if one else list(texts)
-    if not texts or not all(isinstance(t, str) and t.strip() for t in texts):
+    checks.model(model)
+    texts = checks.texts(texts, "texts")[0]
+    if not texts or not all(t.strip() for t in texts):
         raise InputError("expected a sentence or a list of non-empty sentences", "texts")
-    attn = _module(net, kind, layer)
+    checks.choice(kind, "kind", KINDS)
+    checks.integer(layer, "layer")
     if targets is not None:
-        targets = [targets] if isinstance(targets, str) else list(targets)
-        if len(targets) != len(texts) or not all(isinstance(t, str) for t in targets):
+        targets = checks.texts(targets, "targets")[0]
+        if len(targets) != len(texts):
             raise InputError(f"expected {len(texts)} target string(s), as many as the texts", "targets")
+    net, tok = model._transformer("look inside"), model.tokenizer
+    attn = _module(net, kind, layer)
     src_ids = tok.encode_src([t.strip() for t in texts])
     limit = net.max_positions
     if max(len(s) for s in src_ids) + 1 > limit:
@@ -165,16 +169,18 @@ def without(model, *heads: str) -> Iterator[None]:
     """
     from .masking import Head, masked
 
+    checks.model(model)
     net = model._transformer("mask heads")
     chosen = []
     for name in heads:
-        kind, _, where = str(name).partition(" ")
+        kind, _, where = (name if isinstance(name, str) else "").partition(" ")  # not a string: refused below
         layer, _, head = where.partition(".")
-        if kind not in KINDS or not layer.isdigit() or not head.isdigit():
-            raise InputError(f"{name!r}: expected a head as 'kind layer.head', e.g. 'cross 2.3'", "heads")
+        if kind not in KINDS or not re.fullmatch(r"[0-9]{1,9}\.[0-9]{1,9}", where):  # not "²" nor 5000 digits
+            raise InputError(f"{checks.shown(name)}: expected a head as 'kind layer.head', e.g. 'cross 2.3'",
+                             "heads")
         n_layers, n_heads = len(net.encoder), net.cfg.n_heads
         if not 1 <= int(layer) <= n_layers or not 1 <= int(head) <= n_heads:
-            raise InputError(f"{name!r}: the model has {n_layers} layers of {n_heads} heads", "heads")
+            raise InputError(f"{checks.shown(name)}: the model has {n_layers} layers of {n_heads} heads", "heads")
         chosen.append(Head(kind, int(layer), int(head)))
     with _alone(model), masked(net, chosen):  # other threads' translations wait: they would lose the heads too
         yield

@@ -103,9 +103,9 @@ class Analyses:
         """
         from .steering import Steer
 
-        checks.text(text, "text")
+        text = checks.text(text, "text")
         if target is not None:
-            checks.text(target, "target", empty=True)
+            target = checks.text(target, "target", empty=True)
         return self._attention(text, self.options(beam=beam, nbest=1), target, Steer())
 
     def _attention(self, text: str, dcfg: DecodeConfig, target: str | None, steer: Steer) -> Attention:
@@ -144,7 +144,7 @@ class Analyses:
         from attn_mt.analysis.explain import ExplainError, explain
 
         model = self._transformer("explain")
-        checks.text(text, "text")
+        text = checks.text(text, "text")
         if not isinstance(kind, str):
             raise ExplainError("kind", f"expected one of encoder, decoder, cross, not {kind!r}")
         for value, name in ((layer, "layer"), (head, "head"), (beam, "beam")):
@@ -186,8 +186,8 @@ class Analyses:
         from attn_mt.decoding.translator import model_translator
 
         checks.integer(n, "n")
-        if out is not None and not isinstance(out, str | os.PathLike):
-            raise InputError(f"expected a file name, not {type(out).__name__}", "out")
+        if out is not None:
+            out = checks.path(out, "out")
         check_outputs([("out", None if out is None else Path(out), (".pt",))], [self.path])  # before any work
         report, model, gone = self._heads(sources, refs, sentences, n)
         state = pruned_state(model, self._state(), gone, self.path.name)

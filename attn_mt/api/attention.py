@@ -11,6 +11,8 @@ import numpy as np
 from attn_mt.decoding.attention_maps import AttentionMap, plot
 from attn_mt.errors import InputError
 
+from . import checks
+
 KINDS = {"encoder": "encoder_self", "decoder": "decoder_self", "cross": "cross"}  # argument -> map kind
 
 
@@ -96,13 +98,13 @@ class Attention:
         """The head view as a standalone HTML page."""
         from attn_mt.analysis.views import save_html
 
-        return save_html(self.to_html(), Path(path), f"attention: {self.source}")
+        return save_html(self.to_html(), checks.path(path), f"attention: {self.source}")
 
     def save_png(self, out_dir: str | os.PathLike) -> list[Path]:
         """Every layer of every kind as `{kind}_layer{n}.png` in `out_dir` (what `attn-mt attention` writes)."""
         from attn_mt.config.files import check_report
 
-        out = Path(out_dir)
+        out = checks.path(out_dir, "out_dir")
         check_report(out / "x.png", "out_dir")  # not into a model folder
         out.mkdir(parents=True, exist_ok=True)
         return [plot(m, out / f"{m.kind}_layer{m.layer}.png") for m in self.maps]

@@ -10,18 +10,25 @@ tests/measure/.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from attn_mt.config.files import check_outputs  # every output checked before any work
+from attn_mt.errors import InputError
 
-from .training import Config, configure
+from . import checks
+from .training import Config, configure, override_list
 
 
 def average(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, force: bool = False) -> Path:
     """Average the weights of several checkpoints of one run into `out` (`force`: of different runs too)."""
     from attn_mt.rundir import average_files
 
+    if isinstance(paths, str | os.PathLike) or not isinstance(paths, Iterable):
+        raise InputError(f"expected a list of checkpoint files, not {type(paths).__name__}", "paths")
+    paths = [checks.path(p, "paths") for p in paths]
+    checks.path(out, "out")
+    checks.boolean(force, "force")
     average_files([Path(p) for p in paths], Path(out), force=force)
     return Path(out)
 
@@ -30,6 +37,8 @@ def download(dataset: str = "multi30k", out: str | os.PathLike = "data/multi30k"
     """Fetch a corpus (its URL, else the Hugging Face hub) into line-aligned `{split}.{lang}` files in `out`."""
     from attn_mt.data.download import download as fetch
 
+    checks.text(dataset, "dataset")
+    checks.path(out, "out")
     check_outputs([("out", out, None)])
     return fetch(dataset, Path(out))
 
@@ -40,6 +49,8 @@ def export_model(checkpoint: str | os.PathLike, out: str | os.PathLike, *, forma
     format="transformers", as a Hugging Face model folder with a model card; returns the files written."""
     from attn_mt.export import export_model as write
 
+    checks.path(checkpoint, "checkpoint")
+    checks.path(out, "out")
     check_outputs([("out", out, None)], [checkpoint])  # the folder's own rules: export/folder.py
     return write(Path(checkpoint), Path(out), format, quantization)
 
@@ -56,6 +67,7 @@ def cache_survey(config: Config | None = None, overrides: Sequence[str] = (), *,
     of stopped builds first."""
     from attn_mt.data import cache, tidy
 
+    checks.boolean(clean, "clean")
     return (tidy.clean if clean else tidy.survey)(cache.cache_root(configure(config, overrides).data))
 
 
@@ -66,6 +78,11 @@ def compare_rnn(config: str | os.PathLike, overrides: Sequence[str] = (), *, out
     from attn_mt.config.compare_rnn import load_compare_config
     from attn_mt.measure.compare import compare_rnn as run_compare
 
+    checks.path(config, "config")
+    checks.boolean(quick, "quick")
+    overrides = override_list(overrides)
+    if out is not None:
+        checks.path(out, "out")
     folder = Path(out) if out else Path("runs") / ("compare_quick" if quick else "compare")
     check_outputs([("out", folder, None)], [config])
     return run_compare(load_compare_config(Path(config), list(overrides), quick=quick), folder)
@@ -77,6 +94,12 @@ def bench(config: Config | None = None, overrides: Sequence[str] = (), *, checkp
     """Training tokens/s of ours against torch.nn.Transformer, MFU, and (with `checkpoint`) translation speed."""
     from attn_mt.measure.bench import run_bench
 
+    for value, name in ((repeats, "repeats"), (steps, "steps"), (sentences, "sentences")):
+        checks.integer(value, name)
+    checks.boolean(compile, "compile")
+    for value, name in ((checkpoint, "checkpoint"), (json_out, "json_out")):
+        if value is not None:
+            checks.path(value, name)
     check_outputs([("json_out", json_out, (".json",))],
                   [checkpoint, config if isinstance(config, str | os.PathLike) else None])  # before any work
     return run_bench(configure(config, overrides), checkpoint=Path(checkpoint) if checkpoint else None,

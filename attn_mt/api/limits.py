@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attn_mt.errors import InputError
+
+from . import checks
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -30,13 +34,15 @@ class Limits:
     body_timeout_s: float = 10.0  # from the end of the headers to the end of the body
 
     def __post_init__(self) -> None:
+        """InputError (a ValueError) "key=value: why" for a value that is not an integer >= 1 (a count) or a
+        finite number >= 0 (a time)."""
         for key in ("max_texts", "max_chars", "max_attention_chars", "max_beam", "max_work", "max_batch_work",
-                    "max_queue"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key}={getattr(self, key)}: must be >= 1")
-        for key in ("max_wait_ms", "header_timeout_s", "body_timeout_s"):
-            if not getattr(self, key) >= 0:
-                raise ValueError(f"{key}={getattr(self, key)}: must be >= 0")
+                    "max_queue", "max_wait_ms", "header_timeout_s", "body_timeout_s"):
+            value = getattr(self, key)
+            try:
+                checks.number(value, key, least=0) if key.endswith(("_ms", "_s")) else checks.integer(value, key)
+            except InputError as e:
+                raise InputError(f"{key}={checks.shown(value)}: {e.message}", key, named=True) from None
 
     @property
     def max_body_bytes(self) -> int:

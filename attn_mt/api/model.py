@@ -146,6 +146,7 @@ class Model(Analyses):
         >>> model.translate("a dog runs.", target_prefix="ein Hund")
         """
         items, one = checks.texts(texts, "texts")
+        checks.boolean(return_attention, "return_attention")
         if temperature is not None and beam is None:
             beam = 1  # sampling draws one token a step, whatever the model's beam
         dcfg = self.options(beam=beam, alpha=alpha, nbest=1, batch_size=batch_size, max_len_a=max_len_a,
@@ -188,7 +189,7 @@ class Model(Analyses):
 
         >>> for piece in model.stream("the old man sees a small dog."): print(piece, end="", flush=True)
         """
-        checks.text(text, "text", empty=True)
+        text = checks.text(text, "text", empty=True)
         dcfg = self.options(beam=1, nbest=1, max_len_a=max_len_a, max_len_b=max_len_b)
         steer = steering.Steer.of(self.translator, [text], target_prefix, None, None)
         return steering.stream(self.translator, self.shared, text, dcfg, steer)
@@ -279,8 +280,7 @@ class Model(Analyses):
         from attn_mt import checkpoint
         from attn_mt.config.files import check_outputs
 
-        if not isinstance(path, str | os.PathLike):
-            raise InputError(f"expected a file name, not {type(path).__name__}", "path")
+        path = checks.path(path)
         module = self._transformer("save", any_kind=True)
         check_outputs([("path", Path(path), (".pt",))], [self.path])
         with self.shared.reading():

@@ -20,6 +20,8 @@ from attn_mt.config.yamlconf import set_overrides
 from attn_mt.errors import InputError
 from attn_mt.rundir import RunDir
 
+from . import checks
+
 Config = str | os.PathLike | Mapping | ExperimentConfig
 
 
@@ -29,18 +31,24 @@ def configure(source: Config | None = None, overrides: Sequence[str] = ()) -> Ex
 
     >>> cfg = attn_mt.configure("configs/toy.yaml", ["model.n_layers=2"])
     """
-    if isinstance(overrides, str):
-        raise InputError("expected a list of section.key=value strings, not one string", "overrides")
+    overrides = override_list(overrides)
     if source is None or isinstance(source, str | os.PathLike):
-        return load_config(source, list(overrides))
+        return load_config(source, overrides)
     if isinstance(source, ExperimentConfig):
         raw = to_dict(source)
     elif isinstance(source, Mapping):
         raw = _copy(source)  # the overrides change the copy, never the caller's dict (a section or one within)
     else:
         raise InputError(f"a YAML path, a dict or an ExperimentConfig, not {type(source).__name__}", "config")
-    set_overrides(raw, list(overrides))
+    set_overrides(raw, overrides)
     return from_dict(raw)
+
+
+def override_list(overrides: Sequence[str]) -> list[str]:
+    """`section.key=value` overrides as a list: any iterable of strings, not one string (its characters)."""
+    if isinstance(overrides, str):
+        raise InputError("expected a list of section.key=value strings, not one string", "overrides")
+    return checks.texts(overrides, "overrides", files=False)[0]
 
 
 def _copy(raw: Mapping) -> dict:
@@ -64,7 +72,7 @@ class Run:
     dir: Path
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dir", Path(self.dir))
+        object.__setattr__(self, "dir", checks.path(self.dir, "dir"))
 
     @property
     def files(self) -> RunDir:
@@ -137,8 +145,10 @@ def train(config: Config | None = None, out: str | os.PathLike | None = None, *,
 
     from .opening import open_state
 
+    for value, name in ((resume, "resume"), (overwrite, "overwrite"), (quiet, "quiet")):
+        checks.boolean(value, name)
     cfg = configure(config, overrides)
-    run_dir = Path(out) if out is not None else Path("runs") / cfg.name
+    run_dir = checks.path(out, "out") if out is not None else Path("runs") / cfg.name
     init = open_state(cfg.train.init_from) if cfg.train.init_from and not resume else None  # a checkpoint or a
     # MarianMT model; a resumed run reads only its own checkpoint
     reuse_freed_memory()  # ~20-30% faster CPU training steps (training/memory.py)

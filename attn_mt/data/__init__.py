@@ -5,5 +5,6 @@ toy.py; `attn-mt download` is download.py) and says what identifies it; tokenize
 the SentencePiece models; cache.py keeps the training split tokenized on disk, one entry per data and
 tokenizer settings (built by build.py under lock.py's lock; tidy.py lists and cleans it); corpus.py
 maps it and holds validation and test; batching.py plans and collates the batches training reads.
+checks.py holds the argument checks the public API and the analysis functions share.
 May import `attn_mt.config`; never models, training, decoding, measure, export or serve.
 """

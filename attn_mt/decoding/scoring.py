@@ -11,6 +11,7 @@ import torch
 
 from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.batching import pad
+from attn_mt.data.checks import clean
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.search import prepare_sources
 from attn_mt.models import Seq2Seq
@@ -29,7 +30,7 @@ class Score:
 def prepare_targets(tok: Tokenizer, texts: list[str], limit: int) -> list[list[int]]:
     """Target ids without eos, truncated (as prepare_sources truncates sources) so that they and their eos fit
     in the model's `limit` positions; an empty text gives no ids (its score is that of eos alone)."""
-    ids = tok.encode_tgt([t.strip().encode("utf-8", "replace").decode("utf-8") for t in texts])
+    ids = tok.encode_tgt([clean(t.strip()) for t in texts])
     return [t[: limit - 1] for t in ids]
 
 

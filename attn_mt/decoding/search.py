@@ -11,6 +11,7 @@ from torch import Tensor
 
 from attn_mt.config import DecodeConfig, Penalty
 from attn_mt.data.batching import pad
+from attn_mt.data.checks import clean
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.beam import Hypothesis, Steer, beam_search, length_penalty, log_probs
 from attn_mt.models import Seq2Seq
@@ -73,8 +74,8 @@ def greedy(model: Seq2Seq, src: Tensor, max_len: Tensor, bos_id: int, eos_id: in
 
 def prepare_sources(tok: Tokenizer, texts: list[str], limit: int) -> list[list[int]]:
     """Source ids with eos, truncated to the model's position limit (one warning if any were)."""
-    # lone surrogates (undecodable bytes in argv) are not text SentencePiece accepts: use U+FFFD
-    ids = tok.encode_src([t.encode("utf-8", "replace").decode("utf-8") for t in texts])
+    # lone surrogates (undecodable bytes in argv) are not text SentencePiece accepts: U+FFFD, as every input
+    ids = tok.encode_src([clean(t) for t in texts])
     long = sum(len(s) + 1 > limit for s in ids)
     if long:
         log.warning("%d input line(s) longer than the model's limit of %d tokens were truncated",

@@ -7,12 +7,12 @@ Tested in tests/serve/test_serve.py and tests/serve/test_hostile_http.py.
 from __future__ import annotations
 
 import json
-import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from attn_mt.api.limits import Limits
 from attn_mt.config import OPTION
+from attn_mt.data.checks import clean
 
 
 class ApiError(Exception):
@@ -57,11 +57,11 @@ def check_json(body: bytes) -> None:
 
 
 def _clean(text: str) -> str:
-    # JSON may carry lone surrogates ("\ud800"), which are not text (the response could not encode them)
-    return _SURROGATE.sub("\ufffd", text)
+    # JSON may carry lone surrogates ("\ud800"), which are not text (the response could not encode them):
+    # U+FFFD, as every text argument of the API
+    return clean(text)
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _STRICT = ConfigDict(extra="forbid", strict=True)  # no "5" for 5, no unknown keys (a typo'd "beam_size")
 
 

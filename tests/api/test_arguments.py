@@ -48,6 +48,8 @@ def test_any_iterable_of_strings_translates_and_scores_like_a_list(model):
     (lambda m: m.translate("a", temperature=1.0, seed=-1), "seed"),
     (lambda m: m.translate("a", temperature=1.0, seed=True), "seed"),
     (lambda m: m.translate(TEXTS, target_prefix=["ein"]), "target_prefix"),
+    (lambda m: m.translate("a", return_attention="yes"), "return_attention"),  # was taken as True
+    (lambda m: m.translate("a", return_attention=1), "return_attention"),
     (lambda m: m.translate_nbest("a", nbest="2"), "nbest"),
     (lambda m: m.score(1, "x"), "sources"),
     (lambda m: m.score("a", 1), "targets"),
@@ -75,10 +77,53 @@ def test_any_iterable_of_strings_translates_and_scores_like_a_list(model):
     (lambda m: m.to(device="gpu"), "device"),
     (lambda m: m.to(dtype="float64"), "dtype"),
     (lambda m: m.save(3), "path"),
+    (lambda m: m.save("\ud800.pt"), "path"),  # was UnicodeEncodeError from open()
+    (lambda m: m.prune(1, ["a"], ["b"], out="a\x00.pt"), "out"),  # was ValueError: embedded null byte
 ])
 def test_every_bad_argument_is_an_attn_mt_error_naming_it(model, call, field):
     with pytest.raises(attn_mt.AttnMTError) as e:
         call(model)
+    assert e.value.field == field, (e.value.field, str(e.value))
+    assert "\n" not in str(e.value)
+
+
+def test_lone_surrogates_in_every_text_argument_are_u_fffd(model):
+    """As in the source text: "\ud800" is U+FFFD in a target prefix, a target, the references (was pybind's
+    'Unable to cast Python instance' RuntimeError from SentencePiece), and in what comes back."""
+    src = TEXTS[0]
+    for call in (lambda t: model.translate(src, target_prefix=t), lambda t: model.translate_nbest(src, target_prefix=t),
+                 lambda t: list(model.stream(src, target_prefix=t)), lambda t: model.score(src, t),
+                 lambda t: model.attention(src, target=t).weights("cross"),
+                 lambda t: model.heads([src], [t], sentences=1).heads):
+        assert str(call("A \ud800 Hund")) == str(call("A \ufffd Hund"))
+    assert model.attention("a \udfff dog.").source == "a \ufffd dog."
+    assert model.explain("a \udc80 dog.").source_tokens == model.explain("a \ufffd dog.").source_tokens
+
+
+@pytest.mark.parametrize("call,field", [
+    (lambda: attn_mt.average(5, "x.pt"), "paths"),  # each was a TypeError (or taken as True) before any work
+    (lambda: attn_mt.average("a.pt", "x.pt"), "paths"),
+    (lambda: attn_mt.average(["a.pt", None], "x.pt"), "paths"),
+    (lambda: attn_mt.average(["a.pt"], {}), "out"),
+    (lambda: attn_mt.average(["a.pt", "b.pt"], "x.pt", force="yes"), "force"),
+    (lambda: attn_mt.download(5), "dataset"),
+    (lambda: attn_mt.download("multi30k", None), "out"),
+    (lambda: attn_mt.export_model(None, "out"), "checkpoint"),
+    (lambda: attn_mt.prepare(None, 5), "overrides"),
+    (lambda: attn_mt.compare_rnn(None), "config"),
+    (lambda: attn_mt.compare_rnn("x.yaml", quick="yes"), "quick"),
+    (lambda: attn_mt.bench(None, repeats="x"), "repeats"),
+    (lambda: attn_mt.bench(None, steps=True), "steps"),
+    (lambda: attn_mt.bench(None, compile="yes"), "compile"),
+    (lambda: attn_mt.train(None, 5), "out"),
+    (lambda: attn_mt.train(None, "runs/x", resume=1), "resume"),
+    (lambda: attn_mt.configure(None, [5]), "overrides"),
+    (lambda: attn_mt.Run(None), "dir"),
+    (lambda: attn_mt.Limits(max_texts="x"), "max_texts"),
+])
+def test_the_other_public_functions_check_their_arguments(call, field):
+    with pytest.raises(attn_mt.AttnMTError) as e:
+        call()
     assert e.value.field == field, (e.value.field, str(e.value))
     assert "\n" not in str(e.value)
 
