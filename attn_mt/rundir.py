@@ -9,6 +9,8 @@ names; disk checks before training. Checkpoints themselves are written atomicall
     size.json                                  model.size: auto: what was measured and chosen (autosize.py)
     {test split}.{lang}                        the test sources and references, line-aligned with test_hyps.txt
     {test split}.contrastive.jsonl             the test split's contrastive set, where the data has one
+    attention_history.npz                      each evaluation's attention on a few fixed sentences
+                                               (train.record_attention; analysis/history.py)
     tensorboard/                               TensorBoard events (train.tensorboard)
 
 A run directory is always in one of three states (`RunDir.state`), whenever the run is killed:
@@ -17,8 +19,9 @@ A run directory is always in one of three states (`RunDir.state`), whenever the 
     resumable  checkpoint_last.pt and no results.json: `resume` goes on from it; what was written after it (metrics
                records, snapshots, results.json of a smaller budget) is dropped and written again (`rewind`)
     finished   results.json, written last of all (after the test texts and checkpoint_avg.pt): `resume` does nothing
-Each evaluation writes metrics.jsonl's record, checkpoint_best.pt, the new snapshot, checkpoint_last.pt, and only
-then deletes the snapshots beyond train.keep_last.
+Each evaluation writes metrics.jsonl's record, attention_history.npz (whole, records after the checkpoint a run
+resumes from dropped by its recorder), checkpoint_best.pt, the new snapshot, checkpoint_last.pt, and only then
+deletes the snapshots beyond train.keep_last.
 
 One job: the files of a run directory (their names, and the states their order of writing keeps).
 """
@@ -29,7 +32,9 @@ import contextlib
 import fnmatch
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from torch import nn
 
@@ -40,7 +45,8 @@ from attn_mt.data.cache import Entry
 from attn_mt.errors import TrainError
 
 # what a run writes once it trains: an earlier run's files that a fresh run must not overwrite
-RUN_FILES = ("checkpoint_*.pt", "metrics.jsonl", "results.json", "test_hyps.txt", "size.json")
+RUN_FILES = ("checkpoint_*.pt", "metrics.jsonl", "results.json", "test_hyps.txt", "size.json",
+             "attention_history.npz")
 
 
 class RunDir:
@@ -55,6 +61,7 @@ class RunDir:
         self.record = self.path / "tokenizer.json"  # the data cache entry the run used, and its tokenizer settings
         self.tensorboard = self.path / "tensorboard"
         self.size = self.path / "size.json"
+        self.history = self.path / "attention_history.npz"  # analysis/history.py reads and writes its contents
 
     def state(self) -> str:
         """'finished', 'resumable' or 'empty' (the module's docstring says what each means)."""
@@ -198,6 +205,11 @@ class RunDir:
         _write_atomic(self.hyps, "\n".join(hyps) + "\n")
         _write_atomic(self.results, json.dumps(results, indent=2) + "\n")
 
+    def write_history(self, write: Callable[[BinaryIO], None]) -> None:
+        """attention_history.npz, whole or not at all: `write` writes the file's bytes (analysis/history.py)."""
+        self.path.mkdir(parents=True, exist_ok=True)  # compare-rnn's folder of one model
+        _write_atomic(self.history, write)
+
     def read_results(self) -> dict:
         """results.json of a finished run; {} when there is none (a run that has not finished)."""
         return json.loads(self.results.read_text(encoding="utf-8")) if self.results.is_file() else {}
@@ -269,7 +281,7 @@ def average_files(paths: list[Path], out: Path, force: bool = False) -> None:
     checkpoint.save(checkpoint.average(paths, force=force), out)
 
 
-def _write_atomic(path: Path, text: str | bytes) -> None:
+def _write_atomic(path: Path, text: str | bytes | Callable[[BinaryIO], None]) -> None:
     try:
         write_atomic(path, text)  # O_EXCL temp file: no planted link followed
     except OSError as e:

@@ -33,7 +33,7 @@ ALLOWED = {
     "export": BASE | {"decoding", "rundir"},  # Translation objects; the run's files (the model card)
     "training": BASE | {"decoding", "rundir"},  # validation and test BLEU
     "measure": BASE | {"decoding", "training"},  # the training step, never the run (below)
-    "analysis": BASE | {"decoding"},
+    "analysis": BASE | {"decoding", "rundir"},  # rundir: a run's attention history (analysis/history.py)
     "api": BASE | {"decoding", "training", "measure", "export", "analysis", "rundir"},  # the public API
     "serve": BASE | {"decoding", "api", "analysis"},  # a loaded model (api.Model)
     "__init__": BASE | PACKAGES | {"errors", "rundir"},  # names the public API; imports it lazily (tests/api)
@@ -233,7 +233,7 @@ def test_the_docstring_rule_is_read_as_written(doc, may, never):
 
 # the names of a run directory's files (training/rundir.py) and what joins a path inside one
 RUN_DIR_NAMES = re.compile(r"(config\.yaml|results\.json|metrics\.jsonl|tokenizer\.json|test_hyps\.txt|tensorboard"
-                           r"|size\.json|.*\.contrastive\.jsonl|checkpoint_.*|spm\..*)")
+                           r"|size\.json|.*\.contrastive\.jsonl|checkpoint_.*|spm\..*|attention_history\.npz)")
 RUN_DIR_PATHS = re.compile(r"\brun_dir\b|\bfiles\.path\b|\brun_path\b")
 
 

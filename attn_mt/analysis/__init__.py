@@ -7,7 +7,8 @@ tensors.py hands research code (and docs/tutorial.ipynb) one module's inputs and
 named heads of a loaded model; modelview.py draws every head at once: `from attn_mt.analysis import inside,
 model_view, without`.
 
-May import config, checkpoint, device, data, models and decoding; never training, measure, export or serve.
+May import config, checkpoint, device, data, models, decoding and rundir (history.py: a run's attention
+history); never training, measure, export or serve.
 """
 
 import importlib
