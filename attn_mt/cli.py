@@ -166,8 +166,9 @@ def explain(checkpoint: CkptOpt, text: TextArg,
             kind: Annotated[str, Option(help="encoder, decoder or cross (attention).")] = "cross",
             layer: Annotated[int, Option(help="Layer, from 1.")] = 1,
             head: Annotated[int, Option(help="Head, from 1.")] = 1,
-            token: Annotated[str, Option(help="The query: its position (from 0) or its text; decoder queries are "
-                                              "named by the token they predict.")] = "0",
+            token: Annotated[str, Option(help="The query: its position (from 0) or its text; decoder and cross "
+                                              "queries are named by the token they predict (each reads the token "
+                                              "before).")] = "0",
             beam: Annotated[int, Option(help="Beam size of the translation; 1 is greedy.")] = 1,
             json_out: JsonOpt = None, device: DeviceOpt = "auto") -> None:
     """One head's attention for one query token, step by step (Q, K, V; scores; scaled; mask and softmax;

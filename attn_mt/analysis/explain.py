@@ -87,7 +87,8 @@ def check(model: Seq2Seq, text: str, kind: str, layer: int, head: int) -> str:
 def explain(model: Seq2Seq, tok: Tokenizer, text: str, *, kind: str = "cross", layer: int = 1, head: int = 1,
             token: int | str = 0, dcfg: DecodeConfig, device: torch.device | str = "cpu") -> Explanation:
     """Translate `text` with `dcfg` (beam_size 1: greedy) and explain head `head` of layer `layer` of `kind`
-    (encoder, decoder or cross) for query `token`: its position (from 0) or its text."""
+    (encoder, decoder or cross) for query `token`: its position (from 0) or its text; a decoder query is named by
+    the token it predicts (explanation.py's query_name)."""
     kind = check(model, text, kind, layer, head)
     stack = model.encoder if kind == "encoder_self" else model.decoder
     attn = stack[layer - 1].cross_attn if kind == "cross" else stack[layer - 1].self_attn

@@ -3,6 +3,11 @@
 
 The text is what `attn-mt explain` prints, `str(explanation)` gives and the view shows without scripts.
 Tested in tests/analysis/test_explain.py and tests/analysis/test_views.py.
+
+Query positions count from 0. An encoder query is the source token at its position. A decoder query (decoder
+self-attention and cross-attention) at position t reads the token before (the decoder input, <s> first) and
+predicts token t of the translation; it is named by the token it predicts, as the attention maps' rows are:
+`token="es"` and `token=13` pick the same query where token 13 of the translation is "es" (`query_name`).
 """
 
 from __future__ import annotations
@@ -75,8 +80,8 @@ class Explanation:
         return render(self)
 
     def __repr__(self) -> str:  # short: print() shows every step, `to_json` every number
-        return (f"<Explanation {self.kind} layer {self.layer} head {self.head}: query {self.query_index} "
-                f"{self.query_token!r} over {len(self.keys)} keys, max_abs_diff {self.max_abs_diff:.1e}>")
+        return (f"<Explanation {self.kind} layer {self.layer} head {self.head}: {query_name(self)} "
+                f"over {len(self.keys)} keys, max_abs_diff {self.max_abs_diff:.1e}>")
 
     def _repr_html_(self) -> str:  # a notebook shows the five steps (views.py loads only when drawn)
         return explanation_html(self)
@@ -87,6 +92,14 @@ class Explanation:
 
         title = f"attn-mt explain: {self.kind} {self.layer}.{self.head}"
         return save_html(explanation_html(self), checks.path(path), title)
+
+
+def query_name(e: Explanation) -> str:
+    """The query as the CLI, the page (views.js's stepsTitle) and the notebook name it: its position and token;
+    a decoder query by the token it predicts, then the token it reads."""
+    if e.kind == "encoder_self":
+        return f"query {e.query_index} {e.query_token!r}"
+    return f"query {e.query_index} predicts {e.query_token!r} (it reads {e.query_input!r})"
 
 
 def _vec(xs: list[float], n: int = 6) -> str:
@@ -100,10 +113,9 @@ def render(e: Explanation, top: int = 5) -> str:
     context = {"encoder_self": "c = x, the source positions", "decoder_self": "c = x, the target positions",
                "cross": "c = the encoder's output"}[e.kind]
     masked = "future" if e.kind == "decoder_self" else "padding"
-    reads = "" if e.query_input == e.query_token else f", reading {e.query_input!r}"
     lines = [
-        *textwrap.wrap(f"{NAMES[e.kind]}, layer {e.layer}, head {e.head} of {e.n_heads}: query {e.query_index} "
-                       f"{e.query_token!r}{reads}", 80, subsequent_indent="  "),
+        *textwrap.wrap(f"{NAMES[e.kind]}, layer {e.layer}, head {e.head} of {e.n_heads}: {query_name(e)}", 80,
+                       subsequent_indent="  "),
         *textwrap.wrap(f"source       {e.source}", 80, subsequent_indent=" " * 13),
         *textwrap.wrap(f"translation  {e.translation}", 80, subsequent_indent=" " * 13),
         f"d_model {e.d_model} = {e.n_heads} heads x d_k {e.d_k}; scores are divided by sqrt({e.d_k}) = "

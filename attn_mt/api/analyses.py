@@ -136,7 +136,9 @@ class Analyses:
                 beam: int = 1) -> Explanation:
         """One head's attention for one query token, step by step, recomputed from the weights (an
         `Explanation`: q, k, v, scores, scaled, weights, the head's output, W_o and the check against the
-        model's own output); layers and heads count from 1, `token` is a position (from 0) or a token's text.
+        model's own output); layers and heads count from 1. `token` is the query: its position (from 0) or its
+        text. A decoder or cross query is named by the token it predicts (it reads the token before), as the
+        attention maps' rows are: `token="Hund"` and `token=k`, where `target_tokens[k]` is "▁Hund", pick the same.
 
         >>> e = model.explain("the old man sees a small dog.", kind="encoder", layer=1, head=2, token="dog")
         >>> e.max_abs_diff < 1e-4

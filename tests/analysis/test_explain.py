@@ -142,6 +142,37 @@ def test_explain_names_the_query_by_its_text(noisy):
         assert e.query_index == pieces.index(expected)
 
 
+def test_a_decoder_query_is_named_by_the_token_it_predicts_in_the_api_the_cli_and_the_page(tiny_run, tmp_path):
+    """One convention: decoder and cross query t predicts target_tokens[t] and reads target_inputs[t] (the token
+    before); `token=<text>` and `token=<number>` pick the same query, and the CLI and the page name it alike."""
+    import html
+
+    from attn_mt.analysis.explanation import query_name
+
+    model = attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu")
+    text = SOURCES[0]
+    att = model.attention(text)
+    predicted, read = att.target_tokens, att.target_inputs
+    firsts = sorted({predicted.index(t) for t in predicted})  # each token's first place; </s> the last query
+    assert firsts[-1] == len(predicted) - 1 and read[firsts[-1]] != "</s>"  # what it predicts is not what it reads
+    for kind, k in [(kind, k) for k in (firsts[0], firsts[-1]) for kind in ("decoder", "cross")]:
+        by_text = model.explain(text, kind=kind, token=predicted[k])
+        by_number = model.explain(text, kind=kind, token=k)
+        assert by_text.query_index == by_number.query_index == k
+        assert (by_text.query_token, by_text.query_input) == (predicted[k], read[k])
+        name = f"query {k} predicts {predicted[k]!r} (it reads {read[k]!r})"
+        assert query_name(by_text) == query_name(by_number) == name and name in repr(by_text)
+        result = cli("explain", "--checkpoint", tiny_run / "checkpoint_best.pt", text, "--kind", kind,
+                     "--token", predicted[k], "--device", "cpu")
+        assert result.exit_code == 0, result.output
+        assert name in " ".join(line.strip() for line in result.stdout.splitlines()[:2])  # the title, maybe wrapped
+        page = by_number.save_html(tmp_path / f"{kind}.html").read_text(encoding="utf-8")
+        shown = html.unescape(page.split('<pre class="nojs">')[1].split("</pre>")[0])  # what shows without scripts
+        assert name in " ".join(line.strip() for line in shown.splitlines()[:2])
+    encoder = model.explain(text, kind="encoder", token=2)
+    assert query_name(encoder) == f"query 2 {att.source_tokens[2]!r}"  # a source token reads and is itself
+
+
 def test_explain_is_fast_on_a_tiny_model(tiny_run):
     model, cfg, tok = load_model(tiny_run / "checkpoint_best.pt")
     dcfg = replace(cfg.decode, beam_size=1)

@@ -27,7 +27,7 @@ from conftest import TINY, random_checkpoint, toy_test_files
 import attn_mt
 from attn_mt.analysis import model_view, overview, views
 from attn_mt.analysis.explain import explain
-from attn_mt.analysis.explanation import explanation_html, render
+from attn_mt.analysis.explanation import NAMES, explanation_html, query_name, render
 from attn_mt.checkpoint import load_model
 from attn_mt.config import load_config
 from attn_mt.decoding.attention_maps import attention_maps
@@ -289,6 +289,8 @@ def test_the_explanation_and_the_heads_report_draw_from_saved_files(browser, tra
     open_file(browser, e.save_html(tmp_path / "explain.html"))
     root = browser.find_element("css selector", ".attn-mt-view")
     assert root.find_element("css selector", ".attn-mt-body").get_attribute("data-shown") == "cross/2/2/1"
+    title = f"{NAMES[e.kind]}, layer {e.layer}, head {e.head} of {e.n_heads}: {query_name(e)}"  # as the CLI prints
+    assert root.find_element("css selector", "h2.title").text == title and "predicts" in title
     steps = root.find_elements("css selector", "ol.steps > li")
     assert [s.find_element("css selector", "h3 .n").text for s in steps] == ["1", "2–4", "5", "W_o"]
     assert root.find_element("css selector", ".diff.ok")  # recomputed = the model's output

@@ -83,9 +83,17 @@ const attnMtViews = (() => {
                                            ...children]);
   }
 
+  // A token quoted as Python's repr quotes it, so that the page names a query as `attn-mt explain` prints it.
+  function quoted(t) {
+    const q = t.includes("'") && !t.includes('"') ? '"' : "'";
+    return q + t.replaceAll("\\", "\\\\").replaceAll(q, "\\" + q) + q;
+  }
+
+  // explanation.py's query_name: a decoder query is named by the token it predicts, then the token it reads.
   function stepsTitle(e) {
-    const reads = e.query_input === e.query_token ? "" : `, reading ${e.query_input}`;
-    return `${KIND_NAMES[e.kind]}, layer ${e.layer}, head ${e.head}: query ${e.query_index} ${e.query_token}${reads}`;
+    const query = e.kind === "encoder_self" ? `query ${e.query_index} ${quoted(e.query_token)}`
+      : `query ${e.query_index} predicts ${quoted(e.query_token)} (it reads ${quoted(e.query_input)})`;
+    return `${KIND_NAMES[e.kind]}, layer ${e.layer}, head ${e.head} of ${e.n_heads}: ${query}`;
   }
 
   // The steps as <li> elements: 1 project, 2-4 score, scale, mask and softmax, 5 mix the values, W_o.
