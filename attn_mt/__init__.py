@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 _HOMES = {
     "load": "attn_mt.api.model", "Model": "attn_mt.api.model",
     "train": "attn_mt.api.training", "configure": "attn_mt.api.training", "Run": "attn_mt.api.training",
+    "history": "attn_mt.api.training",
     "Attention": "attn_mt.api.attention",
     "average": "attn_mt.api.commands", "download": "attn_mt.api.commands", "export_model": "attn_mt.api.commands",
     "prepare": "attn_mt.api.commands", "compare_rnn": "attn_mt.api.commands", "bench": "attn_mt.api.commands",
@@ -41,7 +42,8 @@ _HOMES = {
 __all__ = ["DECODE_OPTIONS", "Attention", "AttnMTError", "ConfigError", "ContrastiveReport", "DecodeConfig", "Entry",
            "ExperimentConfig", "Explanation", "HeadsReport", "InputError", "Interrupted", "Item", "Limits", "Model",
            "ModelError", "Run", "RunError", "Score", "TrainError", "Translation", "__version__", "average", "bench",
-           "compare_rnn", "configure", "create_app", "download", "export_model", "load", "prepare", "train"]
+           "compare_rnn", "configure", "create_app", "download", "export_model", "history", "load", "prepare",
+           "train"]
 
 
 def __getattr__(name: str) -> Any:
@@ -63,7 +65,7 @@ if TYPE_CHECKING:  # for editors and type checkers; at run time __getattr__ impo
     from attn_mt.api.commands import average, bench, compare_rnn, download, export_model, prepare
     from attn_mt.api.limits import Limits
     from attn_mt.api.model import Model, load
-    from attn_mt.api.training import Run, configure, train
+    from attn_mt.api.training import Run, configure, history, train
     from attn_mt.config import DecodeConfig, ExperimentConfig
     from attn_mt.data.cache import Entry
     from attn_mt.decoding.contrastive import ContrastiveReport, Item

@@ -107,20 +107,25 @@ def resolution(model: Transformer, tok: Tokenizer, items: Sequence[Item], device
         src, tgt_in = batch.src.to(device), batch.tgt_in.to(device)
         src_mask = model.src_mask(src)
         model.decode(tgt_in, model.encode(src, src_mask, weights), src_mask, weights=weights)
-        for kind, maps in (("encoder", weights.encoder_self), ("decoder", weights.decoder_self),
-                           ("cross", weights.cross)):
-            for layer, w in enumerate(maps):  # (B, H, Tq, Tk)
-                w = w.float().cpu()
-                for b, x in enumerate(chunk):
-                    q, ante, other = ((x.src_pronoun, x.src_antecedent, x.src_other) if kind == "encoder" else
-                                      (x.tgt_query, x.tgt_antecedent, x.tgt_other) if kind == "decoder" else
-                                      (x.tgt_query, x.src_antecedent, x.src_other))
-                    a, o = w[b, :, q, ante].sum(-1).double(), w[b, :, q, other].sum(-1).double()  # (H,)
-                    r = out[kind]
-                    r.resolved[layer] += (a > o).double()
-                    r.antecedent[layer] += a
-                    r.other[layer] += o
+        tally(out, chunk, {"encoder": weights.encoder_self, "decoder": weights.decoder_self, "cross": weights.cross})
     return out, len(located)
+
+
+def tally(out: dict[str, Resolution], located: Sequence[Located], maps: dict[str, Sequence[Tensor]]) -> None:
+    """Add each head's weights from the pronoun to `out`: `maps` holds a kind's weights, per layer (B, H, Tq, Tk),
+    row b the teacher-forced `located[b]` (the attention history records its probes' maps with it)."""
+    for kind, layers in maps.items():
+        for layer, w in enumerate(layers):  # (B, H, Tq, Tk)
+            w = w.float().cpu()
+            for b, x in enumerate(located):
+                q, ante, other = ((x.src_pronoun, x.src_antecedent, x.src_other) if kind == "encoder" else
+                                  (x.tgt_query, x.tgt_antecedent, x.tgt_other) if kind == "decoder" else
+                                  (x.tgt_query, x.src_antecedent, x.src_other))
+                a, o = w[b, :, q, ante].sum(-1).double(), w[b, :, q, other].sum(-1).double()  # (H,)
+                r = out[kind]
+                r.resolved[layer] += (a > o).double()
+                r.antecedent[layer] += a
+                r.other[layer] += o
 
 
 def accuracy(model: Transformer, tok: Tokenizer, items: Sequence[Item], device: torch.device) -> ContrastiveReport:

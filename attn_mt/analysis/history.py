@@ -42,16 +42,30 @@ from __future__ import annotations
 import json
 import logging
 import zipfile
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
+from torch import Tensor
 
+from attn_mt.config import ExperimentConfig
+from attn_mt.data.batching import collate
+from attn_mt.data.corpus import Corpus
+from attn_mt.data.pronoun import classic
+from attn_mt.data.sources import source
+from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.decoding.contrastive import items_from_records
+from attn_mt.device import rng_state, set_rng_state
 from attn_mt.errors import InputError
+from attn_mt.models import AttentionWeights, Seq2Seq
+from attn_mt.models.attention import causal_mask
 from attn_mt.rundir import RunDir
 
-from .roles import ROLES
+from . import coref
+from .roles import ROLES, Keys, RoleSums, key_info
 
 log = logging.getLogger(__name__)
 
@@ -231,3 +245,229 @@ def from_arrays(arrays: dict[str, np.ndarray]) -> History:
                    {r: all_roles[roles.index(r)] for r in ROLES}, _shape(arrays, "entropy", shape, "f"), coref,
                    _optional(_shape(arrays, "contrastive", (e,), "f")), _optional(_shape(arrays, "bleu", (e,), "f")),
                    probes, maps, [dict(i) for i in meta.get("items", [])])
+
+
+def make_probe(kind: str, src: str, ref: str, tok: Tokenizer) -> Probe:
+    """A probe of a sentence pair, its pieces as the model reads them (source and eos; bos and the reference)."""
+    src, ref = src.strip(), ref.strip()
+    s_ids, t_ids = tok.encode_src([src])[0], tok.encode_tgt([ref])[0]
+    return Probe(kind, src, ref, [tok.src.id_to_piece(i) for i in [*s_ids, tok.eos_id]],
+                 tok.tgt_pieces([tok.bos_id, *t_ids]))
+
+
+def choose_probes(corpus: Corpus, cfg: ExperimentConfig) -> tuple[list[Probe], list[dict]]:
+    """The probes of a new history (the module docstring), and the contrastive probes' records."""
+    tok, limit, data = corpus.tok, cfg.model.max_positions, cfg.data
+    longest = min(MAX_LEN, limit)
+    probes: list[Probe] = []
+    for src, ref in zip(*corpus.text[data.splits.valid], strict=True):
+        if len(probes) == N_VALID:
+            break
+        if src.strip() and ref.strip():
+            p = make_probe("valid", src, ref, tok)
+            if max(len(p.src_tokens), len(p.tgt_tokens)) <= longest:
+                probes.append(p)
+    records: list[dict] = []
+    for record in source(data).contrastive(data.splits.valid) or []:
+        if len(records) == N_ITEMS:
+            break
+        item = items_from_records([record])[0]
+        if coref.locate(item, tok, limit) is not None:
+            probes.append(make_probe("contrastive", item.src, item.ref, tok))
+            records.append(record)
+    if (data.src_lang, data.tgt_lang) == ("en", "de"):
+        for predicate in ("tired", "wide"):
+            ex = classic(predicate)
+            p = make_probe("classic", ex.en, ex.de, tok)
+            if max(len(p.src_tokens), len(p.tgt_tokens)) <= limit:
+                probes.append(p)
+    return probes, records
+
+
+@dataclass
+class Prepared:
+    """The probes as one teacher-forced batch, and what the roles and coreference need of it."""
+
+    src: Tensor  # (P, S) source ids, eos, padding
+    tgt_in: Tensor  # (P, T) bos, reference ids, padding
+    src_keys: Keys
+    tgt_keys: Keys
+    rows: list[int]  # the contrastive probes' rows
+    located: list[coref.Located]  # theirs, in order
+    items: list  # their decoding.contrastive Items
+
+
+def prepare(probes: list[Probe], records: list[dict], tok: Tokenizer, limit: int) -> Prepared | None:
+    """The batch of `probes`; None where this tokenizer does not give their pieces (they were chosen by another)."""
+    if any(make_probe(p.kind, p.source, p.target, tok) != p for p in probes):
+        return None
+    s_ids, t_ids = tok.encode_src([p.source for p in probes]), tok.encode_tgt([p.target for p in probes])
+    rows = [i for i, p in enumerate(probes) if p.kind == "contrastive"]
+    items = items_from_records(records) if records else []
+    located = [coref.locate(i, tok, limit) for i in items]
+    if len(rows) != len(items) or any(x is None for x in located):
+        return None
+    batch = collate(s_ids, t_ids, tok.pad_id, tok.bos_id, tok.eos_id)
+    src_counts, tgt_counts = Counter(i for s in s_ids for i in s), Counter(i for t in t_ids for i in t)
+    return Prepared(batch.src, batch.tgt_in, key_info(batch.src, tok.src, src_counts, tok.pad_id, tok.eos_id),
+                    key_info(batch.tgt_in, tok.tgt, tgt_counts, tok.pad_id, tok.bos_id), rows,
+                    [x for x in located if x is not None], items)
+
+
+@dataclass
+class Record:
+    """One evaluation's measures (A modules, H heads, P probes)."""
+
+    modules: list[str]
+    roles: np.ndarray  # (R, A, H)
+    entropy: np.ndarray  # (A, H)
+    coref: np.ndarray | None  # (A, H)
+    contrastive: float | None
+    maps: list[list[np.ndarray]]  # [p][a] (H, Q, K) float16
+
+
+def entropy(w: Tensor, allowed: Tensor, q_valid: Tensor) -> Tensor:
+    """(H,) the mean over the real queries that see two keys or more (`allowed` (B, Tq, Tk), `q_valid` (B, Tq)) of
+    the entropy of their weights w (B, H, Tq, Tk) over log(#keys they see); NaN where no query does."""
+    n = allowed.sum(-1)  # (B, Tq)
+    use = q_valid & (n >= 2)
+    ent = -(w * w.clamp_min(1e-30).log()).sum(-1) / n.clamp_min(2).log()[:, None]  # (B, H, Tq)
+    count = use.sum()
+    return (ent * use[:, None]).sum((0, 2)) / count if count else torch.full((w.size(1),), float("nan"))
+
+
+def _modules(model_kind: str, weights: AttentionWeights) -> list[tuple[str, str, int, Tensor]]:
+    """(name, coref kind, layer, weights (P, H, Tq, Tk)) of every attention module, kind by kind."""
+    if model_kind == "rnn":
+        return [("decoder cross", "cross", 0, weights.cross[0])]
+    return [(f"{side} {i + 1} {what}", kind, i, w) for side, what, kind, ws in (
+        ("encoder", "self", "encoder", weights.encoder_self), ("decoder", "self", "decoder", weights.decoder_self),
+        ("decoder", "cross", "cross", weights.cross)) for i, w in enumerate(ws)]
+
+
+@torch.inference_mode()
+def measure(model: Seq2Seq, tok: Tokenizer, model_kind: str, probes: list[Probe], prep: Prepared) -> Record:
+    """The probes' attention in `model` as it is, teacher-forced, and what is measured on it."""
+    device = next(model.parameters()).device
+    weights = AttentionWeights()
+    src, tgt_in = prep.src.to(device), prep.tgt_in.to(device)
+    src_mask = model.src_mask(src)
+    model.decode(tgt_in, model.encode(src, src_mask, weights), src_mask, weights=weights)
+    modules = [(name, kind, layer, w.float().cpu()) for name, kind, layer, w in _modules(model_kind, weights)]
+    roles, entropies = [], []
+    for _, kind, _, w in modules:
+        keys = prep.tgt_keys if kind == "decoder" else prep.src_keys
+        queries = prep.src_keys.valid if kind == "encoder" else prep.tgt_keys.valid
+        sums = RoleSums(w.size(1))
+        sums.add(w, queries, keys, self_attention=kind != "cross", causal=kind == "decoder")
+        roles.append([[np.nan if x[r] is None else x[r] for x in sums.shares()] for r in ROLES])  # (R, H)
+        allowed = keys.valid[:, None, :].expand(-1, w.size(2), -1)  # (P, Tq, Tk)
+        if kind == "decoder":
+            allowed = allowed & causal_mask(w.size(2))
+        entropies.append(entropy(w, allowed, queries).numpy())
+    maps = [[w[p, :, :q, :k].to(torch.float16).numpy() for name, _, _, w in modules
+             for q, k in [module_shape(name, probe)]] for p, probe in enumerate(probes)]
+    coref_share, contrastive = None, None
+    if prep.rows:
+        coref_share = resolved(modules, prep)
+        contrastive = coref.accuracy(model, tok, prep.items, device).accuracy
+    return Record([m[0] for m in modules], np.array(roles, dtype=np.float32).transpose(1, 0, 2),
+                  np.array(entropies, dtype=np.float32), coref_share, contrastive, maps)
+
+
+def resolved(modules: list[tuple[str, str, int, Tensor]], prep: Prepared) -> np.ndarray:
+    """(A, H) the share of the contrastive probes each head resolves (coref.py)."""
+    layers, heads = Counter(kind for _, kind, _, _ in modules), modules[0][3].size(1)
+    out = {kind: coref.Resolution(*(torch.zeros(n, heads, dtype=torch.float64) for _ in range(3)), len(prep.rows))
+           for kind, n in layers.items()}
+    by_kind: dict[str, list[Tensor]] = {}
+    for _, kind, _, w in modules:
+        by_kind.setdefault(kind, []).append(w[prep.rows])
+    coref.tally(out, prep.located, by_kind)
+    return np.array([(out[kind].resolved[layer] / len(prep.rows)).numpy() for _, kind, layer, _ in modules])
+
+
+def appended(h: History, step: int, record: Record, bleu: float | None) -> History:
+    """`h` with `record` of `step` added (one of that step or later replaced: an evaluation again at one step)."""
+    h = truncated(h, step - 1)
+    if h.steps and (h.modules != record.modules or h.n_heads != record.roles.shape[2]):
+        raise ValueError("the model's attention modules changed")
+    roles = {r: _cat(h.roles.get(r), record.roles[i]) for i, r in enumerate(ROLES)}
+    maps = [[_cat(old[a] if old else None, m) for a, m in enumerate(new)]
+            for old, new in zip(h.maps or [[]] * len(record.maps), record.maps, strict=True)]
+    return History(h.model_kind, [*h.steps, step], record.modules, record.roles.shape[2], roles,
+                   _cat(h.entropy, record.entropy), _cat(h.coref, record.coref), [*h.contrastive, record.contrastive],
+                   [*h.bleu, bleu], h.probes, maps, h.items)
+
+
+def _cat(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray | None:
+    """`a` (E, ...) with `b` (...) added as its last row; None without `b`."""
+    return None if b is None else b[None] if a is None or not len(a) else np.concatenate([a, b[None]])
+
+
+def truncated(h: History, step: int) -> History:
+    """`h` without the records after `step`."""
+    keep = sum(s <= step for s in h.steps)
+    if keep == len(h.steps):
+        return h
+    cut = (lambda a: None if a is None else a[:keep])  # noqa: E731
+    return History(h.model_kind, h.steps[:keep], h.modules, h.n_heads, {r: cut(a) for r, a in h.roles.items()},
+                   cut(h.entropy), cut(h.coref), h.contrastive[:keep], h.bleu[:keep], h.probes,
+                   [[cut(m) for m in per] for per in h.maps] if keep else [], h.items)
+
+
+def empty(model_kind: str, probes: list[Probe], items: list[dict]) -> History:
+    """A history of no evaluations yet: its modules and arrays come with the first record."""
+    return History(model_kind, [], [], 0, {}, np.zeros((0, 0, 0), np.float32), None, [], [], probes, [], items)
+
+
+class Recorder:
+    """training.validation.Observer: each evaluation's attention on the probes, into `run_dir`'s
+    attention_history.npz (a run directory, or compare-rnn's folder of one of its models)."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.files = RunDir(Path(run_dir))
+        self.history: History | None = None
+        self.prep: Prepared | None = None
+        self.tok: Tokenizer | None = None
+        self.full = False
+
+    def rewind(self, step: int, corpus: Corpus, cfg: ExperimentConfig) -> None:
+        """Start a history (step 0), or go on with the file's, its records after `step` dropped; a file that is
+        damaged or was made with other probes is started again, with a warning."""
+        kind, limit, tok = cfg.model.kind, cfg.model.max_positions, corpus.tok
+        self.history, self.prep, self.tok, self.full = None, None, tok, False
+        if step and self.files.history.is_file():
+            try:
+                h = load_history(self.files.history)
+                self.prep = prepare(h.probes, h.items, tok, limit) if h.model_kind == kind else None
+                if self.prep is None:
+                    raise InputError(f"{self.files.history}: recorded with other probes or another model")
+                self.history = truncated(h, step)
+            except InputError as e:
+                log.warning("%s; the attention history starts again", e)
+        if self.history is None:
+            probes, records = choose_probes(corpus, cfg)
+            self.history, self.prep = empty(kind, probes, records), prepare(probes, records, tok, limit)
+
+    def on_evaluation(self, step: int, model: Seq2Seq, tokenizer: Tokenizer, metrics: dict) -> None:
+        """Record the evaluation of `step` and write the file again, whole."""
+        h, prep = self.history, self.prep
+        if h is None or prep is None or not h.probes:
+            return
+        if len([s for s in h.steps if s < step]) >= MAX_RECORDS:
+            if not self.full:
+                log.warning("%s: %d evaluations recorded, no more", self.files.history, MAX_RECORDS)
+                self.full = True
+            return
+        device, was_training = next(model.parameters()).device, model.training
+        rng = rng_state(device)
+        model.eval()
+        try:
+            record = measure(model, tokenizer, h.model_kind, h.probes, prep)
+        finally:
+            model.train(was_training)
+            set_rng_state(rng, device)
+        bleu = metrics.get("valid_bleu")
+        self.history = appended(h, step, record, None if bleu is None else float(bleu))
+        save_history(self.history, self.files)

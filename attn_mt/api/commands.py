@@ -75,6 +75,7 @@ def compare_rnn(config: str | os.PathLike, overrides: Sequence[str] = (), *, out
                 quick: bool = False):
     """Train the Transformer and the RNN on the same data and clock, then time both against sentence length;
     writes the report into `out` (runs/compare) and returns it."""
+    from attn_mt.analysis.history import Recorder
     from attn_mt.config.compare_rnn import load_compare_config
     from attn_mt.measure.compare import compare_rnn as run_compare
 
@@ -85,7 +86,10 @@ def compare_rnn(config: str | os.PathLike, overrides: Sequence[str] = (), *, out
         checks.path(out, "out")
     folder = Path(out) if out else Path("runs") / ("compare_quick" if quick else "compare")
     check_outputs([("out", folder, None)], [config])
-    return run_compare(load_compare_config(Path(config), list(overrides), quick=quick), folder)
+    setup = load_compare_config(Path(config), list(overrides), quick=quick)
+    # each model's attention history in a folder of its own: out/transformer/attention_history.npz, out/rnn/...
+    observers = {name: Recorder(folder / name) for name, cfg in setup.configs.items() if cfg.train.record_attention}
+    return run_compare(setup, folder, observers)
 
 
 def bench(config: Config | None = None, overrides: Sequence[str] = (), *, checkpoint: str | os.PathLike | None = None,

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attn_mt.config import ExperimentConfig, from_dict, load_config, to_dict
 from attn_mt.config.yamlconf import set_overrides
@@ -21,6 +22,9 @@ from attn_mt.errors import InputError
 from attn_mt.rundir import RunDir
 
 from . import checks
+
+if TYPE_CHECKING:
+    from attn_mt.analysis.history import History
 
 Config = str | os.PathLike | Mapping | ExperimentConfig
 
@@ -140,6 +144,7 @@ def train(config: Config | None = None, out: str | os.PathLike | None = None, *,
 
     >>> run = attn_mt.train("configs/toy.yaml", "runs/toy2", overrides=["train.max_steps=50"])
     """
+    from attn_mt.analysis.history import Recorder
     from attn_mt.training.memory import reuse_freed_memory
     from attn_mt.training.run import train as run_training
 
@@ -152,7 +157,19 @@ def train(config: Config | None = None, out: str | os.PathLike | None = None, *,
     init = open_state(cfg.train.init_from) if cfg.train.init_from and not resume else None  # a checkpoint or a
     # MarianMT model; a resumed run reads only its own checkpoint
     reuse_freed_memory()  # ~20-30% faster CPU training steps (training/memory.py)
+    observers = (Recorder(run_dir),) if cfg.train.record_attention else ()  # RUN/attention_history.npz
     with _reporting(quiet):
-        run_training(cfg, run_dir, resume=resume, overwrite=overwrite, init=init)
+        run_training(cfg, run_dir, resume=resume, overwrite=overwrite, init=init, observers=observers)
     return Run(run_dir)
+
+
+def history(run_dir: str | os.PathLike) -> History:
+    """The attention a run recorded at each of its evaluations (train.record_attention): every head's weights on
+    a few fixed sentences, its roles, entropy and coreference score (analysis/history.py's `History`).
+
+    >>> h = attn_mt.history("runs/toy"); h.steps, h.modules, h.uniform_step()
+    """
+    from attn_mt.analysis.history import load_history
+
+    return load_history(checks.path(run_dir, "run_dir"))
 

@@ -13,7 +13,7 @@ from attn_mt.config.loader import from_dict, to_dict
 RESUMABLE = {"name", "data.dir", "data.name", "train.max_steps", "train.max_tokens", "train.max_minutes",
              "train.max_epochs", "train.patience", "train.eval_every", "train.bleu_sentences", "train.checkpoint_every",
              "train.keep_last", "train.max_bad_steps", "train.log_every", "train.threads", "train.device",
-             "train.compile", "train.cuda_graphs", "train.tensorboard",
+             "train.compile", "train.cuda_graphs", "train.tensorboard", "train.record_attention",
              "train.skip_check"}  # as train.device: it differs from host checks only after a skipped step
 
 

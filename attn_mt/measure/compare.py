@@ -35,7 +35,7 @@ from attn_mt.measure.report import write_report
 from attn_mt.models import build_model, count_params
 from attn_mt.training.compiled import compiled
 from attn_mt.training.trainer import Trainer
-from attn_mt.training.validation import score_test_split, valid_bleu
+from attn_mt.training.validation import Observer, score_test_split, valid_bleu
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class Contestant:
     best_bleu: float = -1.0
     best_state: dict | None = None
     done: bool = False
+    observer: Observer | None = None  # at every evaluation (the API's attention recorder)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -82,6 +83,8 @@ def _validate(c: Contestant, corpus: Corpus, epoch_tokens: int) -> None:
     if value > c.best_bleu:
         c.best_bleu, c.best_state = value, copy.deepcopy(c.model.state_dict())
     c.eval_s += watch.seconds
+    if c.observer is not None:
+        c.observer.on_evaluation(tr.state.step, c.model, corpus.tok, c.curve[-1])
     log.info("%s: %.0f s, step %d, epoch %.2f: valid BLEU %.2f", c.name, c.clock, tr.state.step,
              c.curve[-1]["epochs"], value)
 
@@ -119,11 +122,12 @@ def _check_sizes(params: dict[str, int], gap: float) -> None:
                           f"compare.max_param_gap={gap}; resize one of the models")
 
 
-def compare_rnn(setup: CompareSetup, out_dir: Path) -> dict:
-    """Train and measure both models; returns the report (also written to out_dir)."""
+def compare_rnn(setup: CompareSetup, out_dir: Path, observers: dict[str, Observer] | None = None) -> dict:
+    """Train and measure both models; returns the report (also written to out_dir). `observers`: model name ->
+    what watches its evaluations."""
     threads, created = torch.get_num_threads(), not out_dir.exists()
     try:
-        return _compare(setup, out_dir)
+        return _compare(setup, out_dir, observers or {})
     except BaseException:
         if created and out_dir.is_dir() and not any(out_dir.iterdir()):
             out_dir.rmdir()  # a failed command leaves no empty folder behind
@@ -132,7 +136,7 @@ def compare_rnn(setup: CompareSetup, out_dir: Path) -> dict:
         torch.set_num_threads(threads)  # train.threads applies to this run only
 
 
-def _compare(setup: CompareSetup, out_dir: Path) -> dict:
+def _compare(setup: CompareSetup, out_dir: Path, observers: dict[str, Observer]) -> dict:
     cfgs, cmp = setup.configs, setup.compare
     base = cfgs["transformer"]
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -144,7 +148,10 @@ def _compare(setup: CompareSetup, out_dir: Path) -> dict:
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, **corpus.tok.sizes()).to(device)
         net = compiled(model, cfg.train, device)  # each model may be compiled (train.compile in its section)
-        contestants.append(Contestant(name, cfg, Trainer(model, cfg, corpus, device, precision, net=net)))
+        contestants.append(Contestant(name, cfg, Trainer(model, cfg, corpus, device, precision, net=net),
+                                      observer=observers.get(name)))
+        if name in observers:
+            observers[name].rewind(0, corpus, cfg)
     params = {c.name: count_params(c.model) for c in contestants}
     _check_sizes(params, cmp.max_param_gap)
     where = machine(device, precision)

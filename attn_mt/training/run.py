@@ -40,7 +40,7 @@ from attn_mt.training.progress import Progress, time_left, write
 from attn_mt.training.resume import optimizer_state, restore, resumed_config
 from attn_mt.training.schedule import Stop, budget_spent, limit_reached
 from attn_mt.training.trainer import Trainer, TrainError, TrainInterrupted, TrainState
-from attn_mt.training.validation import score_test_split, validate
+from attn_mt.training.validation import Observer, score_test_split, validate
 
 __all__ = ["TrainError", "TrainInterrupted", "train"]
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Run:
     trainer: Trainer
     board: Board
     finished: str | None = None  # why a resumed run had already finished (resume.finished), or None
+    observers: tuple[Observer, ...] = ()  # called at every evaluation on rank 0 (the attention recorder)
     start: float = field(default_factory=time.perf_counter)  # the clock's zero (earlier when resumed)
     tokens_per_s: float = 0.0
     window_t0: float = field(default_factory=time.perf_counter)
@@ -93,16 +94,21 @@ class Run:
 
 
 def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite: bool = False,
-          init: dict | None = None) -> Path:
+          init: dict | None = None, observers: tuple[Observer, ...] = ()) -> Path:
     """Train the configured model; returns the path of the checkpoint that was tested.
 
     A fresh run refuses a directory that holds an earlier run unless `overwrite`; `resume`
     continues one, and a run that had already finished is not trained further. `init`: the checkpoint
     state of the model `train.init_from` names (the run fine-tunes it: its shape, tokenizer and weights).
+    `observers` watch every evaluation (validation.Observer), rewound to where the run starts.
     """
     if resume and overwrite:
         raise OptionError("give one of resume and overwrite, not both", "overwrite")
     run = setup(cfg, RunDir(run_dir), resume, overwrite, init)
+    if run.world.main:
+        run.observers = tuple(observers)
+        for o in run.observers:  # as files.rewind: what was recorded after the checkpoint goes
+            o.rewind(run.state.step, run.corpus, run.cfg)
     done = run.finished
     tested = bool(done) and run.files.results.exists()  # finished and tested before: nothing to do
     if not done:
@@ -280,10 +286,13 @@ def validate_and_save(run: Run, rngs: list[dict], reason: str | None) -> str | N
         valid_loss, valid_bleu = validate(tr.model, run.corpus, run.cfg, tr.device, tr.precision)
         run.board.attention(st.step, tr.model, run.corpus.tok, run.corpus.text[run.cfg.data.splits.valid][0][0],
                             run.cfg.decode, tr.device)
-    run.files.append_metrics({
-        "step": st.step, "epoch": st.epoch, "train_loss": round(st.train_loss, 4), "valid_loss": round(valid_loss, 4),
-        "valid_bleu": valid_bleu, "lr": tr.opt.param_groups[0]["lr"], "skipped_steps": st.skipped_steps,
-        "tokens_per_s": round(run.tokens_per_s, 1), "elapsed_s": round(run.elapsed(), 1)})
+        record = {"step": st.step, "epoch": st.epoch, "train_loss": round(st.train_loss, 4),
+                  "valid_loss": round(valid_loss, 4), "valid_bleu": valid_bleu, "lr": tr.opt.param_groups[0]["lr"],
+                  "skipped_steps": st.skipped_steps, "tokens_per_s": round(run.tokens_per_s, 1),
+                  "elapsed_s": round(run.elapsed(), 1)}
+        run.files.append_metrics(record)
+        for o in run.observers:  # after the metrics record, before the checkpoints (rundir.py: the order)
+            o.on_evaluation(st.step, tr.model, run.corpus.tok, record)
     write(f"step {st.step} epoch {st.epoch}: valid loss {valid_loss:.3f}, valid BLEU {valid_bleu:.2f}")
     run.board.scalars(st.step, "valid", {"loss": valid_loss, "bleu": valid_bleu})
     if valid_bleu > st.best_bleu:

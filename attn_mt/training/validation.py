@@ -1,19 +1,35 @@
 """Evaluation while training, over a `Corpus`: validation loss, greedy validation BLEU (`validate`, which
-leaves the RNG as it was) and the test split's scores at the end."""
+leaves the RNG as it was) and the test split's scores at the end; the `Observer`s an evaluation calls."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Protocol
 
 import torch
 
 from attn_mt.config import ExperimentConfig
 from attn_mt.data.batching import Batch, token_batches
 from attn_mt.data.corpus import Corpus
+from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.metrics import bleu, score
 from attn_mt.decoding.search import translate
 from attn_mt.device import autocast, rng_state, set_rng_state
 from attn_mt.models import Seq2Seq, mean_loss
+
+
+class Observer(Protocol):
+    """What watches a run's evaluations, on rank 0 (`train(..., observers=...)`, compare-rnn's models): the API
+    passes analysis/history.py's Recorder (RUN/attention_history.npz), which training may not import."""
+
+    def rewind(self, step: int, corpus: Corpus, cfg: ExperimentConfig) -> None:
+        """The run starts (step 0) or resumes from its checkpoint of `step`: what was observed after that step
+        goes (it is observed again); `corpus` and `cfg` are the run's, final."""
+
+    def on_evaluation(self, step: int, model: Seq2Seq, tokenizer: Tokenizer, metrics: dict) -> None:
+        """Right after validation at `step` (before the checkpoints are written), the evaluated weights in `model`
+        and the evaluation's record in `metrics` (valid_bleu, ...); it leaves the weights, the model's mode
+        and every random stream as they were."""
 
 
 def validation_loss(model: Seq2Seq, corpus: Corpus, split: str, batch_tokens: int, device: torch.device,
