@@ -113,9 +113,10 @@ def render(e: Explanation, top: int = 5) -> str:
     context = {"encoder_self": "c = x, the source positions", "decoder_self": "c = x, the target positions",
                "cross": "c = the encoder's output"}[e.kind]
     masked = "future" if e.kind == "decoder_self" else "padding"
+    title = f"{NAMES[e.kind]}, layer {e.layer}, head {e.head} of {e.n_heads}:"
     lines = [
-        *textwrap.wrap(f"{NAMES[e.kind]}, layer {e.layer}, head {e.head} of {e.n_heads}: {query_name(e)}", 80,
-                       subsequent_indent="  "),
+        *([f"{title} {query_name(e)}"] if len(title) + len(query_name(e)) < 80 else  # else the query on a line
+          [title, *textwrap.wrap(query_name(e), 80, initial_indent="  ", subsequent_indent="    ")]),
         *textwrap.wrap(f"source       {e.source}", 80, subsequent_indent=" " * 13),
         *textwrap.wrap(f"translation  {e.translation}", 80, subsequent_indent=" " * 13),
         f"d_model {e.d_model} = {e.n_heads} heads x d_k {e.d_k}; scores are divided by sqrt({e.d_k}) = "
