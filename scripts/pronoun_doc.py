@@ -1,12 +1,13 @@
-"""docs/attention.md's first section from a run of configs/pronoun.yaml: "The animal didn't cross the street
+"""docs/attention.md's pronoun section from a run of configs/pronoun.yaml: "The animal didn't cross the street
 because it was too tired", the head that links "it" to its antecedent (`attn-mt heads --contrastive`), and
 `attn-mt explain` on "it" in that head for "too tired" and "too wide" side by side; with a compare-rnn
 report of the same data, the Transformer's and the RNN's accuracy by antecedent distance.
 
     python scripts/pronoun_doc.py --run RUN [--compare COMPARE_OUT/report.json] --out docs/attention.md
 
-The section sits between two markers at the top of the page (after its title) and replaces the one there;
-scripts/attention_doc.py, which writes the rest of the page, keeps it.
+The section sits between two markers after the page's five steps (before "What each head does"; on a page
+without them, after its title) and replaces the one there; scripts/attention_doc.py, which writes the rest of
+the page, keeps it in that place.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from attn_mt.device import describe, pick_device
 from attn_mt.rundir import RunDir
 
 BEGIN, END = "<!-- pronoun section: begin -->", "<!-- pronoun section: end -->"
+BEFORE = "## What each head does"  # the heading of attention_doc's page that the section comes before
 RESOLVES = 0.9  # a head "resolves it" alone from this share of the items
 
 
@@ -74,7 +76,7 @@ def section(run: RunDir, report, tired, wide, best: dict, compare: dict | None, 
     rule = subject_rule(items)
     top = max(report.heads, key=lambda r: r["coref"]["resolved"])
     name = f"{best['kind']} {best['layer']}.{best['head']}"
-    query = "it" if best["kind"] == "encoder" else "the German pronoun"
+    query = "*it*" if best["kind"] == "encoder" else "that predicts the German pronoun"
     lines = [
         BEGIN,
         "",
@@ -101,7 +103,9 @@ def section(run: RunDir, report, tired, wide, best: dict, compare: dict | None, 
         "`attn-mt heads --checkpoint RUN/checkpoint_best.pt --contrastive RUN/test.contrastive.jsonl` asks each "
         "head, for every item, whether its attention from the pronoun puts more weight on the antecedent than on "
         "the other noun (encoder heads from the source *it*; decoder and cross heads from the position that "
-        "predicts the German pronoun), and masks each one to see what the contrastive accuracy loses:",
+        "predicts the German pronoun), and masks each one to see what the contrastive accuracy loses. Below, "
+        "*coref* is the share of items where the head prefers the antecedent, *antecedent* and *other* its mean "
+        "weight on each noun, *dacc masked* the change in contrastive accuracy when that head alone is masked:",
         "",
         "```text",
         *coref_lines(report),
@@ -155,9 +159,13 @@ def section(run: RunDir, report, tired, wide, best: dict, compare: dict | None, 
 
 
 def insert(page: str, block: str) -> str:
-    """`page` with its marked section replaced by `block`, or `block` put after the title."""
+    """`page` with its marked section replaced by `block`, or `block` put before the heads' section (after the
+    five steps), or after the title."""
     if BEGIN in page and END in page:
         return page[: page.index(BEGIN)] + block + page[page.index(END) + len(END):]
+    if f"\n{BEFORE}" in page:
+        at = page.index(f"\n{BEFORE}") + 1
+        return f"{page[:at]}{block}\n\n{page[at:]}"
     title, _, rest = page.partition("\n")
     return f"{title}\n\n{block}\n{rest}" if title.startswith("# ") else f"{block}\n\n{page}"
 

@@ -28,6 +28,10 @@ def test_the_doc_walks_through_explain_and_heads(tiny_run, tmp_path):
     assert (cross["kind"], cross["layer"], cross["head"]) == ("cross", best["layer"], best["head"])
     assert f"d_model = {cross['d_model']} split into {cross['n_heads']} heads of d_k = {cross['d_k']}" in text
     assert f"by at most {cross['max_abs_diff']:.1e}" in text and cross["max_abs_diff"] < 1e-4
+    assert text.index("softmax(q K^T / sqrt(d_k)) V") < text.index("## One head") < text.index("## What each head")
+    i, token, read = cross["query_index"], cross["query_token"], cross["query_input"]  # named by what it predicts
+    assert f"query {i}, the position that predicts {token!r} (it reads the token before, {read!r})" in text
+    assert f"query {i} predicts {token!r} (it reads {read!r})" in " ".join(text.split())  # explain's own title
     top = max((k for k in cross["keys"] if not k["masked"]), key=lambda k: k["weight"])
     assert f"{top['token']!r} gets {top['weight']:.3f}" in text
     assert any(k["masked"] for k in decoder["keys"])  # the decoder's future, shown masked

@@ -1,5 +1,5 @@
 """scripts/pronoun_doc.py: the classic sentence's section of docs/attention.md, with heads' and explain's own numbers,
-kept when scripts/attention_doc.py rewrites the rest of the page."""
+kept after the five steps when scripts/attention_doc.py rewrites the rest of the page."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_the_section_is_heads_and_explains_own_numbers(pronoun_run, tiny_run, tm
                                "--out", str(doc)]) == 0
     again = doc.read_text()
     assert again.count(pronoun_doc.BEGIN) == 1 and section.split(pronoun_doc.END)[0] in again
-    assert again.index(pronoun_doc.BEGIN) < again.index("## One head, one query")
+    assert again.index("## One head, one query") < again.index(pronoun_doc.BEGIN) < again.index(pronoun_doc.BEFORE)
     # and a second run replaces the section rather than adding one
     assert pronoun_doc.main(["--run", str(pronoun_run), "--sentences", "20", "--out", str(doc)]) == 0
     assert doc.read_text().count(pronoun_doc.BEGIN) == 1 and "| rnn |" not in doc.read_text()
