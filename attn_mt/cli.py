@@ -258,7 +258,8 @@ def bench(config: ConfigOpt, overrides: SetOpt = None, json_out: JsonOpt = None,
 
 
 @_verb()
-def heads(checkpoint: CkptOpt, src: Annotated[Path | None, Option(help="Source sentences, one a line.")] = None,
+def heads(checkpoint: CkptOpt = None, src: Annotated[Path | None, Option(help="Source sentences, one a line.")] = None,
+          history: Annotated[Path | None, Option(help="A run: draw how its heads learned (--html, --png).")] = None,
           ref: Annotated[Path | None, Option(help="Their references, line-aligned with --src.")] = None,
           contrastive: Annotated[Path | None, Option(help="A contrastive set with word positions (RUN/test.contrastive"
                                                           ".jsonl): which heads resolve the pronoun.")] = None,
@@ -268,10 +269,12 @@ def heads(checkpoint: CkptOpt, src: Annotated[Path | None, Option(help="Source s
           html: Annotated[Path | None, Option(help="The table and the picture as an HTML page.")] = None,
           prune: Annotated[int, Option(min=0, help="Remove the N least important heads (with --out).")] = 0,
           out: Annotated[Path | None, Option(help="Where --prune writes the pruned checkpoint.")] = None) -> None:
-    """Mask each attention head in turn: the BLEU and loss it costs, and where its attention goes (with
-    --contrastive, which heads link the pronoun to its antecedent and what masking them costs)."""
-    from attn_mt.api.terminal import check_heads_request, check_outputs, heads_table, save_heads_report
+    """Mask each attention head in turn: the BLEU and loss it costs, where its attention goes, and with --contrastive
+    which heads link the pronoun to its antecedent; with --history RUN, no model: how the run's heads learned it."""
+    from attn_mt.api.terminal import check_heads_request, check_outputs, draw_history, heads_table, save_heads_report
 
+    if history is not None:  # the attention the run recorded at each evaluation, drawn: nothing measured
+        return typer.echo("\n".join(map(str, draw_history(history, html=html, png=png))))
     check_heads_request(src, ref, contrastive, prune, out)  # before the model loads
     check_outputs([("--out", out, (".pt",)), ("--json", json_out, (".json",)), ("--png", png, (".png",)),
                    ("--html", html, (".html", ".htm"))], [checkpoint, src, ref, contrastive])  # before any work

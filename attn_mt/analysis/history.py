@@ -46,12 +46,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from attn_mt.config import ExperimentConfig
+from attn_mt.data import checks
 from attn_mt.data.batching import collate
 from attn_mt.data.corpus import Corpus
 from attn_mt.data.pronoun import classic
@@ -66,6 +68,9 @@ from attn_mt.rundir import RunDir
 
 from . import coref
 from .roles import ROLES, Keys, RoleSums, key_info
+
+if TYPE_CHECKING:
+    from .history_view import HistoryView
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +109,13 @@ class History:
     probes: list[Probe]  # P probe sentences
     maps: list[list[np.ndarray]]  # maps[p][a]: (E, H, Q, K) float16, queries x keys of module a for probe p
     items: list[dict] = field(default_factory=list, repr=False)  # the contrastive probes' records, in probe order
-    # (views of a History, for notebooks and pages, belong here: `view()`, by the views' module)
+
+    def view(self, name: str = "") -> HistoryView:
+        """The history drawn (history_view.py): a notebook shows its page (a step slider over every head's map and
+        role curves); `.save_html(path)` writes the page, `.save_png(path)` the summary picture. `name`: a title."""
+        from .history_view import HistoryView
+
+        return HistoryView(self, checks.text(name, "name", empty=True))
 
     def role_step(self, min_share: float = 0.5) -> dict[tuple[int, int], tuple[str, int] | None]:
         """(module, head) -> (its dominant role at the last evaluation, the step from which it has held it), or None

@@ -20,7 +20,9 @@ from attn_mt.decoding.translator import translate_lines
 from attn_mt.measure.bench import format_report as bench_text
 from attn_mt.measure.report import summary as compare_text
 
+from .history_pages import draw_history
+
 __all__ = ["OptionError", "OutputError", "RequestError", "bench_text", "check_heads_request", "check_outputs",
-           "check_score_request",
+           "check_score_request", "draw_history",
            "compare_text", "evaluation_text", "explanation_text", "format_scores", "heads_table", "input_lines",
            "save_heads_report", "score_files", "translate_lines", "write_scores"]

@@ -2,14 +2,18 @@
 
 One job: HTTP (routes, error answers, streaming); model work is engine.py's, queuing batcher.py's and scheduler.py's.
 
-Tested in tests/serve/test_serve.py, test_streaming.py, test_explain_api.py and test_hostile_http.py.
+Tested in tests/serve/test_serve.py, test_streaming.py, test_explain_api.py and test_hostile_http.py (and /history
+in tests/analysis/test_history_view.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import logging
 import os
+import re
 from concurrent.futures import Future
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict
@@ -23,7 +27,9 @@ from pydantic_core import to_json
 from starlette.exceptions import HTTPException
 
 from attn_mt.analysis.views import STATIC as VIEWS_STATIC
+from attn_mt.api.history_pages import history_file, history_page
 from attn_mt.api.model import Model, load
+from attn_mt.errors import AttnMTError
 
 from .api import (
     ApiError,
@@ -72,17 +78,20 @@ def create_app(model: Model | str | os.PathLike, limits: Limits = Limits(), devi
     app.add_middleware(HostCheck, allowed=allowed_hosts)  # the outermost: checked first
     _error_handlers(app)
     _pages(app)
+    _history_page(app, engine)
     _translation_routes(app, engine, batcher, limits)
     facts = {**engine.info(), "limits": asdict(limits), "allowed_hosts": list(allowed_hosts)}
 
     @app.get("/api/info")
     def info() -> dict:
         """What was loaded (`model`: checkpoint or export), architecture, parameters, vocabulary, training step,
-        validation BLEU, decoding defaults, limits, allowed hosts; `served`: model calls so far (decoder steps,
+        validation BLEU, decoding defaults, limits, allowed hosts, `history`: whether /history has the attention
+        history of the checkpoint's run; `served`: model calls so far (decoder steps,
         for a checkpoint: requests join and leave between them), the sentences they decoded, `rows`: the
         sentences in each call, summed (rows / batches is the mean batch), and the requests waiting now."""
         return {**facts, "served": {"batches": batcher.batches, "sentences": batcher.items,
-                                    "rows": batcher.rows, "waiting": len(batcher.pending)}}
+                                    "rows": batcher.rows, "waiting": len(batcher.pending)},
+                "history": history_file(engine.translator) is not None}
 
     return app
 
@@ -112,6 +121,32 @@ def _pages(app: FastAPI) -> None:
     @app.get("/docs", include_in_schema=False)
     def docs() -> FileResponse:
         return FileResponse(STATIC / "docs.html", headers={"Content-Security-Policy": CSP})
+
+
+def _history_page(app: FastAPI, engine: Engine) -> None:
+    """/history: how the heads of the checkpoint's run learned (analysis/history_view.py's page of the run's
+    attention_history.npz, read at each request: a run still training shows its latest evaluation); 404 where the
+    run recorded none. The page is self-contained: its CSP allows its own inline scripts and styles, by hash."""
+    @app.get("/history", include_in_schema=False)
+    def history() -> Response:
+        path = history_file(engine.translator)
+        if path is None:
+            raise HTTPException(404, "no attention history: the checkpoint's run recorded none")
+        try:
+            page = history_page(path)
+        except AttnMTError as e:  # cut short or damaged; the path goes to the log only
+            log.error("GET /history: %s", e)
+            raise HTTPException(500, "the run's attention history cannot be read") from None
+        return Response(page, media_type="text/html; charset=utf-8",
+                        headers={"Content-Security-Policy": inline_csp(page)})
+
+
+def inline_csp(page: str) -> str:
+    """A self-contained page's CSP: its inline scripts and styles by their SHA-256, data: images, nothing else."""
+    def hashes(tag: str) -> str:
+        found = re.findall(rf"<{tag}>(.*?)</{tag}>", page, flags=re.S)
+        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(t.encode()).digest()).decode()}'" for t in found)
+    return f"default-src 'none'; img-src data:; style-src {hashes('style')}; script-src {hashes('script')}"
 
 
 def _translation_routes(app: FastAPI, engine: Engine, batcher: Batcher | Scheduler, limits: Limits) -> None:

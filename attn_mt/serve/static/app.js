@@ -102,6 +102,7 @@ async function init() {
     return;
   }
   showFacts(state.info);
+  $("history-link").hidden = !state.info.history;  // the run's attention over training, where it recorded it
   document.body.classList.toggle("no-maps", !state.info.attention.length);  // an export: translations only
   const params = new URLSearchParams(location.search);  // a share link: every setting of the page
   const {limits, decode} = state.info;
