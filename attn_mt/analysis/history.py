@@ -424,7 +424,7 @@ def truncated(h: History, step: int) -> History:
     cut = (lambda a: None if a is None else a[:keep])  # noqa: E731
     return History(h.model_kind, h.steps[:keep], h.modules, h.n_heads, {r: cut(a) for r, a in h.roles.items()},
                    cut(h.entropy), cut(h.coref), h.contrastive[:keep], h.bleu[:keep], h.probes,
-                   [[cut(m) for m in per] for per in h.maps] if keep else [], h.items)
+                   [[cut(m) for m in per] for per in h.maps], h.items)
 
 
 def empty(model_kind: str, probes: list[Probe], items: list[dict]) -> History:
@@ -455,6 +455,8 @@ class Recorder:
                 if self.prep is None:
                     raise InputError(f"{self.files.history}: recorded with other probes or another model")
                 self.history = truncated(h, step)
+                if len(self.history.steps) < len(h.steps):  # as RunDir.rewind's metrics: written again from here
+                    save_history(self.history, self.files)
             except InputError as e:
                 log.warning("%s; the attention history starts again", e)
         if self.history is None:
