@@ -231,6 +231,7 @@ class HistoryView:
 
     history: Any = field(repr=False)
     name: str = ""  # the run's name or folder, for titles
+    picture: bytes | None = field(default=None, init=False, repr=False, compare=False)  # png(), drawn once
 
     def __repr__(self) -> str:
         h = self.history
@@ -238,7 +239,9 @@ class HistoryView:
                 f"{len(h.probes)} probes>")
 
     def png(self) -> bytes:
-        return png(self.history, self.name)
+        if self.picture is None:
+            self.picture = png(self.history, self.name)
+        return self.picture
 
     def to_html(self, picture: bytes | None = None) -> str:
         """The page as an HTML fragment: the PNG summary (what shows without scripts), controls, maps, curves."""
