@@ -1,5 +1,5 @@
 """A run killed at any write leaves its directory empty, resumable or finished, and starting or resuming it
-there ends with the files of a run that was never killed."""
+there ends with the files of a run that was never killed (its attention history included)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 from conftest import TINY, snapshot
 
 from attn_mt import checkpoint, rundir
+from attn_mt.analysis.history import Recorder, load_history, to_arrays
 from attn_mt.config import load_config, loader
 from attn_mt.config.files import open_new
 from attn_mt.rundir import RunDir
@@ -75,7 +76,7 @@ def killed_at(cfg, run_dir: Path, k: int) -> None:
         try:
             with pytest.MonkeyPatch.context() as mp:
                 hook_writes(mp, run_dir, kill_at=k)
-                train(cfg, run_dir)
+                train(cfg, run_dir, observers=(Recorder(run_dir),))
             code = 0  # never killed
         except BaseException:
             traceback.print_exc()
@@ -102,6 +103,7 @@ def final_files(run_dir: Path) -> dict:
     out["results"] = {k: v for k, v in json.loads((run_dir / "results.json").read_text()).items() if k not in TIMING}
     out["texts"] = {name: (run_dir / name).read_text() for name in ("test_hyps.txt", "test.en", "test.de")}
     out["names"] = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("."))
+    out["history"] = {k: v.tobytes() for k, v in to_arrays(load_history(run_dir)).items()}  # bit for bit, NaN too
     return out
 
 
@@ -115,9 +117,12 @@ def test_a_run_killed_at_any_write_is_empty_resumable_or_finished_and_ends_as_if
     ref = tmp_path / "ref"
     with monkeypatch.context() as mp:
         changes = hook_writes(mp, ref)
-        train(cfg, ref)
+        train(cfg, ref, observers=(Recorder(ref),))  # the attention recorder `attn_mt.train` passes
     expected = final_files(ref)
     assert changes.count("write checkpoint_best.pt") == 3 and changes.count("write checkpoint_last.pt") == 3
+    assert changes.count("write attention_history.npz") == 3 and len(load_history(ref).steps) == 3
+    assert changes.index("append metrics.jsonl") < changes.index("write attention_history.npz") < \
+        changes.index("write checkpoint_best.pt")
     assert [c for c in changes if c.startswith("delete")] == ["delete checkpoint_step0000002.pt"]
     first_last = changes.index("write checkpoint_last.pt")
     for k, what in enumerate(changes):
@@ -126,7 +131,8 @@ def test_a_run_killed_at_any_write_is_empty_resumable_or_finished_and_ends_as_if
         state = RunDir(run_dir).state()
         want = "empty" if k <= first_last else "finished" if k > changes.index("write results.json") else "resumable"
         assert state == want, (k, what)
-        train(cfg, run_dir, resume=state != "empty")  # an empty one is started again, the others resumed
+        train(cfg, run_dir, resume=state != "empty", observers=(Recorder(run_dir),))  # an empty one is started
+        # again, the others resumed
         assert final_files(run_dir) == expected, (k, what)
 
 
