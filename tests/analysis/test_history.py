@@ -25,6 +25,8 @@ from attn_mt.analysis.history import (
     to_arrays,
 )
 from attn_mt.analysis.roles import ROLES
+from attn_mt.config import load_config, to_dict
+from attn_mt.config.changes import config_changes
 from attn_mt.errors import InputError
 from attn_mt.rundir import RunDir
 
@@ -191,3 +193,11 @@ def test_the_hour_configs_history_stays_under_5_mb():
     np.savez(buf, **to_arrays(h))
     assert len(buf.getvalue()) <= 4_296_800 < 5_000_000
     assert from_arrays(dict(np.load(io.BytesIO(buf.getvalue()), allow_pickle=False))).steps == h.steps
+
+
+def test_recording_may_be_switched_on_resume_and_is_on_by_default():
+    on, off = load_config(None, list(TINY)), load_config(None, [*TINY, "train.record_attention=false"])
+    assert on.train.record_attention and not off.train.record_attention
+    assert config_changes(to_dict(on), to_dict(off)) == []  # a resumed run may change it
+    with pytest.raises(attn_mt.ConfigError, match="record_attention"):
+        load_config(None, [*TINY, "train.record_attention=3"])
