@@ -250,8 +250,9 @@ class HistoryView:
         h, e = self.history, html.escape
         picture = self.png() if picture is None else picture
         last = len(h.steps) - 1
-        probes = "".join(f'<option value="{i}">{e(checks.clean(str(p.kind)))}: {e(checks.clean(str(p.source)))}'
-                         "</option>" for i, p in enumerate(h.probes))
+        first = next((i for i, p in enumerate(h.probes) if p.kind == "classic"), 0)  # "the animal ... tired."
+        probes = "".join(f'<option value="{i}"{" selected" if i == first else ""}>{e(checks.clean(str(p.kind)))}: '
+                         f"{e(checks.clean(str(p.source)))}</option>" for i, p in enumerate(h.probes))
         body = (f'<h2 class="title">How the heads learned{": " + e(checks.clean(self.name)) if self.name else ""}'
                 f" ({e(checks.clean(str(h.model_kind)))}, {len(h.steps)} evaluations, steps {h.steps[0]} to "
                 f"{h.steps[-1]})</h2>"

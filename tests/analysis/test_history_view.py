@@ -48,8 +48,8 @@ def history(hostile: bool = False) -> History:
     if hostile:
         src = [*HOSTILE, *src[3:]]
     sentence = "the animal was tired." + ("</script>\ud800\"<i>" if hostile else "")
-    probes = [Probe("classic", sentence, "das Tier war müde.", src, tgt),
-              Probe("valid", "a dog.", "ein Hund.", ["▁a", "▁dog", ".", "</s>"], ["<s>", "▁ein", "▁Hund", "."])]
+    probes = [Probe("valid", "a dog.", "ein Hund.", ["▁a", "▁dog", ".", "</s>"], ["<s>", "▁ein", "▁Hund", "."]),
+              Probe("classic", sentence, "das Tier war müde.", src, tgt)]
     roles = {r: np.full((e, a, h), 0.1, np.float32) for r in ROLES}
     for r in ("prev", "same", "next"):
         roles[r][:, 2] = np.nan  # self-attention only
@@ -83,7 +83,8 @@ def test_the_page_carries_every_map_of_every_step_and_its_slider_covers_them(pag
     assert data["steps"] == STEPS and data["modules"] == MODULES and data["heads"] == 2
     slider = re.search(r'<input type="range" class="hv-step" min="0" max="(\d+)" value="(\d+)" step="1">', page)
     assert slider and int(slider[1]) == len(STEPS) - 1 == int(slider[2])  # every step, the last shown first
-    assert len(data["probes"]) == 2 and len(re.findall(r'<option value="\d+">', page)) == 2  # the probe menu
+    assert len(data["probes"]) == 2 and re.findall(r'<option value="(\d+)"( selected)?>', page) == [
+        ("0", ""), ("1", " selected")]  # the probe menu, the classic sentence shown first
     for p, probe in enumerate(data["probes"]):
         assert len(probe["maps"]) == len(MODULES)  # a map per module, each with both heads at every step
         for a, m in enumerate(probe["maps"]):
@@ -107,8 +108,8 @@ def test_hostile_tokens_and_sentences_are_escaped_and_nothing_points_at_the_netw
     assert len(re.findall(r"<script", page)) == 2 and page.count("<img") == 1  # no token opened a tag
     assert "&lt;/script&gt;" in page  # the menu's sentence and the title, as text
     data = json.loads(DATA.findall(page)[0])
-    assert data["probes"][0]["maps"][0]["keys"][:3] == [HOSTILE[0], HOSTILE[1], "a\ufffdb"]  # read back whole
-    assert data["probes"][0]["source"].endswith("</script>\ufffd\"<i>")
+    assert data["probes"][1]["maps"][0]["keys"][:3] == [HOSTILE[0], HOSTILE[1], "a\ufffdb"]  # read back whole
+    assert data["probes"][1]["source"].endswith("</script>\ufffd\"<i>")
     assert page.count("http") == 0  # no URL of any kind (the charts are canvases, not SVG)
     for pattern in (r"<[a-z][^>]*\s(src|href)=(?!\"data:)", r"url\(", r"@import", r"\bfetch\(", r"XMLHttpRequest",
                     r"\brequire\(", r"\bimport\("):  # a tag's src or href: a data: URL only
@@ -254,7 +255,7 @@ def test_the_page_draws_from_disk_and_its_slider_changes_the_maps(browser, tmp_p
     assert not browser.find_element("css selector", ".hv-static").is_displayed()  # the drawings replace the PNG
     assert len(browser.find_elements("css selector", "canvas.hv-map")) == len(MODULES) * 2
     body = browser.find_element("css selector", ".attn-mt-body")
-    assert body.get_attribute("data-step") == str(STEPS[-1])
+    assert body.get_attribute("data-step") == str(STEPS[-1]) and body.get_attribute("data-probe") == "1"  # classic
     assert min(browser.execute_script(INK)) >= 4  # every chart drew lines of several colours
     seen = [browser.execute_script(MAPS)]
     for i in (0, 2):
@@ -262,7 +263,7 @@ def test_the_page_draws_from_disk_and_its_slider_changes_the_maps(browser, tmp_p
         assert body.get_attribute("data-step") == str(STEPS[i])
         assert f"step {STEPS[i]} ({i + 1} of 5)" in browser.find_element("css selector", ".hv-at").text
         seen.append(browser.execute_script(MAPS))
-    Select(browser.find_element("css selector", ".hv-probe")).select_by_value("1")
+    Select(browser.find_element("css selector", ".hv-probe")).select_by_value("0")
     seen.append(browser.execute_script(MAPS))
     assert len(set(seen)) == 4  # each step and the other probe drew other maps
     assert not problems(browser)

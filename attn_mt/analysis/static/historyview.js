@@ -192,7 +192,7 @@ const attnMtViews = (() => {
     const totals = el("div", {className: "hv-keys"}, [chip(ACCENT, "contrastive accuracy"), chip(BLEU, "BLEU (right)")]);
     root.append(totals, overall, keys, el("div", {className: "hv-scroll"}, [grid]), tip);
 
-    let step = Number(slider.value), probe = 0, timer = null;
+    let step = Number(slider.value), probe = Number(menu.value), timer = null;  // the classic sentence first
     const bleuTop = Math.max(1, ...data.bleu.filter((b) => b !== null)) * 1.1;
 
     function point(ev, canvas, m, h) {
