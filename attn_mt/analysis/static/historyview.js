@@ -35,7 +35,7 @@ const attnMtViews = (() => {
 
   function layout(map) {  // cell size, and room for the tokens where the cells are large enough to name
     const longest = Math.max(map.queries.length, map.keys.length, 1);
-    const px = Math.max(2, Math.min(14, Math.floor(150 / longest)));
+    const px = Math.max(2, Math.min(14, Math.floor(200 / longest)));
     const room = px >= 8 ? 56 : 0;
     return {px, left: room, top: room, width: room + map.keys.length * px, height: room + map.queries.length * px};
   }
@@ -157,7 +157,8 @@ const attnMtViews = (() => {
     const slider = controls.querySelector(".hv-step"), menu = controls.querySelector(".hv-probe");
     const play = controls.querySelector(".hv-play"), at = controls.querySelector(".hv-at");
     const steps = data.steps, H = data.heads, roles = Object.keys(data.roles);
-    const bytes = data.probes.map((p) => p.maps.map((m) => decode(m.bytes)));
+    const decoded = data.probes.map(() => null);  // a probe's weights, decoded when it is first shown
+    const bytes = (p) => (decoded[p] = decoded[p] || data.probes[p].maps.map((m) => decode(m.bytes)));
     const tip = el("div", {className: "hv-tip", textContent: "point at a map for its numbers; click a chart to pick "
                                                              + "its nearest step"});
     const grid = el("table", {className: "hv-grid"});
@@ -202,7 +203,7 @@ const attnMtViews = (() => {
       const q = Math.floor(((ev.clientY - box.top) * scale - top) / px);
       const Q = map.queries.length, K = map.keys.length;
       if (q < 0 || k < 0 || q >= Q || k >= K) return;
-      const w = bytes[probe][m][((step * H + h) * Q + q) * K + k] / 255;
+      const w = bytes(probe)[m][((step * H + h) * Q + q) * K + k] / 255;
       tip.textContent = `${data.modules[m]} head ${h + 1}, step ${steps[step]}: ${map.queries[q]} → ${map.keys[k]}: ` +
                         `${w.toFixed(2)}`;
     }
@@ -244,7 +245,7 @@ const attnMtViews = (() => {
             canvas.width = size.width;
             canvas.height = size.height;
           }
-          drawMap(canvas, map, bytes[probe][m], step, h, H);
+          drawMap(canvas, map, bytes(probe)[m], step, h, H);
         }
       });
     }
