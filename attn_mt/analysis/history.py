@@ -30,8 +30,9 @@ Its size for configs/multi30k.yaml (the hour config; a German source: 4 validati
 A = 9 modules (3 encoder self, 3 decoder self, 3 cross), H = 4, S, T <= MAX_LEN = 12, and one evaluation per
 epoch, at most max_epochs = 100 (the hour on 2 CPU cores made 29-31): maps at most 100 x 4 probes x 3 layers x
 4 heads x (12*12 + 12*12 + 12*12) x 2 bytes = 4,147,200 bytes, roles 8 x 100 x 9 x 4 x 4 = 115,200, entropy
-14,400, the rest (steps, BLEU, meta, the zip's headers) under 20,000: at most 4,296,800 bytes (about 1.3 MB
-at 31 evaluations). Past MAX_RECORDS evaluations a run records no more (the file would keep growing).
+14,400, the rest (steps, BLEU, the meta's JSON as UTF-32, 42 arrays' npy and zip headers) under 40,000: at most
+4,316,800 bytes (4,297,502 with Multi30k-length sentences; about 1.3 MB at 31 evaluations). Past MAX_RECORDS
+evaluations a run records no more (the file would keep growing).
 
 One job: a run's attention history: its probes, its recording at each evaluation, its file.
 Tested in tests/analysis/test_history.py.
