@@ -463,6 +463,9 @@ class Recorder:
         if self.history is None:
             probes, records = choose_probes(corpus, cfg)
             self.history, self.prep = empty(kind, probes, records), prepare(probes, records, tok, limit)
+            if not probes:
+                log.warning("no validation pair of at most %d pieces a side, no contrastive item, no English source: "
+                            "no attention history is recorded", MAX_LEN)
 
     def on_evaluation(self, step: int, model: Seq2Seq, tokenizer: Tokenizer, metrics: dict) -> None:
         """Record the evaluation of `step` and write the file again, whole."""
