@@ -10,6 +10,7 @@ from attn_mt.config.loader import ExperimentConfig, from_dict
 from attn_mt.config.yamlconf import ConfigError, build, check_limits, read_yaml, set_overrides
 
 MODELS = ("transformer", "rnn")
+CLOCKS = ("wall", "cpu", "auto")  # compare.clock
 PER_MODEL_TRAIN_KEYS = {"lr", "warmup_steps", "weight_decay", "betas", "clip_norm",  # batches stay shared
                         "compile", "cuda_graphs"}  # each model may use what the other may (docs/compare-rnn.md)
 
@@ -24,6 +25,9 @@ class CompareConfig:
     """The `compare:` section of compare-rnn's config: budget and what is measured after training."""
 
     budget_minutes: float = 10.0  # training time per model, on its own clock
+    # what the budget and the timings count: "wall" seconds, or "cpu" seconds of this process per torch thread
+    # (other processes do not starve it; CPU devices only), or "auto": cpu on a CPU, wall on a GPU
+    clock: str = "wall"
     eval_every_minutes: float = 1.0  # one validation-BLEU point per this much training time
     lengths: tuple[int, ...] = (8, 16, 32, 64, 128, 256)  # length-scaling benchmark
     length_batch_tokens: int = 4096  # tokens per batch there: batch size = tokens // length
@@ -39,6 +43,8 @@ class CompareConfig:
                     "decode_sentences", "decode_repeats", "beam_size", "max_param_gap"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"compare.{key}={getattr(self, key)!r}: must be a number > 0")
+        if self.clock not in CLOCKS:
+            raise ConfigError(f"compare.clock={self.clock!r}: must be one of {', '.join(CLOCKS)}")
         if not self.lengths or not all(n > 0 for n in self.lengths):
             raise ConfigError(f"compare.lengths={list(self.lengths)}: must be positive integers")
 

@@ -4,7 +4,9 @@ Both models train in lockstep in one process: the next step always goes to the m
 clock (seconds spent in its training steps) is behind, so background load hits both alike and
 each gets the same training-time budget. Evaluations pause the clock. Then, alternated and
 repeated: cost against sentence length, and decoding speed. Writes report.json, report.md and
-two plots into the output directory.
+two plots into the output directory. The clock (compare.clock) is the wall clock, or this
+process's CPU time, which other processes cannot starve; the report says whether the machine's
+load leaves the measurement to be trusted (`trust`), and a warning is logged as soon as it does not.
 
 One job: compare-rnn's race and its figures; report.py writes them up.
 """
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import asdict, dataclass, field
+import os
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -61,12 +65,13 @@ class Contestant:
         return self.trainer.model
 
 
-def _train_step(c: Contestant, budget: float) -> float:
-    """One step of the contestant's Trainer, the learning rate following its clock; returns its seconds."""
+def _train_step(c: Contestant, budget: float, clock: str = "wall") -> float:
+    """One step of the contestant's Trainer, the learning rate following its clock; returns its seconds on
+    `clock` (timing.CLOCKS)."""
     tr = c.trainer
     if tr.epoch_done:
         tr.next_epoch()
-    with Stopwatch(tr.device) as watch:
+    with timing.watch(clock, tr.device) as watch:
         tr.step(lambda: c.clock, spent=c.clock / budget)
     return watch.seconds
 
@@ -96,11 +101,12 @@ def race(contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig) -> N
     for c in contestants:
         c.next_eval = every
         c.model.train()
-    bar = tqdm(total=round(budget * len(contestants)), unit="s", desc="training both (own clocks)",
-               disable=None, dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s {postfix}")
+    unit = "CPU s" if cmp.clock == "cpu" else "s"
+    bar = tqdm(total=round(budget * len(contestants)), unit=unit, desc="training both (own clocks)", disable=None,
+               dynamic_ncols=True, bar_format=f"{{l_bar}}{{bar}}| {{n:.0f}}/{{total:.0f}} {unit} {{postfix}}")
     while live := [c for c in contestants if not c.done]:
         c = min(live, key=lambda c: c.clock)
-        dt = _train_step(c, budget)
+        dt = _train_step(c, budget, cmp.clock)
         c.clock += dt
         bar.update(min(dt, max(0.0, budget - c.clock + dt)))
         c.done = c.clock >= budget or c.trainer.state.epoch >= c.cfg.train.max_epochs
@@ -143,6 +149,7 @@ def _compare(setup: CompareSetup, out_dir: Path, observers: dict[str, Observer])
     start = prelude(base, min(c.model.max_positions for c in cfgs.values()),
                     "configs/compare.yaml with `quick`")
     device, precision, corpus = start.device, start.precision, start.corpus
+    cmp = replace(cmp, clock=resolve_clock(cmp.clock, device))
     contestants = []
     for name, cfg in cfgs.items():
         torch.manual_seed(cfg.train.seed)
@@ -160,10 +167,10 @@ def _compare(setup: CompareSetup, out_dir: Path, observers: dict[str, Observer])
     load: dict = {}
     # cost against length first, on the fresh models: the timings do not depend on the weights,
     # and a process that has trained for half an hour gave noisier ones (a fragmented heap)
-    with timing.metered(load, "length_scaling"):
+    with _phase(load, "length_scaling", cmp.clock):
         scaling = _length_scaling(contestants, corpus, cmp)
     activations, memory_method = _activations(contestants, corpus, base)
-    with timing.metered(load, "training"):
+    with _phase(load, "training", cmp.clock):
         race(contestants, corpus, cmp)
     tok = corpus.tok
     report: dict = {"machine": where, "budget_minutes": cmp.budget_minutes, "compare": asdict(cmp),
@@ -175,12 +182,46 @@ def _compare(setup: CompareSetup, out_dir: Path, observers: dict[str, Observer])
     for c in contestants:  # the rest uses each model's best checkpoint
         c.model.load_state_dict(c.best_state)
         c.model.eval()
-    with timing.metered(load, "decoding"):
+    with _phase(load, "decoding", cmp.clock):
         _decoding(report, contestants, corpus, cmp)
     _test_and_save(report, contestants, corpus, out_dir)
-    report["background_load"] = load
+    report["background_load"], report["trust"] = load, trust(load, scaling, cmp.clock, where)
     write_report(report, out_dir)
     return report
+
+
+def resolve_clock(clock: str, device: torch.device) -> str:
+    """compare.clock for this device: "auto" is the CPU clock on a CPU and the wall clock elsewhere; the CPU
+    clock cannot see a GPU's work, so it is refused there."""
+    if clock == "auto":
+        return "cpu" if device.type == "cpu" else "wall"
+    if clock == "cpu" and device.type != "cpu":
+        raise ConfigError(f"compare.clock=cpu counts this process's CPU time, not the work of {device}: "
+                          "use compare.clock=wall (or auto) there")
+    return clock
+
+
+@contextmanager
+def _phase(load: dict, name: str, clock: str):
+    """timing.metered, and a warning at once when the phase's load leaves its timings untrusted."""
+    with timing.metered(load, name):
+        yield
+    for reason in timing.untrusted({name: load[name]}, clock, torch.get_num_threads(), _cpus()):
+        log.warning("this measurement cannot be trusted: %s", reason)
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def trust(load: dict, scaling: list[dict], clock: str, where: dict) -> dict:
+    """Whether the report may draw conclusions: the reasons it may not (timing.untrusted, for the load of each
+    phase), and the length-scaling timings too noisy to read (timing.noisy_rows)."""
+    names = [k.removesuffix("_ms") for k in scaling[0] if k.endswith("_ms")] if scaling else []
+    reasons = timing.untrusted(load, clock, where["threads"], _cpus())
+    return {"clock": clock, "threads": where["threads"], "trusted": not reasons, "reasons": reasons,
+            "noisy": timing.noisy_rows(scaling, names)}
 
 
 def _amp(c: Contestant):
@@ -196,7 +237,7 @@ def _length_scaling(contestants: list[Contestant], corpus: Corpus, cmp: CompareC
               dynamic_ncols=True) as bar:
         return timing.length_scaling({c.name: c.model for c in contestants}, list(cmp.lengths),
                                      cmp.length_batch_tokens, vocab, cmp.repeats, first.trainer.device,
-                                     _amp(first), bar)
+                                     _amp(first), bar, clock=cmp.clock)
 
 
 def _activations(contestants: list[Contestant], corpus: Corpus, base: ExperimentConfig) -> tuple[dict, str]:
@@ -241,7 +282,8 @@ def _decoding(report: dict, contestants: list[Contestant], corpus: Corpus, cmp: 
     log.info("timing greedy and beam-%d decoding of %d sentences, alternated", cmp.beam_size, len(texts))
     with tqdm(total=4 * cmp.decode_repeats, desc="decoding (alternated)", disable=None, dynamic_ncols=True) as bar:
         speed = timing.decode_speed({c.name: c.model for c in contestants}, corpus.tok, texts, base.decode,
-                                    cmp.beam_size, cmp.decode_repeats, first.trainer.device, _amp(first), bar)
+                                    cmp.beam_size, cmp.decode_repeats, first.trainer.device, _amp(first), bar,
+                                    clock=cmp.clock)
     for c in contestants:
         report["models"][c.name].update(speed[c.name], decode_sentences_per_s=speed[c.name]["greedy_sentences_per_s"])
     report["decode"] = {"sentences": len(texts), "batch_size": base.decode.batch_size, "beam_size": cmp.beam_size}

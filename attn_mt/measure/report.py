@@ -1,4 +1,5 @@
-"""compare-rnn's report: report.json (every number), report.md (tables) and two PNG plots.
+"""compare-rnn's report: report.json (every number), report.md (tables, and a verdict only where the
+measurement can be trusted) and two PNG plots.
 
 Tested in tests/measure/test_compare.py.
 """
@@ -9,6 +10,9 @@ import json
 from pathlib import Path
 
 from attn_mt.config.files import write_atomic
+from attn_mt.measure.timing import NOISY_SPREAD
+
+CLOCK_WORDS = {"wall": "wall-clock", "cpu": "CPU"}  # report["trust"]["clock"] -> how the text names it
 
 
 def _table(head: list[str], rows: list[list]) -> str:
@@ -56,18 +60,62 @@ def _machine_lines(report: dict) -> list[str]:
     mc = report["machine"]
     lines = [f"Machine: {mc['device_name']} ({mc['device']}), {mc['threads']} torch threads of "
              f"{mc['cpu_count']} CPUs, torch {mc['torch']}, precision {mc['precision']}."]
+    if report.get("trust", {}).get("clock") == "cpu":
+        lines.append("Clock: this process's CPU seconds per torch thread (compare.clock=cpu), for the budgets and "
+                     "every timing: other processes do not shorten them.")
     for phase, load in report["background_load"].items():
-        lines.append(f"Background load during {phase.replace('_', ' ')} ({load['seconds']:.0f} s): "
-                     f"{load['background_cores']} cores busy with other processes on average (1-min "
+        own = f"; this process used {load['own_cores']} cores" if "own_cores" in load else ""
+        lines.append(f"Background load during {phase.replace('_', ' ')} ({load['seconds']:.0f} s wall): "
+                     f"{load['background_cores']} cores busy with other processes on average{own} (1-min "
                      f"load average {load['loadavg_1min_start']:.2f} -> {load['loadavg_1min_end']:.2f}).")
     return lines
+
+
+def _growth(report: dict) -> str:
+    """How the time per batch grew from the shortest to the longest length both models ran, or why it is not
+    told (a noisy row)."""
+    names = list(report["models"])
+    rows = [r for r in report["length_scaling"] if all(r.get(f"{k}_ms") for k in names)]
+    if len(rows) < 2:
+        return ""
+    first, last = rows[0], rows[-1]
+    noisy = [f"n = {r['length']} ({k})" for r in (first, last) for k in names
+             if (r.get(f"{k}_spread") or 0) > NOISY_SPREAD]
+    if noisy:
+        return f" No conclusion on length: the rounds of {', '.join(noisy)} spread more than {NOISY_SPREAD:.0%}."
+    grew = " against ".join(f"x{last[f'{k}_ms'] / first[f'{k}_ms']:.2f} ({k})" for k in names)
+    ratio = [r[f"{names[-1]}_ms"] / r[f"{names[0]}_ms"] for r in (first, last)]
+    return (f" From n = {first['length']} to {last['length']} the time per batch grew {grew}; "
+            f"{names[-1]} / {names[0]}: {ratio[0]:.1f}x -> {ratio[1]:.1f}x.")
+
+
+def _noisy(report: dict) -> str:
+    noisy = report.get("trust", {}).get("noisy")
+    return f" Noisy (rounds spread over {NOISY_SPREAD:.0%}): {'; '.join(noisy)}." if noisy else ""
+
+
+def verdict(report: dict) -> str:
+    """What the report concludes, or, where the load leaves the measurement untrusted, why it concludes nothing
+    (empty for a report without `trust`)."""
+    t = report.get("trust")
+    if t is None:
+        return ""
+    if not t["trusted"]:
+        fix = ("a quieter machine, or compare.clock=cpu with train.threads=1" if t["clock"] == "wall" else
+               "train.threads=1" if t["threads"] > 1 else "a quieter machine")
+        return (f"**No conclusions: the machine's load leaves this measurement untrusted** ({'; '.join(t['reasons'])})."
+                f" The numbers below are as measured; rerun with {fix}.")
+    m = report["models"]
+    bleu = " against ".join(f"{v['test_bleu']:.1f} ({k})" for k, v in m.items())
+    return (f"**Verdict:** for the same {report['budget_minutes']} min of training "
+            f"({CLOCK_WORDS[t['clock']]} clock), test BLEU {bleu}.{_growth(report)}")
 
 
 def markdown(report: dict) -> str:
     t = tables(report)
     dec = report["decode"]
     return "\n\n".join([
-        "# compare-rnn report", "\n".join(_machine_lines(report)),
+        "# compare-rnn report", "\n".join(_machine_lines(report)), *([v] if (v := verdict(report)) else []),
         f"## a. Training throughput\n\nSame batches for both models ({report['batch_tokens']} padded tokens "
         f"per batch). Peak memory: {report['memory_method']}.\n\n{t['a']}",
         f"## b. Quality for an equal training-time budget ({report['budget_minutes']} min each)\n\n"
@@ -76,7 +124,8 @@ def markdown(report: dict) -> str:
         f"({report['sacrebleu_signature']})\n\n{t['b']}\n\n![BLEU against training time](bleu_vs_time.png)",
         f"## c. Cost against sentence length\n\nForward + backward time per batch of "
         f"{report['compare']['length_batch_tokens']} tokens of random ids, median of "
-        f"{report['compare']['repeats']} alternated rounds, on the models before training.\n\n{t['c']}"
+        f"{report['compare']['repeats']} alternated rounds (outliers dropped), on the models before training."
+        f"{_noisy(report)}\n\n{t['c']}"
         "\n\n![time per batch against length](time_vs_length.png)",
         f"## d. Decoding\n\n{dec['sentences']} test sentences, batches of {dec['batch_size']}, median of "
         f"{report['compare']['decode_repeats']} alternated rounds. Both decoders need one sequential step "
@@ -105,7 +154,7 @@ def summary(report: dict) -> str:
     width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                        for i, (c, w) in enumerate(zip(r, width, strict=True))) for r in rows]
-    return "\n".join([*lines, *_machine_lines(report)])
+    return "\n".join([*lines, *_machine_lines(report), *([v.replace("**", "")] if (v := verdict(report)) else [])])
 
 
 def plots(report: dict, out_dir: Path) -> list[Path]:

@@ -2,8 +2,13 @@
 
 `alternate` is the one timing loop of the package and its scripts: every contestant runs in one
 process, round after round, the order rotating so that none always goes first; callers report
-the median of the rounds. The background CPU load (CPU time used by other processes) is measured
-alongside, since on a 2-core machine one other busy process halves a 2-thread run.
+the median of the rounds (`robust_median`: outliers dropped first). The background CPU load (CPU
+time used by other processes) is measured alongside, since on a 2-core machine one other busy
+process halves a 2-thread run; `untrusted` says when it was too much for the clock used. Clocks
+(`CLOCKS`): "wall", or "cpu", this process's CPU seconds per torch thread, which other processes
+do not inflate when torch runs one thread.
+
+One job: timing shared by the measurements (rounds, clocks, medians, load and whether to trust it).
 """
 
 from __future__ import annotations
@@ -27,14 +32,58 @@ from attn_mt.device import Stopwatch
 
 log = logging.getLogger(__name__)
 
+CLOCKS = ("wall", "cpu")
+OUTLIER_MADS = 3.0  # robust_median drops rounds further than this many (scaled) MADs from the median
+OUTLIER_FLOOR = 0.1  # ... and further than this share of the median (close rounds are never outliers)
+NOISY_SPREAD = 0.5  # a timing whose kept rounds spread more than this share of their median is noisy
+MAX_STOLEN_CORES = 0.25  # wall clock: at most this much of the cores torch asked for used by others
+# cpu clock, one thread: at least this share of a core for this process (at 0.22 of a core, compare-rnn's
+# quick mode trained within 6% of the steps of a run at 0.67, and its length timings kept their trend)
+MIN_CPU_SHARE = 0.1
 
-def timed(fn: Callable[[], object], device: torch.device | None = None) -> Callable[[], float]:
-    """`fn` wrapped to return its wall-clock seconds, the device synchronised before and after."""
+
+class CpuWatch:
+    """This process's CPU seconds of a block, per torch thread (with one thread: the seconds of CPU work it
+    took, however busy the machine; with more, waiting threads spin and count). CPU devices only."""
+
+    def __init__(self) -> None:
+        self.seconds, self._t0 = 0.0, 0.0
+
+    def __enter__(self) -> CpuWatch:
+        self._t0 = time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = (time.process_time() - self._t0) / max(torch.get_num_threads(), 1)
+
+
+def watch(clock: str = "wall", device: torch.device | None = None) -> Stopwatch | CpuWatch:
+    """A context manager whose `.seconds` is the block's time on `clock` (one of CLOCKS)."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock={clock!r}: must be one of {', '.join(CLOCKS)}")
+    return Stopwatch(device) if clock == "wall" else CpuWatch()
+
+
+def timed(fn: Callable[[], object], device: torch.device | None = None, clock: str = "wall") -> Callable[[], float]:
+    """`fn` wrapped to return its seconds on `clock` (wall: the device synchronised before and after)."""
     def run() -> float:
-        with Stopwatch(device) as watch:
+        with watch(clock, device) as w:
             fn()
-        return watch.seconds
+        return w.seconds
     return run
+
+
+def robust_median(values: list[float], mads: float = OUTLIER_MADS) -> tuple[float, float, int]:
+    """(median, spread, dropped) of timed rounds: rounds further from the median than `mads` scaled median
+    absolute deviations and than OUTLIER_FLOOR of the median are dropped as outliers (a round another process
+    interrupted); the median and the spread ((max - min) / median) are of the rounds kept."""
+    if not values:
+        raise ValueError("robust_median of no values")
+    mid = statistics.median(values)
+    mad = 1.4826 * statistics.median(abs(x - mid) for x in values)  # ~ the standard deviation of normal noise
+    kept = [x for x in values if abs(x - mid) <= max(mads * mad, OUTLIER_FLOOR * abs(mid))] or values
+    centre = statistics.median(kept)
+    return centre, (max(kept) - min(kept)) / centre if centre > 0 else 0.0, len(values) - len(kept)
 
 
 def alternate(fns: dict[str, Callable[[], float]], repeats: int, *, warmup: bool = False,
@@ -76,14 +125,43 @@ class LoadMeter:
 
     def stop(self) -> dict:
         wall = max(time.perf_counter() - self.t0, 1e-9)
-        busy = _busy_cpu_seconds()
+        busy, own = _busy_cpu_seconds(), _own_cpu_seconds() - self.own0
         cores = None
         if busy is not None and self.busy0 is not None:
-            cores = max(0.0, (busy - self.busy0) - (_own_cpu_seconds() - self.own0)) / wall
+            cores = max(0.0, (busy - self.busy0) - own) / wall
         return {"seconds": round(wall, 1),
                 "background_cores": None if cores is None else round(cores, 2),
+                "own_cores": round(own / wall, 2),  # this process's CPU seconds per second
                 "loadavg_1min_start": self.loadavg0,
                 "loadavg_1min_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+
+def untrusted(load: dict[str, dict], clock: str, threads: int, cpus: int) -> list[str]:
+    """Why the timings of the metered phases `load` (name -> LoadMeter.stop()) on `clock` cannot be trusted, one
+    line per phase (none: no reason found). Wall clock, or cpu clock with several threads (a thread waiting for
+    a descheduled one spins, and that counts as CPU time): other processes used more than MAX_STOLEN_CORES of
+    the cores torch's threads needed. Cpu clock with one thread: this process got under MIN_CPU_SHARE of a core
+    (so busy a machine shares even the caches and cores its CPU time runs on)."""
+    reasons = []
+    for phase, m in load.items():
+        name = phase.replace("_", " ")
+        if clock == "cpu" and threads == 1:
+            if m["own_cores"] < MIN_CPU_SHARE:
+                reasons.append(f"{name}: this process got {m['own_cores']:.2f} of a core on average, under "
+                               f"{MIN_CPU_SHARE}: too busy a machine to trust even its CPU time")
+        elif m["background_cores"] is not None:
+            stolen = m["background_cores"] - max(0, cpus - threads)
+            if stolen > MAX_STOLEN_CORES:
+                reasons.append(f"{name}: other processes kept {m['background_cores']:.2f} of {cpus} cores busy, "
+                               f"{stolen:.2f} of the cores torch's {threads} threads needed" +
+                               (" (their waits count as CPU time)" if clock == "cpu" else ""))
+    return reasons
+
+
+def noisy_rows(rows: list[dict], names: list[str]) -> list[str]:
+    """The length-scaling timings whose kept rounds spread more than NOISY_SPREAD of their median."""
+    return [f"n={r['length']} {k}: rounds spread {r[f'{k}_spread']:.0%}" for r in rows for k in names
+            if r.get(f"{k}_spread") is not None and r[f"{k}_spread"] > NOISY_SPREAD]
 
 
 @contextmanager
@@ -101,13 +179,13 @@ def _own_cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def train_step_seconds(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, autocast) -> float:
-    """Seconds for one forward + backward pass of a batch (gradients are dropped)."""
-    with Stopwatch(src.device) as watch, autocast():
+def train_step_seconds(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, autocast, clock: str = "wall") -> float:
+    """Seconds on `clock` for one forward + backward pass of a batch (gradients are dropped)."""
+    with watch(clock, src.device) as w, autocast():
         logits = model(src, tgt)  # teacher forcing: the target predicts itself, as good as any
         F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten()).backward()
     model.zero_grad(set_to_none=True)
-    return watch.seconds
+    return w.seconds
 
 
 def saved_activation_bytes(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, autocast) -> int:
@@ -128,12 +206,13 @@ def saved_activation_bytes(model: nn.Module, src: torch.Tensor, tgt: torch.Tenso
 
 
 def length_scaling(models: dict[str, nn.Module], lengths: list[int], batch_tokens: int, vocab: int,
-                   repeats: int, device: torch.device, autocast, progress=None) -> list[dict]:
-    """Forward+backward ms per batch of `batch_tokens` tokens, for sentences of each length.
+                   repeats: int, device: torch.device, autocast, progress=None, clock: str = "wall") -> list[dict]:
+    """Forward+backward ms per batch of `batch_tokens` tokens on `clock`, for sentences of each length.
 
     Random ids, no padding, so every model sees exactly length x (batch_tokens // length)
     tokens per side. Per length: one warm-up each, then `repeats` rounds whose model order
-    alternates; the median of each model's rounds is reported.
+    alternates; each model's robust median of its rounds is reported, with their spread and the
+    outliers dropped.
     """
     rows = []
     for length in lengths:
@@ -148,10 +227,12 @@ def length_scaling(models: dict[str, nn.Module], lengths: list[int], batch_token
                 m.train()
                 train_step_seconds(m, src, tgt, autocast)  # warm-up
                 row[f"{k}_mb"] = round(saved_activation_bytes(m, src, tgt, autocast) / 2**20, 1)
-        times.update(alternate({k: functools.partial(train_step_seconds, m, src, tgt, autocast)
+        times.update(alternate({k: functools.partial(train_step_seconds, m, src, tgt, autocast, clock)
                                 for k, m in models.items() if fits[k]}, repeats, after=_tick(progress)))
         for k in models:
-            row[f"{k}_ms"] = round(statistics.median(times[k]) * 1000, 1) if times[k] else None
+            mid, spread, dropped = robust_median(times[k]) if times[k] else (None, None, 0)
+            row[f"{k}_ms"] = None if mid is None else round(mid * 1000, 1)
+            row[f"{k}_spread"], row[f"{k}_outliers"] = None if spread is None else round(spread, 2), dropped
             # sequential steps per layer: a recurrence steps through the sentence, attention does not
             row[f"{k}_sequential_steps"] = length if k == "rnn" else 1
         rows.append(row)
@@ -164,8 +245,10 @@ def _tick(progress) -> Callable[[str, int, float], None] | None:
 
 
 def decode_speed(models: dict[str, nn.Module], tok, texts: list[str], base: DecodeConfig,
-                 beam_size: int, repeats: int, device: torch.device, autocast, progress=None) -> dict:
-    """Sentences per second (greedy and beam), alternated and repeated, plus decoder steps."""
+                 beam_size: int, repeats: int, device: torch.device, autocast, progress=None,
+                 clock: str = "wall") -> dict:
+    """Sentences per second on `clock` (greedy and beam), alternated and repeated (robust median), plus
+    decoder steps."""
     modes = {"greedy": replace(base, beam_size=1, nbest=1),
              "beam": replace(base, beam_size=beam_size, nbest=1)}
     out: dict[str, dict] = {k: {} for k in models}
@@ -181,8 +264,8 @@ def decode_speed(models: dict[str, nn.Module], tok, texts: list[str], base: Deco
             with autocast():
                 translate(m, tok, texts, dcfg, device)
 
-        seconds = alternate({k: timed(functools.partial(run, m), device) for k, m in models.items()}, repeats,
-                            after=_tick(progress))
+        seconds = alternate({k: timed(functools.partial(run, m), device, clock) for k, m in models.items()},
+                            repeats, after=_tick(progress))
         for k in models:
-            out[k][f"{mode}_sentences_per_s"] = round(len(texts) / statistics.median(seconds[k]), 1)
+            out[k][f"{mode}_sentences_per_s"] = round(len(texts) / robust_median(seconds[k])[0], 1)
     return out

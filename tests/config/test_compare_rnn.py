@@ -35,6 +35,16 @@ def test_config_errors():
         load_compare_config(CONFIG, ["compare.budget=3"])
     with pytest.raises(ConfigError, match="must be 'rnn'"):
         load_compare_config(CONFIG, ["rnn.model.kind=transformer"])
+    with pytest.raises(ConfigError, match="compare.clock='process': must be one of wall, cpu, auto"):
+        load_compare_config(CONFIG, ["compare.clock=process"])
+
+
+def test_quick_counts_cpu_time_of_one_thread_and_the_full_run_wall_time():
+    """The quick mode's budgets are CPU seconds of one thread (a busy machine does not starve them); the full run
+    keeps the wall clock and torch's threads."""
+    quick, full = load_compare_config(CONFIG, quick=True), load_compare_config(CONFIG)
+    assert quick.compare.clock == "auto" and all(c.train.threads == 1 for c in quick.configs.values())
+    assert full.compare.clock == "wall" and all(c.train.threads == 0 for c in full.configs.values())
 
 
 def test_each_model_may_be_compiled_on_its_own():

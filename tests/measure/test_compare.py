@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,10 @@ from typer.testing import CliRunner
 import attn_mt
 from attn_mt.checkpoint import load_model
 from attn_mt.cli import app
+from attn_mt.config import ConfigError
 from attn_mt.data.corpus import load_corpus
+from attn_mt.measure.compare import Contestant, _train_step, resolve_clock
+from attn_mt.measure.report import verdict
 from attn_mt.models import count_params
 from attn_mt.training.validation import score_test_split
 
@@ -32,6 +36,50 @@ SMALL = [
 ]
 
 
+def test_the_clock_fits_the_device():
+    assert resolve_clock("auto", CPU) == "cpu" and resolve_clock("auto", torch.device("cuda")) == "wall"
+    assert resolve_clock("wall", CPU) == "wall" and resolve_clock("cpu", CPU) == "cpu"
+    with pytest.raises(ConfigError, match="compare.clock=cpu counts this process's CPU time, not the work of cuda"):
+        resolve_clock("cpu", torch.device("cuda"))
+
+
+def test_a_race_step_counts_the_time_on_the_race_clock():
+    """A step that waits (as a descheduled process does) costs wall time but not CPU time."""
+    class Waits:
+        device, epoch_done, calls = CPU, False, []
+
+        def step(self, clock, spent):
+            self.calls.append(spent)
+            time.sleep(0.25)
+
+    c = Contestant("rnn", None, Waits(), clock=3.0)
+    assert _train_step(c, 12.0, "wall") >= 0.25 and _train_step(c, 12.0, "cpu") < 0.1
+    assert Waits.calls == [0.25, 0.25]  # the learning rate follows the share of the budget spent
+
+
+def _report(trusted=True, spread=0.05):
+    ms = {8: (100.0, 80.0), 256: (170.0, 870.0)}
+    return {"budget_minutes": 0.6, "models": {"transformer": {"test_bleu": 95.29}, "rnn": {"test_bleu": 24.34}},
+            "length_scaling": [{"length": n, "transformer_ms": t, "rnn_ms": r, "transformer_spread": spread,
+                                "rnn_spread": 0.1} for n, (t, r) in ms.items()],
+            "trust": {"clock": "cpu", "threads": 1, "trusted": trusted, "noisy": [],
+                      "reasons": [] if trusted else ["training: this process got 0.05 of a core"]}}
+
+
+def test_the_report_concludes_only_from_a_trusted_measurement():
+    assert verdict(_report()) == ("**Verdict:** for the same 0.6 min of training (CPU clock), test BLEU 95.3 "
+                                  "(transformer) against 24.3 (rnn). From n = 8 to 256 the time per batch grew x1.70 "
+                                  "(transformer) against x10.88 (rnn); rnn / transformer: 0.8x -> 5.1x.")
+    assert verdict(_report(spread=0.6)).endswith("No conclusion on length: the rounds of n = 8 (transformer), "
+                                                 "n = 256 (transformer) spread more than 50%.")
+    refused = verdict(_report(trusted=False))
+    assert refused.startswith("**No conclusions: the machine's load leaves this measurement untrusted** "
+                              "(training: this process got 0.05 of a core)") and "BLEU" not in refused
+    wall = {**_report(trusted=False), "trust": {**_report(trusted=False)["trust"], "clock": "wall", "threads": 2}}
+    assert verdict(wall).endswith("rerun with a quieter machine, or compare.clock=cpu with train.threads=1.")
+    assert verdict({"models": {}}) == ""  # a report from before the check
+
+
 def test_refuses_unequal_sizes(tmp_path):
     result = CliRunner().invoke(app, ["compare-rnn", "--config", str(CONFIG), "--quick", "--out",
                                       str(tmp_path), *sum((["--set", o] for o in SMALL), []),
@@ -49,6 +97,9 @@ def test_compare_rnn_writes_a_valid_report(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["machine"]["torch"] and report["machine"]["threads"] >= 1
     assert set(report["background_load"]) == {"training", "length_scaling", "decoding"}
+    assert report["compare"]["clock"] == report["trust"]["clock"] == "cpu"  # quick: auto, on a CPU
+    assert report["trust"]["trusted"] == (not report["trust"]["reasons"]) and report["trust"]["threads"] == 1
+    assert ("Verdict:" if report["trust"]["trusted"] else "No conclusions") in result.output
     for name in ("transformer", "rnn"):
         m = report["models"][name]
         assert m["params"] == count_params(load_model(tmp_path / f"{name}.pt")[0])  # the model the report is of

@@ -47,7 +47,8 @@ def test_load_meter_reports_the_window():
     inner = time.perf_counter() - inner
     load = meter.stop()
     outer = time.perf_counter() - outer
-    assert set(load) == {"seconds", "background_cores", "loadavg_1min_start", "loadavg_1min_end"}
+    assert set(load) == {"seconds", "background_cores", "own_cores", "loadavg_1min_start", "loadavg_1min_end"}
+    assert 0 <= load["own_cores"] < 0.5  # asleep: this process used little of a core
     # the window between start and stop (in tenths), whatever the load
     assert 0.3 <= inner and round(inner, 1) <= load["seconds"] <= round(outer, 1)
 
@@ -88,4 +89,59 @@ def test_length_scaling_times_each_model_at_each_length(cfg):
     assert rows[0][f"{kind}_ms"] > 0 and rows[0][f"{kind}_mb"] > 0
     assert rows[2][f"{kind}_ms"] is None  # longer than the model's positions: not timed
     assert rows[1][f"{kind}_sequential_steps"] == (8 if kind == "rnn" else 1)
+    assert rows[0][f"{kind}_spread"] >= 0 and rows[0][f"{kind}_outliers"] == 0  # two rounds: none is an outlier
     assert len(ticks) == 2 * 2  # two rounds at each length that fits
+
+
+def _burn(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_the_cpu_clock_counts_only_this_process_working():
+    """Time the process waits (asleep here, descheduled on a busy machine) is on the wall clock, not the CPU one."""
+    with timing.watch("cpu") as cpu, timing.watch("wall") as wall:
+        time.sleep(0.3)
+        _burn(0.1)
+    assert wall.seconds >= 0.4 and 0.1 * 0.9 / torch.get_num_threads() <= cpu.seconds < 0.25
+    assert timing.timed(lambda: time.sleep(0.2), clock="cpu")() < 0.1
+    with pytest.raises(ValueError, match="clock='gpu'"):
+        timing.watch("gpu")
+
+
+def test_robust_median_drops_an_interrupted_round():
+    assert timing.robust_median([0.100, 0.104, 5.0]) == (pytest.approx(0.102), pytest.approx(0.04 / 1.02), 1)
+    assert timing.robust_median([1.0, 1.05, 1.08, 1.1, 9.0, 7.0])[2] == 2  # two slow rounds of six
+    assert timing.robust_median([1.0, 1.09, 0.95]) == (1.0, pytest.approx(0.14), 0)  # close rounds: all kept
+    assert timing.robust_median([2.0, 2.0, 2.0, 3.0]) == (2.0, 0.0, 1)  # no spread among most: the odd one goes
+    assert timing.robust_median([1.0, 3.0])[:2] == (2.0, 1.0)  # two rounds: no majority to judge by
+    with pytest.raises(ValueError):
+        timing.robust_median([])
+
+
+def _load(background, own):
+    return {"seconds": 10.0, "background_cores": background, "own_cores": own}
+
+
+def test_untrusted_says_when_the_load_starved_the_clock():
+    """Wall clock: others took cores torch's threads needed. CPU clock, one thread: only a nearly starved process.
+    CPU clock, two threads: a thread waiting for a descheduled one spins, so as the wall clock."""
+    busy, quiet = {"training": _load(1.4, 0.6)}, {"training": _load(0.05, 1.9)}
+    assert timing.untrusted(quiet, "wall", 2, 2) == [] and timing.untrusted(quiet, "cpu", 2, 2) == []
+    [reason] = timing.untrusted(busy, "wall", 2, 2)
+    assert reason.startswith("training: other processes kept 1.40 of 2 cores busy")
+    assert timing.untrusted({"training": _load(1.2, 0.8)}, "wall", 1, 2) == []  # a core for them, 0.2 of ours
+    assert "0.40 of the cores torch's 1 threads needed" in timing.untrusted(busy, "wall", 1, 2)[0]
+    assert timing.untrusted(busy, "cpu", 1, 2) == []
+    assert "count as CPU time" in timing.untrusted(busy, "cpu", 2, 2)[0]
+    starved = {"length_scaling": _load(1.9, 0.05), "decoding": _load(1.8, 0.2)}
+    assert [r.split(":")[0] for r in timing.untrusted(starved, "cpu", 1, 2)] == ["length scaling"]
+    assert timing.untrusted({"training": _load(None, 0.5)}, "wall", 2, 2) == []  # not measurable: no claim
+
+
+def test_noisy_rows_names_the_scattered_timings():
+    rows = [{"length": 8, "transformer_spread": 0.62, "rnn_spread": 0.1},
+            {"length": 16, "transformer_spread": None, "rnn_spread": 0.51}]
+    assert timing.noisy_rows(rows, ["transformer", "rnn"]) == ["n=8 transformer: rounds spread 62%",
+                                                               "n=16 rnn: rounds spread 51%"]
