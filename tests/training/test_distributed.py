@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import wait_until, write_config
 
+from attn_mt.analysis.history import Recorder, load_history
 from attn_mt.config import load_config
 from attn_mt.data.cache import prepare
 from attn_mt.training.run import train
@@ -38,7 +39,8 @@ def records(run_dir: Path) -> list[dict]:
 def test_two_processes_match_one(tmp_path):
     cfg = write_config(tmp_path / "tiny.yaml", "train.max_steps=8", "train.eval_every=4", "train.log_every=4")
     one, two = tmp_path / "one", tmp_path / "two"
-    train(load_config(cfg, []), one)  # the one-process run, in this process (one torch thread, as the ranks)
+    train(load_config(cfg, []), one, observers=(Recorder(one),))  # the one-process run, in this process (one torch
+    # thread, as the ranks), recording its attention as the CLI's does
     multi = subprocess.run(torchrun("train", "--config", str(cfg), "--out", str(two)),
                            capture_output=True, text=True, env=env(), timeout=300)
     assert multi.returncode == 0, multi.stderr
@@ -57,6 +59,7 @@ def test_two_processes_match_one(tmp_path):
                              capture_output=True, text=True, env=env(), timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert [r["step"] for r in records(two)] == [4, 8, 12]
+    assert load_history(two).steps == [4, 8, 12]  # rank 0 records, and rewinds on resume
 
 
 def test_a_crashed_rank_ends_the_job(tmp_path):
