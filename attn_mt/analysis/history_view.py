@@ -10,8 +10,9 @@ Without JavaScript the PNG summary stands in, as in the model view. Offline and 
 views: nothing is fetched, every text is escaped (JSON that cannot close its script; lone surrogates as U+FFFD).
 
 The PNG: the heads' roles as a heat map over the steps (a row per module and head, a column per evaluation; the
-hue is the head's strongest role, every role but conf as History.role_step counts them, the depth its value; a
-ring where the head takes its role), above the contrastive accuracy and BLEU, aligned by evaluation.
+hue is the head's strongest role, every role but conf as History.role_step counts them, full where it holds it
+(>= 0.5), paler below; a ring where the head takes its role), above the contrastive accuracy and BLEU, aligned
+by evaluation.
 
     >>> view = HistoryView(history, "runs/pronoun")   # a notebook draws it (_repr_html_)
     >>> view.save_html("history.html"), view.save_png("history.png")
@@ -42,6 +43,7 @@ COLOURS = {"prev": "#1f77b4", "same": "#ff7f0e", "next": "#2ca02c", "rare": "#d6
            "punct": "#8c564b", "conf": "#7f7f7f", "mono": "#17becf"}
 SPARE = ("#bcbd22", "#e377c2", "#393b79", "#637939")
 COREF_THRESHOLD = 0.8  # the share of items the best coreference head resolves at its step (History.coref_step)
+HOLDS = 0.5  # a head holds a role from this value on (History.role_step's min_share): the PNG's full colour
 
 
 def colours(roles) -> dict[str, str]:
@@ -165,10 +167,10 @@ def png(history: Any, name: str = "") -> bytes:
     roles, hue = experts(history), colours(history.roles)
     index, value = dominant(history)  # (E, A, H)
     hues = np.array([to_rgb(hue[r]) for r in roles] + [(1.0, 1.0, 1.0)])  # -1: white
-    depth = np.clip(value, 0.0, 1.0)[..., None]
-    picture = 1.0 - depth * (1.0 - hues[index])  # (E, A, H, 3): white to the role's colour by its share
+    depth = np.clip(value / HOLDS, 0.0, 1.0)[..., None]  # full where the head holds the role
+    picture = 1.0 - depth * (1.0 - hues[index])  # (E, A, H, 3): white to the role's colour by its value
     picture = picture.reshape(len(steps), len(rows), 3).transpose(1, 0, 2)  # (rows, E, 3)
-    width = min(16.0, max(7.0, 2.6 + 0.28 * len(steps)))
+    width = min(16.0, max(8.5, 3.5 + 0.3 * len(steps)))
     fig = Figure(figsize=(width, 2.6 + 0.24 * len(rows)), dpi=90, layout="constrained")
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, height_ratios=[max(2.0, 0.24 * len(rows)), 1.9])
@@ -180,8 +182,8 @@ def png(history: Any, name: str = "") -> bytes:
     top.set_xticks(range(0, len(steps), tick), [str(s) for s in steps[::tick]], fontsize=7)
     top.set_yticks(range(len(rows)), rows, fontsize=7)
     top.set_xlabel("training step", fontsize=8)
-    top.set_title("each head's strongest role (deeper: a larger share; mono: its alignment's rank correlation); "
-                  "ring: the step it takes its role", fontsize=9)
+    top.set_title(f"each head's strongest role: full colour where it holds it (>= {HOLDS}), paler below\n"
+                  "(mono: its alignment's rank correlation); ring: the step from which it holds it", fontsize=9)
     top.legend(handles=[Patch(color=hue[r], label=r) for r in roles], fontsize=7, loc="upper left",
                bbox_to_anchor=(1.01, 1.0), frameon=False, title="role", title_fontsize=7)
     _curves_panel(bottom, history)

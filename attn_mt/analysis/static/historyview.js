@@ -194,7 +194,7 @@ const attnMtViews = (() => {
     root.append(totals, overall, keys, el("div", {className: "hv-scroll"}, [grid]), tip);
 
     let step = Number(slider.value), probe = Number(menu.value), timer = null;  // the classic sentence first
-    const bleuTop = Math.max(1, ...data.bleu.filter((b) => b !== null)) * 1.1;
+    const bleuTop = Math.min(100, Math.max(1, ...data.bleu.filter((b) => b !== null)) * 1.1);  // BLEU: 0-100
 
     function point(ev, canvas, m, h) {
       const map = data.probes[probe].maps[m], {px, left, top} = layout(map);
