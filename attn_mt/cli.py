@@ -103,9 +103,8 @@ def translate(checkpoint: ModelOpt,
               fmt: Annotated[Literal["text", "jsonl"], Option("--format", help="text, or jsonl with scores.")] = "text",
               stream: Annotated[bool, Option(help="Write each line's translation as soon as it is done (else large "
                                                   "inputs go in pieces of 1000).")] = False) -> None:
-    """Translate text from arguments, --input FILE or stdin, in input order, one result per line.
-
-    A terminal on stdin gets a prompt, each line translated as it is entered; an export folder uses CTranslate2."""
+    """Translate text from arguments, --input FILE or stdin, in input order, one result per line (a terminal on
+    stdin gets a prompt, each line translated as it is entered; an export folder uses CTranslate2)."""
     from attn_mt.api.terminal import input_lines, translate_lines
 
     model = attn_mt.load(checkpoint, device=device)
@@ -166,9 +165,8 @@ def explain(checkpoint: CkptOpt, text: TextArg,
             kind: Annotated[str, Option(help="encoder, decoder or cross (attention).")] = "cross",
             layer: Annotated[int, Option(help="Layer, from 1.")] = 1,
             head: Annotated[int, Option(help="Head, from 1.")] = 1,
-            token: Annotated[str, Option(help="The query: its position (from 0) or its text; decoder and cross "
-                                              "queries are named by the token they predict (each reads the token "
-                                              "before).")] = "0",
+            token: Annotated[str, Option(help="The query: its position (from 0) or its text; a decoder or cross "
+                                              "query is named by the token it predicts.")] = "0",
             beam: Annotated[int, Option(help="Beam size of the translation; 1 is greedy.")] = 1,
             json_out: JsonOpt = None, device: DeviceOpt = "auto") -> None:
     """One head's attention for one query token, step by step (Q, K, V; scores; scaled; mask and softmax;
@@ -271,13 +269,11 @@ def heads(checkpoint: CkptOpt = None, src: Annotated[Path | None, Option(help="S
           out: Annotated[Path | None, Option(help="Where --prune writes the pruned checkpoint.")] = None) -> None:
     """Mask each attention head in turn: the BLEU and loss it costs, where its attention goes, and with --contrastive
     which heads link the pronoun to its antecedent; with --history RUN, no model: how the run's heads learned it."""
-    from attn_mt.api.terminal import check_heads_request, check_outputs, draw_history, heads_table, save_heads_report
+    from attn_mt.api.terminal import check_heads_command, draw_history, heads_table, save_heads_report
 
     if history is not None:  # the attention the run recorded at each evaluation, drawn: nothing measured
         return typer.echo("\n".join(map(str, draw_history(history, html=html, png=png))))
-    check_heads_request(src, ref, contrastive, prune, out)  # before the model loads
-    check_outputs([("--out", out, (".pt",)), ("--json", json_out, (".json",)), ("--png", png, (".png",)),
-                   ("--html", html, (".html", ".htm"))], [checkpoint, src, ref, contrastive])  # before any work
+    check_heads_command(checkpoint, src, ref, contrastive, prune, out, json_out, png, html)  # before any work
     model = attn_mt.load(checkpoint, device=device)
     report = model.prune(prune, src, ref, sentences=sentences, out=out).report if prune else \
         model.heads(src, ref, sentences=sentences, contrastive=contrastive)
