@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -330,3 +332,31 @@ def serving(app, header_timeout_s: float = 10.0):
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+
+
+@contextmanager
+def chromium(*flags: str):
+    """Debian's headless Chromium through chromedriver (selenium), its console log kept, with `flags` too (a window
+    size, a dead proxy: no network); the test skips where either is missing."""
+    webdriver = pytest.importorskip("selenium.webdriver")
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        pytest.skip("no Chromium and chromedriver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    profile = tempfile.mkdtemp(prefix="attn-mt-chromium-")
+    for flag in [*CHROMIUM_FLAGS, *flags, f"--user-data-dir={profile}"]:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(CHROMEDRIVER))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)

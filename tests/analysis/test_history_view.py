@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import shutil
 import struct
-import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
-from conftest import LOCAL, cli, one_line_error
+from conftest import LOCAL, chromium, cli, one_line_error
 
 from attn_mt.analysis.history import History, Probe, save_history
 from attn_mt.analysis.history_view import HistoryView, payload
@@ -202,12 +200,6 @@ def test_serve_has_a_history_page_only_when_the_run_recorded_one(tiny_run, tmp_p
 
 # ---- in a browser: the page from disk and as served, with the network off ----
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1280,1000",
-         "--proxy-server=127.0.0.1:9"]  # every request but the loopback's fails: no network
-
 MAPS = "return [...document.querySelectorAll('canvas.hv-map')].map(c => c.toDataURL()).join('|')"
 INK = """return [...document.querySelectorAll('canvas.hv-curve, canvas.hv-overall')].map(c => {
     const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data, seen = new Set();
@@ -217,22 +209,8 @@ INK = """return [...document.querySelectorAll('canvas.hv-curve, canvas.hv-overal
 
 @pytest.fixture(scope="module")
 def browser():
-    webdriver = pytest.importorskip("selenium.webdriver")
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.skip("no Chromium and chromedriver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    profile = tempfile.mkdtemp(prefix="attn-mt-chromium-")
-    for flag in [*FLAGS, f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(CHROMEDRIVER))
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
+    with chromium("--window-size=1280,1000", "--proxy-server=127.0.0.1:9") as d:
+        yield d  # every request but the loopback's fails: no network
 
 
 def problems(browser) -> list:

@@ -16,13 +16,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, random_checkpoint, toy_test_files
+from conftest import TINY, chromium, random_checkpoint, toy_test_files
 
 import attn_mt
 from attn_mt.analysis import model_view, overview, views
@@ -175,31 +174,11 @@ def test_ipython_displays_an_explanation_and_a_heads_report_as_their_views(made)
 
 # ---- in a browser: the saved pages, opened from disk with the network off ----
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--window-size=1280,1000",
-         "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>"]  # any request would fail: no network
-
 
 @pytest.fixture(scope="module")
 def browser():
-    webdriver = pytest.importorskip("selenium.webdriver")
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.skip("no Chromium and chromedriver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    profile = tempfile.mkdtemp(prefix="attn-mt-chromium-")
-    for flag in [*FLAGS, f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(CHROMEDRIVER))
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
+    with chromium("--window-size=1280,1000", "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>") as d:
+        yield d  # any request would fail: no network
 
 
 def open_file(browser, path: Path) -> None:

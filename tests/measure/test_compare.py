@@ -122,7 +122,7 @@ def test_compare_rnn_writes_a_valid_report(tmp_path):
         assert sum(b["items"] for b in a["by_distance"].values()) == a["items"] and 0 <= a["accuracy"] <= 1
     assert "## e. Pronouns by antecedent distance" in (tmp_path / "report.md").read_text()
     assert "contrastive acc" in result.output
-    for name in ("transformer", "rnn"):  # each model's attention history in a folder of its own, one record an evaluation
+    for name in ("transformer", "rnn"):  # each model's attention history in a folder of its own, a record an evaluation
         history = attn_mt.history(tmp_path / name)
         assert history.model_kind == name and history.steps == [p["step"] for p in report["models"][name]["curve"]]
         assert history.bleu == [p["valid_bleu"] for p in report["models"][name]["curve"]]

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
@@ -24,12 +23,11 @@ import pytest
 
 pytest.importorskip("fastapi")
 webdriver = pytest.importorskip("selenium.webdriver")
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+from conftest import CHROMEDRIVER, CHROMIUM, chromium, serving  # noqa: E402
+
 if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
     pytest.skip("no Chromium and chromedriver", allow_module_level=True)
 
-from conftest import serving  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -41,9 +39,7 @@ from attn_mt.models import build_model  # noqa: E402
 from attn_mt.serve import create_app  # noqa: E402
 
 LANGUAGES = {"en": ("English", "the old man sees a small dog."), "de": ("German", "Ein Hund rennt über die Wiese.")}
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--window-size=1360,1250"]
+FLAGS = ["--disable-quic", "--window-size=1360,1250"]  # besides conftest's
 # every cell's colour, the map's name and the hover classes: what a user sees change
 SIGNATURE = """const cells = [...document.querySelectorAll('#heatmaps td')];
 return document.getElementById('heatmaps').dataset.map + '|' + cells.length + '|' +
@@ -68,18 +64,8 @@ def two_layer_ckpt(tiny_run, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="attn-mt-chromium-")
-    for flag in [*FLAGS, f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(CHROMEDRIVER))
-    driver.set_page_load_timeout(30)
-    try:
+    with chromium(*FLAGS) as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
