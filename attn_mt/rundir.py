@@ -9,19 +9,21 @@ names; disk checks before training. Checkpoints themselves are written atomicall
     size.json                                  model.size: auto: what was measured and chosen (autosize.py)
     {test split}.{lang}                        the test sources and references, line-aligned with test_hyps.txt
     {test split}.contrastive.jsonl             the test split's contrastive set, where the data has one
-    attention_history.npz                      each evaluation's attention on a few fixed sentences
-                                               (train.record_attention; analysis/history.py)
+    attention_history.npz                      the attention on a few fixed sentences at step 0 and each
+                                               evaluation (train.record_attention; analysis/history.py)
     tensorboard/                               TensorBoard events (train.tensorboard)
 
 A run directory is always in one of three states (`RunDir.state`), whenever the run is killed:
     empty      no checkpoint_last.pt and no results.json: a run starts here; what else a run killed before its first
-               checkpoint_last.pt left (metrics.jsonl, checkpoint_best.pt, a snapshot, size.json) is removed then
+               checkpoint_last.pt left (metrics.jsonl, checkpoint_best.pt, a snapshot, size.json,
+               attention_history.npz) is removed then
     resumable  checkpoint_last.pt and no results.json: `resume` goes on from it; what was written after it (metrics
                records, snapshots, results.json of a smaller budget) is dropped and written again (`rewind`)
     finished   results.json, written last of all (after the test texts and checkpoint_avg.pt): `resume` does nothing
-Each evaluation writes metrics.jsonl's record, attention_history.npz (whole, records after the checkpoint a run
-resumes from dropped by its recorder), checkpoint_best.pt, the new snapshot, checkpoint_last.pt, and only then
-deletes the snapshots beyond train.keep_last.
+A fresh run first writes attention_history.npz's step-0 record. Each evaluation writes metrics.jsonl's record,
+attention_history.npz (whole, records after the checkpoint a run resumes from dropped by its recorder),
+checkpoint_best.pt, the new snapshot, checkpoint_last.pt, and only then deletes the snapshots beyond
+train.keep_last.
 
 One job: the files of a run directory (their names, and the states their order of writing keeps).
 """

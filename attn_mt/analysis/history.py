@@ -1,6 +1,7 @@
-"""Attention as it is learnt: at every evaluation of a run (train.record_attention, the default), every head's
-attention on a few fixed sentences, its role statistics (roles.py), entropy and coreference score (coref.py),
-kept in RUN/attention_history.npz; `load_history(RUN)` (`attn_mt.history(RUN)`) reads it back as a `History`.
+"""Attention as it is learnt: at every evaluation of a run (train.record_attention, the default), and at step 0
+before its first training step where the run starts fresh (BLEU unknown there), every head's attention on a few
+fixed sentences, its role statistics (roles.py), entropy and coreference score (coref.py), kept in
+RUN/attention_history.npz; `load_history(RUN)` (`attn_mt.history(RUN)`) reads it back as a `History`.
 
 The probes, chosen when the run starts and kept in the file (a resumed run uses the same): the first N_VALID
 validation pairs of at most MAX_LEN pieces a side (source with eos, decoder input with bos); the valid split's
@@ -10,13 +11,14 @@ and German target, the classic sentence "the animal didn't cross the street beca
 so that every evaluation's maps have the same shape; in eval mode, without gradients, leaving the model's mode and
 every random stream as they were: a run records the same weights as one that does not.
 
-The file: np.savez (uncompressed; read with allow_pickle=False), rewritten whole at each evaluation through
-RunDir.write_history (atomic). E evaluations, A attention modules, H heads, P probes, R = len(ROLES):
+The file: np.savez (uncompressed; read with allow_pickle=False), rewritten whole at each record through
+RunDir.write_history (atomic). E records (step 0's, then one per evaluation), A attention modules, H heads,
+P probes, R = len(ROLES):
     meta         (1,) str    JSON: format, model_kind, modules (A names), n_heads, roles (the R names), probes
                              (P objects: kind, source, target, src_tokens, tgt_tokens), items (the contrastive
                              probes' records, decoding/contrastive.py's format, in probe order)
-    steps        (E,) int64  the step of each evaluation, ascending
-    bleu         (E,) float64        validation BLEU at that step (NaN: unknown)
+    steps        (E,) int64  the step of each record, ascending (0 first where the run started fresh)
+    bleu         (E,) float64        validation BLEU at that step (NaN: unknown, as at step 0)
     contrastive  (E,) float64        contrastive accuracy on the probe items (NaN: no items)
     entropy      (E, A, H) float32   mean attention entropy / log(#keys) over the probes' queries (1: uniform)
     roles        (R, E, A, H) float32  each role's share (roles.py; NaN where a role does not apply)
@@ -27,14 +29,14 @@ Entropy counts the keys a query may see: real (non-pad) ones, and in decoder sel
 query that sees one key only (the decoder's first) is left out.
 
 Its size for configs/multi30k.yaml (the hour config; a German source: 4 validation probes, no items, no classic):
-A = 9 modules (3 encoder self, 3 decoder self, 3 cross), H = 4, S, T <= MAX_LEN = 12, and one evaluation per
-epoch, at most max_epochs = 100 (the hour on 2 CPU cores made 29-31): maps at most 100 x 4 probes x 3 layers x
-4 heads x (12*12 + 12*12 + 12*12) x 2 bytes = 4,147,200 bytes, roles 8 x 100 x 9 x 4 x 4 = 115,200, entropy
-14,400, the rest (steps, BLEU, the meta's JSON as UTF-32, 42 arrays' npy and zip headers) under 40,000: at most
-4,316,800 bytes (4,297,502 with Multi30k-length sentences; about 1.3 MB at 31 evaluations). Past MAX_RECORDS
-evaluations a run records no more (the file would keep growing).
+A = 9 modules (3 encoder self, 3 decoder self, 3 cross), H = 4, S, T <= MAX_LEN = 12, and step 0 and one evaluation
+per epoch, at most 1 + max_epochs = 101 records (the hour on 2 CPU cores made 29-31 evaluations): maps at most
+101 x 4 probes x 3 layers x 4 heads x (12*12 + 12*12 + 12*12) x 2 bytes = 4,188,672 bytes, roles 8 x 101 x 9 x 4 x
+4 = 116,352, entropy 14,544, the rest (steps, BLEU, the meta's JSON as UTF-32, 42 arrays' npy and zip headers) under
+40,000: at most 4,359,568 bytes (about 4.3 MB with Multi30k-length sentences; about 1.3 MB at 32 records). Past
+MAX_RECORDS records a run records no more (the file would keep growing).
 
-One job: a run's attention history: its probes, its recording at each evaluation, its file.
+One job: a run's attention history: its probes, its recording at step 0 and each evaluation, its file.
 Tested in tests/analysis/test_history.py.
 """
 
@@ -79,7 +81,7 @@ FORMAT = 1
 N_VALID = 4  # validation probes
 MAX_LEN = 12  # pieces a side of a validation probe (eos, bos included): the size bound above
 N_ITEMS = 32  # contrastive probes at most
-MAX_RECORDS = 200  # evaluations recorded at most
+MAX_RECORDS = 200  # records at most (step 0's included)
 PROBE_KINDS = ("valid", "contrastive", "classic")
 EXPERT = tuple(r for r in ROLES if r != "conf")  # roles a head can be the expert of (conf: how sharp, not what)
 
@@ -95,10 +97,11 @@ class Probe:
 
 @dataclass(frozen=True, eq=False)
 class History:
-    """A run's recorded attention, evaluation by evaluation (the module docstring: shapes and meanings)."""
+    """A run's recorded attention, evaluation by evaluation, from step 0 (the untrained model) where the run started
+    fresh (the module docstring: shapes and meanings)."""
 
     model_kind: str  # "transformer" | "rnn"
-    steps: list[int]  # E evaluations, ascending
+    steps: list[int]  # E evaluations, ascending; 0 first (before training) where the run started fresh
     modules: list[str]  # A modules: "encoder 1 self", ..., "decoder 1 self", ..., "decoder 1 cross", ...
     #                     (kind by kind, layer by layer); the RNN: ["decoder cross"]
     n_heads: int  # H (the RNN: 1)
@@ -106,7 +109,7 @@ class History:
     entropy: np.ndarray  # (E, A, H) mean entropy over the probes' queries / log(#keys): 1.0 = uniform
     coref: np.ndarray | None  # (E, A, H) share of the contrastive probes this head resolves; None without them
     contrastive: list[float | None]  # (E,) contrastive accuracy on the probe items; None without them
-    bleu: list[float | None]  # (E,) validation BLEU at that step
+    bleu: list[float | None]  # (E,) validation BLEU at that step (None: unknown, as at step 0)
     probes: list[Probe]  # P probe sentences
     maps: list[list[np.ndarray]]  # maps[p][a]: (E, H, Q, K) float16, queries x keys of module a for probe p
     items: list[dict] = field(default_factory=list, repr=False)  # the contrastive probes' records, in probe order
@@ -151,7 +154,7 @@ class History:
 
     def uniform_step(self, margin: float = 0.1) -> int | None:
         """The first step at which the mean entropy of all heads has left uniform (below 1 - `margin`); None if
-        it never has."""
+        it never has. A run started fresh has its untrained model's entropy at step 0, the measured start."""
         for step, e in zip(self.steps, self.entropy, strict=True):
             if np.isfinite(e).any() and float(np.nanmean(e)) < 1.0 - margin:
                 return step
@@ -434,7 +437,7 @@ def empty(model_kind: str, probes: list[Probe], items: list[dict]) -> History:
 
 
 class Recorder:
-    """training.validation.Observer: each evaluation's attention on the probes, into `run_dir`'s
+    """training.validation.Observer: the attention on the probes at step 0 and each evaluation, into `run_dir`'s
     attention_history.npz (a run directory, or compare-rnn's folder of one of its models)."""
 
     def __init__(self, run_dir: str | Path) -> None:
@@ -444,9 +447,10 @@ class Recorder:
         self.tok: Tokenizer | None = None
         self.full = False
 
-    def rewind(self, step: int, corpus: Corpus, cfg: ExperimentConfig) -> None:
-        """Start a history (step 0), or go on with the file's, its records after `step` dropped; a file that is
-        damaged or was made with other probes is started again, with a warning."""
+    def rewind(self, step: int, corpus: Corpus, cfg: ExperimentConfig, model: Seq2Seq) -> None:
+        """Start a history at step 0 with its first record, `model` before any training step (BLEU unknown), or go
+        on with the file's, its records after `step` dropped; a file that is damaged or was made with other probes
+        is started again (without a step-0 record), with a warning."""
         kind, limit, tok = cfg.model.kind, cfg.model.max_positions, corpus.tok
         self.history, self.prep, self.tok, self.full = None, None, tok, False
         if step and self.files.history.is_file():
@@ -466,6 +470,8 @@ class Recorder:
             if not probes:
                 log.warning("no validation pair of at most %d pieces a side, no contrastive item, no English source: "
                             "no attention history is recorded", MAX_LEN)
+            if step == 0:
+                self.on_evaluation(0, model, tok, {})
 
     def on_evaluation(self, step: int, model: Seq2Seq, tokenizer: Tokenizer, metrics: dict) -> None:
         """Record the evaluation of `step` and write the file again, whole."""

@@ -164,8 +164,9 @@ def train(config: Config | None = None, out: str | os.PathLike | None = None, *,
 
 
 def history(run_dir: str | os.PathLike) -> History:
-    """The attention a run recorded at each of its evaluations (train.record_attention): every head's weights on
-    a few fixed sentences, its roles, entropy and coreference score (analysis/history.py's `History`).
+    """The attention a run recorded at step 0 (where it started fresh: the untrained model) and at each of its
+    evaluations (train.record_attention): every head's weights on a few fixed sentences, its roles, entropy and
+    coreference score (analysis/history.py's `History`).
 
     >>> h = attn_mt.history("runs/toy"); h.steps, h.modules, h.uniform_step()
     """

@@ -75,11 +75,11 @@ class TrainConfig:
     #     host elsewhere (both give the same weights, bit for bit, while every step is finite)
     threads: int = 0  # torch intra-op threads on CPU; 0: torch's default
     tensorboard: bool = False  # TensorBoard events under <run_dir>/tensorboard (needs the `tb` extra)
-    record_attention: bool = True  # at every evaluation, every head's attention on a few fixed sentences (validation
-    #     pairs, the pronoun variant's contrastive items, the classic "it was too tired"), with its role statistics,
-    #     entropy and coreference score, into <run_dir>/attention_history.npz (attn_mt.history(run_dir);
-    #     attn_mt/analysis/history.py); the trained weights are the same either way. Only `attn_mt.train` and
-    #     `attn-mt train`/`compare-rnn` record
+    record_attention: bool = True  # at step 0 (a fresh run's untrained model) and every evaluation, every head's
+    #     attention on a few fixed sentences (validation pairs, the pronoun variant's contrastive items, the classic
+    #     "it was too tired"), with its role statistics, entropy and coreference score, into
+    #     <run_dir>/attention_history.npz (attn_mt.history(run_dir); attn_mt/analysis/history.py); the trained
+    #     weights are the same either way. Only `attn_mt.train` and `attn-mt train`/`compare-rnn` record
     init_from: str = ""  # fine-tune: start from this model's weights (a checkpoint, or a MarianMT folder or hub
     #     name), with its tokenizer and shape (model and tokenizer sections are taken from it), a fresh optimizer
     #     and schedule; "": from scratch

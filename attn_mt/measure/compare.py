@@ -158,7 +158,7 @@ def _compare(setup: CompareSetup, out_dir: Path, observers: dict[str, Observer])
         contestants.append(Contestant(name, cfg, Trainer(model, cfg, corpus, device, precision, net=net),
                                       observer=observers.get(name)))
         if name in observers:
-            observers[name].rewind(0, corpus, cfg)
+            observers[name].rewind(0, corpus, cfg, model)
     params = {c.name: count_params(c.model) for c in contestants}
     _check_sizes(params, cmp.max_param_gap)
     where = machine(device, precision)

@@ -108,7 +108,7 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite:
     if run.world.main:
         run.observers = tuple(observers)
         for o in run.observers:  # as files.rewind: what was recorded after the checkpoint goes
-            o.rewind(run.state.step, run.corpus, run.cfg)
+            o.rewind(run.state.step, run.corpus, run.cfg, run.trainer.model)
     done = run.finished
     tested = bool(done) and run.files.results.exists()  # finished and tested before: nothing to do
     if not done:

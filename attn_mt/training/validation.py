@@ -22,9 +22,10 @@ class Observer(Protocol):
     """What watches a run's evaluations, on rank 0 (`train(..., observers=...)`, compare-rnn's models): the API
     passes analysis/history.py's Recorder (RUN/attention_history.npz), which training may not import."""
 
-    def rewind(self, step: int, corpus: Corpus, cfg: ExperimentConfig) -> None:
+    def rewind(self, step: int, corpus: Corpus, cfg: ExperimentConfig, model: Seq2Seq) -> None:
         """The run starts (step 0) or resumes from its checkpoint of `step`: what was observed after that step
-        goes (it is observed again); `corpus` and `cfg` are the run's, final."""
+        goes (it is observed again); `corpus` and `cfg` are the run's, final; `model` holds the weights the run
+        goes on from (at step 0: before any training step), to be left as on_evaluation leaves them."""
 
     def on_evaluation(self, step: int, model: Seq2Seq, tokenizer: Tokenizer, metrics: dict) -> None:
         """Right after validation at `step` (before the checkpoints are written), the evaluated weights in `model`

@@ -1,6 +1,7 @@
-"""The attention history (analysis/history.py): a run records it at every evaluation without changing a trained
-weight, a killed and resumed run ends with the history of one never killed, the probes stay those of the file, the
-RNN records its one cross-attention, a damaged file is one line naming it, and the summaries read a History."""
+"""The attention history (analysis/history.py): a run records it at step 0 and every evaluation without changing a
+trained weight, a killed and resumed run ends with the history of one never killed, the probes stay those of the
+file, the RNN records its one cross-attention, a damaged file is one line naming it, and the summaries read a
+History."""
 
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ from attn_mt.config.changes import config_changes
 from attn_mt.errors import InputError
 from attn_mt.rundir import RunDir
 
-# three evaluations (steps 2, 4, 6); dropout on, so a recorder that drew a random number would change the weights
+# step 0 and three evaluations (steps 2, 4, 6); dropout on, so a recorder that drew a random number would change the
+# weights; no warmup and a high rate, so that the attention sharpens from uniform within six steps
 RUN = (*TINY, "train.max_steps=6", "train.eval_every=2", "train.bleu_sentences=5", "model.dropout=0.1",
-       "decode.beam_size=1")
+       "decode.beam_size=1", "train.warmup_steps=1", "train.lr=1e-2")
 RNN = [o for o in RUN if not o.startswith("model.")] + ["model.kind=rnn", "model.d_embed=16", "model.d_hidden=16",
                                                         "model.d_attn=16", "train.max_steps=4"]
 
@@ -56,7 +58,7 @@ def assert_same_history(a: History, b: History) -> None:
         assert np.array_equal(x, to_arrays(b)[name], equal_nan=x.dtype.kind == "f"), name
 
 
-def test_recording_changes_no_trained_weight_and_records_every_evaluation(recorded, tmp_path):
+def test_recording_changes_no_trained_weight_and_records_step_0_and_every_evaluation(recorded, tmp_path):
     plain = tmp_path / "plain"
     attn_mt.train(None, plain, overrides=[*RUN, "train.record_attention=false"], quiet=True)
     assert not RunDir(plain).history.exists()
@@ -66,30 +68,33 @@ def test_recording_changes_no_trained_weight_and_records_every_evaluation(record
         assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
     h = attn_mt.history(recorded)
     metrics = attn_mt.Run(recorded).metrics
-    assert h.model_kind == "transformer" and h.steps == [m["step"] for m in metrics] == [2, 4, 6]
-    assert h.bleu == [m["valid_bleu"] for m in metrics]
+    assert h.model_kind == "transformer" and h.steps == [0, *(m["step"] for m in metrics)] == [0, 2, 4, 6]
+    assert h.bleu == [None, *(m["valid_bleu"] for m in metrics)]  # step 0: the untrained model, no BLEU
     assert h.modules == ["encoder 1 self", "decoder 1 self", "decoder 1 cross"] and h.n_heads == 2
     kinds = [p.kind for p in h.probes]  # an English source, a German target: the classic sentence's two forms
     assert kinds[-2:] == ["classic", "classic"] and "tired" in h.probes[-2].source and "wide" in h.probes[-1].source
-    assert 1 <= kinds.count("valid") <= 4 and h.coref is None and h.contrastive == [None] * 3
+    assert 1 <= kinds.count("valid") <= 4 and h.coref is None and h.contrastive == [None] * 4
     for p, probe in enumerate(h.probes):
         assert probe.src_tokens[-1] == "</s>" and probe.tgt_tokens[0] == "<s>"
         assert probe.kind != "valid" or max(len(probe.src_tokens), len(probe.tgt_tokens)) <= MAX_LEN
         for a, name in enumerate(h.modules):
             m = h.maps[p][a]
-            assert m.dtype == np.float16 and m.shape == (3, 2, *module_shape(name, probe))
+            assert m.dtype == np.float16 and m.shape == (4, 2, *module_shape(name, probe))
             assert np.allclose(m.astype(np.float32).sum(-1), 1.0, atol=2e-2)  # every query's weights sum to 1
             if name == "decoder 1 self":
                 assert not np.triu(m[-1, 0], 1).any()  # no weight on the future
-    assert h.entropy.shape == (3, 3, 2) and np.all((h.entropy > 0.3) & (h.entropy <= 1.0 + 1e-5))
-    assert set(h.roles) == set(ROLES) and all(v.shape == (3, 3, 2) for v in h.roles.values())
+    assert h.entropy.shape == (4, 3, 2) and np.all((h.entropy > 0.3) & (h.entropy <= 1.0 + 1e-5))
+    mean = h.entropy.mean((1, 2))  # (E,): the untrained model's attention is near uniform, and sharpens
+    assert mean[0] > 0.8 and mean[0] > mean[-1]
+    assert set(h.roles) == set(ROLES) and all(v.shape == (4, 3, 2) for v in h.roles.values())
     assert np.isnan(h.roles["next"][:, 1:]).all() and np.isfinite(h.roles["next"][:, 0]).all()  # self-attention only
     assert np.isnan(h.roles["mono"][:, :2]).all() and np.isfinite(h.roles["mono"][:, 2]).all()  # cross only
 
 
 def test_a_killed_run_resumes_to_the_same_history_with_the_files_probes(recorded, tmp_path, monkeypatch):
     """Killed while writing checkpoint_last.pt of step 4: the history holds step 4, the checkpoint is step 2's.
-    The resumed run drops the record of step 4, records it again, and never chooses its probes anew."""
+    The resumed run drops the record of step 4, records it again, keeps step 0's (one), and never chooses its
+    probes anew."""
     real = checkpoint.save
 
     def save(state, path):
@@ -102,7 +107,7 @@ def test_a_killed_run_resumes_to_the_same_history_with_the_files_probes(recorded
         mp.setattr(checkpoint, "save", save)
         with pytest.raises(Killed):
             attn_mt.train(None, run_dir, overrides=list(RUN), quiet=True)
-    assert load_history(run_dir).steps == [2, 4] and checkpoint.load(run_dir / "checkpoint_last.pt")["step"] == 2
+    assert load_history(run_dir).steps == [0, 2, 4] and checkpoint.load(run_dir / "checkpoint_last.pt")["step"] == 2
     monkeypatch.setattr(history_mod, "choose_probes", lambda *a: pytest.fail("probes chosen again on resume"))
     rewind, rewound = history_mod.Recorder.rewind, []
 
@@ -112,16 +117,17 @@ def test_a_killed_run_resumes_to_the_same_history_with_the_files_probes(recorded
 
     monkeypatch.setattr(history_mod.Recorder, "rewind", rewind_and_look)
     attn_mt.train(None, run_dir, overrides=list(RUN), resume=True, quiet=True)
-    assert rewound == [[2]]  # as metrics.jsonl: the record after the checkpoint is gone before training goes on
+    assert rewound == [[0, 2]]  # as metrics.jsonl: the record after the checkpoint is gone before training goes on
+    assert load_history(run_dir).steps == [0, 2, 4, 6]  # step 0 kept, not recorded again
     assert_same_history(load_history(run_dir), load_history(recorded))
 
 
 def test_the_rnn_records_its_one_cross_attention(tmp_path):
     attn_mt.train(None, tmp_path, overrides=RNN, quiet=True)
     h = attn_mt.history(tmp_path)
-    assert (h.model_kind, h.modules, h.n_heads, h.steps) == ("rnn", ["decoder cross"], 1, [2, 4])
+    assert (h.model_kind, h.modules, h.n_heads, h.steps) == ("rnn", ["decoder cross"], 1, [0, 2, 4])
     for p, m in zip(h.probes, h.maps, strict=True):
-        assert m[0].shape == (2, 1, len(p.tgt_tokens), len(p.src_tokens))
+        assert m[0].shape == (3, 1, len(p.tgt_tokens), len(p.src_tokens))
     assert np.isfinite(h.roles["mono"]).all() and np.isnan(h.roles["same"]).all()
 
 
@@ -181,18 +187,18 @@ def test_a_history_file_round_trips_and_a_damaged_one_is_one_line_naming_it(tmp_
 
 
 def test_the_hour_configs_history_stays_under_5_mb():
-    """configs/multi30k.yaml at its worst (the module docstring): 100 evaluations (max_epochs), 9 modules of 4
-    heads, 4 validation probes of MAX_LEN pieces a side."""
-    e, names = 100, [f"{s} {i} {w}" for s, w in (("encoder", "self"), ("decoder", "self"), ("decoder", "cross"))
+    """configs/multi30k.yaml at its worst (the module docstring): step 0 and 100 evaluations (max_epochs), 9
+    modules of 4 heads, 4 validation probes of MAX_LEN pieces a side."""
+    e, names = 101, [f"{s} {i} {w}" for s, w in (("encoder", "self"), ("decoder", "self"), ("decoder", "cross"))
                      for i in (1, 2, 3)]
     probe = Probe("valid", "Ein brauner Hund rennt dem schwarzen Hund hinterher.",
                   "A brown dog is running after the black dog.", ["▁Hund"] * MAX_LEN, ["▁black"] * MAX_LEN)
-    h = History("transformer", list(range(1, e + 1)), names, 4, {r: np.zeros((e, 9, 4), np.float32) for r in ROLES},
+    h = History("transformer", list(range(e)), names, 4, {r: np.zeros((e, 9, 4), np.float32) for r in ROLES},
                 np.zeros((e, 9, 4), np.float32), None, [None] * e, [0.0] * e, [probe] * 4,
                 [[np.zeros((e, 4, MAX_LEN, MAX_LEN), np.float16) for _ in names] for _ in range(4)])
     buf = io.BytesIO()
     np.savez(buf, **to_arrays(h))
-    assert 4_276_800 < len(buf.getvalue()) <= 4_316_800 < 5_000_000  # the maps, roles and entropy; the rest
+    assert 4_319_568 < len(buf.getvalue()) <= 4_359_568 < 5_000_000  # the maps, roles and entropy; the rest
     assert from_arrays(dict(np.load(io.BytesIO(buf.getvalue()), allow_pickle=False))).steps == h.steps
 
 

@@ -122,10 +122,11 @@ def test_compare_rnn_writes_a_valid_report(tmp_path):
         assert sum(b["items"] for b in a["by_distance"].values()) == a["items"] and 0 <= a["accuracy"] <= 1
     assert "## e. Pronouns by antecedent distance" in (tmp_path / "report.md").read_text()
     assert "contrastive acc" in result.output
-    for name in ("transformer", "rnn"):  # each model's attention history in a folder of its own, a record an evaluation
-        history = attn_mt.history(tmp_path / name)
-        assert history.model_kind == name and history.steps == [p["step"] for p in report["models"][name]["curve"]]
-        assert history.bleu == [p["valid_bleu"] for p in report["models"][name]["curve"]]
+    for name in ("transformer", "rnn"):  # each model's attention history in a folder of its own: the untrained
+        history = attn_mt.history(tmp_path / name)  # model's at step 0, then a record an evaluation
+        curve = report["models"][name]["curve"]
+        assert history.model_kind == name and history.steps == [0, *(p["step"] for p in curve)]
+        assert history.bleu == [None, *(p["valid_bleu"] for p in curve)]
         assert (len(history.modules), history.n_heads) == ((1, 1) if name == "rnn" else (6, 2))
         assert history.coref is not None and all(a is not None for a in history.contrastive)
     translated = CliRunner().invoke(app, ["translate", "--checkpoint", str(tmp_path / "rnn.pt"),

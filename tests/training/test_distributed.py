@@ -59,7 +59,7 @@ def test_two_processes_match_one(tmp_path):
                              capture_output=True, text=True, env=env(), timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert [r["step"] for r in records(two)] == [4, 8, 12]
-    assert load_history(two).steps == [4, 8, 12]  # rank 0 records, and rewinds on resume
+    assert load_history(two).steps == [0, 4, 8, 12]  # rank 0 records (step 0 too), and rewinds on resume
 
 
 def test_a_crashed_rank_ends_the_job(tmp_path):

@@ -120,9 +120,10 @@ def test_a_run_killed_at_any_write_is_empty_resumable_or_finished_and_ends_as_if
         train(cfg, ref, observers=(Recorder(ref),))  # the attention recorder `attn_mt.train` passes
     expected = final_files(ref)
     assert changes.count("write checkpoint_best.pt") == 3 and changes.count("write checkpoint_last.pt") == 3
-    assert changes.count("write attention_history.npz") == 3 and len(load_history(ref).steps) == 3
-    assert changes.index("append metrics.jsonl") < changes.index("write attention_history.npz") < \
-        changes.index("write checkpoint_best.pt")
+    assert changes.count("write attention_history.npz") == 4 and load_history(ref).steps == [0, 2, 4, 6]
+    evaluation = changes.index("append metrics.jsonl")  # step 0's history first, then each evaluation's after metrics
+    assert changes.index("write attention_history.npz") < evaluation < \
+        changes.index("write attention_history.npz", evaluation) < changes.index("write checkpoint_best.pt")
     assert [c for c in changes if c.startswith("delete")] == ["delete checkpoint_step0000002.pt"]
     first_last = changes.index("write checkpoint_last.pt")
     for k, what in enumerate(changes):
