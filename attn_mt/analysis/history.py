@@ -313,8 +313,9 @@ class Prepared:
 
 
 def prepare(probes: list[Probe], records: list[dict], tok: Tokenizer, limit: int) -> Prepared | None:
-    """The batch of `probes`; None where this tokenizer does not give their pieces (they were chosen by another)."""
-    if any(make_probe(p.kind, p.source, p.target, tok) != p for p in probes):
+    """The batch of `probes`; None where there are none, or where this tokenizer does not give their pieces (they
+    were chosen by another)."""
+    if not probes or any(make_probe(p.kind, p.source, p.target, tok) != p for p in probes):
         return None
     s_ids, t_ids = tok.encode_src([p.source for p in probes]), tok.encode_tgt([p.target for p in probes])
     rows = [i for i, p in enumerate(probes) if p.kind == "contrastive"]

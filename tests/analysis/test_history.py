@@ -131,6 +131,13 @@ def test_the_rnn_records_its_one_cross_attention(tmp_path):
     assert np.isfinite(h.roles["mono"]).all() and np.isnan(h.roles["same"]).all()
 
 
+def test_a_run_without_probes_trains_and_records_nothing(tmp_path, monkeypatch):
+    # Multi30k cut to a 300-piece vocabulary has no validation pair of MAX_LEN pieces, a German source no classic pair
+    monkeypatch.setattr(history_mod, "choose_probes", lambda corpus, cfg: ([], []))
+    attn_mt.train(None, tmp_path, overrides=[*RUN, "train.max_steps=2"], quiet=True)
+    assert RunDir(tmp_path).state() == "finished" and not RunDir(tmp_path).history.exists()
+
+
 def hand_built(coref: bool = True) -> History:
     """Three evaluations, two modules of two heads: head (0, 1) turns into a prev-token head at step 20 and stays
     one, head (1, 0) resolves the items from step 30; the entropy leaves uniform at step 20."""
