@@ -1,5 +1,5 @@
-"""A run's attention history drawn (analysis/history_view.py): the files of `attn-mt heads --history RUN`, and the
-page `attn-mt serve` answers at /history when the checkpoint's run recorded one.
+"""A run's attention history drawn (analysis/history_view.py): the files the heads command writes for a run's
+history, and the page the server answers at /history when the checkpoint's run recorded one.
 
     >>> draw_history("runs/pronoun", html="history.html", png="history.png")
 

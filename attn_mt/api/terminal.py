@@ -35,5 +35,5 @@ def check_heads_command(checkpoint, src, ref, contrastive, n: int, out, json_out
     if checkpoint is None:
         raise InputError("give `path` (a model to measure) or `history` (a run whose attention to draw)", "path")
     check_heads_request(src, ref, contrastive, n, out)
-    check_outputs([("--out", out, (".pt",)), ("--json", json_out, (".json",)), ("--png", png, (".png",)),
-                   ("--html", html, (".html", ".htm"))], [checkpoint, src, ref, contrastive])
+    check_outputs([("out", out, (".pt",)), ("json_out", json_out, (".json",)), ("png", png, (".png",)),
+                   ("html", html, (".html", ".htm"))], [checkpoint, src, ref, contrastive])
