@@ -1,0 +1,76 @@
+"""How much of attn-mt a student meets: train the toy config for 2 steps and translate one sentence from
+Python, then count the attn_mt modules loaded and their lines, and the attn_mt frames on the stack at the
+first softmax of training (docs/architecture.md's core targets).
+
+    python scripts/core_size.py [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def first_softmax_frames(out: Path) -> list[str]:
+    """The attn_mt frames (module:function) on the stack at the first softmax of a training run's first step."""
+    import attn_mt
+
+    seen: list[str] = []
+    real = torch.softmax
+
+    class Found(Exception):
+        pass
+
+    def spy(*args, **kwargs):
+        if not seen:
+            for f in traceback.extract_stack()[:-1]:
+                if "/attn_mt/" in f.filename:
+                    seen.append(f"{Path(f.filename).relative_to(ROOT).as_posix()}:{f.name}")
+            raise Found
+        return real(*args, **kwargs)
+
+    torch.softmax = spy
+    torch.Tensor.softmax = lambda self, *a, **k: spy(self, *a, **k)  # type: ignore[method-assign]
+    try:
+        attn_mt.train(ROOT / "configs/toy.yaml", out, overrides=["train.max_steps=2", "train.record_attention=false"],
+                      overwrite=True, quiet=True)
+    except Exception as e:  # the spy stops the run at the first softmax
+        if not seen:
+            raise
+        del e
+    finally:
+        torch.softmax = real
+        del torch.Tensor.softmax
+    return seen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="also write the counts here")
+    args = parser.parse_args()
+    import attn_mt
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = attn_mt.train(ROOT / "configs/toy.yaml", Path(tmp) / "run", overrides=["train.max_steps=2"], quiet=True)
+        attn_mt.load(run.dir / "checkpoint_best.pt").translate("the old man sees a small dog.")
+        modules = sorted(n for n, m in sys.modules.items()
+                         if n == "attn_mt" or n.startswith("attn_mt.") and getattr(m, "__file__", None))
+        lines = sum(len(Path(sys.modules[n].__file__).read_text().splitlines()) for n in modules)
+        frames = first_softmax_frames(Path(tmp) / "frames")
+    result = {"modules": len(modules), "lines": lines, "frames": len(frames), "stack": frames, "loaded": modules}
+    print(f"attn_mt modules loaded: {len(modules)}, {lines} lines; frames at the first softmax: {len(frames)}")
+    print("  " + "\n  ".join(frames))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""scripts/core_size.py: the modules and lines a student's first run loads, and the stack at the first softmax."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_core_size_counts_what_a_first_run_loads_and_the_stack_at_the_first_softmax(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "core_size.py"), "--json", str(tmp_path / "c.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads((tmp_path / "c.json").read_text())
+    assert got["modules"] == len(got["loaded"]) and {"attn_mt", "attn_mt.models.attention"} <= set(got["loaded"])
+    def lines(module: str) -> int:
+        path = ROOT / module.replace(".", "/")
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        return len(path.read_text().splitlines())
+
+    assert got["lines"] == sum(lines(n) for n in got["loaded"])
+    assert got["stack"][0] == "attn_mt/api/training.py:train" and got["stack"][-1].startswith("attn_mt/models/")
+    assert got["frames"] == len(got["stack"])
+    assert f"attn_mt modules loaded: {got['modules']}, {got['lines']} lines" in done.stdout
