@@ -16,7 +16,10 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
 class DeviceError(RunError):
-    """A device or precision this machine does not have; the message says which."""
+    """A device or precision this machine does not have; the message says which (`field`: "device")."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message, "device", named=True)
 
 
 def pick_device(name: str) -> torch.device:

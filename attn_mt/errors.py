@@ -21,8 +21,6 @@ Tested in tests/test_cli.py (one line naming the flag) and tests/test_layout.py 
 
 from __future__ import annotations
 
-import re
-
 __all__ = ["AttnMTError", "ConfigError", "InputError", "Interrupted", "ModelError", "RunError", "TrainError"]
 
 
@@ -45,18 +43,12 @@ class AttnMTError(Exception):
         return self
 
 
-_KEY = re.compile(r"(?:data|tokenizer|model|train|decode|compare|splits|serve)\.[a-z_0-9]+")
-
-
 class ConfigError(AttnMTError, ValueError):
-    """A config that cannot be used; the message names the key and what is allowed. Without a `field`, the
-    first `section.key` the message names is the field, else "config" (the file or the whole config)."""
+    """A config that cannot be used; the message names the key and what is allowed, and `field` is that key
+    as the check knows it ("decode.beam_size"), or "config" (the file, or the whole config)."""
 
-    def __init__(self, message: str = "", field: str | None = None, *, named: bool = False) -> None:
-        if field is None:
-            found = _KEY.search(message)
-            field, named = (found.group(0) if found else "config"), True
-        super().__init__(message, field, named=named)
+    def __init__(self, message: str = "", field: str = "config") -> None:
+        super().__init__(message, field, named=True)
 
 
 class InputError(AttnMTError, ValueError):

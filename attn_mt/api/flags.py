@@ -6,8 +6,6 @@ Tested in tests/test_cli.py (one line naming the flag, and each exit status).
 
 from __future__ import annotations
 
-import re
-
 from attn_mt.config.files import OutputError
 from attn_mt.errors import AttnMTError, ConfigError, Interrupted
 
@@ -25,8 +23,16 @@ def flag(field: str) -> str:
 
 
 def flags(message: str) -> str:
-    """A library message as the CLI says it: "`src` and `ref` go together" -> "--src and --ref go together"."""
-    return re.sub(r"`(\w+)`", lambda m: flag(m.group(1)), message)
+    """A library message as the CLI says it: "`src` and `ref` go together" -> "--src and --ref go together" (each
+    name the message marks in backticks, written where the check is, becomes its flag)."""
+    parts = message.split("`")
+    out = [parts[0]]
+    for i in range(1, len(parts) - 1, 2):  # parts[i] is between two backticks
+        name = parts[i]
+        out += [flag(name) if name.replace("_", "a").isalnum() else f"`{name}`", parts[i + 1]]
+    if len(parts) % 2 == 0:  # an unpaired backtick
+        out.append("`" + parts[-1])
+    return "".join(out)
 
 
 def error_line(e: AttnMTError | KeyboardInterrupt | OSError, request: type | tuple = ()) -> tuple[str, int]:

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from attn_mt.config import ARGS, ConfigError, DecodeConfig
+from attn_mt.config import ARGS, DecodeConfig
 from attn_mt.decoding.search import Translation
 from attn_mt.decoding.translator import decode_options, evaluate_texts
 from attn_mt.errors import AttnMTError, InputError, ModelError
@@ -61,7 +60,7 @@ def load(path: str | os.PathLike, *, device: str = "auto", threads: int | None =
     try:
         model = Model(open_translator(Path(path) if isinstance(path, os.PathLike) else path, device, threads))
     except AttnMTError as e:
-        raise e.naming("device" if e.message.startswith("device ") else "path") from None
+        raise e.naming("path") from None  # a device's errors name it already
     return model.to(dtype=dtype) if dtype is not None else model
 
 
@@ -91,24 +90,11 @@ class Model(Analyses):
     def options(self, *, beam: int | None = None, alpha: float | None = None, nbest: int | None = None,
                 batch_size: int | None = None, max_len_a: float | None = None, max_len_b: int | None = None,
                 names: Mapping[str, str] = ARGS) -> DecodeConfig:
-        """The model's decode defaults with the given settings (None: the default), checked; an error names
-        a setting as `names` spells it ({"beam_size": "beam", ...}; the CLI passes its flags)."""
-        for value, key in ((beam, "beam_size"), (nbest, "nbest"), (batch_size, "batch_size")):
-            if value is not None:
-                checks.integer(value, names.get(key, key), least=None)  # types here; ranges as the config's
-        if alpha is not None:  # negative exponents overflow the penalty: ((5 + length) / 6) ** -400 is 0
-            checks.number(alpha, names.get("alpha", "alpha"), least=0)
-        if max_len_a is not None:
-            checks.number(max_len_a, "max_len_a", least=0)
-        if max_len_b is not None:
-            checks.integer(max_len_b, "max_len_b", least=1)
-        dcfg = decode_options(self.decode, names, beam_size=beam, alpha=alpha, nbest=nbest, batch_size=batch_size)
-        try:
-            return replace(dcfg, max_len_a=dcfg.max_len_a if max_len_a is None else float(max_len_a),
-                           max_len_b=dcfg.max_len_b if max_len_b is None else int(max_len_b))
-        except ConfigError as e:
-            key = "max_len_a" if max_len_a is not None and "decode.max_len_a=" in str(e) else "max_len_b"
-            raise InputError(str(e).split(": ", 1)[-1], key) from None
+        """The model's decode defaults with the given settings (None: the default), each checked against its
+        row of DECODE_OPTIONS; an error names a setting as `names` spells it ({"beam_size": "beam", ...}; the
+        CLI passes its flags, FLAGS)."""
+        return decode_options(self.decode, names, beam_size=beam, alpha=alpha, nbest=nbest, batch_size=batch_size,
+                              max_len_a=max_len_a, max_len_b=max_len_b)
 
     @overload
     def translate(self, texts: str, *, beam: int | None = ..., alpha: float | None = ...,  # type: ignore[overload-overlap]

@@ -8,13 +8,13 @@ errors aside).
 
 from attn_mt.config.compare_rnn import CompareConfig
 from attn_mt.config.data import DataConfig, SplitsConfig
-from attn_mt.config.decode import ARGS, DECODE_OPTIONS, OPTION, DecodeConfig, DecodeOption, Penalty
+from attn_mt.config.decode import ARGS, DECODE_OPTIONS, FIELDS, FLAGS, OPTION, DecodeConfig, DecodeOption, Penalty
 from attn_mt.config.loader import ExperimentConfig, from_dict, load_config, save_config, to_dict
 from attn_mt.config.model import ModelConfig, RNNConfig, TransformerConfig
 from attn_mt.config.tokenizer import TokenizerConfig
 from attn_mt.config.train import TrainConfig
 from attn_mt.config.yamlconf import ConfigError
 
-__all__ = ["ARGS", "DECODE_OPTIONS", "OPTION", "CompareConfig", "ConfigError", "DataConfig", "DecodeConfig",
-           "DecodeOption", "ExperimentConfig", "ModelConfig", "Penalty", "RNNConfig", "SplitsConfig",
+__all__ = ["ARGS", "DECODE_OPTIONS", "FIELDS", "FLAGS", "OPTION", "CompareConfig", "ConfigError", "DataConfig",
+           "DecodeConfig", "DecodeOption", "ExperimentConfig", "ModelConfig", "Penalty", "RNNConfig", "SplitsConfig",
            "TokenizerConfig", "TrainConfig", "TransformerConfig", "from_dict", "load_config", "save_config", "to_dict"]

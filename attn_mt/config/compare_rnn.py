@@ -42,11 +42,14 @@ class CompareConfig:
         for key in ("budget_minutes", "eval_every_minutes", "length_batch_tokens", "repeats",
                     "decode_sentences", "decode_repeats", "beam_size", "max_param_gap"):
             if getattr(self, key) <= 0:
-                raise ConfigError(f"compare.{key}={getattr(self, key)!r}: must be a number > 0")
+                raise ConfigError(f"compare.{key}={getattr(self, key)!r}: must be a number > 0",
+                                  f"compare.{key}")
         if self.clock not in CLOCKS:
-            raise ConfigError(f"compare.clock={self.clock!r}: must be one of {', '.join(CLOCKS)}")
+            raise ConfigError(f"compare.clock={self.clock!r}: must be one of {', '.join(CLOCKS)}",
+                              "compare.clock")
         if not self.lengths or not all(n > 0 for n in self.lengths):
-            raise ConfigError(f"compare.lengths={list(self.lengths)}: must be positive integers")
+            raise ConfigError(f"compare.lengths={list(self.lengths)}: must be positive integers",
+                              "compare.lengths")
 
 
 @dataclass(frozen=True)
@@ -77,15 +80,15 @@ def load_compare_config(path: Path, overrides: list[str] = (), quick: bool = Fal
     configs, own_sections = {}, {kind: raw.pop(kind, None) for kind in MODELS}
     for kind, own in own_sections.items():
         if not isinstance(own, dict) or not isinstance(own.get("model"), dict):
-            raise ConfigError(f"{path}: needs a `{kind}:` section with a `model:` mapping")
+            raise ConfigError(f"{path}: needs a `{kind}:` section with a `model:` mapping", kind)
         extra = set(own) - {"model", "train"} | set(own.get("train", {})) - PER_MODEL_TRAIN_KEYS
         if extra:
             raise ConfigError(f"{kind}: only model and train.{{{', '.join(sorted(PER_MODEL_TRAIN_KEYS))}}} "
-                              f"may differ between the models, not {', '.join(sorted(extra))}")
+                              f"may differ between the models, not {', '.join(sorted(extra))}", kind)
         if own["model"].get("kind", kind) != kind:
-            raise ConfigError(f"{kind}.model.kind must be {kind!r}")
+            raise ConfigError(f"{kind}.model.kind must be {kind!r}", f"{kind}.model.kind")
         try:
             configs[kind] = from_dict(_merge({**raw, "name": f"{name}-{kind}", "model": {"kind": kind}}, own))
         except ConfigError as e:
-            raise ConfigError(f"{kind} (with the shared sections): {e}") from None
+            raise ConfigError(f"{kind} (with the shared sections): {e}", e.field) from None
     return CompareSetup(configs, cmp)

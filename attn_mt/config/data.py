@@ -41,16 +41,16 @@ class DataConfig:
     def __post_init__(self) -> None:
         check_limits("data", self, MOST)
         if not 0 <= self.num_proc <= 1024:
-            raise ConfigError(f"data.num_proc={self.num_proc}: must be in [0, 1024]")
+            raise ConfigError(f"data.num_proc={self.num_proc}: must be in [0, 1024]", "data.num_proc")
         if self.max_len < 1:
-            raise ConfigError(f"data.max_len={self.max_len}: must be >= 1")
+            raise ConfigError(f"data.max_len={self.max_len}: must be >= 1", "data.max_len")
         if self.source in ("files", "jsonl") and not self.dir:
-            raise ConfigError(f"data.dir: required when data.source={self.source}")
+            raise ConfigError(f"data.dir: required when data.source={self.source}", "data.dir")
         if self.source == "hf" and not (self.dir or self.name):
-            raise ConfigError("data.name or data.dir: one is required when data.source=hf")
+            raise ConfigError("data.name or data.dir: one is required when data.source=hf", "data.name")
         if self.src_lang == self.tgt_lang:
-            raise ConfigError(f"data.src_lang and data.tgt_lang are both {self.src_lang!r}")
+            raise ConfigError(f"data.src_lang and data.tgt_lang are both {self.src_lang!r}", "data.src_lang")
         if self.toy_seed < 0:
-            raise ConfigError(f"data.toy_seed={self.toy_seed}: must be >= 0")
+            raise ConfigError(f"data.toy_seed={self.toy_seed}: must be >= 0", "data.toy_seed")
         if self.toy_size < 10:
-            raise ConfigError(f"data.toy_size={self.toy_size}: must be >= 10")
+            raise ConfigError(f"data.toy_size={self.toy_size}: must be >= 10", "data.toy_size")

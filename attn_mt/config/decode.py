@@ -5,13 +5,54 @@ Tested in tests/config/test_config.py and tests/decoding/test_decode_options.py 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from attn_mt.config.yamlconf import ConfigError, check_limits
+from attn_mt.config.yamlconf import ConfigError
 
-MOST = {"beam_size": 1000, "nbest": 1000, "alpha": 100.0, "max_len_a": 1000.0, "max_len_b": 1_000_000,
-        "batch_size": 1_000_000}  # upper bounds (lower bounds: __post_init__)
+
+@dataclass(frozen=True)
+class DecodeOption:
+    """A decode setting a caller may give, defined once; every surface is made from its row. `key`: its
+    DecodeConfig field (`decode.<key>` in a config); `arg`: its keyword in the API (`Model.options`,
+    `Model.translate`, ...); `flag`: its option on `attn-mt translate` and `evaluate` (None: not there);
+    `field`: its JSON field in serve's `/api/translate` (None: not served); `type`, `least`, `most`: the values
+    allowed; `default`: what a caller gets without it (None: the model's decode section); `help`: what it means.
+    Public as `attn_mt.DECODE_OPTIONS`; the one-best surfaces (`translate`, `evaluate`) leave `nbest` out."""
+
+    key: str
+    arg: str
+    type: type
+    least: float
+    most: float
+    help: str
+    flag: str | None = None
+    field: str | None = None
+    default: str | None = None
+
+    def problem(self, value: int | float) -> str | None:
+        """Why `value` is not allowed (the end of the message: "must be >= 1"), or None."""
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be a finite number"
+        if value > self.most:
+            return f"must be at most {self.most:g}"
+        return f"must be >= {self.least:g}" if value < self.least else None
+
+
+DECODE_OPTIONS = (
+    DecodeOption("beam_size", "beam", int, 1, 1000, "Beam size; 1 is greedy", "--beam", "beam"),
+    DecodeOption("alpha", "alpha", float, 0.0, 100.0, "Length penalty exponent", "--alpha", "alpha"),
+    DecodeOption("nbest", "nbest", int, 1, 1000, "Hypotheses per sentence, at most the beam size", "--nbest",
+                 "nbest", default="1"),
+    DecodeOption("batch_size", "batch_size", int, 1, 1_000_000, "Sentences per batch", "--batch-size"),
+    DecodeOption("max_len_a", "max_len_a", float, 0.0, 1000.0, "Output length limit a x source length + b: its a"),
+    DecodeOption("max_len_b", "max_len_b", int, 1, 1_000_000, "Output length limit a x source length + b: its b"),
+)
+OPTION = {o.key: o for o in DECODE_OPTIONS}
+ARGS = {o.key: o.arg for o in DECODE_OPTIONS}  # DecodeConfig field -> the API's argument
+FLAGS = {o.key: o.flag for o in DECODE_OPTIONS if o.flag}  # DecodeConfig field -> the CLI's flag
+FIELDS = {o.key: o.field for o in DECODE_OPTIONS if o.field}  # DecodeConfig field -> serve's JSON field
 
 
 @dataclass(frozen=True)
@@ -26,45 +67,17 @@ class DecodeConfig:
     batch_size: int = 64
 
     def __post_init__(self) -> None:
-        check_limits("decode", self, MOST)
-        for key in ("beam_size", "nbest", "batch_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"decode.{key}={getattr(self, key)}: must be >= 1")
+        for o in DECODE_OPTIONS:  # each option's range, from its row
+            value = getattr(self, o.key)
+            if why := o.problem(value):
+                raise ConfigError(f"decode.{o.key}={value}: {why}", f"decode.{o.key}")
         if self.nbest > self.beam_size:
-            raise ConfigError(f"decode.nbest={self.nbest} exceeds decode.beam_size={self.beam_size}")
-        if self.max_len_a < 0 or self.max_len_b < 1:
-            raise ConfigError("decode.max_len_a must be >= 0 and decode.max_len_b >= 1")
+            raise ConfigError(f"decode.nbest={self.nbest} exceeds decode.beam_size={self.beam_size}", "decode.nbest")
 
     @property
     def penalty(self) -> float | Penalty:
         """What beam.length_penalty takes: alpha (GNMT) or a Penalty (another form)."""
         return self.alpha if self.length_norm == "gnmt" else Penalty(self.alpha, self.length_norm)
-
-
-@dataclass(frozen=True)
-class DecodeOption:
-    """A decode setting a caller may give, defined once: its DecodeConfig field (`key`), its name as an argument
-    of the API (`Model.options`, `Model.translate`) and as a field of serve's requests (`arg`), whether serve's
-    requests take it, and what it means. The CLI's options, the API's
-    arguments, serve's request fields and the page's controls are derived from or tested against this table
-    (tests/decoding/test_decode_options.py); public as `attn_mt.DECODE_OPTIONS`."""
-
-    key: str
-    arg: str
-    served: bool
-    help: str
-
-
-DECODE_OPTIONS = (
-    DecodeOption("beam_size", "beam", True, "Beam size; 1 is greedy"),
-    DecodeOption("alpha", "alpha", True, "Length penalty exponent"),
-    DecodeOption("nbest", "nbest", True, "Hypotheses per sentence, at most the beam size"),
-    DecodeOption("batch_size", "batch_size", False, "Sentences per batch"),
-    DecodeOption("max_len_a", "max_len_a", False, "Output length limit a x source length + b: its a"),
-    DecodeOption("max_len_b", "max_len_b", False, "Output length limit a x source length + b: its b"),
-)
-OPTION = {o.key: o for o in DECODE_OPTIONS}
-ARGS = {o.key: o.arg for o in DECODE_OPTIONS}  # DecodeConfig field -> the API's argument
 
 
 class Penalty(NamedTuple):

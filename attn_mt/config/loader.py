@@ -40,7 +40,7 @@ class ExperimentConfig:
         widths, most = self.train.length_buckets, self.model.max_positions
         if widths and widths[-1] > most:
             raise ConfigError(f"train.length_buckets={list(widths)}: widths above model.max_positions={most} "
-                              "hold no sequence the model takes")
+                              "hold no sequence the model takes", "train.length_buckets")
 
 
 def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -75,4 +75,4 @@ def load_config(path: Path | str | None, overrides: list[str] | tuple[str, ...] 
     try:
         return from_dict(raw)
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}" if path is not None else str(e)) from None
+        raise ConfigError(f"{path}: {e}" if path is not None else str(e), e.field) from None

@@ -49,22 +49,23 @@ class TransformerConfig:
         check_limits("model", self, MOST)
         for key in ("d_model", "n_heads", "n_layers", "d_ff", "max_positions"):
             if getattr(self, key) < 1:
-                raise ConfigError(f"model.{key}={getattr(self, key)}: must be >= 1")
+                raise ConfigError(f"model.{key}={getattr(self, key)}: must be >= 1", f"model.{key}")
         if self.d_model % self.n_heads:
-            raise ConfigError(
-                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}"
-            )
+            raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}",
+                              "model.d_model")
         for key in ("dropout", "attention_dropout", "activation_dropout"):
             p = getattr(self, key)
             if p is not None and not 0.0 <= p < 1.0:
-                raise ConfigError(f"model.{key}={p}: must be in [0, 1)")
+                raise ConfigError(f"model.{key}={p}: must be in [0, 1)", f"model.{key}")
         if self.positions == "halves" and self.d_model % 2:
-            raise ConfigError(f"model.d_model={self.d_model}: must be even with model.positions=halves")
+            raise ConfigError(f"model.d_model={self.d_model}: must be even with model.positions=halves",
+                              "model.d_model")
         if self.positions == "rotary" and (self.d_model // self.n_heads) % 2:
             raise ConfigError(f"model.d_model / model.n_heads={self.d_model // self.n_heads}: must be even with "
-                              "model.positions=rotary")
+                              "model.positions=rotary", "model.d_model")
         if any(i < 0 for i in self.banned_ids):
-            raise ConfigError(f"model.banned_ids={list(self.banned_ids)}: must be token ids >= 0")
+            raise ConfigError(f"model.banned_ids={list(self.banned_ids)}: must be token ids >= 0",
+                              "model.banned_ids")
 
     @property
     def dropouts(self) -> tuple[float, float, float]:
@@ -91,9 +92,9 @@ class RNNConfig:
         check_limits("model", self, MOST)
         for key in ("d_embed", "d_hidden", "d_attn", "n_layers", "max_positions"):
             if getattr(self, key) < 1:
-                raise ConfigError(f"model.{key}={getattr(self, key)}: must be >= 1")
+                raise ConfigError(f"model.{key}={getattr(self, key)}: must be >= 1", f"model.{key}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout={self.dropout}: must be in [0, 1)")
+            raise ConfigError(f"model.dropout={self.dropout}: must be in [0, 1)", "model.dropout")
 
 
 ModelConfig = TransformerConfig | RNNConfig

@@ -25,8 +25,11 @@ class TokenizerConfig:
     def __post_init__(self) -> None:
         check_limits("tokenizer", self, MOST)
         if not 1_000 <= self.sample_sentences <= 100_000_000:
-            raise ConfigError(f"tokenizer.sample_sentences={self.sample_sentences}: must be in [1000, 1e8]")
+            raise ConfigError(f"tokenizer.sample_sentences={self.sample_sentences}: must be in [1000, 1e8]",
+                              "tokenizer.sample_sentences")
         if self.vocab_size < 16:
-            raise ConfigError(f"tokenizer.vocab_size={self.vocab_size}: must be >= 16")
+            raise ConfigError(f"tokenizer.vocab_size={self.vocab_size}: must be >= 16",
+                              "tokenizer.vocab_size")
         if not 0.9 <= self.character_coverage <= 1.0:
-            raise ConfigError("tokenizer.character_coverage must be in [0.9, 1.0]")
+            raise ConfigError("tokenizer.character_coverage must be in [0.9, 1.0]",
+                              "tokenizer.character_coverage")

@@ -101,33 +101,42 @@ class TrainConfig:
         positive = ("lr", "batch_tokens", "accum_steps", "max_epochs", "bleu_sentences")
         for key in positive:
             if getattr(self, key) <= 0:
-                raise ConfigError(f"train.{key}={getattr(self, key)}: must be > 0")
+                raise ConfigError(f"train.{key}={getattr(self, key)}: must be > 0", f"train.{key}")
         nonneg = ("warmup_steps", "weight_decay", "z_loss", "clip_norm", "max_steps", "max_tokens", "max_minutes",
                   "eval_every", "patience", "checkpoint_every", "keep_last", "threads", "seed")
         for key in nonneg:
             if getattr(self, key) < 0:
-                raise ConfigError(f"train.{key}={getattr(self, key)}: must be >= 0")
+                raise ConfigError(f"train.{key}={getattr(self, key)}: must be >= 0", f"train.{key}")
         if not 0.0 <= self.warmup_fraction <= 1.0:
-            raise ConfigError(f"train.warmup_fraction={self.warmup_fraction}: must be in [0, 1]")
+            raise ConfigError(f"train.warmup_fraction={self.warmup_fraction}: must be in [0, 1]",
+                              "train.warmup_fraction")
         if not 0.0 < self.decay_fraction <= 1.0:
-            raise ConfigError(f"train.decay_fraction={self.decay_fraction}: must be in (0, 1]")
+            raise ConfigError(f"train.decay_fraction={self.decay_fraction}: must be in (0, 1]",
+                              "train.decay_fraction")
         if not 0.0 <= self.muon_momentum < 1.0:
-            raise ConfigError(f"train.muon_momentum={self.muon_momentum}: must be in [0, 1)")
+            raise ConfigError(f"train.muon_momentum={self.muon_momentum}: must be in [0, 1)",
+                              "train.muon_momentum")
         if not 1 <= self.muon_ns_steps <= 20:
-            raise ConfigError(f"train.muon_ns_steps={self.muon_ns_steps}: must be in [1, 20]")
+            raise ConfigError(f"train.muon_ns_steps={self.muon_ns_steps}: must be in [1, 20]",
+                              "train.muon_ns_steps")
         if self.muon_ns_schedule == "polar" and self.muon_ns_steps > 5:
-            raise ConfigError(f"train.muon_ns_steps={self.muon_ns_steps}: the polar schedule has at most 5")
+            raise ConfigError(f"train.muon_ns_steps={self.muon_ns_steps}: the polar schedule has at most 5",
+                              "train.muon_ns_steps")
         if not 0.0 <= self.ema_decay < 1.0:
-            raise ConfigError(f"train.ema_decay={self.ema_decay}: must be in [0, 1)")
+            raise ConfigError(f"train.ema_decay={self.ema_decay}: must be in [0, 1)", "train.ema_decay")
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"train.label_smoothing={self.label_smoothing}: must be in [0, 1)")
+            raise ConfigError(f"train.label_smoothing={self.label_smoothing}: must be in [0, 1)",
+                              "train.label_smoothing")
         if not 0.0 <= self.subword_sampling < 1.0:
-            raise ConfigError(f"train.subword_sampling={self.subword_sampling}: must be in [0, 1)")
+            raise ConfigError(f"train.subword_sampling={self.subword_sampling}: must be in [0, 1)",
+                              "train.subword_sampling")
         if self.log_every < 1:
-            raise ConfigError(f"train.log_every={self.log_every}: must be >= 1")
+            raise ConfigError(f"train.log_every={self.log_every}: must be >= 1", "train.log_every")
         if self.max_bad_steps < 1:
-            raise ConfigError(f"train.max_bad_steps={self.max_bad_steps}: must be >= 1")
+            raise ConfigError(f"train.max_bad_steps={self.max_bad_steps}: must be >= 1",
+                              "train.max_bad_steps")
         if any(w < 2 for w in self.length_buckets) or list(self.length_buckets) != sorted(set(self.length_buckets)):
-            raise ConfigError(f"train.length_buckets={list(self.length_buckets)}: must be increasing widths >= 2")
+            raise ConfigError(f"train.length_buckets={list(self.length_buckets)}: must be increasing widths >= 2",
+                              "train.length_buckets")
         if len(set(self.freeze)) != len(self.freeze):
-            raise ConfigError(f"train.freeze={list(self.freeze)}: names a part twice")
+            raise ConfigError(f"train.freeze={list(self.freeze)}: names a part twice", "train.freeze")

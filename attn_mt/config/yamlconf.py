@@ -89,7 +89,7 @@ def set_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"override {key}: {part} is not a section")
+                raise ConfigError(f"override {key}: {part} is not a section", key)
         try:
             node[parts[-1]] = yaml.safe_load(value) if value.strip() else ""
         except (yaml.YAMLError, ValueError, RecursionError, OverflowError):
@@ -100,13 +100,15 @@ def set_overrides(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -
 def build(cls: type, raw: Any, prefix: str = "") -> Any:
     """An instance of dataclass `cls` from the nested dict `raw`; ConfigError names the bad key."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {show(raw)}")
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {show(raw)}",
+                          prefix.rstrip(".") or "config")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in fields(cls)]
     for key in raw:
         if key not in names:
             section = prefix.rstrip(".") or "top level"
-            raise ConfigError(f"unknown key {show(f'{prefix}{key}')}; allowed in {section}: {', '.join(names)}")
+            raise ConfigError(f"unknown key {show(f'{prefix}{key}')}; allowed in {section}: {', '.join(names)}",
+                              f"{prefix}{key}")
     kwargs = {f.name: _check(hints[f.name], raw[f.name], f"{prefix}{f.name}") for f in fields(cls)
               if f.name in raw}
     try:
@@ -114,7 +116,7 @@ def build(cls: type, raw: Any, prefix: str = "") -> Any:
     except ConfigError:
         raise
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{prefix.rstrip('.')}: {str(e)[:300]}") from None
+        raise ConfigError(f"{prefix.rstrip('.')}: {str(e)[:300]}", prefix.rstrip(".") or "config") from None
 
 
 def check_limits(section: str, cfg: Any, most: dict[str, float]) -> None:
@@ -125,9 +127,10 @@ def check_limits(section: str, cfg: Any, most: dict[str, float]) -> None:
         numbers = value if isinstance(value, tuple) else (value,)
         for x in numbers:
             if isinstance(x, float) and not math.isfinite(x):
-                raise ConfigError(f"{section}.{f.name}={x}: must be a finite number")
+                raise ConfigError(f"{section}.{f.name}={x}: must be a finite number", f"{section}.{f.name}")
             if f.name in most and isinstance(x, (int, float)) and x > most[f.name]:
-                raise ConfigError(f"{section}.{f.name}={x}: must be at most {most[f.name]:g}")
+                raise ConfigError(f"{section}.{f.name}={x}: must be at most {most[f.name]:g}",
+                                  f"{section}.{f.name}")
 
 
 def _kind(cls: type) -> Any:
@@ -145,19 +148,19 @@ def _check(tp: Any, value: Any, key: str) -> Any:
         kinds = {_kind(a): a for a in args}  # a union of sections: chosen by their `kind`
         kind = value.get("kind", next(iter(kinds))) if isinstance(value, dict) else next(iter(kinds))
         if kind not in kinds:
-            raise ConfigError(f"{key}.kind={show(kind)}: allowed: {', '.join(map(str, kinds))}")
+            raise ConfigError(f"{key}.kind={show(kind)}: allowed: {', '.join(map(str, kinds))}", f"{key}.kind")
         return build(kinds[kind], value, key + ".")
     if origin is Literal:
         if value not in args:
-            raise ConfigError(f"{key}={show(value)}: allowed: {', '.join(map(str, args))}")
+            raise ConfigError(f"{key}={show(value)}: allowed: {', '.join(map(str, args))}", key)
         return value
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             if not isinstance(value, (list, tuple)):
-                raise ConfigError(f"{key}={show(value)}: expected a list")
+                raise ConfigError(f"{key}={show(value)}: expected a list", key)
             return tuple(_check(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise ConfigError(f"{key}={show(value)}: expected a list of {len(args)} values")
+            raise ConfigError(f"{key}={show(value)}: expected a list of {len(args)} values", key)
         return tuple(_check(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -183,12 +186,12 @@ def _scalar(tp: type, value: Any, key: str) -> Any:
             pass
         if isinstance(value, float):
             if not math.isfinite(value):
-                raise ConfigError(f"{key}={value}: must be a finite number")
+                raise ConfigError(f"{key}={value}: must be a finite number", key)
             return value
     elif tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return _expand_env(str(value))
-    raise ConfigError(f"{key}={show(value)}: expected {tp.__name__}, got {type(value).__name__}")
+    raise ConfigError(f"{key}={show(value)}: expected {tp.__name__}, got {type(value).__name__}", key)
 
 
 _ENV = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}")

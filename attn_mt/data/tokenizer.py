@@ -185,8 +185,8 @@ def _train_one(texts: Iterable[str], cfg: TokenizerConfig) -> bytes:
     except RuntimeError as e:  # e.g. "Vocabulary size is smaller than required_chars. 16 vs 38."
         reason = str(e).split("]")[-1].strip().split(". Increase")[0]
         raise ConfigError(f"tokenizer.vocab_size={cfg.vocab_size}: SentencePiece cannot train on this corpus "
-                          f"({reason[:200]}); raise tokenizer.vocab_size or lower tokenizer.character_coverage"
-                          ) from None
+                          f"({reason[:200]}); raise tokenizer.vocab_size or lower tokenizer.character_coverage",
+                          "tokenizer.vocab_size") from None
     return model.getvalue()
 
 

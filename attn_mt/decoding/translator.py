@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from attn_mt.checkpoint import CheckpointError
-from attn_mt.config import ARGS, ConfigError, DecodeConfig
+from attn_mt.config import ARGS, OPTION, DecodeConfig
 from attn_mt.config.yamlconf import OptionError
+from attn_mt.data import checks
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.metrics import score
 from attn_mt.decoding.scoring import Score, score_texts
@@ -82,26 +83,29 @@ def model_translator(model, cfg, tok: Tokenizer, device, path: Path | str, state
 
 
 
-def decode_options(defaults: DecodeConfig, names: Mapping[str, str] = ARGS, *, beam_size: int | None = None,
-                   alpha: float | None = None, nbest: int | None = None, batch_size: int | None = None,
+def decode_options(defaults: DecodeConfig, names: Mapping[str, str] = ARGS, **given: int | float | None,
                    ) -> DecodeConfig:
-    """`defaults` (a model's decode section) with the options that were given (None: not given), as
-    Model.options' arguments, a command's options or `/api/translate`'s fields set them; an OptionError names
-    them as `names` spells them (by default the arguments: "beam 0: must be >= 1")."""
-    flags = {"beam_size": beam_size, "alpha": alpha, "nbest": nbest, "batch_size": batch_size}
-    given = {k: v for k, v in flags.items() if v is not None and not (k == "nbest" and v == 1)}
-    beam = given.get("beam_size", defaults.beam_size)
-    if "nbest" in given and given["nbest"] > beam >= 1:
-        where = f"{names['beam_size']} {beam}" if "beam_size" in given else f"the checkpoint's beam size ({beam})"
-        raise OptionError(f"{given['nbest']} hypotheses need a beam at least as wide, not {where}: "
-                          f"add {names['beam_size']} {given['nbest']}", names["nbest"])
-    try:
-        return replace(defaults, **{k: v for k, v in flags.items() if v is not None})
-    except ConfigError as e:  # e.g. "decode.beam_size=0: must be >= 1" -> "beam 0: must be >= 1"
-        message, named = str(e), [k for k in given if f"decode.{k}=" in str(e)]
-        for key in named:
-            message = message.replace(f"decode.{key}=", f"{names[key]} ")
-        raise OptionError(message, names[named[0]] if named else None) from None
+    """`defaults` (a model's decode section) with the options `given` by DecodeConfig field (None: not given),
+    as Model.options' arguments, a command's flags or `/api/translate`'s fields set them, each checked against
+    its row of DECODE_OPTIONS; an error names the option as `names` spells it (ARGS, the default: the API's
+    arguments, "beam 0: must be >= 1"; FLAGS: the CLI's, "--beam 0: must be >= 1")."""
+    values = {}
+    for key, value in given.items():
+        if value is None:
+            continue
+        o, name = OPTION[key], names[key]
+        value = checks.integer(value, name, least=None) if o.type is int else checks.number(value, name, o.least)
+        if why := o.problem(value):
+            raise OptionError(f"{name} {value}: {why}", name)
+        values[key] = value
+    beam, nbest = values.get("beam_size", defaults.beam_size), values.get("nbest", defaults.nbest)
+    if nbest > beam and values.get("nbest", 1) != 1:
+        where = f"{names['beam_size']} {beam}" if "beam_size" in values else f"the checkpoint's beam size ({beam})"
+        raise OptionError(f"{nbest} hypotheses need a beam at least as wide, not {where}: "
+                          f"add {names['beam_size']} {nbest}", names["nbest"])
+    if nbest > beam:  # the checkpoint's n-best, wider than the beam given
+        raise OptionError(f"decode.nbest={nbest} exceeds {names['beam_size']} {beam}", names["beam_size"])
+    return replace(defaults, **values)
 
 
 def evaluate_texts(translator: Translator, sources: list[str], refs: list[str], dcfg: DecodeConfig) -> dict:

@@ -59,10 +59,10 @@ def is_export(path: Path | str) -> bool:
 def ct2_device(name: str) -> str:
     """CTranslate2 runs on "cpu" or "cuda"; "auto" picks CUDA when CTranslate2 sees a GPU."""
     if name not in ("auto", "cpu", "cuda"):
-        raise ExportError(f"device {name!r}: CTranslate2 runs on cpu or cuda")
+        raise ExportError(f"device {name!r}: CTranslate2 runs on cpu or cuda", "device", named=True)
     gpus = require_ctranslate2().get_cuda_device_count()
     if name == "cuda" and not gpus:
-        raise ExportError("device cuda: CTranslate2 sees no CUDA device")
+        raise ExportError("device cuda: CTranslate2 sees no CUDA device", "device", named=True)
     return "cuda" if name != "cpu" and gpus else "cpu"
 
 

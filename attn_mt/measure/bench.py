@@ -198,7 +198,7 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
     """Measure everything in one run (see the module docstring); returns JSON-ready figures, also written to
     `json_out` if given."""
     if cfg.model.kind != "transformer":
-        raise ConfigError(f"model.kind={cfg.model.kind}: the benchmark compares Transformers")
+        raise ConfigError(f"model.kind={cfg.model.kind}: the benchmark compares Transformers", "model.kind")
     load_before = os.getloadavg()
     start = prelude(cfg, cfg.model.max_positions, "the config configs/toy.yaml")
     device, corpus = start.device, start.corpus

@@ -197,7 +197,7 @@ def resolve_clock(clock: str, device: torch.device) -> str:
         return "cpu" if device.type == "cpu" else "wall"
     if clock == "cpu" and device.type != "cpu":
         raise ConfigError(f"compare.clock=cpu counts this process's CPU time, not the work of {device}: "
-                          "use compare.clock=wall (or auto) there")
+                          "use compare.clock=wall (or auto) there", "compare.clock")
     return clock
 
 

@@ -51,6 +51,7 @@ def test_bad_values_name_the_key(overrides, words):
         load_config(None, overrides)
     message = str(e.value)
     assert "\n" not in message
+    assert e.value.field in (overrides[0].split("=")[0], words[0])  # the key, as the check that failed knows it
     for word in words:
         assert word in message
 

@@ -49,10 +49,10 @@ def test_serves_request_fields_are_the_served_options():
     from attn_mt.serve.api import TranslateRequest
 
     fields = set(TranslateRequest.model_fields) - {"texts", "stream"}
-    assert fields == {o.arg for o in DECODE_OPTIONS if o.served}
+    assert fields == {o.field for o in DECODE_OPTIONS if o.field}
     for o in DECODE_OPTIONS:
-        if o.served:
-            assert TranslateRequest.model_fields[o.arg].description.startswith(o.help)
+        if o.field:
+            assert TranslateRequest.model_fields[o.field].description.startswith(o.help)
 
 
 def test_the_pages_controls_send_served_options_by_their_names():
@@ -60,6 +60,6 @@ def test_the_pages_controls_send_served_options_by_their_names():
     body = re.search(r"streamed\(\{texts: \[text\], ([\w, ]+)\}", script)
     assert body is not None, "app.js no longer sends {texts: [text], ...} to /api/translate"
     sent = {k.strip() for k in body.group(1).split(",")}
-    assert sent <= {o.arg for o in DECODE_OPTIONS if o.served}
+    assert sent <= {o.field for o in DECODE_OPTIONS if o.field}
     for arg in sent:  # each one a control of the page, read by its id
         assert f'id="{arg}"' in page and f'$("{arg}").value' in script
