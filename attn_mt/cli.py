@@ -70,7 +70,7 @@ ModelOpt = Annotated[Path, Option("--checkpoint", help="A checkpoint, or a folde
 DeviceOpt = Annotated[str, Option(help="cpu, cuda, mps or auto.")]
 _CKPT = "(default: the checkpoint's decode section)"
 OPTION = {o.key: o for o in attn_mt.DECODE_OPTIONS}  # the decode options, defined once (attn_mt/config)
-DECODE_FLAGS = {k: flag(OPTION[k].arg) for k in ("beam_size", "alpha", "nbest", "batch_size")}  # the verbs' ones
+DECODE_FLAGS = {o.key: o.flag for o in attn_mt.DECODE_OPTIONS if o.flag}  # the table's flags
 BeamOpt = Annotated[int | None, Option(DECODE_FLAGS["beam_size"], help=f"{OPTION['beam_size'].help} {_CKPT}.")]
 AlphaOpt = Annotated[float | None, Option(DECODE_FLAGS["alpha"], help=f"{OPTION['alpha'].help} {_CKPT}.")]
 BatchOpt = Annotated[int | None, Option(DECODE_FLAGS["batch_size"], help=f"{OPTION['batch_size'].help} {_CKPT}.")]
