@@ -1,9 +1,10 @@
 """Decoding as a caller steers it: a forced target prefix, sampling with a temperature and a seed, a token
 stream; and where the weights live (device, dtype).
 
-`Steer` is checked once per call; its `rule` rules tokens out at each decoder step (search.Steer): a row
-still inside its prefix keeps only the prefix's next token, and a sampled row only the token drawn from
-softmax(log P / temperature). Search then takes the best remaining token, so log P stays the model's.
+`Steer` is checked once per call; its `rules` rule tokens out at each decoder step (decoding/rules.py): a row
+still inside its prefix keeps only the prefix's next token (`Prefix`), and a sampled row only the token drawn
+from softmax(log P / temperature) (`Sample`). Search then takes the best remaining token, so log P stays the
+model's.
 Each text draws from its own generator, seeded from (the call's seed, the text, how often the same text came
 before it in the call): a sample depends on neither the batch, the length sort nor the other texts, repeats of
 a text draw differently, and the process's global RNG is never touched (no seed: a fresh one from `secrets`).
@@ -14,10 +15,9 @@ One job: steered decoding and placement. Tested in tests/api/test_steering.py.
 from __future__ import annotations
 
 import hashlib
-import math
 import secrets
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,8 @@ from torch import Tensor
 
 from attn_mt.config import DecodeConfig
 from attn_mt.data.batching import pad
-from attn_mt.decoding.beam import Hypothesis, log_probs
+from attn_mt.decoding.beam import Hypothesis
+from attn_mt.decoding.rules import MaxLength, Prefix, Rule, Sample, decode_step, step_rules
 from attn_mt.decoding.search import Translation, max_lengths, prepare_sources, search, translate_batches
 from attn_mt.decoding.translator import Translator, model_translator
 from attn_mt.errors import InputError, ModelError
@@ -96,36 +97,15 @@ class Steer:
                              "as exported", what)
         return steer
 
-    def rule(self, prefixes: list[list[int]], device: torch.device | str, rows: list[int] | None = None):
-        """search.Steer for a batch whose sentences have these prefixes and these indices in the call (default
-        0, 1, ...): (step, log P (B*k, V)) -> log P."""
-        b = len(prefixes)
-        width = max((len(p) for p in prefixes), default=0)
-        table = torch.tensor([p + [-1] * (width - len(p)) for p in prefixes], dtype=torch.long,
-                             device=device).view(b, width)  # (B, P): -1 past each prefix
-        temperature = self.temperature
-        draw = None if self.seeds is None else [torch.Generator(device=device).manual_seed(self.seeds[r])
-                                                for r in (range(b) if rows is None else rows)]  # (B,)
-
-        def rule(step: int, logp: Tensor) -> Tensor:
-            if step >= width and draw is None:  # past every prefix, searching: nothing to rule out
-                return logp
-            k = logp.size(0) // b
-            keep = torch.full(logp.shape[:1], -1, dtype=torch.long, device=logp.device)  # (B*k,) -1: free
-            if step < width:
-                keep = table[:, step].repeat_interleave(k)
-            if draw is not None and temperature is not None:
-                top = logp.max(-1, keepdim=True).values  # the best token's at 0: no overflow for any temperature
-                cold = max(temperature, 1e-30)  # a float32 divisor (below: greedy all the same)
-                probs = ((logp - top) / cold).softmax(-1)  # (B*k, V)
-                # (B,) each row from its own generator (sampling is beam 1: a row per text)
-                drawn = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, draw, strict=True)])
-                keep = torch.where(keep >= 0, keep, drawn)
-            free = keep < 0  # (B*k,) read on the device: no sync per token
-            only = torch.full_like(logp, -math.inf).scatter(1, keep.clamp(min=0)[:, None], 0.0)
-            return torch.where(free[:, None], logp, logp + only)
-
-        return rule
+    def rules(self, prefixes: list[list[int]], device: torch.device | str, rows: list[int] | None = None,
+              ) -> list[Rule]:
+        """The decoding rules (decoding/rules.py) for a batch whose sentences have these prefixes and these
+        indices in the call (default 0, 1, ...): the prefixes first, then sampling."""
+        out: list[Rule] = [Prefix(prefixes, device)] if any(prefixes) else []
+        if self.seeds is not None and self.temperature is not None:
+            out.append(Sample(self.temperature, [self.seeds[r] for r in (range(len(prefixes)) if rows is None
+                                                                          else rows)], device))
+        return out
 
 
 def draw_seeds(seed: int, items: list[str]) -> tuple[int, ...]:
@@ -156,7 +136,7 @@ def translate_nbest(translator: Translator, items: list[str], dcfg: DecodeConfig
         src = pad(srcs, tok.pad_id).to(device)  # (B, S)
         max_len = max_lengths(torch.tensor([len(s) for s in srcs]), dcfg, limit)
         max_len = torch.maximum(max_len, torch.tensor([len(p) + 1 for p in prefixes])).clamp(max=limit)
-        nbest = search(module, tok, src, max_len, dcfg, steer=steer.rule(prefixes, device, rows))
+        nbest = search(module, tok, src, max_len, dcfg, rules=steer.rules(prefixes, device, rows))
         if ids is not None:
             ids.update((i, n[0].tokens) for i, n in zip(rows, nbest, strict=True))
         return nbest
@@ -184,10 +164,14 @@ def _pieces(translator: Translator, shared: Shared, text: str, dcfg: DecodeConfi
     for step in range(max_len):
         with shared.reading(), torch.inference_mode():
             if now is None or now.place != _place(module):  # the first step, or Model.to moved or cast it since
-                now = _Decoding.start(module, src_ids, ids[:-1], steer.rule([prefix], _place(module)[0]))
-            logits = module.decode(torch.tensor([ids[-1:]], device=now.place[0]), now.memory, now.src_mask,
-                                   now.cache)[:, -1]
-            nxt = int(now.rule(step, log_probs(module, logits)).argmax(-1)[0])
+                dev = _place(module)[0]
+                rules = step_rules(module, steer.rules([prefix], dev), MaxLength(torch.tensor([max_len], device=dev),
+                                                                                 tok.eos_id))
+                now = _Decoding.start(module, src_ids, ids[:-1], rules)
+            ys = torch.tensor([ids], device=now.place[0])  # (1, 1 + step)
+            logp = decode_step(module, ys[:, -1:], now.memory, now.src_mask, now.cache, step=step,
+                               tokens=ys[:, 1:], rules=now.rules)
+            nxt = int(logp.argmax(-1)[0])
         if nxt == tok.eos_id or step + 1 >= max_len:
             break
         ids.append(nxt)
@@ -214,11 +198,11 @@ class _Decoding:
     src_mask: Tensor  # (1, 1, 1, S)
     memory: Tensor  # (1, S, D)
     cache: Any
-    rule: Callable[[int, Tensor], Tensor]  # steer's, on this device (a stream never samples: no draws to keep)
+    rules: list[Rule]  # on this device (a stream never samples: no draws to keep)
 
     @classmethod
     def start(cls, module: Any, src_ids: list[list[int]], fed: list[int],
-              rule: Callable[[int, Tensor], Tensor]) -> _Decoding:
+              rules: list[Rule]) -> _Decoding:
         """Encode the source and feed the decoder `fed` (the tokens decoded so far, but the last), a token at a
         time as the stream did: the next step goes on as if the module had always been placed so."""
         place = _place(module)
@@ -229,4 +213,4 @@ class _Decoding:
         cache = module.new_cache()
         for token in fed:
             module.decode(torch.tensor([[token]], device=place[0]), memory, src_mask, cache)
-        return cls(place, src_mask, memory, cache, rule)
+        return cls(place, src_mask, memory, cache, rules)

@@ -9,7 +9,7 @@ its hypotheses do not depend on which other sentences share the batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -17,9 +17,8 @@ import torch
 from torch import Tensor
 
 from attn_mt.config import Penalty
+from attn_mt.decoding.rules import MaxLength, Rule, decode_step, step_rules
 from attn_mt.models import Seq2Seq
-
-Steer = Callable[[int, Tensor], Tensor]  # (step, log P (rows, V)) -> log P with tokens ruled out at -inf
 
 
 @dataclass(frozen=True)
@@ -39,16 +38,6 @@ def length_penalty(length: int | Tensor, alpha: float | Penalty) -> float | Tens
     return ((5 + length) / 6) ** alpha
 
 
-def log_probs(model: Seq2Seq, logits: Tensor) -> Tensor:
-    """Next-token log probabilities (..., V) from a decoder's logits, the model's banned ids at -inf (after the
-    softmax, as transformers' generate() bans them: the others keep their probabilities)."""
-    logp = logits.float().log_softmax(-1)
-    banned = getattr(model, "banned", None)
-    if banned:
-        logp[..., banned] = -math.inf
-    return logp
-
-
 class Candidates(NamedTuple):
     """One beam step's choice for B sentences of k beams, from the 2k best extensions of each."""
 
@@ -60,15 +49,10 @@ class Candidates(NamedTuple):
     scores: Tensor  # (B, k) their log P (-inf where fewer than k do not end)
 
 
-def candidates(scores: Tensor, logp: Tensor, forced: Tensor, eos_id: int) -> Candidates:
-    """scores (B, k) log P of the beams, logp (B, k, V) of their next tokens, forced (B,) sentences whose
-    last position this is (only eos allowed) -> the step's `Candidates`. Offline and continuous beam search
-    (decoding/continuous.py) both decide with this."""
+def candidates(scores: Tensor, logp: Tensor, eos_id: int) -> Candidates:
+    """scores (B, k) log P of the beams, logp (B, k, V) of their next tokens (after the rules) -> the step's
+    `Candidates`. Offline and continuous beam search (decoding/continuous.py) both decide with this."""
     b, k, v = logp.shape
-    if bool(forced.any()):
-        only_eos = torch.full((v,), -math.inf, device=logp.device)
-        only_eos[eos_id] = 0.0
-        logp = torch.where(forced[:, None, None], logp + only_eos, logp)
     cand = (scores[:, :, None] + logp).view(b, k * v)  # (B, k*V)
     top, idx = cand.topk(min(2 * k, k * v), dim=1)  # (B, 2k), best first
     origin, token = idx // v, idx % v
@@ -97,7 +81,7 @@ def best_possible(log_prob: Tensor, length: int | Tensor, max_len: Tensor, alpha
 @torch.inference_mode()
 def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int, beam_size: int,
                 alpha: float | Penalty = 0.6, nbest: int = 1, use_cache: bool = True,
-                interrupt: Callable[[], None] | None = None, steer: Steer | None = None) -> list[list[Hypothesis]]:
+                interrupt: Callable[[], None] | None = None, rules: Sequence[Rule] = ()) -> list[list[Hypothesis]]:
     """The `nbest` highest-scoring outputs for each source sentence, best first.
 
     Args:
@@ -109,7 +93,7 @@ def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eo
         nbest: hypotheses returned per sentence (<= beam_size).
         use_cache: feed only the newest token each step (else re-run the whole prefix).
         interrupt: called before each decoder step (it raises to abandon the search).
-        steer: (step, log P (B*k, V)) -> log P with tokens ruled out at -inf (a forced target prefix).
+        rules: beyond the model's and the length limit, on the (B*k) rows (a forced target prefix: rules.py).
 
     Finished hypotheses are collected until the `nbest`-th best of them can no longer be beaten
     by any continuation of the active beams (see `best_possible`), or the length limit.
@@ -122,6 +106,7 @@ def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eo
     src_mask = src_mask.repeat_interleave(k, dim=0)
     cache = model.new_cache() if use_cache else None
     max_len = max_len.to(dev)
+    rules = step_rules(model, rules, MaxLength(max_len.repeat_interleave(k), eos_id))
     scores = torch.full((b, k), -math.inf, device=dev)  # (B, k) log P of the active beams
     scores[:, 0] = 0.0  # start from one beam, so the first step does not pick k copies
     ys = torch.full((b * k, 1), bos_id, dtype=torch.long, device=dev)  # (B*k, 1 + step)
@@ -132,10 +117,8 @@ def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eo
         if interrupt is not None:
             interrupt()
         inp = ys[:, -1:] if use_cache else ys
-        logp = log_probs(model, model.decode(inp, memory, src_mask, cache)[:, -1])  # (B*k, V)
-        logp = steer(step, logp) if steer is not None else logp
-        forced = step + 1 >= max_len  # (B,) last position: only eos is allowed
-        c = candidates(scores, logp.view(b, k, -1), forced, eos_id)
+        logp = decode_step(model, inp, memory, src_mask, cache, step=step, tokens=ys[:, 1:], rules=rules)
+        c = candidates(scores, logp.view(b, k, -1), eos_id)  # logp: (B*k, V)
         if bool(c.ended.any()):
             s_idx, c_idx = c.ended.nonzero(as_tuple=True)
             prefixes = ys[s_idx * k + c.origin[s_idx, c_idx], 1:].tolist()

@@ -6,9 +6,10 @@ appends their rows to the running batch; `step` runs one decoder step for every 
 happened: a new token of each greedy row, each finished beam hypothesis, and the sentences that ended
 (eos or their length limit), whose rows leave the batch at once. Rows sit at different positions, so the
 cache keeps a position per row and masks the self-attention columns a row does not own
-(`models.transformer.DecoderCache`). Each sentence's decisions look at its own rows only, with the same
-rules as offline search (`search.greedy_search`, `beam.candidates`), so its translation does not depend
-on who shares the batch, nor on when it joined. No threads here: serve/scheduler.py drives it.
+(`models.transformer.DecoderCache`), and `ys` holds each row's tokens right-padded. Each sentence's decisions
+look at its own rows only, with the same step and rules as offline search (`rules.decode_step`,
+`beam.candidates`), so its translation does not depend on who shares the batch, nor on when it joined. No
+threads here: serve/scheduler.py drives it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from torch import Tensor
 
 from attn_mt.config import DecodeConfig
 from attn_mt.data.batching import pad
-from attn_mt.decoding.beam import Hypothesis, best_possible, candidates, length_penalty, log_probs
+from attn_mt.decoding.beam import Hypothesis, best_possible, candidates, length_penalty
+from attn_mt.decoding.rules import MaxLength, decode_step, step_rules
 from attn_mt.decoding.search import max_lengths
 from attn_mt.models.transformer import Transformer
 
@@ -61,7 +63,7 @@ class RunningBatch:
         self.finished: list[list[Hypothesis]] = []  # (n,) beam: hypotheses ended so far
         self.alpha: list[float] = []  # (n,) each sentence's length penalty exponent
         self.nbest: list[int] = []  # (n,) and its n-best list's size
-        self.ys: list[list[int]] = []  # (n*k,) tokens of each row so far (without bos)
+        self.ys: Tensor | None = None  # (n*k, 1 + W) bos and each row's tokens so far, right-padded
         self.scores: Tensor | None = None  # (n, k) log P of each sentence's beams (greedy: k = 1)
 
     def __len__(self) -> int:  # sentences
@@ -69,7 +71,7 @@ class RunningBatch:
 
     @property
     def rows(self) -> int:
-        return len(self.ys)
+        return len(self.tags) * self.k
 
     @torch.inference_mode()
     def add(self, items: list[tuple[Hashable, list[int]]], cfgs: list[DecodeConfig] | None = None) -> None:
@@ -90,18 +92,20 @@ class RunningBatch:
         limit = max_lengths(torch.tensor([len(ids) for _, ids in items]), self.cfg, self.model.max_positions)
         scores = torch.full((m, k), -math.inf, device=dev)
         scores[:, 0] = 0.0  # one live beam at first, so the first step does not pick k copies
+        ys = torch.full((m * k, 1 if self.ys is None else self.ys.size(1)), self.pad_id, device=dev)
+        ys[:, 0] = self.bos_id
         if self.cache is None:
-            self.cache, self.scores = cache, scores
+            self.cache, self.scores, self.ys = cache, scores, ys
         else:
             self.cache.join(cache)
             self.scores = torch.cat([self.scores, scores])
+            self.ys = torch.cat([self.ys, ys])
         self.tags += [tag for tag, _ in items]
         self.steps += [0] * m
         self.max_len += limit.tolist()
         self.finished += [[] for _ in range(m)]
         self.alpha += [c.penalty for c in cfgs]
         self.nbest += [c.nbest for c in cfgs]
-        self.ys += [[] for _ in range(m * k)]
 
     @torch.inference_mode()
     def drop(self, tags: set[Hashable]) -> None:
@@ -113,53 +117,53 @@ class RunningBatch:
         """One decoder step for every row; the events of this step, in row order."""
         if not self.tags:
             return []
-        dev = self.scores.device
-        last = [y[-1] if y else self.bos_id for y in self.ys]
-        inp = torch.tensor(last, device=dev)[:, None]  # (R, 1)
-        logits = self.model.decode(inp, None, self.cache.memory_mask, self.cache)
-        logp = log_probs(self.model, logits[:, -1])  # (R, V)
-        forced = torch.tensor([s + 1 >= m for s, m in zip(self.steps, self.max_len, strict=True)], device=dev)
-        events, moved = self._greedy(logp, forced) if self.k == 1 else self._beam(logp, forced)
+        dev, k = self.scores.device, self.k
+        step = torch.tensor(self.steps, device=dev).repeat_interleave(k)  # (R,) each row's
+        limit = MaxLength(torch.tensor(self.max_len, device=dev).repeat_interleave(k), self.eos_id)
+        if self.ys.size(1) < max(self.steps) + 2:  # room for this step's token
+            self.ys = torch.cat([self.ys, torch.full_like(self.ys[:, :1], self.pad_id)], dim=1)
+        inp = self.ys.gather(1, step[:, None])  # (R, 1) each row's last token
+        logp = decode_step(self.model, inp, None, self.cache.memory_mask, self.cache, step=step,
+                           tokens=self.ys[:, 1:], rules=step_rules(self.model, (), limit))  # (R, V)
+        events, moved = self._greedy(logp, limit.forced(step), step) if k == 1 else self._beam(logp, step)
         self.steps = [s + 1 for s in self.steps]
         ended = {e.tag for e in events if e.kind == "done"}
         self._keep([s for s, tag in enumerate(self.tags) if tag not in ended], moved)
         return events
 
-    def _greedy(self, logp: Tensor, forced: Tensor) -> tuple[list[Event], None]:
-        """search.greedy_search's rule: the most likely token; eos at the length limit. Rows stay where they are."""
-        nxt = logp.argmax(-1)
-        nxt = torch.where(forced, torch.full_like(nxt, self.eos_id), nxt)  # (R,)
+    def _greedy(self, logp: Tensor, forced: Tensor, step: Tensor) -> tuple[list[Event], None]:
+        """search.greedy_search's pick: the most likely token; eos at the length limit. Rows stay where they are."""
+        nxt = torch.where(forced, self.eos_id, logp.argmax(-1))  # (R,)
         self.scores = self.scores + logp.gather(1, nxt[:, None])
+        self.ys.scatter_(1, step[:, None] + 1, nxt[:, None])
         events = []
-        for s, (token, lp) in enumerate(zip(nxt.tolist(), self.scores[:, 0].tolist(), strict=True)):
-            tag = self.tags[s]
-            if token == self.eos_id:
-                tokens = self.ys[s]
-                events.append(Event(tag, "done", [Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1,
-                                                                                             self.alpha[s]))]))
+        for s, (row, lp) in enumerate(zip(self.ys.tolist(), self.scores[:, 0].tolist(), strict=True)):
+            n = self.steps[s]  # tokens before this one
+            if row[n + 1] == self.eos_id:
+                tokens = row[1 : n + 1]
+                hyp = Hypothesis(tokens, lp, lp / length_penalty(n + 1, self.alpha[s]))
+                events.append(Event(self.tags[s], "done", [hyp]))
             else:
-                self.ys[s].append(token)
-                events.append(Event(tag, "token", tuple(self.ys[s])))
+                events.append(Event(self.tags[s], "token", tuple(row[1 : n + 2])))
         return events, None
 
-    def _beam(self, logp: Tensor, forced: Tensor) -> tuple[list[Event], Tensor]:
+    def _beam(self, logp: Tensor, step: Tensor) -> tuple[list[Event], Tensor]:
         """beam.beam_search's rule, per sentence: the k best continuations, hypotheses ended by eos among the
         k best, until the n-best can no longer be beaten (beam.best_possible) or the length limit. Also the
         rows (n*k,) the new beams extend: the cache's rows to move there."""
         n, k, events = len(self.tags), self.k, []
-        c = candidates(self.scores, logp.view(n, k, -1), forced, self.eos_id)
+        c = candidates(self.scores, logp.view(n, k, -1), self.eos_id)
         if bool(c.ended.any()):
             s_idx, c_idx = c.ended.nonzero(as_tuple=True)
-            origins = c.origin[s_idx, c_idx].tolist()
-            for s, o, lp in zip(s_idx.tolist(), origins, c.top[s_idx, c_idx].tolist(), strict=True):
-                hyp = Hypothesis(list(self.ys[s * k + o]), lp, lp / length_penalty(self.steps[s] + 1, self.alpha[s]))
+            prefixes = self.ys[s_idx * k + c.origin[s_idx, c_idx], 1:].tolist()
+            for s, prefix, lp in zip(s_idx.tolist(), prefixes, c.top[s_idx, c_idx].tolist(), strict=True):
+                hyp = Hypothesis(prefix[: self.steps[s]], lp, lp / length_penalty(self.steps[s] + 1, self.alpha[s]))
                 self.finished[s].append(hyp)
                 events.append(Event(self.tags[s], "hypothesis", hyp))
         self.scores = c.scores
         block = torch.arange(n, device=logp.device)[:, None] * k
         rows = (block + c.origin.gather(1, c.keep)).view(-1)  # (n*k,) the rows the new beams extend
-        self.ys = [self.ys[r] + [t] for r, t in zip(rows.tolist(), c.token.gather(1, c.keep).view(-1).tolist(),
-                                                        strict=True)]
+        self.ys = self.ys[rows].scatter_(1, step[:, None] + 1, c.token.gather(1, c.keep).view(-1, 1))
         bound = self._bounds(logp.device)
         for s, tag in enumerate(self.tags):
             scores, nbest = sorted((h.score for h in self.finished[s]), reverse=True), self.nbest[s]
@@ -197,11 +201,11 @@ class RunningBatch:
         self.finished = [self.finished[s] for s in sentences]
         self.alpha = [self.alpha[s] for s in sentences]
         self.nbest = [self.nbest[s] for s in sentences]
-        self.ys = [self.ys[r] for r in rows]
         if not sentences:
-            self.cache = self.scores = None
+            self.cache = self.scores = self.ys = None
             return
         index = torch.tensor(sentences, device=self.scores.device)
         self.scores = self.scores[index]
         keep = torch.tensor(rows, device=index.device)
+        self.ys = self.ys[keep, : max(self.steps) + 1]  # (the beams' moves are in ys already)
         self.cache.select(keep if moved is None else moved[keep])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +13,8 @@ from attn_mt.config import DecodeConfig, Penalty
 from attn_mt.data.batching import pad
 from attn_mt.data.checks import clean
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decoding.beam import Hypothesis, Steer, beam_search, length_penalty, log_probs
+from attn_mt.decoding.beam import Hypothesis, beam_search, length_penalty
+from attn_mt.decoding.rules import MaxLength, Rule, decode_step, step_rules
 from attn_mt.models import Seq2Seq
 
 log = logging.getLogger(__name__)
@@ -28,30 +29,29 @@ def max_lengths(src_lens: Tensor, cfg: DecodeConfig, limit: int) -> Tensor:
 @torch.inference_mode()
 def greedy_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int,
                   alpha: float | Penalty = 0.0, use_cache: bool = True,
-                  interrupt: Interrupt | None = None, steer: Steer | None = None) -> list[Hypothesis]:
+                  interrupt: Interrupt | None = None, rules: Sequence[Rule] = ()) -> list[Hypothesis]:
     """Most likely next token at each step, for a batch. src: (B, S); max_len: (B,).
 
     With the cache each step feeds only the newest token; without it, the whole prefix
     is re-run through the decoder (the slow way, kept for comparison and tests).
-    Scores are log P / lp(length) as in beam search, so greedy and beam n-best compare. `steer` rules tokens
-    out at each step (a forced target prefix, a sampled token: api/steering.py); log P stays the model's.
+    Scores are log P / lp(length) as in beam search, so greedy and beam n-best compare. `rules` rule tokens
+    out at each step (a forced target prefix, a sampled token: decoding/rules.py); log P stays the model's.
     """
     b = src.size(0)
     src_mask = model.src_mask(src)
     memory = model.encode(src, src_mask)  # (B, S, D)
     cache = model.new_cache() if use_cache else None
-    ys = torch.full((b, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+    limit = MaxLength(max_len.to(src.device), eos_id)
+    rules = step_rules(model, rules, limit)
+    ys = torch.full((b, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1 + step)
     log_prob = torch.zeros(b, device=src.device)  # (B,) log P of each output so far
     done = torch.zeros(b, dtype=torch.bool, device=src.device)
-    max_len = max_len.to(src.device)
     for step in range(int(max_len.max())):
         if interrupt is not None:
             interrupt()
         inp = ys[:, -1:] if use_cache else ys
-        logp = log_probs(model, model.decode(inp, memory, src_mask, cache)[:, -1])  # (B, V)
-        logp = steer(step, logp) if steer is not None else logp
-        nxt = logp.argmax(-1)
-        nxt = torch.where(step + 1 >= max_len, torch.full_like(nxt, eos_id), nxt)  # forced stop
+        logp = decode_step(model, inp, memory, src_mask, cache, step=step, tokens=ys[:, 1:], rules=rules)
+        nxt = torch.where(limit.forced(step), eos_id, logp.argmax(-1))  # eos even where every token is out
         nxt = nxt.masked_fill(done, eos_id)
         log_prob += logp.gather(1, nxt[:, None])[:, 0].masked_fill(done, 0.0)
         ys = torch.cat([ys, nxt[:, None]], dim=1)
@@ -85,10 +85,11 @@ def prepare_sources(tok: Tokenizer, texts: list[str], limit: int) -> list[list[i
 
 def search(model: Seq2Seq, tok: Tokenizer, src: Tensor, max_len: Tensor, cfg: DecodeConfig,
            use_cache: bool = True, interrupt: Interrupt | None = None,
-           steer: Steer | None = None) -> list[list[Hypothesis]]:
-    """n-best lists for a batch of source ids (B, S): greedy for beam_size 1, else beam search."""
+           rules: Sequence[Rule] = ()) -> list[list[Hypothesis]]:
+    """n-best lists for a batch of source ids (B, S): greedy for beam_size 1, else beam search; `rules` beyond
+    the model's and the length limit (decoding/rules.py)."""
     ids = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, alpha=cfg.penalty, use_cache=use_cache, interrupt=interrupt,
-               steer=steer)
+               rules=rules)
     if cfg.beam_size == 1:
         return [[h] for h in greedy_search(model, src, max_len, **ids)]
     return beam_search(model, src, max_len, beam_size=cfg.beam_size, nbest=cfg.nbest, **ids)
