@@ -4,7 +4,9 @@ A forward hook (`recording`, there only while its block runs) records what the m
 `gather` joins a pass's calls (the decoder's steps along T) into one `Call`; `recompute` redoes, for one query:
 q = x W_q, k_j = c_j W_k, v_j = c_j W_v (c = x for self-attention, the encoder's memory for cross-attention);
 the scores q . k_j; divided by sqrt(d_k); masked (padding, the decoder's future) and softmaxed into weights;
-the weighted sum of the values; then every head's output, concatenated and multiplied by W_o.
+the weighted sum of the values; then every head's output, concatenated and multiplied by W_o. The projections
+are redone here from the weights; the attention itself is the model's own `attention()`, which hands back
+its steps before the softmax.
 
 Tested in tests/analysis/test_explain.py.
 """
@@ -12,7 +14,6 @@ Tested in tests/analysis/test_explain.py.
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attn_mt.models.attention import CrossAttention, MultiHeadAttention, SelfAttention, causal_mask, rotate
+from attn_mt.models.attention import CrossAttention, MultiHeadAttention, SelfAttention, attention, causal_mask
+from attn_mt.models.positions import Rotation
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Call:
     context: Tensor  # (B, S, D) the keys' and values' inputs: x itself for self-attention, the memory for cross
     mask: Tensor  # (B, T, S) bool, True = may attend: padding and, in decoder self-attention, the future
     output: Tensor  # (B, T, D) the module's own output
+    rotation: Rotation | None = None  # rotary positions 0..T-1 of the queries (self-attention: and keys)
 
 
 @contextmanager
@@ -62,7 +65,8 @@ def gather(attn: MultiHeadAttention, calls: list[dict]) -> Call:
     allowed = torch.ones(b, t, s, dtype=torch.bool, device=x.device) if mask is None else mask[:, 0].expand(b, t, s)
     if calls[0].get("causal"):  # with a cache the steps' queries are positions 0..T-1 of the keys
         allowed = allowed & causal_mask(t, s, x.device)
-    return Call(x, context, allowed, output)
+    rotations = [c["rotation"] for c in calls if c.get("rotation") is not None]
+    return Call(x, context, allowed, output, Rotation.cat(rotations) if rotations else None)
 
 
 def projections(attn: MultiHeadAttention) -> list[tuple[Tensor, Tensor]]:
@@ -98,13 +102,12 @@ def recompute(attn: MultiHeadAttention, call: Call, row: int, query: int) -> Rec
     q = attn.q_norm((wq @ x + bq).view(h, dh))  # (H, Dh); q_norm, k_norm: identity unless model.qk_norm
     k = attn.k_norm((context @ wk.T + bk).view(-1, h, dh).transpose(0, 1))  # (H, S, Dh)
     v = (context @ wv.T + bv).view(-1, h, dh).transpose(0, 1)  # (H, S, Dh)
-    if getattr(attn, "rotary", False):  # self-attention turned by positions: the query at `query`, keys at 0..S-1
-        q = rotate(q[:, None], torch.tensor([query]))[:, 0]
-        k = rotate(k, torch.arange(k.size(1)))
-    scores = (k @ q[:, :, None]).squeeze(-1)  # (H, S)
-    scaled = scores / math.sqrt(dh)
+    if call.rotation is not None:  # self-attention turned by positions: the query at `query`, keys at 0..S-1
+        q = call.rotation.at(slice(query, query + 1))(q[:, None])[:, 0]
+        k = call.rotation(k)
     allowed = call.mask[row, query]  # (S,)
-    weights = scaled.masked_fill(~allowed, float("-inf")).softmax(-1)  # (H, S)
-    heads = (weights[:, None] @ v).squeeze(1)  # (H, Dh)
+    steps: dict[str, Tensor] = {}
+    heads, weights = attention(q[:, None], k, v, allowed, trace=steps)  # (H, 1, Dh), (H, 1, S): one query
+    heads, weights = heads[:, 0], weights[:, 0]
     output = attn.out_proj.weight @ heads.reshape(-1) + attn.out_proj.bias  # (D,)
-    return Recomputed(q, k, v, scores, scaled, allowed, weights, heads, output)
+    return Recomputed(q, k, v, steps["scores"][:, 0], steps["scaled"][:, 0], allowed, weights, heads, output)

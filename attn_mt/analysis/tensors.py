@@ -29,6 +29,7 @@ from attn_mt.decoding.search import max_lengths, search
 from attn_mt.errors import InputError
 from attn_mt.models import AttentionWeights
 from attn_mt.models.attention import MultiHeadAttention
+from attn_mt.models.positions import Positions
 
 from .recompute import gather, projections, recording
 
@@ -61,6 +62,7 @@ class Inside:
     embeddings: Tensor  # (B, S, D) the source tokens' embeddings (times sqrt(D)), before positions are added
     positions: Tensor  # (S, D) what the positional encoding adds at positions 0..S-1 (zeros for rotary)
     module: MultiHeadAttention = field(repr=False)
+    scheme: Positions | None = field(default=None, repr=False)  # self-attention's positions (rotary: turns q, k)
 
     def attend(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The module itself run on other inputs: x (B, T, D), context (B, S, D) (self-attention: x), mask
@@ -70,7 +72,8 @@ class Inside:
             if self.kind == "cross":
                 out, w = self.module(x, x if context is None else context, m, need_weights=True)
             else:
-                out, w = self.module(x, m, need_weights=True)
+                rotation = self.scheme.rotation(0, x.size(1), x.device) if self.scheme is not None else None
+                out, w = self.module(x, mask=m, rotation=rotation, need_weights=True)
         return out, w
 
 
@@ -155,7 +158,8 @@ def inside(model, texts: str | Sequence[str], *, kind: str = "encoder", layer: i
         w_q=w_q.detach(), b_q=b_q.detach(), w_k=w_k.detach(), b_k=b_k.detach(), w_v=w_v.detach(),
         b_v=b_v.detach(), w_o=w_o, b_o=b_o,
         weights=own.detach().float().clone(), output=call.output.detach().clone(), embeddings=emb.detach().clone(),
-        positions=pe.detach().float().clone(), module=attn)
+        positions=pe.detach().float().clone(), module=attn,
+        scheme={"encoder": net.pos, "decoder": net.tgt_pos}.get(kind))
 
 
 @contextmanager

@@ -16,40 +16,9 @@ from torch import Tensor, nn
 from attn_mt.config import TransformerConfig
 
 from .attention import KV, AttentionWeights, CrossAttention, Dropout, MultiHeadAttention, RMSNorm, SelfAttention
+from .positions import SCHEMES, Positions, Rotation
+from .positions import Sinusoidal as PositionalEncoding  # noqa: F401  (measure/bench.py, export/ctranslate2.py)
 from .seq2seq import Seq2Seq, init_embeddings, make_embeddings
-
-
-class PositionalEncoding(nn.Module):
-    """Positions added to embeddings scaled by sqrt(D): sinusoids (section 3.5) with sin and cos in alternating
-    dimensions ("interleaved") or all sines first and the cosines after them ("halves", Marian's table), or a
-    trained table ("learned", N(0, 1/D) at first, as the token embeddings before their sqrt(D) scale)."""
-
-    def __init__(self, d_model: int, max_positions: int, layout: str = "interleaved") -> None:
-        super().__init__()
-        pe = torch.zeros(max_positions, 0 if layout == "rotary" else d_model)
-        if layout == "learned":
-            self.pe = nn.Parameter(pe.normal_(std=d_model**-0.5))  # (L, D)
-            return
-        if not pe.is_meta:  # a shapes-only model (models.empty_model) computes nothing
-            pos = torch.arange(max_positions).unsqueeze(1)  # (L, 1)
-            if layout == "rotary":
-                pass
-            elif layout == "halves":  # Marian's angles pos / 10000^(2i/D), computed as it does (float64, then cast)
-                angle = pos.double() / torch.pow(10000.0, torch.arange(0, d_model, 2).double() / d_model)
-                pe[:, : d_model // 2], pe[:, d_model // 2 :] = torch.sin(angle), torch.cos(angle)
-            else:
-                freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
-                pe[:, 0::2] = torch.sin(pos * freq)
-                pe[:, 1::2] = torch.cos(pos * freq)
-        self.register_buffer("pe", pe, persistent=False)
-
-    def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
-        """x: (B, T, D) embeddings of positions offset..offset+T-1; `offset` an int, or (B, 1) one per row."""
-        if self.pe.size(1) == 0:  # rotary positions: attention turns queries and keys instead
-            return x
-        if isinstance(offset, Tensor):
-            return x + self.pe[offset + torch.arange(x.size(1), device=x.device)]  # (B, T, D)
-        return x + self.pe[offset : offset + x.size(1)]
 
 
 class ReLUSquared(nn.Module):
@@ -97,7 +66,8 @@ def make_norm(cfg: TransformerConfig) -> nn.Module:
 
 
 class Sublayer(nn.Module):
-    """Residual around a sublayer with LayerNorm before it (pre-norm) or after the sum (post-norm)."""
+    """The residual connection around a sublayer f, with the norm before f (pre-norm) or after the sum
+    (post-norm): x -> `post(x, f(pre(x)))`."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -105,34 +75,31 @@ class Sublayer(nn.Module):
         self.dropout = Dropout(cfg.dropout)
         self.norm_first = cfg.norm_first
 
-    def forward(self, x: Tensor, fn) -> Tensor:
+    def pre(self, x: Tensor) -> Tensor:
+        return self.norm(x) if self.norm_first else x
+
+    def post(self, x: Tensor, y: Tensor) -> Tensor:
         if self.norm_first:
-            return x + self.dropout(fn(self.norm(x)))
-        return self.norm(x + self.dropout(fn(x)))
-
-
-def _keep(out: tuple[Tensor, Tensor | None], weights: list[Tensor] | None) -> Tensor:
-    """An attention module's output; its weights appended to `weights` when collecting them."""
-    y, w = out
-    if weights is not None:
-        weights.append(w)
-    return y
+            return x + self.dropout(y)
+        return self.norm(x + self.dropout(y))
 
 
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         d, h, (_, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
-        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention, qk_norm=cfg.qk_norm,
-                                       rotary=cfg.positions == "rotary")
+        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention, qk_norm=cfg.qk_norm)
         self.ff = feed_forward(cfg, p_act)
         self.sub = nn.ModuleList(Sublayer(cfg) for _ in range(2))
 
-    def forward(self, x: Tensor, src_mask: Tensor, weights: AttentionWeights | None = None) -> Tensor:
-        want = weights is not None
-        x = self.sub[0](x, lambda y: _keep(self.self_attn(y, src_mask, need_weights=want),
-                                           weights.encoder_self if want else None))
-        return self.sub[1](x, self.ff)
+    def forward(self, x: Tensor, src_mask: Tensor, rotation: Rotation | None = None,
+                weights: AttentionWeights | None = None) -> Tensor:
+        attn, ff = self.sub
+        y, w = self.self_attn(attn.pre(x), mask=src_mask, rotation=rotation, need_weights=weights is not None)
+        if weights is not None:
+            weights.encoder_self.append(w)
+        x = attn.post(x, y)
+        return ff.post(x, self.ff(ff.pre(x)))
 
 
 @dataclass
@@ -218,8 +185,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         d, h, (_, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
-        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention, qk_norm=cfg.qk_norm,
-                                       rotary=cfg.positions == "rotary")
+        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention, qk_norm=cfg.qk_norm)
         self.cross_attn = CrossAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention,
                                          qk_norm=cfg.qk_norm)
         self.ff = feed_forward(cfg, p_act)
@@ -227,17 +193,21 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor | None, src_mask: Tensor, self_kv: KV | None = None,
                 cross_kv: KV | None = None, weights: AttentionWeights | None = None,
-                self_mask: Tensor | None = None, positions: Tensor | None = None) -> Tensor:
+                self_mask: Tensor | None = None, rotation: Rotation | None = None) -> Tensor:
         # Target padding sits after every real token, so the causal mask alone keeps real
         # queries off pad keys; outputs at pad positions are ignored by the loss. `self_mask`
         # (B, 1, 1, L): the cached columns of each row, when rows are at different steps.
         want = weights is not None
-        x = self.sub[0](x, lambda y: _keep(self.self_attn(y, self_mask, causal=True, cache=self_kv, need_weights=want,
-                                                          positions=positions),
-                                           weights.decoder_self if want else None))
-        x = self.sub[1](x, lambda y: _keep(self.cross_attn(y, memory, src_mask, cache=cross_kv, need_weights=want),
-                                           weights.cross if want else None))
-        return self.sub[2](x, self.ff)
+        attn, cross, ff = self.sub
+        y, w = self.self_attn(attn.pre(x), mask=self_mask, causal=True, cache=self_kv, rotation=rotation,
+                              need_weights=want)
+        x = attn.post(x, y)
+        y, c = self.cross_attn(cross.pre(x), memory, src_mask, cache=cross_kv, need_weights=want)
+        x = cross.post(x, y)
+        if want:
+            weights.decoder_self.append(w)
+            weights.cross.append(c)
+        return ff.post(x, self.ff(ff.pre(x)))
 
 
 class Transformer(Seq2Seq):
@@ -250,10 +220,8 @@ class Transformer(Seq2Seq):
         self.max_positions = cfg.max_positions
         self.src_embed, self.tgt_embed = make_embeddings(src_vocab=src_vocab, tgt_vocab=tgt_vocab, dim=cfg.d_model,
                                                          pad_id=pad_id, share=shared_vocab and cfg.tie_embeddings)
-        self.pos = PositionalEncoding(cfg.d_model, cfg.max_positions, cfg.positions)  # the source's, and the
-        # target's unless learned: then each side trains its own table
-        self.tgt_pos = PositionalEncoding(cfg.d_model, cfg.max_positions, "learned") if cfg.positions == "learned" \
-            else self.pos
+        self.pos = SCHEMES[cfg.positions].from_config(cfg)  # the source's positions (positions.py)
+        self.tgt_pos = self.pos.for_target()  # the same, unless each side trains a table of its own
         self.dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
@@ -278,14 +246,15 @@ class Transformer(Seq2Seq):
         if cfg.tie_embeddings:
             self.out_proj.weight = self.tgt_embed.weight
 
-    def _embed(self, emb: nn.Embedding, pos: PositionalEncoding, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
+    def _embed(self, emb: nn.Embedding, pos: Positions, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
         return self.dropout(pos(emb(ids) * math.sqrt(self.d_model), offset))
 
     def encode(self, src: Tensor, src_mask: Tensor, weights: AttentionWeights | None = None) -> Tensor:
         """src: (B, S) ids -> memory (B, S, D)."""
         x = self._embed(self.src_embed, self.pos, src)
+        rotation = self.pos.rotation(0, src.size(1), src.device)  # None unless rotary
         for layer in self.encoder:
-            x = layer(x, src_mask, weights)
+            x = layer(x, src_mask, rotation, weights)
         return self.enc_norm(x)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: DecoderCache | None = None,
@@ -294,13 +263,10 @@ class Transformer(Seq2Seq):
         `begin` has its cross-attention keys already: memory may be None, src_mask is its memory_mask)."""
         offset, self_mask = (0, None) if cache is None else cache.advance(tgt_in.size(1))
         x = self._embed(self.tgt_embed, self.tgt_pos, tgt_in, offset)
-        positions = None  # rotary only: (T,), or (B, 1, T) for rows at different steps
-        if self.cfg.positions == "rotary":
-            positions = offset + torch.arange(tgt_in.size(1), device=tgt_in.device)  # (T,) or (B, T)
-            positions = positions[:, None] if positions.dim() == 2 else positions
+        rotation = self.tgt_pos.rotation(offset, tgt_in.size(1), tgt_in.device)  # None unless rotary
         for i, layer in enumerate(self.decoder):
             kv = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])
-            x = layer(x, memory, src_mask, *kv, weights, self_mask, positions)
+            x = layer(x, memory, src_mask, *kv, weights, self_mask, rotation)
         logits = self.out_proj(self.dec_norm(x))  # (B, T, V)
         return logits + self.out_bias if self.cfg.output_bias else logits
 

@@ -3,7 +3,15 @@ import torch
 
 from attn_mt.config import TransformerConfig
 from attn_mt.models import build_model
-from attn_mt.models.attention import CrossAttention, Dropout, SelfAttention, attention, causal_mask, padding_mask
+from attn_mt.models.attention import (
+    CrossAttention,
+    Dropout,
+    SelfAttention,
+    attention,
+    causal_mask,
+    fused_attention,
+    padding_mask,
+)
 
 
 def both_paths(mha, *args, **kwargs):
@@ -26,6 +34,35 @@ def test_reference_is_the_textbook_formula():
     torch.testing.assert_close(w, expected_w)
     torch.testing.assert_close(out, expected_w @ v)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 4))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("cached", [False, True], ids=["whole", "cache"])
+def test_fused_kernel_is_the_reference_on_random_inputs(causal, cached):
+    """The fast path's kernel gives `attention`'s output (dropout off), with padding and causal masks, queries
+    as many as the keys or the last few of them (a cache)."""
+    torch.manual_seed(0)
+    for _ in range(5):
+        b, h, dh, s = 3, 4, 8, int(torch.randint(2, 12, ()))
+        t = int(torch.randint(1, s + 1, ())) if cached else s
+        q, k, v = torch.randn(b, h, t, dh), torch.randn(b, h, s, dh), torch.randn(b, h, s, dh)
+        keep = torch.rand(b, 1, 1, s) > 0.3
+        keep[..., 0] = True  # every query keeps a key: the first, which the causal mask never hides
+        for mask in (None, keep):
+            full = mask if not causal else (causal_mask(t, s) if mask is None else mask & causal_mask(t, s))
+            ref, _ = attention(q, k, v, full)
+            torch.testing.assert_close(fused_attention(q, k, v, mask, causal, 0.0), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_reference_hands_back_its_steps():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
+    mask = torch.tensor([True, True, False, True, True])
+    steps = {}
+    _, w = attention(q, k, v, mask, trace=steps)
+    torch.testing.assert_close(steps["scores"], q @ k.transpose(-1, -2))
+    torch.testing.assert_close(steps["scaled"], steps["scores"] / 8**0.5)  # unmasked: the masked key shows too
+    assert torch.all(w[..., 2] == 0)
 
 
 def test_sdpa_matches_reference_with_padding_and_causal_masks():

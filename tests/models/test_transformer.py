@@ -4,7 +4,6 @@ import torch.nn.functional as F
 
 from attn_mt.config import TransformerConfig
 from attn_mt.models import build_model
-from attn_mt.models.transformer import PositionalEncoding
 
 
 def make(**kw):
@@ -32,12 +31,6 @@ def test_tied_embeddings():
     assert separate.src_embed is not separate.tgt_embed and separate.out_proj.weight is separate.tgt_embed.weight
     untied = make(tie_embeddings=False)
     assert untied.out_proj.weight is not untied.tgt_embed.weight
-
-
-def test_sinusoidal_positions():
-    pe = PositionalEncoding(16, 50).pe
-    assert torch.allclose(pe[0, 0::2], torch.zeros(8)) and torch.allclose(pe[0, 1::2], torch.ones(8))
-    assert torch.allclose(pe[3, 0], torch.sin(torch.tensor(3.0)))
 
 
 @pytest.mark.slow
@@ -134,36 +127,3 @@ def test_z_loss_adds_the_squared_log_normaliser_of_real_tokens():
     lz = model(src, tgt_in).float().logsumexp(-1)[tgt_out != 0]
     torch.testing.assert_close(loss_sum(model, batch, 0.0, 0, z_loss=1e-2) - loss_sum(model, batch, 0.0, 0),
                                1e-2 * lz.square().sum(), atol=1e-4, rtol=1e-4)
-
-
-def test_rotary_scores_depend_on_the_distance_only():
-    from attn_mt.models.attention import rotate
-
-    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8)
-    score = [(rotate(q, torch.tensor([i + 3])) * rotate(k, torch.tensor([i]))).sum(-1) for i in (0, 5, 40)]
-    torch.testing.assert_close(score[0], score[1])
-    torch.testing.assert_close(score[0], score[2])
-    assert not torch.allclose(score[0], (q * k).sum(-1))  # a distance of 3 is not 0
-    model = make(positions="rotary")
-    assert model.pos.pe.numel() == 0 and model.encoder[0].self_attn.rotary and not hasattr(
-        model.decoder[0].cross_attn, "rotary")
-
-
-def test_learned_positions_are_a_trained_table_per_side():
-    from attn_mt.training.muon import muon_params
-
-    sinusoids, learned = make(), make(positions="learned")
-    assert sinusoids.tgt_pos is sinusoids.pos and not any("pe" in k for k in sinusoids.state_dict())
-    assert learned.tgt_pos is not learned.pos and {"pos.pe", "tgt_pos.pe"} <= set(learned.state_dict())
-    table = learned.pos.pe
-    assert table.shape == (learned.max_positions, 32) and table.requires_grad
-    assert abs(table.std().item() - 32**-0.5) < 0.02 and not torch.equal(table, learned.tgt_pos.pe)  # N(0, 1/D)
-    assert not {"pos.pe", "tgt_pos.pe"} & muon_params(learned)  # AdamW trains them, as the embeddings
-    src, tgt = torch.randint(4, 40, (2, 6)), torch.randint(4, 40, (2, 5))
-    learned(src, tgt).float().logsumexp(-1).sum().backward()
-    assert learned.pos.pe.grad[:6].abs().sum() > 0 and not learned.pos.pe.grad[6:].any()  # only positions used
-    assert learned.tgt_pos.pe.grad[:5].abs().sum() > 0 and not learned.tgt_pos.pe.grad[5:].any()
-    with torch.no_grad():  # the table is what the model adds: another row at position 0 changes the output
-        before = learned.encode(src, learned.src_mask(src))
-        learned.pos.pe[0] += 1.0
-        assert not torch.allclose(before, learned.encode(src, learned.src_mask(src)))
