@@ -62,7 +62,7 @@ class Inside:
     embeddings: Tensor  # (B, S, D) the source tokens' embeddings (times sqrt(D)), before positions are added
     positions: Tensor  # (S, D) what the positional encoding adds at positions 0..S-1 (zeros for rotary)
     module: MultiHeadAttention = field(repr=False)
-    scheme: Positions | None = field(default=None, repr=False)  # self-attention's positions (rotary: turns q, k)
+    scheme: Positions | None = field(default=None, repr=False)  # the positions of its side (rotary: turns q, k)
 
     def attend(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The module itself run on other inputs: x (B, T, D), context (B, S, D) (self-attention: x), mask
@@ -158,8 +158,7 @@ def inside(model, texts: str | Sequence[str], *, kind: str = "encoder", layer: i
         w_q=w_q.detach(), b_q=b_q.detach(), w_k=w_k.detach(), b_k=b_k.detach(), w_v=w_v.detach(),
         b_v=b_v.detach(), w_o=w_o, b_o=b_o,
         weights=own.detach().float().clone(), output=call.output.detach().clone(), embeddings=emb.detach().clone(),
-        positions=pe.detach().float().clone(), module=attn,
-        scheme={"encoder": net.pos, "decoder": net.tgt_pos}.get(kind))
+        positions=pe.detach().float().clone(), module=attn, scheme=net.tgt_pos if kind == "decoder" else net.pos)
 
 
 @contextmanager
