@@ -44,10 +44,10 @@ def test_training_steps_lower_the_loss(precision):
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         pytest.skip("no bf16 on this GPU")
     model = tiny_model().to(CUDA).train()
-    step = TrainStep(model, TrainConfig(label_smoothing=0.0), CUDA, precision)
+    step = TrainStep(model, TrainConfig(label_smoothing=0.0, skip_check="host"), CUDA, precision)
     assert step.scaler.is_enabled() == (precision == "fp16")
     batch = a_batch()
-    losses = [step.apply(step.backward([batch], batch.n_tokens), 3e-3) for _ in range(30)]
+    losses = [step.update(step.backward([batch], batch.n_tokens), 3e-3) for _ in range(30)]
     assert all(x is not None and math.isfinite(x) for x in losses)
     assert losses[-1] < 0.7 * losses[0]
 
@@ -92,7 +92,8 @@ def test_a_graphed_compiled_step_equals_the_eager_one():
     from attn_mt.data.batching import to_bucket
     from attn_mt.training.compiled import compiled
 
-    cfg = TrainConfig(label_smoothing=0.1, compile=True, cuda_graphs=True, length_buckets=(8, 16, 32))
+    cfg = TrainConfig(label_smoothing=0.1, compile=True, cuda_graphs=True, length_buckets=(8, 16, 32),
+                      skip_check="host")  # the losses read
     eager_model = tiny_model().to(CUDA).train()
     graph_model = copy.deepcopy(eager_model)
     eager = TrainStep(eager_model, cfg, CUDA, "fp32")
@@ -101,7 +102,7 @@ def test_a_graphed_compiled_step_equals_the_eager_one():
     batches = [to_bucket(a_batch(n, seed), cfg.length_buckets, PAD, BOS, EOS, batch_tokens=256)
                for n, seed in ((16, 3), (9, 4), (16, 5), (9, 6))]
     for batch in batches:
-        losses = [s.apply(s.backward([batch], batch.n_tokens), 3e-3) for s in (eager, graph)]
+        losses = [s.update(s.backward([batch], batch.n_tokens), 3e-3) for s in (eager, graph)]
         assert losses[1] == pytest.approx(losses[0], rel=1e-3)
     for a, b in zip(eager_model.parameters(), graph_model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
@@ -126,7 +127,7 @@ def test_bucketed_shapes_compile_at_most_once_each():
         batch = to_bucket(collate(xs, [x[::-1] for x in xs], PAD, BOS, EOS), buckets, PAD, BOS, EOS,
                           batch_tokens=512)
         shapes.add(tuple(batch.src.shape))
-        step.apply(step.backward([batch], batch.n_tokens), 1e-3)
+        step.update(step.backward([batch], batch.n_tokens), 1e-3)
     assert 2 <= len(shapes) <= len(buckets)
     assert counters["stats"]["unique_graphs"] <= len(shapes)
 
@@ -156,25 +157,25 @@ def test_a_deferred_step_reads_nothing_from_the_device(optimizer):
     """train.skip_check=device: backward, clip, the non-finite check, optimizer and counters without one host
     sync (torch's sync debug mode raises on any), after a first step that makes the optimizer's state; a
     poisoned step is undone, and the counters read afterwards say so."""
-    from attn_mt.training.deferred import Tally
+    from attn_mt.training.trainer import TrainState
 
     model = tiny_model().to(CUDA).train()
     step = TrainStep(model, TrainConfig(optimizer=optimizer, ema_decay=0.9), CUDA, "fp32")
-    batch, tally = a_batch().to(CUDA), Tally(CUDA, 0.0, 0, 0)
+    batch, state = a_batch().to(CUDA), TrainState()
     for i in range(4):
         torch.cuda.synchronize()
         before = [p.detach().clone() for p in model.parameters()]
         torch.cuda.set_sync_debug_mode("error" if i else 0)
         try:
             loss = step.backward([batch], batch.n_tokens) * (float("nan") if i == 2 else 1.0)
-            finite, norm = step.apply_on_device(loss, 1e-3)
-            tally.add(loss, finite, batch.n_tokens, norm)
+            step.update(loss, 1e-3)
+            step.checks.count(state, batch.n_tokens)
         finally:
             torch.cuda.set_sync_debug_mode(0)
         if i == 2:
             assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    counts = tally.read()
-    assert (counts.steps, counts.skipped, counts.tokens) == (3, 1, 3 * batch.n_tokens)
+    step.checks.read(state)
+    assert (state.step, state.skipped_steps, state.tokens) == (3, 1, 3 * batch.n_tokens)
 
 
 def test_a_deferred_trainer_step_reads_nothing_from_the_device():
@@ -190,7 +191,7 @@ def test_a_deferred_trainer_step_reads_nothing_from_the_device():
     corpus = load_corpus(cfg, cfg.model.max_positions)
     torch.manual_seed(0)
     tr = Trainer(build_model(cfg.model, **corpus.tok.sizes()).to(CUDA), cfg, corpus, CUDA, "fp32")
-    assert tr.deferred
+    assert type(tr.checks).__name__ == "DeviceChecks"
     tr.step(lambda: 0.0)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

@@ -1,7 +1,8 @@
 """Training: data -> tokenizer -> model -> steps, evaluations and checkpoints -> test scores.
 
-`train(cfg, run_dir)` is the whole job, in four phases: `setup`, `run_epochs` (with `validation_round`
-on the configured schedule) and `finish`. It writes into `run_dir` the files rundir.py lists.
+`train(cfg, run_dir)` is the whole job: `setup`, the loop over epochs and steps (`after_step`: progress,
+limits, `validation_round` and checkpoints on the configured schedule), and `finish`. It writes into
+`run_dir` the files rundir.py lists.
 
 checkpoint_last.pt is saved at every evaluation, every `train.checkpoint_every` steps and on
 Ctrl-C. `train(..., resume=True)` continues from it, also in the middle of an epoch: the batch
@@ -39,8 +40,8 @@ from attn_mt.training.compiled import compiled
 from attn_mt.training.progress import Progress, time_left, write
 from attn_mt.training.resume import optimizer_state, restore, resumed_config
 from attn_mt.training.schedule import Stop, budget_spent, limit_reached
-from attn_mt.training.trainer import Trainer, TrainError, TrainInterrupted, TrainState
-from attn_mt.training.validation import Observer, score_test_split, validate
+from attn_mt.training.trainer import Step, Trainer, TrainError, TrainInterrupted, TrainState
+from attn_mt.training.validation import SHOWN, Observer, score_test_split, validate
 
 __all__ = ["TrainError", "TrainInterrupted", "train"]
 log = logging.getLogger(__name__)
@@ -105,16 +106,40 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite:
     if resume and overwrite:
         raise OptionError("give one of resume and overwrite, not both", "overwrite")
     run = setup(cfg, RunDir(run_dir), resume, overwrite, init)
+    tr, st, tc = run.trainer, run.state, run.cfg.train
     if run.world.main:
         run.observers = tuple(observers)
         for o in run.observers:  # as files.rewind: what was recorded after the checkpoint goes
-            o.rewind(run.state.step, run.corpus, run.cfg, run.trainer.model)
+            o.rewind(st.step, run.corpus, run.cfg, tr.model)
     done = run.finished
     tested = bool(done) and run.files.results.exists()  # finished and tested before: nothing to do
-    if not done:
-        with StopOnInterrupt() as interrupt, run.trainer.prefetch:  # its batch thread ends with the loop
-            done = run_epochs(run, interrupt)
+    if not done:  # the loop: epochs, their steps, and after each what its place in the schedule asks for
+        tr.model.train()
+        with StopOnInterrupt() as interrupt, tr.prefetch:  # its batch thread ends with the loop
+            while not done and st.epoch < tc.max_epochs:
+                groups = -(-len(tr.epoch_batches()) // tc.accum_steps)
+                with Progress(st.epoch + 1, groups, st.batch_in_epoch // tc.accum_steps, run.world.main) as bar:
+                    while not done and not tr.epoch_done:
+                        out = tr.step(run.elapsed, lambda: interrupt.requested)
+                        bar.update()
+                        if out.number is not None:  # host checks: a skipped step changes no count
+                            done = after_step(run, bar, out)
+                        if out.interrupted:
+                            save_last(run)
+                            raise TrainInterrupted(f"stopped at step {st.step}; {run.files.last} saved, "
+                                                   "continue with `resume`")
+                if not done:
+                    tr.next_epoch()
+                    last = Stop.max_epochs(tc) if st.epoch == tc.max_epochs else None
+                    if not tc.eval_every or last:
+                        done = validation_round(run, last)
+            done = done or Stop.max_epochs(tc)
     log.info("the run had already finished (%s): nothing to do" if tested else "stopped: %s", done)
+    return wind_up(run, tested)
+
+
+def wind_up(run: Run, tested: bool) -> Path:
+    """After the loop: the writers and processes closed, then rank 0 tests (unless a finished run was tested)."""
     run.board.close()
     run.trainer.unwrap()  # the DistributedDataParallel wrapper goes before its process group
     distributed.close(run.world)  # every rank is past its last collective; rank 0 tests alone, nothing to time out
@@ -187,47 +212,18 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
                start=time.perf_counter() - trainer.state.elapsed_s - (choice.measure_s if choice else 0.0))
 
 
-def run_epochs(run: Run, interrupt: StopOnInterrupt) -> str:
-    """Train until a limit, early stopping or the last epoch; returns why it stopped."""
-    st, tc = run.state, run.cfg.train
-    run.trainer.model.train()
-    while st.epoch < tc.max_epochs:
-        reason = run_epoch(run, interrupt)
-        if reason:
-            return reason
-        run.trainer.next_epoch()
-        last = Stop.max_epochs(tc) if st.epoch == tc.max_epochs else None
-        if not tc.eval_every or last:
-            reason = validation_round(run, last)
-            if reason:
-                return reason
-    return Stop.max_epochs(tc)
-
-
-def run_epoch(run: Run, interrupt: StopOnInterrupt) -> str | None:
-    """The rest of the current epoch, evaluating and saving on schedule; a reason to stop, or None."""
-    tr, st, tc = run.trainer, run.state, run.cfg.train
-    groups = -(-len(tr.epoch_batches()) // tc.accum_steps)
-    reason = None
-    with Progress(st.epoch + 1, groups, st.batch_in_epoch // tc.accum_steps, enabled=run.world.main) as bar:
-        while not tr.epoch_done and reason is None:
-            out = tr.step(run.elapsed, lambda: interrupt.requested)
-            bar.update()
-            if out.loss is not None or tr.deferred:  # with host checks a skipped step changes no count
-                n = tr.schedule_step  # deferred checks: attempted steps, so no count needs a read
-                if n % tc.log_every == 0:
-                    report_progress(run, bar, out.lr)
-                if reason := limit_reached(tc, tr.counted[0], out.elapsed, tr.counted[1]):
-                    tr.read()  # the unread steps were counted as taken: the limit again, on the exact counts
-                    reason = limit_reached(tc, st.step, out.elapsed, st.tokens)
-                if reason or (tc.eval_every and n % tc.eval_every == 0):
-                    reason = validation_round(run, reason)
-                elif tc.checkpoint_every and n % tc.checkpoint_every == 0:
-                    save_last(run)
-            if out.interrupted:
-                save_last(run)
-                raise TrainInterrupted(f"stopped at step {st.step}; {run.files.last} saved, continue with `resume`")
-    return reason
+def after_step(run: Run, bar: Progress, out: Step) -> str | None:
+    """What step number `out.number` asks for: a progress report, an evaluation (with a limit reached, the
+    last one) or a checkpoint. Returns why the run stops, or None."""
+    tc, st, n = run.cfg.train, run.state, out.number
+    if n % tc.log_every == 0:
+        report_progress(run, bar, out.lr)
+    reason = limit_reached(tc, st.step, out.elapsed, st.tokens)  # exact counts (deferred.py: read at a limit)
+    if reason or (tc.eval_every and n % tc.eval_every == 0):
+        return validation_round(run, reason)
+    if tc.checkpoint_every and n % tc.checkpoint_every == 0:
+        save_last(run)
+    return None
 
 
 def report_progress(run: Run, bar: Progress, lr: float) -> None:
@@ -279,24 +275,18 @@ def validation_round(run: Run, reason: str | None = None) -> str | None:
 
 
 def validate_and_save(run: Run, rngs: list[dict], reason: str | None) -> str | None:
-    """Validation loss and BLEU into metrics.jsonl; checkpoint_best/last and the kept snapshots.
+    """Validation into metrics.jsonl, the log and TensorBoard; checkpoint_best/last and the kept snapshots.
     Returns `reason` or early stopping's, recorded in the checkpoints (`TrainState.stopped`)."""
     st, tc, tr = run.state, run.cfg.train, run.trainer
     with tr.evaluated():
-        valid_loss, valid_bleu = validate(tr.model, run.corpus, run.cfg, tr.device, tr.precision)
+        metrics = validate(tr.model, run.corpus, run.cfg, tr.device, tr.precision)
         run.board.attention(st.step, tr.model, run.corpus.tok, run.corpus.text[run.cfg.data.splits.valid][0][0],
                             run.cfg.decode, tr.device)
-        record = {"step": st.step, "epoch": st.epoch, "train_loss": round(st.train_loss, 4),
-                  "valid_loss": round(valid_loss, 4), "valid_bleu": valid_bleu, "lr": tr.opt.param_groups[0]["lr"],
-                  "skipped_steps": st.skipped_steps, "tokens_per_s": round(run.tokens_per_s, 1),
-                  "elapsed_s": round(run.elapsed(), 1)}
-        run.files.append_metrics(record)
+        record = write_metrics(run, metrics)
         for o in run.observers:  # after the metrics record, before the checkpoints (rundir.py: the order)
             o.on_evaluation(st.step, tr.model, run.corpus.tok, record)
-    write(f"step {st.step} epoch {st.epoch}: valid loss {valid_loss:.3f}, valid BLEU {valid_bleu:.2f}")
-    run.board.scalars(st.step, "valid", {"loss": valid_loss, "bleu": valid_bleu})
-    if valid_bleu > st.best_bleu:
-        st.best_bleu, st.bad_evals = valid_bleu, 0
+    if metrics["valid_bleu"] > st.best_bleu:
+        st.best_bleu, st.bad_evals = metrics["valid_bleu"], 0
     else:
         st.bad_evals += 1
     if tc.patience and st.bad_evals >= tc.patience:
@@ -311,6 +301,22 @@ def validate_and_save(run: Run, rngs: list[dict], reason: str | None) -> str | N
     if tc.keep_last:
         run.files.trim_snapshots(st.step, tc.keep_last)
     return reason
+
+
+def write_metrics(run: Run, metrics: dict[str, float]) -> dict:
+    """The one writer of an evaluation's `metrics` (validation.SHOWN says how each shows): its metrics.jsonl
+    record (returned), its log line and its TensorBoard scalars (valid/<name>)."""
+    st, shown = run.state, {name: SHOWN[name] for name in metrics}
+    record = {"step": st.step, "epoch": st.epoch, "train_loss": round(st.train_loss, 4),
+              **{name: value if digits is None else round(value, digits)
+                 for (name, value), (_, _, digits) in zip(metrics.items(), shown.values(), strict=True)},
+              "lr": run.trainer.opt.param_groups[0]["lr"], "skipped_steps": st.skipped_steps,
+              "tokens_per_s": round(run.tokens_per_s, 1), "elapsed_s": round(run.elapsed(), 1)}
+    run.files.append_metrics(record)
+    write(f"step {st.step} epoch {st.epoch}: " + ", ".join(f"{label} {metrics[name]:{form}}"
+                                                           for name, (label, form, _) in shown.items()))
+    run.board.scalars(st.step, "valid", {name.removeprefix("valid_"): value for name, value in metrics.items()})
+    return record
 
 
 def finish(run: Run) -> Path:
@@ -358,7 +364,7 @@ def average_snapshots(run: Run) -> tuple[Path, dict]:
     tr, files, st = run.trainer, run.files, run.state
     n = len(files.snapshots())
     tr.model.load_state_dict(files.average_snapshots()["model"])
-    _, avg_bleu = validate(tr.model, run.corpus, run.cfg, tr.device, tr.precision)
+    avg_bleu = validate(tr.model, run.corpus, run.cfg, tr.device, tr.precision)["valid_bleu"]
     better = avg_bleu > st.best_bleu
     log.info("average of the last %d checkpoints: valid BLEU %.2f (best single %.2f); testing %s", n, avg_bleu,
              st.best_bleu, "the average" if better else "the best single checkpoint")

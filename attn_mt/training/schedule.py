@@ -1,10 +1,32 @@
-"""The learning-rate schedule and the training budget: pure functions of the step and the clock."""
+"""Where a run stands (`TrainState`), and its learning-rate schedule and budget: pure functions of the step
+and the clock."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from attn_mt.config import TrainConfig
+from attn_mt.errors import TrainError
+
+
+@dataclass
+class TrainState:
+    """Where a run stands; with model, optimizer and RNG state, all that a resumed run needs."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # epochs completed
+    batch_in_epoch: int = 0  # batches of the current epoch already used
+    best_bleu: float = -1.0
+    bad_evals: int = 0  # evaluations since BLEU last improved
+    bad_steps: int = 0  # non-finite losses in a row
+    skipped_steps: int = 0  # steps skipped for a non-finite loss, in all
+    window_loss: float = 0.0  # summed loss and target tokens since the last progress update
+    window_tokens: int = 0
+    train_loss: float = math.nan  # mean loss per token over the last full window
+    elapsed_s: float = 0.0  # training seconds, over all processes of the run
+    tokens: int = 0  # target tokens trained on, in all
+    stopped: str = ""  # why the run ended itself at this point (a limit, early stopping); "" while it goes on
 
 
 def lr_at(step: int, cfg: TrainConfig, progress: float = 0.0) -> float:
@@ -73,3 +95,9 @@ def limit_reached(cfg: TrainConfig, step: int, seconds: float, tokens: int = 0) 
     if cfg.max_minutes and seconds >= cfg.max_minutes * 60:
         return Stop.max_minutes(cfg)
     return None
+
+
+def too_many_bad(step: int, in_a_row: int) -> TrainError:
+    """The error that stops a run after train.max_bad_steps non-finite steps in a row (host or deferred checks)."""
+    return TrainError(f"stopped at step {step}: {in_a_row} non-finite losses in a row (train.max_bad_steps); "
+                      "try a lower train.lr or train.clip_norm")

@@ -1,10 +1,13 @@
 """The training step, in one place: forward, loss, backward with accumulation, unscale, clip,
-non-finite skip, optimizer and learning-rate step.
+non-finite check, optimizer and learning-rate step.
 
 `TrainStep` is that step for any model and any batches (`attn-mt bench` times it on fixed
 batches). `Trainer` adds a place in a corpus's batch stream and the counters of a run
-(`TrainState`); `train` drives one Trainer, `compare-rnn` two of them on one clock. On CUDA the
-step reads nothing from the device (train.skip_check, training/deferred.py): the counters come in at `read`.
+(`TrainState`); `train` drives one Trainer, `compare-rnn` two of them on one clock.
+
+How a step checks its loss and gradient norm is chosen once, at set-up (`make_checks`): `HostChecks` reads
+them after every step; on CUDA `DeviceChecks` (train.skip_check, training/deferred.py) reads nothing and
+counts on the device until `Trainer.read`.
 
 One job: the optimizer step and the run's place and counters around it.
 """
@@ -17,6 +20,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,11 +34,12 @@ from attn_mt.device import autocast
 from attn_mt.errors import Interrupted, TrainError
 from attn_mt.models import Seq2Seq, loss_sum
 from attn_mt.training import distributed
-from attn_mt.training.deferred import Guard, Tally
 from attn_mt.training.distributed import World
 from attn_mt.training.ema import WeightEMA
-from attn_mt.training.muon import MuonAdamW
-from attn_mt.training.schedule import budget_spent, lr_at
+from attn_mt.training.schedule import TrainState, budget_spent, lr_at, too_many_bad
+
+if TYPE_CHECKING:
+    from attn_mt.training.deferred import DeviceChecks
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +48,13 @@ class TrainInterrupted(TrainError, Interrupted):
     """Ctrl-C: the run saved checkpoint_last.pt and stopped; `resume=True` continues it."""
 
 
-def too_many_bad(step: int, in_a_row: int) -> TrainError:
-    """The error that stops a run after train.max_bad_steps non-finite steps in a row (host or deferred checks)."""
-    return TrainError(f"stopped at step {step}: {in_a_row} non-finite losses in a row (train.max_bad_steps); "
-                      "try a lower train.lr or train.clip_norm")
-
-
 def make_optimizer(model: nn.Module, cfg: TrainConfig, precision: str = "fp32") -> torch.optim.Optimizer:
     """AdamW with the configured betas and weight decay, or with train.optimizer=muon Muon for the layers'
     weight matrices (its Newton-Schulz iterations in bf16 when training in bf16, else fp32); the rate is set
     at every step. On CUDA AdamW's fused implementation: one kernel for all parameters instead of several."""
     if cfg.optimizer == "muon":
+        from attn_mt.training.muon import MuonAdamW
+
         return MuonAdamW(model, lr=lr_at(1, cfg), betas=cfg.betas, weight_decay=cfg.weight_decay,
                          momentum=cfg.muon_momentum, ns_steps=cfg.muon_ns_steps,
                          ns_schedule=cfg.muon_ns_schedule, per_head=cfg.muon_per_head,
@@ -70,6 +71,7 @@ class TrainStep:
     torch.compile wrapper. Under DDP (`world.enabled`) the batches are this rank's shards,
     `n_tokens` counts the whole global batch, and the gradients are all-reduced once, after the
     last batch (`no_sync` before it); DDP averages over ranks, hence the factor world.size.
+    `checks` decides, once, how a step finds out that its loss and gradient norm are finite.
     """
 
     def __init__(self, model: Seq2Seq, cfg: TrainConfig, device: torch.device, precision: str, *,
@@ -78,12 +80,14 @@ class TrainStep:
         self.device, self.precision, self.world = device, precision, world
         self.opt = make_optimizer(model, cfg, precision)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        self.grad_norm: float | None = None  # of the last step, before clipping (when train.clip_norm is set)
         self.ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay else None  # evaluated and saved, when on
         self.graphed = self.net is not model and cfg.cuda_graphs and device.type == "cuda"  # training/compiled.py
-        self.guard: Guard | None = None  # apply_on_device's, made at its first call
-        check = cfg.skip_check  # deferred: no host sync per step (training/deferred.py)
-        self.deferred = check == "device" or (check == "auto" and device.type == "cuda")
+        self.checks = make_checks(cfg, device, self.ema, self.scaler.is_enabled())
+
+    @property
+    def grad_norm(self) -> float | None:
+        """The gradient norm before clipping, of the last step read (when train.clip_norm is set, not fp16)."""
+        return self.checks.grad_norm
 
     def unwrap(self) -> None:
         """Training is over: `net` becomes the bare model, and a DistributedDataParallel wrapper is freed while the
@@ -116,97 +120,103 @@ class TrainStep:
         with train.ema_decay, else the trained weights themselves."""
         return contextlib.nullcontext() if self.ema is None else self.ema.swapped_in()
 
-    def _checks(self, loss: torch.Tensor, lr: float) -> list[torch.Tensor]:
-        """Set the rate, unscale and clip; the values that must be finite: the loss and the gradient norm
-        before clipping (when clipped, and not fp16: there the scaler itself skips steps with inf gradients)."""
+    def update(self, loss: torch.Tensor, lr: float) -> float | None:
+        """Set the rate `lr`, unscale and clip, then the optimizer step (and the average's update) unless
+        `checks` finds the summed `loss` or the gradient norm not finite. Returns the loss as read (None:
+        skipped, or not read with deferred checks)."""
         for g in self.opt.param_groups:
             g["lr"] = lr
         self.scaler.unscale_(self.opt)
-        checks = [loss]
+        norm = None  # checked when clipped, and not with fp16: there the scaler skips inf gradients itself
         if self.cfg.clip_norm:
             norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
-            if not self.scaler.is_enabled():
-                checks.append(norm)
-        return checks
-
-    def apply(self, loss: torch.Tensor, lr: float) -> float | None:
-        """Clip and apply the gradients at rate `lr`; returns the summed loss, or None when the loss
-        or the gradient norm is not finite and the step was skipped."""
-        values = torch.stack(self._checks(loss, lr)).tolist()  # the one host sync of a step
-        self.grad_norm = values[1] if len(values) > 1 else None
-        finite = all(math.isfinite(v) for v in values)
-        if finite:
+        if self.checks.before(self.opt, loss, None if self.scaler.is_enabled() else norm):
             self.scaler.step(self.opt)
             if self.ema is not None:
                 self.ema.update()
+        self.checks.after()
         self.scaler.update()
         self.opt.zero_grad(set_to_none=True)
-        return values[0] if finite else None
-
-    def update(self, loss: torch.Tensor, lr: float) -> None:
-        """The update as `train` makes it (for bench, profile and autosize's timings): `apply`, or
-        `apply_on_device` with deferred checks."""
-        if self.deferred:
-            self.apply_on_device(loss, lr)
-        else:
-            self.apply(loss, lr)
-
-    def apply_on_device(self, loss: torch.Tensor, lr: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`apply` without reading the device: the update is made and then undone on the device
-        (training/deferred.py's Guard) when the loss or gradient norm is not finite. Returns (finite: 0-dim
-        bool, the gradient norm or None when it is not checked). With fp16 the scaler's step still reads
-        its own inf check."""
-        checks = self._checks(loss, lr)
-        finite = torch.stack(checks).isfinite().all()
-        self.guard = self.guard or Guard(self.opt, self.ema, self.device, self.scaler.is_enabled())
-        self.guard.save(finite)
-        self.scaler.step(self.opt)
-        if self.ema is not None:
-            self.ema.update()
-        self.guard.restore(finite)
-        self.scaler.update()
-        self.opt.zero_grad(set_to_none=True)
-        return finite, checks[1] if len(checks) > 1 else None
+        return self.checks.loss
 
 
-@dataclass
-class TrainState:
-    """Where a run stands; with model, optimizer and RNG state, all that a resumed run needs."""
+class HostChecks:
+    """train.skip_check=host, the default off CUDA: each step reads its loss and gradient norm (its one host
+    sync) and skips a non-finite update; a skipped step takes no place in the schedule, and the counters in
+    `TrainState` are always exact."""
 
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0  # epochs completed
-    batch_in_epoch: int = 0  # batches of the current epoch already used
-    best_bleu: float = -1.0
-    bad_evals: int = 0  # evaluations since BLEU last improved
-    bad_steps: int = 0  # non-finite losses in a row
-    skipped_steps: int = 0  # steps skipped for a non-finite loss, in all
-    window_loss: float = 0.0  # summed loss and target tokens since the last progress update
-    window_tokens: int = 0
-    train_loss: float = math.nan  # mean loss per token over the last full window
-    elapsed_s: float = 0.0  # training seconds, over all processes of the run
-    tokens: int = 0  # target tokens trained on, in all
-    stopped: str = ""  # why the run ended itself at this point (a limit, early stopping); "" while it goes on
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.max_bad = cfg.max_bad_steps
+        self.loss: float | None = None  # the last step's summed loss; None: not finite, skipped
+        self.grad_norm: float | None = None
+
+    def before(self, opt: torch.optim.Optimizer, loss: torch.Tensor, norm: torch.Tensor | None) -> bool:
+        """Whether the step's update is made: its loss and norm are finite."""
+        values = torch.stack([loss] if norm is None else [loss, norm]).tolist()  # the one host sync of a step
+        self.grad_norm = values[1] if norm is not None else None
+        finite = all(math.isfinite(v) for v in values)
+        self.loss = values[0] if finite else None
+        return finite
+
+    def after(self) -> None:
+        pass
+
+    def next_step(self, st: TrainState) -> int:
+        """The coming step's place in the schedule (learning rate; log, evaluation and checkpoint cadence)."""
+        return st.step + 1
+
+    def counted(self, st: TrainState) -> tuple[int, int]:
+        """(steps, target tokens) for the budget."""
+        return st.step, st.tokens
+
+    def count(self, st: TrainState, n_tokens: int) -> bool:
+        """The step just made into `st`; whether it took its place in the schedule (False: skipped)."""
+        if self.loss is None:
+            st.bad_steps += 1
+            st.skipped_steps += 1
+            log.warning("step %d: non-finite loss, step skipped (%d in a row)", st.step + 1, st.bad_steps)
+            if st.bad_steps >= self.max_bad:
+                raise too_many_bad(st.step, st.bad_steps)
+            return False
+        st.step += 1
+        st.bad_steps = 0
+        st.tokens += n_tokens
+        st.window_loss += self.loss
+        st.window_tokens += n_tokens
+        return True
+
+    def read(self, st: TrainState) -> None:
+        """Nothing is left unread."""
+
+
+def make_checks(cfg: TrainConfig, device: torch.device, ema: WeightEMA | None,
+                scaled: bool) -> HostChecks | DeviceChecks:
+    """A step's checks, chosen once by train.skip_check: deferred to the device (training/deferred.py) with
+    `device`, or with `auto` on CUDA; else read on the host. `scaled`: fp16's gradient scaler is on."""
+    if cfg.skip_check == "device" or (cfg.skip_check == "auto" and device.type == "cuda"):
+        from attn_mt.training.deferred import DeviceChecks
+
+        return DeviceChecks(cfg, device, ema, scaled)
+    return HostChecks(cfg)
 
 
 @dataclass(frozen=True)
 class Step:
     """What one `Trainer.step` did: its summed loss (None: skipped, or with deferred checks not read),
-    global target tokens and rate, and the clock and Ctrl-C flag as every rank agreed on them."""
+    global target tokens and rate, the clock and Ctrl-C flag as every rank agreed on them, and its place in
+    the schedule (None: a skipped step with host checks, which takes none)."""
 
     loss: float | None
     n_tokens: int
     lr: float
     elapsed: float
     interrupted: bool
+    number: int | None
 
 
 class Trainer(TrainStep):
     """A TrainStep that walks through a corpus's token batches, epoch by epoch, in the order
-    (seed, epoch) fixes, keeping the counters of the run in `state`.
-
-    With deferred checks (train.skip_check, `deferred`) a step reads nothing from the device: `state`'s
-    step, token, loss and skip counters are those of the last `read()`, the steps since then are
-    `pending`, and the schedule counts attempted steps (`schedule_step`)."""
+    (seed, epoch) fixes, keeping the counters of the run in `state` (exact after `read`)."""
 
     def __init__(self, model: Seq2Seq, cfg: ExperimentConfig, corpus: Corpus, device: torch.device,
                  precision: str, *, net: nn.Module | None = None, world: World = World()) -> None:
@@ -216,41 +226,11 @@ class Trainer(TrainStep):
         self.state = TrainState()
         self._plan: tuple[int, list[list[int]]] = (-1, [])
         self.prefetch: Prefetcher[tuple[int, list[Batch], list[float]]] = Prefetcher(device.type == "cuda")
-        self.tally: Tally | None = None  # the device's counters since the last read (deferred)
-        self.pending, self.pending_tokens = 0, 0  # steps since the last read, and their target tokens
-
-    @property
-    def schedule_step(self) -> int:
-        """The steps the learning rate and the log, evaluation and checkpoint cadence count: those taken,
-        or with deferred checks those attempted (a skipped step included; the unread ones too)."""
-        st = self.state
-        return st.step + st.skipped_steps + self.pending if self.deferred else st.step
-
-    @property
-    def counted(self) -> tuple[int, int]:
-        """(steps, target tokens) for the budget: the unread steps counted as taken."""
-        return self.state.step + self.pending, self.state.tokens + self.pending_tokens
 
     def read(self) -> None:
-        """Deferred checks: the device's counters into `state`, in one sync (nothing to do when none is
-        unread). Raises TrainError when train.max_bad_steps non-finite steps came in a row."""
-        if not self.pending:
-            return
-        st, tc, got = self.state, self.cfg, self.tally.read()
-        first = st.step + st.skipped_steps + 1
-        st.step, st.tokens = st.step + got.steps, st.tokens + got.tokens
-        st.skipped_steps += got.skipped
-        st.window_loss, st.window_tokens, st.bad_steps = got.window_loss, got.window_tokens, got.bad
-        self.grad_norm = got.grad_norm if tc.clip_norm and not self.scaler.is_enabled() else None
-        self.guard.uncount(got.skipped)
-        if self.ema is not None:
-            self.ema.updates = st.step  # it counted the attempts
-        self.tally, self.pending, self.pending_tokens = None, 0, 0
-        if got.skipped:
-            log.warning("steps %d-%d: %d had a non-finite loss and were skipped", first, first + got.steps +
-                        got.skipped - 1, got.skipped)
-        if got.longest_bad >= tc.max_bad_steps:
-            raise too_many_bad(st.step, got.longest_bad)
+        """The counters into `state`, exact (with deferred checks one host sync; nothing to do with host
+        checks). Raises TrainError when train.max_bad_steps non-finite steps came in a row."""
+        self.checks.read(self.state)
 
     def epoch_batches(self) -> list[list[int]]:
         """The index batches of the current epoch (computed once per epoch)."""
@@ -302,24 +282,11 @@ class Trainer(TrainStep):
             sync = distributed.all_sum(torch.cat([loss.float().view(1), flags]), self.world)
             loss, interrupted, elapsed = sync[0], bool(sync[1] > 0), float(sync[2])
         if spent is None:
-            steps, tokens = self.counted
+            steps, tokens = self.checks.counted(st)
             spent = budget_spent(tc, steps, elapsed, st.epoch + st.batch_in_epoch / len(batches), tokens)
-        lr = lr_at(self.schedule_step + 1, tc, spent)
+        number = self.checks.next_step(st)
+        lr = lr_at(number, tc, spent)
         st.batch_in_epoch += len(weights)
-        if self.deferred:
-            finite, norm = self.apply_on_device(loss, lr)
-            if self.tally is None:
-                self.tally = Tally(self.device, st.window_loss, st.window_tokens, st.bad_steps)
-            self.tally.add(loss, finite, n_tokens, norm)
-            self.pending, self.pending_tokens = self.pending + 1, self.pending_tokens + n_tokens
-            return Step(None, n_tokens, lr, elapsed, interrupted)
-        value = self.apply(loss, lr)
-        if value is None:
-            st.bad_steps, st.skipped_steps = st.bad_steps + 1, st.skipped_steps + 1
-            log.warning("step %d: non-finite loss, step skipped (%d in a row)", st.step + 1, st.bad_steps)
-            if st.bad_steps >= tc.max_bad_steps:
-                raise too_many_bad(st.step, st.bad_steps)
-        else:
-            st.step, st.bad_steps, st.tokens = st.step + 1, 0, st.tokens + n_tokens
-            st.window_loss, st.window_tokens = st.window_loss + value, st.window_tokens + n_tokens
-        return Step(value, n_tokens, lr, elapsed, interrupted)
+        value = self.update(loss, lr)
+        counts = self.checks.count(st, n_tokens)
+        return Step(value, n_tokens, lr, elapsed, interrupted, number if counts else None)

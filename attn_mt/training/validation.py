@@ -61,15 +61,26 @@ def valid_bleu(model: Seq2Seq, corpus: Corpus, cfg: ExperimentConfig, device: to
     return bleu(hyps, ref)
 
 
+# What validation measures, by metrics.jsonl key: (its name in the log line, its format there, the decimals
+# metrics.jsonl keeps, None: all); TensorBoard shows each as valid/<key without valid_>. A new metric is a line
+# here and its value in `validate`.
+SHOWN: dict[str, tuple[str, str, int | None]] = {
+    "valid_loss": ("valid loss", ".3f", 4),
+    "valid_bleu": ("valid BLEU", ".2f", None),
+}
+
+
 def validate(model: Seq2Seq, corpus: Corpus, cfg: ExperimentConfig, device: torch.device,
-             precision: str) -> tuple[float, float]:
-    """(validation loss, greedy BLEU on train.bleu_sentences sentences); leaves the RNG as it was."""
+             precision: str) -> dict[str, float]:
+    """The metrics of `SHOWN` by name: validation loss and greedy BLEU on train.bleu_sentences sentences;
+    leaves the RNG as it was."""
     rng = rng_state(device)
-    loss = validation_loss(model, corpus, cfg.data.splits.valid, cfg.train.batch_tokens, device, precision)
-    value = valid_bleu(model, corpus, cfg, device, precision)
+    metrics = {"valid_loss": validation_loss(model, corpus, cfg.data.splits.valid, cfg.train.batch_tokens, device,
+                                             precision),
+               "valid_bleu": valid_bleu(model, corpus, cfg, device, precision)}
     set_rng_state(rng, device)
     model.train()
-    return loss, value
+    return metrics
 
 
 def score_test_split(model: Seq2Seq, corpus: Corpus, cfg: ExperimentConfig, device: torch.device,

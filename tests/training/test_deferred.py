@@ -17,6 +17,7 @@ from attn_mt.config import ConfigError, TrainConfig, load_config
 from attn_mt.data.corpus import load_corpus
 from attn_mt.models import build_model
 from attn_mt.training import trainer as trainer_mod
+from attn_mt.training.deferred import DeviceChecks
 from attn_mt.training.run import TrainError, train
 from attn_mt.training.trainer import Trainer, TrainStep
 
@@ -34,7 +35,7 @@ def trainer(cfg, corpus, check: str, **train) -> Trainer:
     cfg = replace(cfg, train=replace(cfg.train, skip_check=check, **train))
     torch.manual_seed(0)
     tr = Trainer(build_model(cfg.model, **corpus.tok.sizes()), cfg, corpus, CPU, "fp32")
-    assert tr.deferred == (check == "device")
+    assert isinstance(tr.checks, DeviceChecks) == (check == "device")
     return tr
 
 
@@ -120,7 +121,7 @@ def test_skipped_steps_change_nothing_and_are_counted_at_the_read(corpus, monkey
         run_steps(tr, 6, 10)
         runs.append(tr)
     assert runs[1].state.skipped_steps == 2 and runs[1].state.step == 4
-    assert runs[1].guard.native == (optimizer == "fused")
+    assert runs[1].checks.guard.native == (optimizer == "fused")
     assert_same_training(*runs)
 
 
@@ -133,7 +134,7 @@ def test_a_skipped_step_leaves_weights_and_optimizer_as_they_were(corpus, monkey
     average = [w.clone() for w in tr.ema.weights]
     poison(monkeypatch, {1})
     tr.step(lambda: 0.0)
-    assert tr.state.skipped_steps == 0 and tr.pending == 1  # nothing read yet
+    assert tr.state.skipped_steps == 0 and tr.checks.pending == 1  # nothing read yet
     assert all(torch.equal(a, b) for a, b in zip(weights, tr.model.state_dict().values(), strict=True))
     after = tr.opt.state_dict()["state"]
     assert all(torch.equal(moments[i][k], after[i][k]) for i in moments for k in moments[i])
@@ -146,15 +147,16 @@ def test_an_infinite_gradient_is_undone_on_the_device():
     """A finite loss, an infinite gradient: `finite` is false and nothing changed, state made by the step
     included (zeros and step 0: a fresh AdamW)."""
     layer = nn.Linear(2, 2)
-    step = TrainStep(layer, TrainConfig(clip_norm=1.0), CPU, "fp32")
+    step = TrainStep(layer, TrainConfig(clip_norm=1.0, skip_check="device"), CPU, "fp32")
     before = [p.detach().clone() for p in layer.parameters()]
     layer.weight.grad, layer.bias.grad = torch.full((2, 2), float("inf")), torch.zeros(2)
-    finite, norm = step.apply_on_device(torch.tensor(1.0), lr=1e-3)
-    assert not finite and norm.isinf()
+    step.update(torch.tensor(1.0), lr=1e-3)
+    assert not step.checks.finite and step.checks.norm.isinf()
     assert all(torch.equal(a, b) for a, b in zip(before, layer.parameters(), strict=True))
     assert all(not v.any() for s in step.opt.state.values() for v in s.values())
     layer.weight.grad, layer.bias.grad = torch.ones(2, 2), torch.ones(2)
-    assert step.apply_on_device(torch.tensor(1.0), lr=1e-3)[0]
+    step.update(torch.tensor(1.0), lr=1e-3)
+    assert step.checks.finite
     assert not torch.equal(before[0], layer.weight)
 
 
@@ -190,8 +192,7 @@ def test_a_killed_deferred_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch
     class Killed(BaseException):
         pass
 
-    method = "apply_on_device" if first == "device" else "apply"
-    real, calls = getattr(TrainStep, method), [0]
+    real, calls = TrainStep.update, [0]
 
     def killing(self, *args, **kwargs):
         calls[0] += 1
@@ -199,7 +200,7 @@ def test_a_killed_deferred_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch
             raise Killed
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(TrainStep, method, killing)
+    monkeypatch.setattr(TrainStep, "update", killing)
     with pytest.raises(Killed):
         train(tiny_cfg(*settings, f"train.skip_check={first}"), tmp_path / "cut")
     monkeypatch.undo()
@@ -221,19 +222,19 @@ def test_skip_check_takes_one_of_three_places():
 
 
 def test_bench_and_profile_time_the_update_train_makes():
-    """`update` (bench's, profile's and autosize's step) is apply_on_device where train defers, the same
-    weights as `apply`; auto defers on CUDA only."""
-    assert not TrainStep(nn.Linear(2, 2), TrainConfig(), CPU, "fp32").deferred
+    """`update` (bench's, profile's and autosize's step) checks on the device where train defers, the same
+    weights as host checks; auto defers on CUDA only."""
+    assert not isinstance(TrainStep(nn.Linear(2, 2), TrainConfig(), CPU, "fp32").checks, DeviceChecks)
     layers = []
     for check in ("host", "device"):
         torch.manual_seed(0)
         layer = nn.Linear(3, 2)
         step = TrainStep(layer, TrainConfig(skip_check=check), CPU, "fp32")
-        assert step.deferred == (check == "device")
+        assert isinstance(step.checks, DeviceChecks) == (check == "device")
         for x in torch.randn(3, 4, 3):
             loss = layer(x).square().sum()
             loss.backward()
             step.update(loss.detach(), 1e-2)
-        assert (step.guard is not None) == step.deferred  # apply_on_device made the step
+        assert (getattr(step.checks, "guard", None) is not None) == (check == "device")  # the guard made the step
         layers.append(layer)
     assert all(torch.equal(a, b) for a, b in zip(*(m.parameters() for m in layers), strict=True))

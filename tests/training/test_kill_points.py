@@ -112,7 +112,8 @@ def test_a_run_killed_at_any_write_is_empty_resumable_or_finished_and_ends_as_if
                                                                                              monkeypatch):
     torch.set_num_threads(1)  # forked children: a single-threaded parent is safe to fork
     real = run_module.validate  # a tiny model's BLEU stays 0: a score that grows as the loss falls instead, so that
-    monkeypatch.setattr(run_module, "validate", lambda *a: (lambda loss, _: (loss, 100 - 10 * loss))(*real(*a)))
+    monkeypatch.setattr(run_module, "validate", lambda *a: (lambda m: {**m, "valid_bleu": 100 - 10 * m["valid_loss"]})(
+        real(*a)))
     cfg = load_config(None, [*TINY, *OVERRIDES])  # every evaluation writes checkpoint_best.pt
     ref = tmp_path / "ref"
     with monkeypatch.context() as mp:

@@ -44,7 +44,7 @@ class Killed(BaseException):
 
 def kill_at_step(monkeypatch, n: int) -> None:
     """Make the n-th optimizer step die after its forward and backward pass."""
-    real, calls = TrainStep.apply, [0]
+    real, calls = TrainStep.update, [0]
 
     def step(self, *args, **kwargs):
         calls[0] += 1
@@ -52,7 +52,7 @@ def kill_at_step(monkeypatch, n: int) -> None:
             raise Killed
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(TrainStep, "apply", step)
+    monkeypatch.setattr(TrainStep, "update", step)
 
 
 def kill_saving(name: str):
@@ -273,11 +273,11 @@ def test_non_finite_gradient_skips_the_step():
     opt = step.opt
     before = [p.detach().clone() for p in layer.parameters()]
     layer.weight.grad, layer.bias.grad = torch.full((2, 2), float("inf")), torch.zeros(2)
-    assert step.apply(torch.tensor(1.0), lr=1e-3) is None
+    assert step.update(torch.tensor(1.0), lr=1e-3) is None
     assert all(torch.equal(a, b) for a, b in zip(before, layer.parameters(), strict=True))
     assert not opt.state and layer.weight.grad is None
     layer.weight.grad, layer.bias.grad = torch.ones(2, 2), torch.ones(2)
-    assert step.apply(torch.tensor(1.0), lr=1e-3) == 1.0
+    assert step.update(torch.tensor(1.0), lr=1e-3) == 1.0
     assert not torch.equal(before[0], layer.weight)
 
 

@@ -43,7 +43,7 @@ def test_accumulated_halves_give_the_whole_batch_gradient(corpus):
     for (name, a), b in zip(whole.named_parameters(), halves.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}")
     before = copy.deepcopy(whole.state_dict())
-    assert one.apply(loss_one, 1e-3) == pytest.approx(loss_one.item())
+    assert one.update(loss_one, 1e-3) == pytest.approx(loss_one.item())
     assert all(p.grad is None for p in whole.parameters())  # the step cleared the gradients
     assert not torch.equal(whole.state_dict()["out_proj.weight"], before["out_proj.weight"])
 

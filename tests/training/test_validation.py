@@ -45,7 +45,8 @@ def test_validate_gives_loss_and_greedy_bleu_and_keeps_the_rng(trained):
     model, cfg, corpus = trained
     torch.manual_seed(3)
     state = torch.get_rng_state()
-    loss, value = validate(model, corpus, cfg, CPU, "fp32")
+    metrics = validate(model, corpus, cfg, CPU, "fp32")
+    loss, value = metrics["valid_loss"], metrics["valid_bleu"]
     assert torch.equal(torch.get_rng_state(), state)  # training goes on with the same random stream
     assert model.training  # and in training mode
     assert loss == validation_loss(model, corpus, cfg.data.splits.valid, cfg.train.batch_tokens, CPU, "fp32")
