@@ -60,7 +60,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         run = attn_mt.train(ROOT / "configs/toy.yaml", Path(tmp) / "run", overrides=["train.max_steps=2"], quiet=True)
-        attn_mt.load(run.dir / "checkpoint_best.pt").translate("the old man sees a small dog.")
+        run.load().translate("the old man sees a small dog.")
         modules = sorted(n for n, m in sys.modules.items()
                          if n == "attn_mt" or n.startswith("attn_mt.") and getattr(m, "__file__", None))
         lines = sum(len(Path(sys.modules[n].__file__).read_text().splitlines()) for n in modules)
