@@ -144,7 +144,6 @@ def train(config: Config | None = None, out: str | os.PathLike | None = None, *,
 
     >>> run = attn_mt.train("configs/toy.yaml", "runs/toy2", overrides=["train.max_steps=50"])
     """
-    from attn_mt.analysis.history import Recorder
     from attn_mt.training.memory import reuse_freed_memory
     from attn_mt.training.run import train as run_training
 
@@ -157,7 +156,11 @@ def train(config: Config | None = None, out: str | os.PathLike | None = None, *,
     init = open_state(cfg.train.init_from) if cfg.train.init_from and not resume else None  # a checkpoint or a
     # MarianMT model; a resumed run reads only its own checkpoint
     reuse_freed_memory()  # ~20-30% faster CPU training steps (training/memory.py)
-    observers = (Recorder(run_dir),) if cfg.train.record_attention else ()  # RUN/attention_history.npz
+    observers = ()
+    if cfg.train.record_attention:  # RUN/attention_history.npz
+        from attn_mt.analysis.history import Recorder
+
+        observers = (Recorder(run_dir),)
     with _reporting(quiet):
         run_training(cfg, run_dir, resume=resume, overwrite=overwrite, init=init, observers=observers)
     return Run(run_dir)

@@ -23,7 +23,7 @@ from attn_mt.config.changes import config_changes
 from attn_mt.config.yamlconf import show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.device import set_rng_state
-from attn_mt.training import autosize, distributed
+from attn_mt.training import distributed
 from attn_mt.training.schedule import Stop, limit_reached
 from attn_mt.training.trainer import Trainer, TrainError, TrainState
 
@@ -49,7 +49,9 @@ def resumed_config(resumed: dict, path: Path, cfg: ExperimentConfig) -> Experime
     it: an automatic size keeps the shape and warmup it chose (autosize.CHOSEN, as the checkpoint's config has
     them); every other setting is the given config's."""
     saved = resumed.get("config", {})
-    if autosize.auto(cfg):
+    if getattr(cfg.model, "size", "fixed") == "auto":
+        from attn_mt.training import autosize
+
         try:
             cfg = replace(cfg, **{part: replace(getattr(cfg, part), **{k: int(saved[part][k]) for k in keys})
                                   for part, keys in autosize.CHOSEN.items()})

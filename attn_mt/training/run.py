@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -34,14 +35,15 @@ from attn_mt.data.sources import source
 from attn_mt.device import pick_device, pick_precision, rng_state
 from attn_mt.models import build_model, count_params
 from attn_mt.rundir import RunDir
-from attn_mt.training import autosize, distributed, finetune
-from attn_mt.training.board import Board
-from attn_mt.training.compiled import compiled
+from attn_mt.training import distributed
 from attn_mt.training.progress import Progress, time_left, write
 from attn_mt.training.resume import optimizer_state, restore, resumed_config
 from attn_mt.training.schedule import Stop, budget_spent, limit_reached
 from attn_mt.training.trainer import Step, Trainer, TrainError, TrainInterrupted, TrainState
 from attn_mt.training.validation import SHOWN, Observer, score_test_split, validate
+
+if TYPE_CHECKING:
+    from attn_mt.training.board import Board
 
 __all__ = ["TrainError", "TrainInterrupted", "train"]
 log = logging.getLogger(__name__)
@@ -79,7 +81,7 @@ class Run:
     world: distributed.World
     corpus: Corpus
     trainer: Trainer
-    board: Board
+    board: Board | None  # TensorBoard's writer (train.tensorboard, rank 0), else None
     finished: str | None = None  # why a resumed run had already finished (resume.finished), or None
     observers: tuple[Observer, ...] = ()  # called at every evaluation on rank 0 (the attention recorder)
     start: float = field(default_factory=time.perf_counter)  # the clock's zero (earlier when resumed)
@@ -140,7 +142,8 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite:
 
 def wind_up(run: Run, tested: bool) -> Path:
     """After the loop: the writers and processes closed, then rank 0 tests (unless a finished run was tested)."""
-    run.board.close()
+    if run.board is not None:
+        run.board.close()
     run.trainer.unwrap()  # the DistributedDataParallel wrapper goes before its process group
     distributed.close(run.world)  # every rank is past its last collective; rank 0 tests alone, nothing to time out
     if tested:
@@ -167,6 +170,8 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         init = resumed or checkpoint.load(cfg.train.init_from)  # it took from init_from); the API reads Marian
     tok = None  # the data's tokenizer: trained with the data, or else the fine-tuned model's, whose shape it takes
     if init is not None:
+        from attn_mt.training import finetune  # the extras below load where the config asks for them
+
         cfg, tok = finetune.adopt(cfg, init), finetune.init_tokenizer(cfg, init)
     if resumed is not None:
         cfg = resumed_config(resumed, files.last, cfg)  # the settings the resumed run keeps
@@ -179,7 +184,11 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         files.record_entry(entry)  # which entry the run uses (tokenizer.json), a copy of its tokenizer
         distributed.barrier(world)
     corpus = read_corpus(cfg, entry, cfg.model.max_positions)
-    cfg, choice = autosize.plan(cfg, corpus, device, precision, world.enabled) if resumed is None else (cfg, None)
+    choice = None  # model.size: auto, a fresh run: the size chosen by measuring (training/autosize.py)
+    if resumed is None and getattr(cfg.model, "size", "fixed") == "auto":
+        from attn_mt.training import autosize
+
+        cfg, choice = autosize.plan(cfg, corpus, device, precision, world.enabled)
     tc = cfg.train  # the config is final
     if world.main:
         files.write_config(cfg)
@@ -187,7 +196,10 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
             files.write_size(choice.to_json())
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model, **corpus.tok.sizes())
-    finetune.freeze(model, tc.freeze)
+    if tc.freeze:
+        from attn_mt.training import finetune
+
+        finetune.freeze(model, tc.freeze)
     if init is not None and resumed is None:
         finetune.start_from(model, init, tc.init_from)
     model = model.to(device)
@@ -198,8 +210,11 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         torch.manual_seed(tc.seed + world.rank)  # same initial weights, different dropout per rank
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         log.info("%d processes; train.batch_tokens=%d is the global batch", world.size, tc.batch_tokens)
-    trainer = Trainer(model, cfg, corpus, device, precision, net=compiled(net, tc, device),
-                      world=world)  # evaluation and decoding stay eager
+    if tc.compile:  # the training forward/backward only: evaluation and decoding stay eager
+        from attn_mt.training.compiled import compiled
+
+        net = compiled(net, tc, device)
+    trainer = Trainer(model, cfg, corpus, device, precision, net=net, world=world)
     done = None  # why a resumed run had already finished
     if resumed is not None:
         trainer.state, done = restore(resumed, trainer, corpus.tok, cfg, world)
@@ -207,7 +222,11 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         files.rewind(trainer.state.step, trainer.state.epoch, tc.keep_last, finished=bool(done))
     log.info("model %s: %.2fM parameters; device %s, precision %s", cfg.model.kind, count_params(model) / 1e6,
              device, precision)
-    board = Board(files.tensorboard, tc.tensorboard and world.main, trainer.state.step)
+    board = None
+    if tc.tensorboard and world.main:
+        from attn_mt.training.board import Board
+
+        board = Board(files.tensorboard, True, trainer.state.step)
     return Run(cfg, files, world, corpus, trainer, board, done,
                start=time.perf_counter() - trainer.state.elapsed_s - (choice.measure_s if choice else 0.0))
 
@@ -236,8 +255,9 @@ def report_progress(run: Run, bar: Progress, lr: float) -> None:
     run.tokens_per_s = st.window_tokens / max(now - run.window_t0, 1e-9)
     spent = budget_spent(run.cfg.train, st.step, run.elapsed(), st.epoch + bar.done / max(bar.total, 1), st.tokens)
     bar.report(st.step, st.train_loss, lr, run.tokens_per_s, time_left(run.elapsed(), spent))
-    run.board.scalars(st.step, "train", {"loss": st.train_loss, "lr": lr, "tokens_per_s": run.tokens_per_s,
-                                         "grad_norm": run.trainer.grad_norm})
+    if run.board is not None:
+        run.board.scalars(st.step, "train", {"loss": st.train_loss, "lr": lr, "tokens_per_s": run.tokens_per_s,
+                                             "grad_norm": run.trainer.grad_norm})
     st.window_loss, st.window_tokens, run.window_t0 = 0.0, 0, now
 
 
@@ -280,8 +300,9 @@ def validate_and_save(run: Run, rngs: list[dict], reason: str | None) -> str | N
     st, tc, tr = run.state, run.cfg.train, run.trainer
     with tr.evaluated():
         metrics = validate(tr.model, run.corpus, run.cfg, tr.device, tr.precision)
-        run.board.attention(st.step, tr.model, run.corpus.tok, run.corpus.text[run.cfg.data.splits.valid][0][0],
-                            run.cfg.decode, tr.device)
+        if run.board is not None:
+            run.board.attention(st.step, tr.model, run.corpus.tok,
+                                run.corpus.text[run.cfg.data.splits.valid][0][0], run.cfg.decode, tr.device)
         record = write_metrics(run, metrics)
         for o in run.observers:  # after the metrics record, before the checkpoints (rundir.py: the order)
             o.on_evaluation(st.step, tr.model, run.corpus.tok, record)
@@ -315,7 +336,8 @@ def write_metrics(run: Run, metrics: dict[str, float]) -> dict:
     run.files.append_metrics(record)
     write(f"step {st.step} epoch {st.epoch}: " + ", ".join(f"{label} {metrics[name]:{form}}"
                                                            for name, (label, form, _) in shown.items()))
-    run.board.scalars(st.step, "valid", {name.removeprefix("valid_"): value for name, value in metrics.items()})
+    if run.board is not None:
+        run.board.scalars(st.step, "valid", {name.removeprefix("valid_"): value for name, value in metrics.items()})
     return record
 
 
