@@ -1,6 +1,6 @@
 """The Transformer encoder-decoder ("Attention Is All You Need", Vaswani et al. 2017), from our layers.
 
-One job: the Transformer model; its attention layers are attention.py's.
+One job: the Transformer model; its attention layers are attention.py's, its position schemes positions.py's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from attn_mt.config import TransformerConfig
 
 from .attention import KV, AttentionWeights, CrossAttention, Dropout, MultiHeadAttention, RMSNorm, SelfAttention
 from .positions import SCHEMES, Positions, Rotation
-from .positions import Sinusoidal as PositionalEncoding  # noqa: F401  (measure/bench.py, export/ctranslate2.py)
+
+# the old name of positions.Sinusoidal, still imported by measure/bench.py and export/ctranslate2.py
+from .positions import Sinusoidal as PositionalEncoding  # noqa: F401
 from .seq2seq import Seq2Seq, init_embeddings, make_embeddings
 
 
