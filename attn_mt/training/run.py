@@ -194,26 +194,9 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         files.write_config(cfg)
         if choice is not None:
             files.write_size(choice.to_json())
-    torch.manual_seed(tc.seed)
-    model = build_model(cfg.model, **corpus.tok.sizes())
-    if tc.freeze:
-        from attn_mt.training import finetune
-
-        finetune.freeze(model, tc.freeze)
-    if init is not None and resumed is None:
-        finetune.start_from(model, init, tc.init_from)
-    model = model.to(device)
+    model, net = build_net(cfg, corpus, init if resumed is None else None, world, device)
     if world.main:
         files.check_space(model, tc.keep_last, averaged=bool(tc.ema_decay))
-    net = model  # what runs the training forward/backward: under torchrun DistributedDataParallel, compiled if asked
-    if world.enabled:
-        torch.manual_seed(tc.seed + world.rank)  # same initial weights, different dropout per rank
-        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-        log.info("%d processes; train.batch_tokens=%d is the global batch", world.size, tc.batch_tokens)
-    if tc.compile:  # the training forward/backward only: evaluation and decoding stay eager
-        from attn_mt.training.compiled import compiled
-
-        net = compiled(net, tc, device)
     trainer = Trainer(model, cfg, corpus, device, precision, net=net, world=world)
     done = None  # why a resumed run had already finished
     if resumed is not None:
@@ -229,6 +212,31 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         board = Board(files.tensorboard, True, trainer.state.step)
     return Run(cfg, files, world, corpus, trainer, board, done,
                start=time.perf_counter() - trainer.state.elapsed_s - (choice.measure_s if choice else 0.0))
+
+
+def build_net(cfg: ExperimentConfig, corpus: Corpus, init: dict | None, world: distributed.World,
+              device: torch.device) -> tuple[nn.Module, nn.Module]:
+    """(the model on `device`: seeded, started from `init` when fine-tuning a fresh run, train.freeze applied;
+    what runs its training forward/backward: under torchrun DistributedDataParallel, compiled if asked)."""
+    tc = cfg.train
+    torch.manual_seed(tc.seed)
+    model = build_model(cfg.model, **corpus.tok.sizes())
+    if tc.freeze or init is not None:
+        from attn_mt.training import finetune  # an extra: loaded where the config asks for it
+
+        finetune.freeze(model, tc.freeze)
+        if init is not None:
+            finetune.start_from(model, init, tc.init_from)
+    model = net = model.to(device)
+    if world.enabled:
+        torch.manual_seed(tc.seed + world.rank)  # same initial weights, different dropout per rank
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        log.info("%d processes; train.batch_tokens=%d is the global batch", world.size, tc.batch_tokens)
+    if tc.compile:  # the training forward/backward only: evaluation and decoding stay eager
+        from attn_mt.training.compiled import compiled
+
+        net = compiled(net, tc, device)
+    return model, net
 
 
 def after_step(run: Run, bar: Progress, out: Step) -> str | None:
