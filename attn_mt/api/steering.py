@@ -101,10 +101,10 @@ class Steer:
               ) -> list[Rule]:
         """The decoding rules (decoding/rules.py) for a batch whose sentences have these prefixes and these
         indices in the call (default 0, 1, ...): the prefixes first, then sampling."""
+        rows = range(len(prefixes)) if rows is None else rows
         out: list[Rule] = [Prefix(prefixes, device)] if any(prefixes) else []
         if self.seeds is not None and self.temperature is not None:
-            out.append(Sample(self.temperature, [self.seeds[r] for r in (range(len(prefixes)) if rows is None
-                                                                          else rows)], device))
+            out.append(Sample(self.temperature, [self.seeds[r] for r in rows], device))
         return out
 
 
@@ -164,15 +164,13 @@ def _pieces(translator: Translator, shared: Shared, text: str, dcfg: DecodeConfi
     for step in range(max_len):
         with shared.reading(), torch.inference_mode():
             if now is None or now.place != _place(module):  # the first step, or Model.to moved or cast it since
-                dev = _place(module)[0]
-                rules = step_rules(module, steer.rules([prefix], dev), MaxLength(torch.tensor([max_len], device=dev),
-                                                                                 tok.eos_id))
-                now = _Decoding.start(module, src_ids, ids[:-1], rules)
+                rules = steer.rules([prefix], _place(module)[0])
+                now = _Decoding.start(module, src_ids, ids[:-1], rules, max_len, tok.eos_id)
             ys = torch.tensor([ids], device=now.place[0])  # (1, 1 + step)
             logp = decode_step(module, ys[:, -1:], now.memory, now.src_mask, now.cache, step=step,
                                tokens=ys[:, 1:], rules=now.rules)
-            nxt = int(logp.argmax(-1)[0])
-        if nxt == tok.eos_id or step + 1 >= max_len:
+            nxt = int(now.limit.greedy(step, logp)[0])  # eos at the limit
+        if nxt == tok.eos_id:
             break
         ids.append(nxt)
         text_now = tok.decode_tgt([ids[1:]])[0]
@@ -198,14 +196,17 @@ class _Decoding:
     src_mask: Tensor  # (1, 1, 1, S)
     memory: Tensor  # (1, S, D)
     cache: Any
-    rules: list[Rule]  # on this device (a stream never samples: no draws to keep)
+    rules: list[Rule]  # every step's (rules.step_rules), on this device (a stream never samples: no draws to keep)
+    limit: MaxLength  # the last of them
 
     @classmethod
-    def start(cls, module: Any, src_ids: list[list[int]], fed: list[int],
-              rules: list[Rule]) -> _Decoding:
+    def start(cls, module: Any, src_ids: list[list[int]], fed: list[int], rules: list[Rule], max_len: int,
+              eos_id: int) -> _Decoding:
         """Encode the source and feed the decoder `fed` (the tokens decoded so far, but the last), a token at a
-        time as the stream did: the next step goes on as if the module had always been placed so."""
+        time as the stream did: the next step goes on as if the module had always been placed so. `rules`: the
+        caller's, on this device; `max_len` the output limit, eos included."""
         place = _place(module)
+        limit = MaxLength(torch.tensor([max_len], device=place[0]), eos_id)
         module.eval()
         src = torch.tensor(src_ids, device=place[0])  # (1, S)
         src_mask = module.src_mask(src)
@@ -213,4 +214,4 @@ class _Decoding:
         cache = module.new_cache()
         for token in fed:
             module.decode(torch.tensor([[token]], device=place[0]), memory, src_mask, cache)
-        return cls(place, src_mask, memory, cache, rules)
+        return cls(place, src_mask, memory, cache, step_rules(module, rules, limit), limit)

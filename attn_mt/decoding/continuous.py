@@ -125,15 +125,16 @@ class RunningBatch:
         inp = self.ys.gather(1, step[:, None])  # (R, 1) each row's last token
         logp = decode_step(self.model, inp, None, self.cache.memory_mask, self.cache, step=step,
                            tokens=self.ys[:, 1:], rules=step_rules(self.model, (), limit))  # (R, V)
-        events, moved = self._greedy(logp, limit.forced(step), step) if k == 1 else self._beam(logp, step)
+        events, moved = self._greedy(logp, limit, step) if k == 1 else self._beam(logp, step)
         self.steps = [s + 1 for s in self.steps]
         ended = {e.tag for e in events if e.kind == "done"}
         self._keep([s for s, tag in enumerate(self.tags) if tag not in ended], moved)
         return events
 
-    def _greedy(self, logp: Tensor, forced: Tensor, step: Tensor) -> tuple[list[Event], None]:
-        """search.greedy_search's pick: the most likely token; eos at the length limit. Rows stay where they are."""
-        nxt = torch.where(forced, self.eos_id, logp.argmax(-1))  # (R,)
+    def _greedy(self, logp: Tensor, limit: MaxLength, step: Tensor) -> tuple[list[Event], None]:
+        """search.greedy_search's pick (`MaxLength.greedy`): the most likely token, eos at the length limit. Rows
+        stay where they are."""
+        nxt = limit.greedy(step, logp)  # (R,)
         self.scores = self.scores + logp.gather(1, nxt[:, None])
         self.ys.scatter_(1, step[:, None] + 1, nxt[:, None])
         events = []

@@ -70,6 +70,11 @@ class MaxLength:
             return logp
         return only(logp, torch.where(forced, self.eos_id, -1))
 
+    def greedy(self, step: int | Tensor, logp: Tensor) -> Tensor:
+        """(rows,) greedy search's pick: the most likely token; eos at a row's limit (even where the rules left
+        no token: a sampled row whose draw was not eos)."""
+        return torch.where(self.forced(step), self.eos_id, logp.argmax(-1))
+
 
 class Prefix:
     """A target prefix per sentence (k rows each): a row inside its prefix keeps only the prefix's next token."""

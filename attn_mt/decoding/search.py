@@ -51,7 +51,7 @@ def greedy_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, 
             interrupt()
         inp = ys[:, -1:] if use_cache else ys
         logp = decode_step(model, inp, memory, src_mask, cache, step=step, tokens=ys[:, 1:], rules=rules)
-        nxt = torch.where(limit.forced(step), eos_id, logp.argmax(-1))  # eos even where every token is out
+        nxt = limit.greedy(step, logp)
         nxt = nxt.masked_fill(done, eos_id)
         log_prob += logp.gather(1, nxt[:, None])[:, 0].masked_fill(done, 0.0)
         ys = torch.cat([ys, nxt[:, None]], dim=1)
