@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
 
-from attn_mt.config import ARGS, DecodeConfig
+from attn_mt.config import ARGS, DECODE_OPTIONS, DecodeConfig
+from attn_mt.config.decode import Decoding, OneBest
 from attn_mt.decoding.search import Translation
 from attn_mt.decoding.translator import decode_options, evaluate_texts
 from attn_mt.errors import AttnMTError, InputError, ModelError
@@ -40,6 +41,13 @@ if TYPE_CHECKING:
 Texts = str | Iterable[str]  # one sentence, or any iterable of them (a list, a tuple, a generator)
 Lines = Iterable[str] | os.PathLike  # sentences, or a file of them (a Path)
 Prefix = str | Iterable[str] | None  # one target prefix for every text, or one per text
+
+
+def _refuse_others(method: str, options: Mapping[str, object], allowed: frozenset[str]) -> None:
+    """Refuse a keyword that is not one of `allowed` decode options, as Python refuses an unknown keyword."""
+    for arg in options:
+        if arg not in allowed:
+            raise TypeError(f"Model.{method}() got an unexpected keyword argument {arg!r}")
 
 
 def load(path: str | os.PathLike, *, device: str = "auto", threads: int | None = None,
@@ -87,56 +95,50 @@ class Model(Analyses):
         dtype = f" {steering.dtype_name(self.module)}" if self.module is not None else ""
         return f"<attn_mt.Model {self.kind} {str(self.path)!r} on {self.device}{dtype}: {arch}>"
 
-    def options(self, *, beam: int | None = None, alpha: float | None = None, nbest: int | None = None,
-                batch_size: int | None = None, max_len_a: float | None = None, max_len_b: int | None = None,
-                names: Mapping[str, str] = ARGS) -> DecodeConfig:
-        """The model's decode defaults with the given settings (None: the default), each checked against its
-        row of DECODE_OPTIONS; an error names a setting as `names` spells it ({"beam_size": "beam", ...}; the
-        CLI passes its flags, FLAGS)."""
-        return decode_options(self.decode, names, beam_size=beam, alpha=alpha, nbest=nbest, batch_size=batch_size,
-                              max_len_a=max_len_a, max_len_b=max_len_b)
+    def options(self, *, names: Mapping[str, str] = ARGS, **options: Unpack[Decoding]) -> DecodeConfig:
+        """The model's decode defaults with the given settings (`Decoding`'s keywords: beam, alpha, nbest,
+        batch_size, max_len_a, max_len_b; None: the default), each checked against its row of DECODE_OPTIONS;
+        an error names a setting as `names` spells it ({"beam_size": "beam", ...}; the CLI passes its flags,
+        FLAGS)."""
+        _refuse_others("options", options, Decoding.__optional_keys__)
+        given: Mapping[str, Any] = options
+        return decode_options(self.decode, names, **{o.key: given[o.arg] for o in DECODE_OPTIONS if o.arg in given})
 
     @overload
-    def translate(self, texts: str, *, beam: int | None = ..., alpha: float | None = ...,  # type: ignore[overload-overlap]
-                  batch_size: int | None = ..., max_len_a: float | None = ..., max_len_b: int | None = ...,
-                  target_prefix: Prefix = ..., temperature: float | None = ..., seed: int | None = ...,
-                  return_attention: Literal[False] = ...) -> str: ...
+    def translate(self, texts: str, *, target_prefix: Prefix = ..., temperature: float | None = ...,  # type: ignore[overload-overlap]
+                  seed: int | None = ..., return_attention: Literal[False] = ...,
+                  **options: Unpack[OneBest]) -> str: ...
     @overload
-    def translate(self, texts: Iterable[str], *, beam: int | None = ..., alpha: float | None = ...,
-                  batch_size: int | None = ..., max_len_a: float | None = ..., max_len_b: int | None = ...,
-                  target_prefix: Prefix = ..., temperature: float | None = ..., seed: int | None = ...,
-                  return_attention: Literal[False] = ...) -> list[str]: ...
+    def translate(self, texts: Iterable[str], *, target_prefix: Prefix = ..., temperature: float | None = ...,
+                  seed: int | None = ..., return_attention: Literal[False] = ...,
+                  **options: Unpack[OneBest]) -> list[str]: ...
     @overload
-    def translate(self, texts: str, *, beam: int | None = ..., alpha: float | None = ...,  # type: ignore[overload-overlap]
-                  batch_size: int | None = ..., max_len_a: float | None = ..., max_len_b: int | None = ...,
-                  target_prefix: Prefix = ..., temperature: float | None = ..., seed: int | None = ...,
-                  return_attention: Literal[True]) -> Attention: ...
+    def translate(self, texts: str, *, target_prefix: Prefix = ..., temperature: float | None = ...,  # type: ignore[overload-overlap]
+                  seed: int | None = ..., return_attention: Literal[True], **options: Unpack[OneBest]) -> Attention: ...
     @overload
-    def translate(self, texts: Iterable[str], *, beam: int | None = ..., alpha: float | None = ...,
-                  batch_size: int | None = ..., max_len_a: float | None = ..., max_len_b: int | None = ...,
-                  target_prefix: Prefix = ..., temperature: float | None = ..., seed: int | None = ...,
-                  return_attention: Literal[True]) -> list[Attention]: ...
+    def translate(self, texts: Iterable[str], *, target_prefix: Prefix = ..., temperature: float | None = ...,
+                  seed: int | None = ..., return_attention: Literal[True],
+                  **options: Unpack[OneBest]) -> list[Attention]: ...
 
-    def translate(self, texts: Texts, *, beam: int | None = None, alpha: float | None = None,
-                  batch_size: int | None = None, max_len_a: float | None = None, max_len_b: int | None = None,
-                  target_prefix: Prefix = None, temperature: float | None = None, seed: int | None = None,
-                  return_attention: bool = False) -> Any:
+    def translate(self, texts: Texts, *, target_prefix: Prefix = None, temperature: float | None = None,
+                  seed: int | None = None, return_attention: bool = False, **options: Unpack[OneBest]) -> Any:
         """Translate one text (a string back) or many (a list, in input order): beam search of width `beam`
         (1: greedy), ranked by log P / lp with GNMT's length penalty lp = ((5 + length) / 6) ** `alpha`;
-        at most `max_len_a` * source length + `max_len_b` tokens each; `batch_size` sentences per model call.
-        `target_prefix` starts each translation with given words; `temperature` samples instead of searching
-        (greedy steps drawn from softmax(logits / temperature), reproducible with `seed`). With
-        `return_attention`, each result is an `Attention` (its `.translation` the text, with every map).
+        at most `max_len_a` * source length + `max_len_b` tokens each; `batch_size` sentences per model call
+        (`OneBest`'s keywords, DECODE_OPTIONS' rows but nbest). `target_prefix` starts each translation with
+        given words; `temperature` samples instead of searching (greedy steps drawn from
+        softmax(logits / temperature), reproducible with `seed`). With `return_attention`, each result is an
+        `Attention` (its `.translation` the text, with every map).
 
         >>> model.translate(["a dog runs.", "two cats sleep."], beam=5)
         >>> model.translate("a dog runs.", target_prefix="ein Hund")
         """
+        _refuse_others("translate", options, OneBest.__optional_keys__)
         items, one = checks.texts(texts, "texts")
         checks.boolean(return_attention, "return_attention")
-        if temperature is not None and beam is None:
-            beam = 1  # sampling draws one token a step, whatever the model's beam
-        dcfg = self.options(beam=beam, alpha=alpha, nbest=1, batch_size=batch_size, max_len_a=max_len_a,
-                            max_len_b=max_len_b)
+        if temperature is not None and options.get("beam") is None:
+            options["beam"] = 1  # sampling draws one token a step, whatever the model's beam
+        dcfg = self.options(**options, nbest=1)
         steer = steering.Steer.of(self.translator, items, target_prefix, temperature, seed)
         if return_attention:
             out: list = self._attentions(items, dcfg, steer)  # maps on the ids of this very decode
@@ -145,26 +147,22 @@ class Model(Analyses):
         return out[0] if one else out
 
     @overload
-    def translate_nbest(self, texts: str, *, nbest: int | None = ..., beam: int | None = ...,  # type: ignore[overload-overlap]
-                        alpha: float | None = ..., batch_size: int | None = ..., max_len_a: float | None = ...,
-                        max_len_b: int | None = ..., target_prefix: Prefix = ...) -> list[Translation]: ...
+    def translate_nbest(self, texts: str, *, target_prefix: Prefix = ...,  # type: ignore[overload-overlap]
+                        **options: Unpack[Decoding]) -> list[Translation]: ...
     @overload
-    def translate_nbest(self, texts: Iterable[str], *, nbest: int | None = ..., beam: int | None = ...,
-                        alpha: float | None = ..., batch_size: int | None = ..., max_len_a: float | None = ...,
-                        max_len_b: int | None = ..., target_prefix: Prefix = ...) -> list[list[Translation]]: ...
+    def translate_nbest(self, texts: Iterable[str], *, target_prefix: Prefix = ...,
+                        **options: Unpack[Decoding]) -> list[list[Translation]]: ...
 
-    def translate_nbest(self, texts: Texts, *, nbest: int | None = None, beam: int | None = None,
-                        alpha: float | None = None, batch_size: int | None = None, max_len_a: float | None = None,
-                        max_len_b: int | None = None, target_prefix: Prefix = None) -> Any:
+    def translate_nbest(self, texts: Texts, *, target_prefix: Prefix = None, **options: Unpack[Decoding]) -> Any:
         """The `nbest` best translations (default: the model's decode.nbest) of one text (a list of
         `Translation`s: text, log_prob, score = log_prob / lp, best first) or of many (a list of such lists);
         `beam` must be at least `nbest`. The other settings are `translate`'s.
 
         >>> model.translate_nbest("a dog runs.", beam=5, nbest=3)[0].score
         """
+        _refuse_others("translate_nbest", options, Decoding.__optional_keys__)
         items, one = checks.texts(texts, "texts")
-        dcfg = self.options(beam=beam, alpha=alpha, nbest=nbest, batch_size=batch_size, max_len_a=max_len_a,
-                            max_len_b=max_len_b)
+        dcfg = self.options(**options)
         out = self._nbest(items, dcfg, steering.Steer.of(self.translator, items, target_prefix, None, None))
         return out[0] if one else out
 

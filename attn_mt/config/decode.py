@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, TypedDict
 
 from attn_mt.config.yamlconf import ConfigError
 
@@ -53,6 +53,24 @@ OPTION = {o.key: o for o in DECODE_OPTIONS}
 ARGS = {o.key: o.arg for o in DECODE_OPTIONS}  # DecodeConfig field -> the API's argument
 FLAGS = {o.key: o.flag for o in DECODE_OPTIONS if o.flag}  # DecodeConfig field -> the CLI's flag
 FIELDS = {o.key: o.field for o in DECODE_OPTIONS if o.field}  # DecodeConfig field -> serve's JSON field
+
+
+class OneBest(TypedDict, total=False):
+    """The API's decode keywords, DECODE_OPTIONS' `arg`s, for a one-best call (`Model.translate`); each is
+    None or left out for the model's default. Written out for type checkers; tests/decoding/test_decode_options.py
+    keeps it equal to the table."""
+
+    beam: int | None
+    alpha: float | None
+    batch_size: int | None
+    max_len_a: float | None
+    max_len_b: int | None
+
+
+class Decoding(OneBest, total=False):
+    """Every decode keyword: OneBest's and `nbest` (`Model.translate_nbest`, `Model.options`)."""
+
+    nbest: int | None
 
 
 @dataclass(frozen=True)

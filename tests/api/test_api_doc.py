@@ -1,5 +1,5 @@
 """docs/api.md's signatures are the code's: every `**`name(params)`**` it shows lists the function's parameters in
-order, with the same kinds (positional, or keyword-only after `*`) and defaults (inspect.signature).
+order, with the same kinds (positional, keyword-only after `*`, or `**options`) and defaults (inspect.signature).
 Its examples run in tests/test_readme.py."""
 
 from __future__ import annotations
@@ -66,9 +66,11 @@ def test_a_documented_signature_matches_the_code(name, params):
     doc = _split(" ".join(params.split()))
     keyword_only = doc.index("*") if "*" in doc else len(doc)
     doc_params = [p for p in doc if p != "*"]
-    assert [p.split("=")[0] for p in doc_params] == [p.name for p in code], name
+    assert [p.split("=")[0].lstrip("*") for p in doc_params] == [p.name for p in code], name
     for i, (text, param) in enumerate(zip(doc_params, code, strict=True)):
         kind = inspect.Parameter.KEYWORD_ONLY if i >= keyword_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
+        if text.startswith("**"):  # **options: the decode keywords (a TypedDict), after the others
+            kind = inspect.Parameter.VAR_KEYWORD
         assert param.kind == kind, (name, param.name, param.kind)
         if "=" in text:
             assert param.default is not inspect.Parameter.empty, (name, param.name, "has no default")

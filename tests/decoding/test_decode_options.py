@@ -14,6 +14,7 @@ import typer
 from attn_mt import DECODE_OPTIONS, Model
 from attn_mt.cli import app, flag
 from attn_mt.config import DecodeConfig
+from attn_mt.config.decode import Decoding, OneBest
 
 STATIC = Path(__file__).resolve().parents[2] / "attn_mt" / "serve" / "static"
 
@@ -23,12 +24,27 @@ def test_every_option_is_a_decode_config_field():
     assert len({o.arg for o in DECODE_OPTIONS}) == len(DECODE_OPTIONS)
 
 
-@pytest.mark.parametrize("method", [Model.options, Model.translate, Model.translate_nbest])
-def test_the_apis_decode_arguments_are_the_options(method):
+def test_the_apis_decode_keywords_are_the_options():
+    assert Decoding.__optional_keys__ == {o.arg for o in DECODE_OPTIONS}
+    assert OneBest.__optional_keys__ == {o.arg for o in DECODE_OPTIONS} - {"nbest"}  # translate: the best only
+
+
+@pytest.mark.parametrize("method,keywords", [(Model.options, "Decoding"), (Model.translate, "OneBest"),
+                                             (Model.translate_nbest, "Decoding")])
+def test_the_api_takes_the_options_as_keywords(method, keywords):
     steering = {"target_prefix", "temperature", "seed", "return_attention"}  # decoding steered, beyond the config
-    params = set(inspect.signature(method).parameters) - {"self", "texts", "names"} - steering
-    one_best = {"nbest"} if method is Model.translate else set()  # translate gives the best only
-    assert params == {o.arg for o in DECODE_OPTIONS} - one_best
+    params = inspect.signature(method).parameters
+    assert set(params) - {"self", "texts", "names"} - steering == {"options"}
+    assert params["options"].kind is inspect.Parameter.VAR_KEYWORD
+    assert params["options"].annotation == f"Unpack[{keywords}]"
+
+
+def test_the_api_refuses_another_keyword_as_python_does():
+    model = object.__new__(Model)  # the keywords are checked before the model is used
+    with pytest.raises(TypeError, match=r"^Model.translate\(\) got an unexpected keyword argument 'nbest'$"):
+        model.translate("a", nbest=2)
+    with pytest.raises(TypeError, match=r"^Model.translate_nbest\(\) got an unexpected keyword argument 'beam_size'$"):
+        model.translate_nbest("a", beam_size=2)
 
 
 def test_the_cli_options_carry_the_flags_and_their_help():
