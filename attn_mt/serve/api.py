@@ -7,11 +7,12 @@ Tested in tests/serve/test_serve.py and tests/serve/test_hostile_http.py.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from attn_mt.api.limits import Limits
-from attn_mt.config import OPTION
+from attn_mt.config import DECODE_OPTIONS, DecodeOption
 from attn_mt.data.checks import clean
 
 
@@ -65,18 +66,27 @@ def _clean(text: str) -> str:
 _STRICT = ConfigDict(extra="forbid", strict=True)  # no "5" for 5, no unknown keys (a typo'd "beam_size")
 
 
-class TranslateRequest(BaseModel):
+SERVED_MOST = {"alpha": 10.0}  # the server's own bounds, below the table's (the beam's: Limits.max_beam)
+
+
+def served(o: DecodeOption) -> tuple[Any, Any]:
+    """A served decode option's request field, from its row of DECODE_OPTIONS: None (the model's default) or
+    a value of its type, at least its `least` (and finite)."""
+    default = f"default {o.default}" if o.default else "default: the checkpoint's"
+    most = {"le": SERVED_MOST[o.key]} if o.key in SERVED_MOST else {}
+    finite = {"allow_inf_nan": False} if o.type is float else {}
+    return o.type | None, Field(None, ge=o.least, **most, **finite, description=f"{o.help} ({default}).")
+
+
+class _Texts(BaseModel):
+    """What every translate request has: its texts; TranslateRequest adds the served decode options."""
+
     model_config = _STRICT
 
     texts: list[str] = Field(min_length=1, description="Sentences to translate, in order.",
                              examples=[["Ein Hund rennt über die Wiese."]])
-    beam: int | None = Field(None, ge=1, description=f"{OPTION['beam_size'].help} (default: the checkpoint's).")
-    alpha: float | None = Field(None, ge=0.0, le=10.0, allow_inf_nan=False,
-                                description=f"{OPTION['alpha'].help} (default: the checkpoint's).")
-    nbest: int | None = Field(None, ge=1, description=f"{OPTION['nbest'].help} (default 1).")
-    stream: bool = Field(False, description="Answer as server-sent events while decoding: `token` (greedy: the "
-                                            "translation so far), `hypothesis` (beam: one finished), `result` (a "
-                                            "sentence done), then `done` with the whole answer, or `error`.")
+    if TYPE_CHECKING:  # a field TranslateRequest makes from its row
+        beam: int | None
 
     @field_validator("texts")
     @classmethod
@@ -89,6 +99,14 @@ class TranslateRequest(BaseModel):
             raise ApiError(413, "texts", f"{len(self.texts)} sentences; at most {limits.max_texts} per request")
         _check_chars("texts", sum(map(len, self.texts)), limits.max_chars)
         _check_beam(self.beam, limits)
+
+
+TranslateRequest = create_model(  # texts, each served option (DECODE_OPTIONS' `field`s) and stream
+    "TranslateRequest", __base__=_Texts, __module__=__name__,
+    **{o.field: served(o) for o in DECODE_OPTIONS if o.field},
+    stream=(bool, Field(False, description="Answer as server-sent events while decoding: `token` (greedy: the "
+                                           "translation so far), `hypothesis` (beam: one finished), `result` (a "
+                                           "sentence done), then `done` with the whole answer, or `error`.")))
 
 
 def check_work(field: str, costs: list[int], limits: Limits) -> None:

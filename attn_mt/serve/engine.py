@@ -14,7 +14,7 @@ from pydantic_core import to_json
 
 from attn_mt.analysis.explain import ExplainError, check, explain
 from attn_mt.api.model import Model
-from attn_mt.config import DecodeConfig
+from attn_mt.config import FIELDS, DecodeConfig
 from attn_mt.config.yamlconf import OptionError
 from attn_mt.decoding.attention_maps import attention_maps
 from attn_mt.decoding.continuous import Event, RunningBatch, supports
@@ -50,7 +50,7 @@ class Engine:
                       ) -> DecodeConfig:
         """The model's decode defaults with the request's values; nbest defaults to 1."""
         try:  # the same rules as the CLI's flags, here naming the request's fields
-            return decode_options(self.decode, beam_size=beam or None, alpha=alpha, nbest=nbest or 1)
+            return decode_options(self.decode, FIELDS, beam_size=beam or None, alpha=alpha, nbest=nbest or 1)
         except OptionError as e:
             raise ApiError(422, e.option or "nbest", str(e)) from None
 
