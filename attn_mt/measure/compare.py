@@ -125,7 +125,7 @@ def _check_sizes(params: dict[str, int], gap: float) -> None:
     if (hi - lo) / hi > gap:
         sizes = ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in params.items())
         raise ConfigError(f"parameter counts differ by {(hi - lo) / hi:.0%} ({sizes}), more than "
-                          f"compare.max_param_gap={gap}; resize one of the models")
+                          f"compare.max_param_gap={gap}; resize one of the models", "compare.max_param_gap")
 
 
 def compare_rnn(setup: CompareSetup, out_dir: Path, observers: dict[str, Observer] | None = None) -> dict:

@@ -1,6 +1,6 @@
 """Sequence-to-sequence models behind one interface (`Seq2Seq`), `build_model` to choose one by config,
-the training loss (`loss_sum`) every model is trained with, and its mean per target token (`mean_loss`) that
-validation and the heads analysis measure.
+the training loss (`token_loss`; `loss_sum` on a batch) every model is trained with, and its mean per
+target token (`mean_loss`) that validation and the heads analysis measure.
 
 May import `attn_mt.config` only: never data, training, decoding, measure, export or serve.
 
@@ -26,7 +26,7 @@ from .seq2seq import DecoderCache, Seq2Seq
 from .transformer import Transformer
 
 __all__ = ["AttentionWeights", "DecoderCache", "Seq2Seq", "build_model", "check_memory", "count_params",
-           "empty_model", "loss_sum",
+           "empty_model", "loss_sum", "token_loss",
            "mean_loss"]
 
 
@@ -82,7 +82,7 @@ def check_memory(cfg: ModelConfig, shapes: nn.Module) -> None:
         return
     name, big = max(tables.items(), key=lambda kv: kv[1].numel())
     keys = next((v for k, v in KEYS.items() if k in name), ("model.d_model", "model.d_ff", "model.n_layers"))
-    raise ConfigError(f"the model needs {need / 2**30:.1f} GiB ({name} {tuple(big.shape)}: "
+    raise ConfigError(f"{keys[0]}: the model needs {need / 2**30:.1f} GiB ({name} {tuple(big.shape)}: "
                       f"{big.numel() * 4 / 2**30:.1f} GiB, sized by {' and '.join(keys)}), more than the "
                       f"{free / 2**30:.1f} GiB of memory this process can get; make it smaller", keys[0])
 
@@ -106,16 +106,22 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def loss_sum(model: nn.Module, batch, label_smoothing: float, pad_id: int, z_loss: float = 0.0) -> torch.Tensor:
-    """Summed (label-smoothed) cross-entropy over a batch's target tokens; `batch` holds src, tgt_in
-    and tgt_out, (B, S) and (B, T) token ids (the data package's Batch). With `z_loss`, plus z_loss times
-    each token's log Z^2 (Z the softmax's normaliser), which keeps the logits from drifting (PaLM)."""
-    logits = model(batch.src, batch.tgt_in).flatten(0, 1).float()  # (B*T, V)
-    target = batch.tgt_out.flatten()
+def token_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float, pad_id: int,
+               z_loss: float = 0.0) -> torch.Tensor:
+    """Summed (label-smoothed) cross-entropy of `logits` (B, T, V) against the target ids (B, T), pads left out.
+    With `z_loss`, plus z_loss times each token's log Z^2 (Z the softmax's normaliser), which keeps the logits
+    from drifting (PaLM)."""
+    logits, target = logits.flatten(0, 1).float(), target.flatten()  # (B*T, V), (B*T,)
     loss = F.cross_entropy(logits, target, ignore_index=pad_id, label_smoothing=label_smoothing, reduction="sum")
     if z_loss:
         loss = loss + z_loss * (logits.logsumexp(-1).square() * (target != pad_id)).sum()
     return loss
+
+
+def loss_sum(model: nn.Module, batch, label_smoothing: float, pad_id: int, z_loss: float = 0.0) -> torch.Tensor:
+    """token_loss of the model's teacher-forced logits on a batch (the data package's Batch: src (B, S), tgt_in
+    and tgt_out (B, T) token ids)."""
+    return token_loss(model(batch.src, batch.tgt_in), batch.tgt_out, label_smoothing, pad_id, z_loss)
 
 
 @torch.inference_mode()

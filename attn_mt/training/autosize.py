@@ -245,7 +245,7 @@ def plan(cfg: ExperimentConfig, corpus: Corpus, device: torch.device, precision:
         return cfg, None
     if distributed:
         raise ConfigError("model.size=auto sizes one process to its machine; under torchrun give the shape "
-                          "(the overrides a single-process auto run logs)")
+                          "(the overrides a single-process auto run logs)", "model.size")
     return size_run(cfg, corpus, device, precision)
 
 

@@ -32,7 +32,8 @@ class Board:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ConfigError("train.tensorboard: true needs TensorBoard: pip install 'attn-mt[tb]'") from None
+            raise ConfigError("train.tensorboard: true needs TensorBoard: pip install 'attn-mt[tb]'",
+                              "train.tensorboard") from None
         # purge_step: a resumed run drops the events written after the checkpoint it resumes from
         self.writer = SummaryWriter(str(folder), purge_step=start_step or None)
         log.info("TensorBoard events in %s; point TensorBoard's log folder at %s", folder, folder.parent)

@@ -32,7 +32,7 @@ from attn_mt.data.corpus import Corpus
 from attn_mt.data.prefetch import Prefetcher
 from attn_mt.device import autocast
 from attn_mt.errors import Interrupted, TrainError
-from attn_mt.models import Seq2Seq, loss_sum
+from attn_mt.models import Seq2Seq, token_loss
 from attn_mt.training import distributed
 from attn_mt.training.distributed import World
 from attn_mt.training.ema import WeightEMA
@@ -109,8 +109,9 @@ class TrainStep:
             last = i == len(batches) - 1
             with contextlib.nullcontext() if last or not self.world.enabled else self.net.no_sync():
                 with autocast(self.device, self.precision):
-                    loss = loss_sum(self.net, batch, self.cfg.label_smoothing, self.model.pad_id,
-                                    self.cfg.z_loss) * weight
+                    logits = self.net(batch.src, batch.tgt_in)  # (B, T, V)
+                    loss = token_loss(logits, batch.tgt_out, self.cfg.label_smoothing, self.model.pad_id,
+                                      self.cfg.z_loss) * weight
                 self.scaler.scale(loss * self.world.size / n_tokens).backward()
             total += loss.detach()
         return total

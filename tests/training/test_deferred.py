@@ -41,14 +41,14 @@ def trainer(cfg, corpus, check: str, **train) -> Trainer:
 
 def poison(monkeypatch, bad_calls: set[int]) -> None:
     """Training losses number `bad_calls` (1-based) become NaN or inf, their gradients too."""
-    real, calls = trainer_mod.loss_sum, [0]
+    real, calls = trainer_mod.token_loss, [0]
 
-    def loss_sum(*args, **kwargs):
+    def token_loss(*args, **kwargs):
         loss = real(*args, **kwargs)
         calls[0] += 1
         return loss * (float("nan") if calls[0] % 2 else float("inf")) if calls[0] in bad_calls else loss
 
-    monkeypatch.setattr(trainer_mod, "loss_sum", loss_sum)
+    monkeypatch.setattr(trainer_mod, "token_loss", token_loss)
 
 
 def run_steps(tr: Trainer, n: int, read_every: int) -> list[tuple[float, int]]:

@@ -235,9 +235,9 @@ def test_sigkill_while_saving_never_leaves_a_broken_checkpoint(tmp_path):
 
 def poison_losses(monkeypatch, bad_calls) -> None:
     """Training losses number `bad_calls` (1-based) become NaN or inf, gradients included."""
-    real, calls = trainer_mod.loss_sum, [0]
+    real, calls = trainer_mod.token_loss, [0]
 
-    def loss_sum(*args, **kwargs):
+    def token_loss(*args, **kwargs):
         loss = real(*args, **kwargs)
         if not torch.is_grad_enabled():  # evaluation
             return loss
@@ -246,7 +246,7 @@ def poison_losses(monkeypatch, bad_calls) -> None:
             return loss * (float("nan") if calls[0] % 2 else float("inf"))
         return loss
 
-    monkeypatch.setattr(trainer_mod, "loss_sum", loss_sum)
+    monkeypatch.setattr(trainer_mod, "token_loss", token_loss)
 
 
 @pytest.mark.slow
