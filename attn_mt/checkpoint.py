@@ -1,4 +1,4 @@
-"""Checkpoint files: their format, atomic saves (through config.files), safe loads, rebuilding a model from
+"""Checkpoint files: their format, atomic saves (through attn_mt.files), safe loads, rebuilding a model from
 what a checkpoint holds, and averaging checkpoints of one run (which config changes keep a run the same
 run is config/changes.py's).
 
@@ -19,10 +19,10 @@ import torch
 
 from attn_mt.config import ConfigError, ExperimentConfig, from_dict, to_dict
 from attn_mt.config.changes import config_changes
-from attn_mt.config.files import remove_orphans, write_atomic
 from attn_mt.config.yamlconf import first_line, show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import ModelError
+from attn_mt.files import remove_orphans, write_atomic
 from attn_mt.models import Seq2Seq, build_model, empty_model
 
 FORMAT_VERSION = 2
@@ -35,7 +35,7 @@ class CheckpointError(ModelError):
 
 
 def save(state: dict, path: Path) -> None:
-    """Write `state` to `path` atomically (config.files.write_atomic: a temporary file in the same directory,
+    """Write `state` to `path` atomically (files.write_atomic: a temporary file in the same directory,
     fsync, rename). A crash or SIGKILL at any moment leaves either the old file or the new one, never a mix.
     Raises CheckpointError when the file cannot be written (e.g. a full disk).
     """

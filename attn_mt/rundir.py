@@ -42,9 +42,9 @@ from torch import nn
 
 from attn_mt import checkpoint
 from attn_mt.config import ExperimentConfig, save_config
-from attn_mt.config.files import OutputError, check_outputs, write_atomic
 from attn_mt.data.cache import Entry
 from attn_mt.errors import TrainError
+from attn_mt.files import OutputError, check_outputs, write_atomic
 
 # what a run writes once it trains: an earlier run's files that a fresh run must not overwrite
 RUN_FILES = ("checkpoint_*.pt", "metrics.jsonl", "results.json", "test_hyps.txt", "size.json",

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 import attn_mt
-from attn_mt.config.files import write_atomic
+from attn_mt.files import write_atomic
 from attn_mt.training import muon
 
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.9, 1.0)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from attn_mt.config import load_config
-from attn_mt.config.files import write_atomic
+from attn_mt.files import write_atomic
 from attn_mt.measure.profile import profile_steps
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from attn_mt.config import load_config
-from attn_mt.config.files import write_atomic
 from attn_mt.data.batching import token_batches
 from attn_mt.device import describe, precisions_for
+from attn_mt.files import write_atomic
 from attn_mt.measure.bench import Variant, build
 from attn_mt.measure.prelude import prelude
 from attn_mt.measure.timing import alternate

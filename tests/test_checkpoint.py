@@ -10,9 +10,8 @@ import pytest
 import torch
 from conftest import Evil, cli, one_line_error, write_config
 
-from attn_mt import checkpoint
+from attn_mt import checkpoint, files
 from attn_mt.checkpoint import CheckpointError, load, load_model, save
-from attn_mt.config import files
 from attn_mt.training.run import TrainError, train
 
 

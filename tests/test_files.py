@@ -1,4 +1,4 @@
-"""config/files.py: the atomic writer never follows a planted link, and output paths are checked before any
+"""attn_mt/files.py: the atomic writer never follows a planted link, and output paths are checked before any
 work (the suffix, the folder, not an input, not another output); the download writes through it."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from attn_mt.config import files
-from attn_mt.config.files import OutputError, check_outputs, replace_folder, write_atomic
+from attn_mt import files
 from attn_mt.data import download
+from attn_mt.files import OutputError, check_outputs, replace_folder, write_atomic
 
 
 def test_write_atomic_replaces_a_planted_link_and_leaves_its_target(tmp_path):

@@ -19,8 +19,8 @@ import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from attn_mt.config.files import write_report
 from attn_mt.data import checks
+from attn_mt.files import write_report
 
 NAMES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",
          "cross": "cross-attention"}

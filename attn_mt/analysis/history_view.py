@@ -278,7 +278,7 @@ class HistoryView:
 
     def save_png(self, path: str | os.PathLike) -> Path:
         """The summary picture as a PNG file, written atomically."""
-        from attn_mt.config.files import write_report
+        from attn_mt.files import write_report
 
         path = checks.path(path)
         return write_report(path, self.png(), "path")

@@ -13,8 +13,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from attn_mt.config.files import check_report, write_report
 from attn_mt.data import checks
+from attn_mt.files import check_report, write_report
 
 from .masking import KINDS
 from .roles import ROLES

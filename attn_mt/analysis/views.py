@@ -113,7 +113,7 @@ def document(fragment: str, title: str = "attn-mt") -> str:
 def save_html(fragment: str, path: Path | str, title: str = "attn-mt") -> Path:
     """Write `document(fragment, title)` to `path` atomically (a new file beside it, then a rename, as
     checkpoints are written); an OSError names the file."""
-    from attn_mt.config.files import write_report
+    from attn_mt.files import write_report
 
     path = Path(path)
     try:

@@ -184,8 +184,8 @@ class Analyses:
         """
         from attn_mt import checkpoint
         from attn_mt.analysis.pruned import pruned_state
-        from attn_mt.config.files import check_outputs
         from attn_mt.decoding.translator import model_translator
+        from attn_mt.files import check_outputs
 
         checks.integer(n, "n")
         if out is not None:

@@ -102,7 +102,7 @@ class Attention:
 
     def save_png(self, out_dir: str | os.PathLike) -> list[Path]:
         """Every layer of every kind as `{kind}_layer{n}.png` in `out_dir` (what `attn-mt attention` writes)."""
-        from attn_mt.config.files import check_report
+        from attn_mt.files import check_report
 
         out = checks.path(out_dir, "out_dir")
         check_report(out / "x.png", "out_dir")  # not into a model folder

@@ -6,8 +6,8 @@ Tested in tests/test_cli.py (one line naming the flag, and each exit status).
 
 from __future__ import annotations
 
-from attn_mt.config.files import OutputError
 from attn_mt.errors import AttnMTError, ConfigError, Interrupted
+from attn_mt.files import OutputError
 
 __all__ = ["FLAGS", "AttnMTError", "error_line", "flag", "flags"]  # AttnMTError: what error_line takes
 

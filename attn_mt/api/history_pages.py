@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from attn_mt.config.files import check_outputs
 from attn_mt.errors import InputError
+from attn_mt.files import check_outputs
 from attn_mt.rundir import RunDir
 
 from . import checks

@@ -262,7 +262,7 @@ class Model(Analyses):
         >>> model.save("mine.pt")
         """
         from attn_mt import checkpoint
-        from attn_mt.config.files import check_outputs
+        from attn_mt.files import check_outputs
 
         path = checks.path(path)
         module = self._transformer("save", any_kind=True)

@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 from attn_mt.checkpoint import CheckpointError
-from attn_mt.config.files import mark_model
 from attn_mt.config.train import MOST
 from attn_mt.decoding.translator import Translator, checkpoint_translator, model_translator
 from attn_mt.errors import InputError
+from attn_mt.files import mark_model
 
 
 def open_translator(path: Path | str, device: str = "auto", threads: int | None = None) -> Translator:

@@ -9,7 +9,6 @@ from attn_mt.analysis.explanation import render as explanation_text
 from attn_mt.analysis.heads import check_request as check_heads_request
 from attn_mt.analysis.overview import save as save_heads_report
 from attn_mt.analysis.overview import table as heads_table
-from attn_mt.config.files import OutputError, check_outputs  # an output path, checked before any work
 from attn_mt.config.yamlconf import OptionError  # a flag's value
 from attn_mt.data.sources import input_lines
 from attn_mt.decoding.metrics import text as evaluation_text
@@ -18,6 +17,7 @@ from attn_mt.decoding.scoring import format_scores, score_files
 from attn_mt.decoding.scoring import write_json as write_scores
 from attn_mt.decoding.translator import translate_lines
 from attn_mt.errors import InputError
+from attn_mt.files import OutputError, check_outputs  # an output path, checked before any work
 from attn_mt.measure.bench import format_report as bench_text
 from attn_mt.measure.report import summary as compare_text
 

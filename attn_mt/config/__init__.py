@@ -3,7 +3,7 @@ decode.py (with the table of decode options) and compare_rnn.py (compare-rnn's f
 together and reads and writes them. Each section's module holds its dataclass, defaults, upper bounds and checks.
 
 This module only names them: `from attn_mt.config import TrainConfig`. May import nothing of attn_mt (its
-errors aside).
+errors and files aside: loader.py writes a config atomically).
 """
 
 from attn_mt.config.compare_rnn import CompareConfig

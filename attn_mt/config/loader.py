@@ -19,11 +19,11 @@ import yaml
 
 from attn_mt.config.data import DataConfig
 from attn_mt.config.decode import DecodeConfig
-from attn_mt.config.files import write_atomic
 from attn_mt.config.model import ModelConfig, TransformerConfig
 from attn_mt.config.tokenizer import TokenizerConfig
 from attn_mt.config.train import TrainConfig
 from attn_mt.config.yamlconf import ConfigError, build, read_yaml, set_overrides
+from attn_mt.files import write_atomic
 
 
 @dataclass(frozen=True)

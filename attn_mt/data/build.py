@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from attn_mt.config import ExperimentConfig, TokenizerConfig
-from attn_mt.config.files import write_atomic
 from attn_mt.data.sources import write_pairs
 from attn_mt.data.tokenizer import Tokenizer, train_tokenizer
+from attn_mt.files import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from attn_mt.config.files import write_atomic
 from attn_mt.config.yamlconf import first_line
 from attn_mt.errors import RunError
+from attn_mt.files import write_atomic
 
 log = logging.getLogger(__name__)
 

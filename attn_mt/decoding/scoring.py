@@ -110,6 +110,6 @@ def write_json(result: dict, path: Path) -> Path:
     """`result` as JSON at `path`, written whole or not at all."""
     import json
 
-    from attn_mt.config.files import write_report
+    from attn_mt.files import write_report
 
     return write_report(path, json.dumps(result, indent=2, ensure_ascii=False) + "\n", "json")

@@ -17,8 +17,8 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from attn_mt.config.files import replace_entries, replace_folder
 from attn_mt.errors import InputError
+from attn_mt.files import replace_entries, replace_folder
 
 MANIFEST = "attn_mt_manifest.json"  # what the export wrote, so a later one knows what it may replace
 

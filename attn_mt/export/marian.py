@@ -22,7 +22,6 @@ import torch
 
 from attn_mt.checkpoint import CheckpointError, model_state, tokenizer_from_protos
 from attn_mt.config import ConfigError, DataConfig, DecodeConfig, ExperimentConfig, TokenizerConfig, TransformerConfig
-from attn_mt.config.files import mark_model
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.export.marian_fields import (
     WEIGHTS,
@@ -36,6 +35,7 @@ from attn_mt.export.marian_fields import (
     read_weights,
     vocab_ids,
 )
+from attn_mt.files import mark_model
 
 FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "source.spm", "target.spm",
          "vocab.json", "target_vocab.json")  # what is read (besides the weights)
@@ -207,7 +207,7 @@ def marian_state(path: Path | str) -> dict:
     """A MarianMT folder (or hub name) as a checkpoint state: {"model", "config", "tokenizer"} (what
     `checkpoint.model_from_state` rebuilds), plus where it came from ("init_path")."""
     folder = local_folder(path)
-    mark_model(folder)  # no report is written into it (config.files.check_report)
+    mark_model(folder)  # no report is written into it (files.check_report)
     raw = read_json(folder, "config.json")
     if raw.get("model_type") == "attn_mt":  # our own pre-norm transformers export
         from attn_mt.export.attn_mt_folder import attn_mt_state

@@ -40,10 +40,10 @@ from torch import Tensor, nn
 
 from attn_mt.checkpoint import load_model
 from attn_mt.config import ConfigError, ExperimentConfig, TransformerConfig
-from attn_mt.config.files import write_atomic
 from attn_mt.data.batching import token_batches
 from attn_mt.decoding.search import translate
 from attn_mt.device import Stopwatch, autocast, describe, precisions_for
+from attn_mt.files import write_atomic
 from attn_mt.measure.prelude import prelude
 from attn_mt.measure.timing import alternate, timed
 from attn_mt.models import build_model, count_params

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from attn_mt.config.files import write_atomic
+from attn_mt.files import write_atomic
 from attn_mt.measure.timing import NOISY_SPREAD
 
 CLOCK_WORDS = {"wall": "wall-clock", "cpu": "CPU"}  # report["trust"]["clock"] -> how the text names it

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from marian_models import build, texts
 
 import attn_mt
-from attn_mt.config.files import OutputError
 from attn_mt.export.marian_fields import CONFIG, GENERATION
+from attn_mt.files import OutputError
 
 
 @pytest.fixture(scope="module")

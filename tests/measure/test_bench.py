@@ -15,8 +15,8 @@ import attn_mt
 import attn_mt.measure.bench
 from attn_mt.cli import app
 from attn_mt.config import TransformerConfig
-from attn_mt.config.files import OutputError
 from attn_mt.device import precisions_for
+from attn_mt.files import OutputError
 from attn_mt.measure.bench import TorchTransformer, train_flops
 from attn_mt.models import build_model, count_params
 

@@ -16,7 +16,7 @@ from conftest import TINY, snapshot
 from attn_mt import checkpoint, rundir
 from attn_mt.analysis.history import Recorder, load_history, to_arrays
 from attn_mt.config import load_config, loader
-from attn_mt.config.files import open_new
+from attn_mt.files import open_new
 from attn_mt.rundir import RunDir
 from attn_mt.training import run as run_module
 from attn_mt.training.run import train
