@@ -10,6 +10,10 @@ Models:
     ours_refattn  our Transformer on the reference attention path (explicit softmax(QK^T)V)
     torch         REFERENCE: torch.nn.Transformer with our embeddings, positions and tied output
                   layer (`TorchTransformer` below), so the parameter counts match
+    ours_adamw    ours with AdamW, when the config's optimizer is another (train.optimizer=muon): the
+                  ratio of the two step times (`optimizer_ratio`) is what the optimizer costs
+After the rows, the parts of our model's step (forward, loss, backward, clip, ...; measure/parts.py),
+timed apart on the config's precision and optimizer against the whole step.
 
 Model FLOPs (`train_flops`) are the matmul FLOPs of one sentence pair of source length S and
 target length T (eos / bos included), D = d_model, F = d_ff, V = target vocabulary, per layer:
@@ -44,12 +48,13 @@ from attn_mt.data.batching import token_batches
 from attn_mt.decoding.search import translate
 from attn_mt.device import Stopwatch, autocast, describe, precisions_for
 from attn_mt.files import write_atomic
-from attn_mt.measure.prelude import prelude
+from attn_mt.measure.parts import parts_table, step_parts
+from attn_mt.measure.prelude import Prelude, prelude
 from attn_mt.measure.timing import alternate, timed
 from attn_mt.models import build_model, count_params
 from attn_mt.models.seq2seq import init_embeddings, make_embeddings
 from attn_mt.models.transformer import PositionalEncoding
-from attn_mt.training.trainer import TrainStep
+from attn_mt.training.trainer import Trainer, TrainStep
 
 log = logging.getLogger(__name__)
 MODELS = ("ours", "ours_refattn", "torch")
@@ -126,7 +131,7 @@ class Variant:
 
     def __init__(self, name: str, model: nn.Module, precision: str, cfg: ExperimentConfig,
                  device: torch.device, compiled: bool = False) -> None:
-        self.name, self.precision, self.device = name, precision, device
+        self.name, self.precision, self.device, self.optimizer = name, precision, device, cfg.train.optimizer
         self.params = count_params(model)
         model.train()
         self.step = TrainStep(model, cfg.train, device, precision, net=torch.compile(model) if compiled else None)
@@ -161,7 +166,7 @@ def translate_fns(checkpoint: Path, texts: list[str], device: torch.device, prec
 def _train_row(v: Variant, rounds: list[float], median: float, tokens: int, flops: float, steps: int,
                peak: dict) -> dict:
     """Throughput, FLOP rate and MFU of one variant from its median round."""
-    row = {"model": v.name, "precision": v.precision, "params": v.params,
+    row = {"model": v.name, "precision": v.precision, "params": v.params, "optimizer": v.optimizer,
            "round_s": rounds,  # every round's seconds, the warm-up first
            "tokens_per_s": tokens / median, "step_s": median / steps,
            "gflops": flops / median / 1e9, "mfu": flops / median / 1e9 / peak[v.precision]}
@@ -184,13 +189,26 @@ def _contestants(cfg: ExperimentConfig, corpus, device: torch.device, precisions
                                                                                  pin=device.type == "cuda")],
                                   device)}
     trainers, peak_flops = {}, {}
+    kinds = [*MODELS, *["ours_compiled"] * compile, *["ours_adamw"] * (tc.optimizer != "adamw")]
+    adamw = replace(cfg, train=replace(tc, optimizer="adamw"))
     for p in precisions:
         fns[f"matmul/{p}"], peak_flops[p] = matmul(device, DTYPES[p])
-        for kind in [*MODELS, "ours_compiled"] if compile else MODELS:
-            model = build("ours" if kind == "ours_compiled" else kind, cfg, corpus.tok, device)
-            tr = trainers[f"{kind}/{p}"] = Variant(kind, model, p, cfg, device, compiled=kind == "ours_compiled")
+        for kind in kinds:
+            model = build("ours" if kind.startswith("ours_") and kind != "ours_refattn" else kind, cfg, corpus.tok,
+                          device)
+            tr = trainers[f"{kind}/{p}"] = Variant(kind, model, p, adamw if kind == "ours_adamw" else cfg, device,
+                                                   compiled=kind == "ours_compiled")
             fns[f"{kind}/{p}"] = functools.partial(tr.run, batches)
     return fns, trainers, peak_flops
+
+
+def ours_parts(cfg: ExperimentConfig, start: Prelude, steps: int) -> dict:
+    """The parts of our model's step (measure/parts.py) on the config's precision and optimizer, trained by the
+    trainer (`Trainer.step`) from the start of the corpus's first epoch."""
+    model = build("ours", cfg, start.corpus.tok, start.device).train()
+    trainer = Trainer(model, cfg, start.corpus, start.device, start.precision)
+    with trainer.prefetch:  # its thread, on CUDA, stops at the end
+        return step_parts(trainer, steps, warmup=2)
 
 
 def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats: int = 5, steps: int = 2,
@@ -217,13 +235,14 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
         fns.update(translate_fns(checkpoint, texts, device, precisions))
     times = alternate(fns, repeats, warmup=True, label="bench")
     med = {name: statistics.median(t[1:]) for name, t in times.items()}
+    parts = ours_parts(cfg, start, repeats * steps)
 
     peak = {p: peak_flops[p] / med[f"matmul/{p}"] / 1e9 for p in precisions}
     train = [_train_row(tr, times[name], med[name], tokens, flops, steps, peak) for name, tr in trainers.items()]
     by = {(r["model"], r["precision"]): r for r in train}
     ours = {p: by["ours", p]["tokens_per_s"] for p in precisions}
     ref = {p: by["torch", p]["tokens_per_s"] for p in precisions}
-    main = start.precision
+    main, adamw = start.precision, "ours_adamw" in {m for m, _ in by}
     data_s = med["data/plan"] / len(index) + med["data/collate"] / steps
     result = {
         "config": cfg.name, "device": str(device), "machine": describe(device),
@@ -236,7 +255,10 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
         "mfu": {m: {p: by[m, p]["mfu"] for p in precisions} for m in dict.fromkeys(m for m, _ in by)},
         "matmul_peak_gflops": peak,
         "data_s_per_batch": data_s, "data_share": data_s / by["ours", main]["step_s"],
-        "train": train,
+        "train": train, "optimizer": tc.optimizer,
+        "optimizer_ratio": {p: by["ours", p]["step_s"] / by["ours_adamw", p]["step_s"] for p in precisions}
+        if adamw else None,  # the config's optimizer's step time / AdamW's (ours)
+        "step_parts": parts,
         "translate": [{"search": n.split("/")[1], "precision": n.split("/")[2], "sentences": len(texts),
                        "sentences_per_s": len(texts) / med[n]} for n in fns if n.startswith("translate/")],
         "load_before": load_before, "load_after": os.getloadavg(),
@@ -262,6 +284,10 @@ def format_report(r: dict) -> str:
         lines.append(f"ours bf16 / fp32: {r['bf16_speedup']:.2f}x")
     lines.append(f"data loading: {r['data_s_per_batch'] * 1e3:.1f} ms per batch, "
                  f"{r['data_share']:.1%} of a {r['precision']} step")
+    for p, ratio in (r.get("optimizer_ratio") or {}).items():
+        lines.append(f"ours {r['optimizer']} / adamw {p}: {ratio:.2f}x the step time")
+    if "step_parts" in r:
+        lines += parts_table(r["step_parts"])
     for t in r["translate"]:
         lines.append(f"translate {t['search']:<7}{t['precision']:<6}{t['sentences_per_s']:>8.1f} sentences/s")
     lines.append("load average before / after: " + " / ".join(

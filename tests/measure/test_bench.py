@@ -104,3 +104,29 @@ def test_bench_checks_its_json_before_any_work(tmp_path, monkeypatch, json_out):
     with pytest.raises(OutputError, match=f"^json_out {re.escape(str(out))}: "):
         attn_mt.bench(config, json_out=out)
     assert config.read_bytes() == before
+
+
+@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
+def test_bench_times_adamw_beside_another_optimizer_and_the_parts_of_a_step(tiny_cfg, optimizer):
+    """With train.optimizer=muon an ours_adamw row per precision (same batches, same rounds) and the ratio of the
+    step times; with AdamW no such row. The parts of our step come after the rows, in the JSON and the text."""
+    r = attn_mt.measure.bench.run_bench(tiny_cfg(f"train.optimizer={optimizer}", "train.precision=auto"),
+                                        repeats=1, steps=1)
+    precisions = list(r["matmul_peak_gflops"])
+    by = {(row["model"], row["precision"]): row for row in r["train"]}
+    models = {"ours", "ours_refattn", "torch"} | ({"ours_adamw"} if optimizer == "muon" else set())
+    assert set(by) == {(m, p) for m in models for p in precisions}
+    assert r["optimizer"] == optimizer and all(row["optimizer"] == optimizer for row in r["train"]
+                                               if row["model"] != "ours_adamw")
+    text = attn_mt.measure.bench.format_report(r)
+    if optimizer == "muon":
+        assert all(by["ours_adamw", p]["optimizer"] == "adamw" for p in precisions)
+        assert r["optimizer_ratio"] == pytest.approx(
+            {p: by["ours", p]["step_s"] / by["ours_adamw", p]["step_s"] for p in precisions})
+        assert all(f"ours muon / adamw {p}: " in text for p in precisions)
+    else:
+        assert r["optimizer_ratio"] is None and " / adamw" not in text
+    parts = r["step_parts"]
+    assert parts["optimizer_name"] == optimizer and parts["precision"] == r["precision"]
+    assert all(ms > 0 for ms in parts["ms"].values()) and parts["whole_ms"] > 0
+    assert "parts of a step" in text
