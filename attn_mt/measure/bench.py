@@ -13,7 +13,7 @@ Models:
     ours_adamw    ours with AdamW, when the config's optimizer is another (train.optimizer=muon): the
                   ratio of the two step times (`optimizer_ratio`) is what the optimizer costs
 After the rows, the parts of our model's step (forward, loss, backward, clip, ...; measure/parts.py),
-timed apart on the config's precision and optimizer against the whole step.
+timed apart on the config's precision, attention and optimizer, against the whole step.
 
 Model FLOPs (`train_flops`) are the matmul FLOPs of one sentence pair of source length S and
 target length T (eos / bos included), D = d_model, F = d_ff, V = target vocabulary, per layer:
@@ -48,13 +48,13 @@ from attn_mt.data.batching import token_batches
 from attn_mt.decoding.search import translate
 from attn_mt.device import Stopwatch, autocast, describe, precisions_for
 from attn_mt.files import write_atomic
-from attn_mt.measure.parts import parts_table, step_parts
-from attn_mt.measure.prelude import Prelude, prelude
+from attn_mt.measure.parts import config_parts, parts_table
+from attn_mt.measure.prelude import prelude
 from attn_mt.measure.timing import alternate, timed
 from attn_mt.models import build_model, count_params
 from attn_mt.models.seq2seq import init_embeddings, make_embeddings
 from attn_mt.models.transformer import PositionalEncoding
-from attn_mt.training.trainer import Trainer, TrainStep
+from attn_mt.training.trainer import TrainStep
 
 log = logging.getLogger(__name__)
 MODELS = ("ours", "ours_refattn", "torch")
@@ -202,15 +202,6 @@ def _contestants(cfg: ExperimentConfig, corpus, device: torch.device, precisions
     return fns, trainers, peak_flops
 
 
-def ours_parts(cfg: ExperimentConfig, start: Prelude, steps: int) -> dict:
-    """The parts of our model's step (measure/parts.py) on the config's precision and optimizer, trained by the
-    trainer (`Trainer.step`) from the start of the corpus's first epoch."""
-    model = build("ours", cfg, start.corpus.tok, start.device).train()
-    trainer = Trainer(model, cfg, start.corpus, start.device, start.precision)
-    with trainer.prefetch:  # its thread, on CUDA, stops at the end
-        return step_parts(trainer, steps, warmup=2)
-
-
 def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats: int = 5, steps: int = 2,
               compile: bool = False, sentences: int = 100, json_out: Path | None = None) -> dict:
     """Measure everything in one run (see the module docstring); returns JSON-ready figures, also written to
@@ -235,7 +226,7 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
         fns.update(translate_fns(checkpoint, texts, device, precisions))
     times = alternate(fns, repeats, warmup=True, label="bench")
     med = {name: statistics.median(t[1:]) for name, t in times.items()}
-    parts = ours_parts(cfg, start, repeats * steps)
+    parts = config_parts(cfg, start, repeats * steps)
 
     peak = {p: peak_flops[p] / med[f"matmul/{p}"] / 1e9 for p in precisions}
     train = [_train_row(tr, times[name], med[name], tokens, flops, steps, peak) for name, tr in trainers.items()]

@@ -1,6 +1,9 @@
 """The parts of a training step, timed apart: where a step's time goes (`attn-mt bench` prints them).
 
     >>> step_parts(trainer, steps=10)  # a training.trainer.Trainer; median ms per part
+    >>> config_parts(cfg, prelude(cfg, ...), steps=10)  # the same for a config's model, as training builds it
+
+(scripts/profile_step.py --parts prints them for a config.)
 
 The trainer's own `Trainer.step` runs, with timers put into the objects it calls (instance attributes,
 taken out again after the step): where one part ends and the next begins the device is synchronised and
@@ -29,7 +32,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import torch
+
+from attn_mt.config import ExperimentConfig
 from attn_mt.device import Stopwatch, sync
+from attn_mt.measure.prelude import Prelude
+from attn_mt.models import build_model
 from attn_mt.training.trainer import Trainer
 
 PARTS = ("batch", "forward", "loss", "backward", "clip", "checks", "optimizer", "ema", "schedule")
@@ -129,9 +137,19 @@ def step_parts(trainer: Trainer, steps: int = 10, warmup: int = 2) -> dict:
             "timed_step_ms": statistics.median(sum(s.values()) for s in parts) * 1e3}
 
 
+def config_parts(cfg: ExperimentConfig, start: Prelude, steps: int = 10, warmup: int = 2) -> dict:
+    """step_parts of the config's model, built and trained as training does (seeded; the config's precision,
+    attention and optimizer) from the start of the corpus's first epoch."""
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model, **start.corpus.tok.sizes()).to(start.device).train()
+    trainer = Trainer(model, cfg, start.corpus, start.device, start.precision)
+    with trainer.prefetch:  # its thread, on CUDA, stops at the end
+        return step_parts(trainer, steps, warmup)
+
+
 def parts_table(r: dict) -> list[str]:
     """step_parts' figures as lines of text."""
-    lines = [f"parts of a step (ours, {r['precision']}, {r['optimizer_name']}; median of {r['steps']} steps, "
+    lines = [f"parts of a step ({r['precision']}, {r['optimizer_name']}; median of {r['steps']} steps, "
              f"the device synchronised around each part):", f"{'part':<12}{'ms':>9}{'share':>8}"]
     lines += [f"{p:<12}{ms:>9.2f}{r['share'][p]:>8.1%}" for p, ms in r["ms"].items()]
     lines.append(f"{'sum':<12}{r['sum_ms']:>9.2f}{r['sum_ms'] / r['whole_ms']:>8.1%}  of the whole step, "
