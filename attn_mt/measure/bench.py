@@ -226,7 +226,7 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
         fns.update(translate_fns(checkpoint, texts, device, precisions))
     times = alternate(fns, repeats, warmup=True, label="bench")
     med = {name: statistics.median(t[1:]) for name, t in times.items()}
-    parts = config_parts(cfg, start, repeats * steps)
+    parts = config_parts(cfg, start, max(repeats * steps, 10))  # steps on different batches: at least 10
 
     peak = {p: peak_flops[p] / med[f"matmul/{p}"] / 1e9 for p in precisions}
     train = [_train_row(tr, times[name], med[name], tokens, flops, steps, peak) for name, tr in trainers.items()]
