@@ -27,8 +27,8 @@ from attn_mt.data.sources import read_lines
 from attn_mt.decoding.metrics import bleu
 from attn_mt.decoding.search import translate
 from attn_mt.device import autocast, describe, machine
-from attn_mt.export import ct2_translator as ct2
 from attn_mt.export.ctranslate2 import export_ct2
+from attn_mt.imports import ct2_translator as ct2
 from attn_mt.measure.timing import alternate, timed
 
 

@@ -48,7 +48,7 @@ EXPORT_KEYS = [(), ("sentencepiece",), ("max_positions",), ("decode",), ("decode
 def one_ct2_thread():
     """CTranslate2 with one thread, as conftest gives torch: on 2 shared cores its default threads spin
     and wait (a tiny export's first translation took 8 s with 2 threads, 0.07 s with one)."""
-    from attn_mt.export import ct2_translator
+    from attn_mt.imports import ct2_translator
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ct2_translator, "load_exported", functools.partial(ct2_translator.load_exported, threads=1))

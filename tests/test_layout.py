@@ -17,7 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "attn_mt"
 TOP_MODULES = {"__init__", "__main__", "cli", "checkpoint", "device", "errors", "files", "rundir"}
-PACKAGES = {"config", "data", "models", "decoding", "training", "measure", "export", "serve", "analysis", "api"}
+PACKAGES = {"config", "data", "models", "decoding", "training", "measure", "export", "imports", "serve", "analysis",
+            "api"}
 BASE = {"config", "checkpoint", "device", "data", "models"}
 # what each part of attn_mt may import besides itself (a part: a top-level module or a package); every part
 # may import the bottom: attn_mt.errors (the error hierarchy, which imports nothing of attn_mt) and
@@ -32,12 +33,13 @@ ALLOWED = {
     "models": {"config"},
     "checkpoint": {"config", "data", "models"},
     "rundir": {"config", "data", "models", "checkpoint"},  # the run directory's files: whoever reads runs
-    "decoding": BASE,  # knows nothing of exports: export.ct2_translator chooses between a checkpoint and a folder
-    "export": BASE | {"decoding", "rundir"},  # Translation objects; the run's files (the model card)
+    "decoding": BASE,  # knows nothing of exports: imports.ct2_translator chooses between a checkpoint and a folder
+    "export": BASE | {"rundir"},  # writes model folders; the run's files (the model card)
+    "imports": {"config", "checkpoint", "data", "decoding", "export"},  # reads model folders back: a Translator
     "training": BASE | {"decoding", "rundir"},  # validation and test BLEU
     "measure": BASE | {"decoding", "training"},  # the training step, never the run (below)
     "analysis": BASE | {"decoding", "rundir"},  # rundir: a run's attention history (analysis/history.py)
-    "api": BASE | {"decoding", "training", "measure", "export", "analysis", "rundir"},  # the public API
+    "api": BASE | {"decoding", "training", "measure", "export", "imports", "analysis", "rundir"},  # the public API
     "serve": BASE | {"decoding", "api", "analysis"},  # a loaded model (api.Model)
     "__init__": BASE | PACKAGES | {"errors", "rundir"},  # names the public API; imports it lazily (tests/api)
     "__main__": {"cli"},

@@ -13,6 +13,6 @@
     flags.py      the CLI's words: an argument's flag, a failure as one line and an exit status (no torch)
     limits.py     `Limits`: what `attn-mt serve` answers (the server's; here so the CLI reads the defaults)
 
-May import config, checkpoint, device, data, models, decoding, training, measure, export, analysis and rundir;
-never serve.
+May import config, checkpoint, device, data, models, decoding, training, measure, export, imports, analysis and
+rundir; never serve.
 """

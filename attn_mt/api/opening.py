@@ -27,12 +27,12 @@ def open_translator(path: Path | str, device: str = "auto", threads: int | None 
     if threads is not None and not 1 <= threads <= MOST["threads"]:
         raise InputError(f"must be from 1 to {MOST['threads']}, not {threads}", "threads")
     translator = _open(path, device, threads)
-    mark_model(translator.path)  # a report is never written over it or into it (hub names: export/marian.py)
+    mark_model(translator.path)  # a report is never written over it or into it (hub names: imports/marian.py)
     return translator
 
 
 def _open(path: Path | str, device: str, threads: int | None) -> Translator:
-    from attn_mt.export.marian import is_marian
+    from attn_mt.imports.marian import is_marian
 
     if is_marian(path):
         if threads is not None:
@@ -40,8 +40,8 @@ def _open(path: Path | str, device: str, threads: int | None) -> Translator:
         return marian_translator(path, device)
     path = Path(path)
     if path.is_dir():
-        from attn_mt.export.ct2_translator import export_translator  # CTranslate2 loads only for an export
         from attn_mt.export.ctranslate2 import META
+        from attn_mt.imports.ct2_translator import export_translator  # CTranslate2 loads only for an export
 
         if not (path / META).is_file():
             hf = _model_type(path)
@@ -67,10 +67,10 @@ def _model_type(folder: Path) -> str:
 
 
 def marian_translator(path: Path | str, device: str = "auto") -> Translator:
-    """A MarianMT model (export/marian.py reads it as our checkpoint state) as a PyTorch Translator."""
+    """A MarianMT model (imports/marian.py reads it as our checkpoint state) as a PyTorch Translator."""
     from attn_mt.checkpoint import model_from_state
     from attn_mt.device import pick_device
-    from attn_mt.export.marian import marian_state
+    from attn_mt.imports.marian import marian_state
 
     dev = pick_device(device)
     state = marian_state(path)
@@ -84,6 +84,6 @@ def marian_translator(path: Path | str, device: str = "auto") -> Translator:
 def open_state(path: Path | str) -> dict:
     """The checkpoint state of a checkpoint file or a MarianMT model: what `train.init_from` starts from."""
     from attn_mt.checkpoint import load
-    from attn_mt.export.marian import is_marian, marian_state
+    from attn_mt.imports.marian import is_marian, marian_state
 
     return marian_state(path) if is_marian(path) else load(path)

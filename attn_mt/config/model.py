@@ -37,7 +37,7 @@ class TransformerConfig:
     zero_init: bool = False  # start the output projections of attention and feed-forward layers at zero
     qk_norm: bool = False  # RMS-normalise each head's queries and keys before q . k (QK-norm)
     norm: Literal["layer", "rms"] = "layer"  # LayerNorm or RMSNorm around the sublayers
-    # what MarianMT (opus-mt) models need (export/marian.py sets them; the defaults are our own models):
+    # what MarianMT (opus-mt) models need (imports/marian.py sets them; the defaults are our own models):
     positions: Literal["interleaved", "halves", "rotary", "learned"] = "interleaved"  # the sinusoid table: sin
     #     and cos alternating dimensions (ours), or sin in the first half and cos in the second (Marian's); rotary:
     #     no table, self-attention turns queries and keys by their positions (RoPE); learned: a trained table

@@ -1,7 +1,7 @@
 """SentencePiece subwords: trained on (a sample of) the training split, joint or one model per language.
 
 The data cache trains them once per entry and keeps the model file(s) in it (`Tokenizer.files`);
-checkpoints carry the same bytes (`Tokenizer.state`). A MarianMT model's tokenizer (export/marian.py) is
+checkpoints carry the same bytes (`Tokenizer.state`). A MarianMT model's tokenizer (imports/marian.py) is
 SentencePiece models whose pieces a separate vocabulary numbers (`MappedPieces`), with its own special ids.
 """
 

@@ -1,5 +1,5 @@
 """A loaded model behind one interface, `Translator`, for `translate`, `evaluate` and `serve`; here the PyTorch
-checkpoint kind (export/ct2_translator.py makes the CTranslate2 kind and chooses between the two)."""
+checkpoint kind (imports/ct2_translator.py makes the CTranslate2 kind and chooses between the two)."""
 
 from __future__ import annotations
 

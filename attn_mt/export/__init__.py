@@ -1,11 +1,11 @@
 """Export: write a checkpoint as a model folder (CTranslate2 in ctranslate2.py, Hugging Face in
-transformers.py; both read it through checkpoint_reader.py, whose `ExportError` they raise), and
-translate with a CTranslate2 one (ct2_translator.py: an export as a `Translator`). Every exporter writes
-through `folder.publish`: a temporary folder beside the target, renamed into place, replacing only an
-earlier export (its manifest lists its files).
+transformers.py; both read it through checkpoint_reader.py, whose `ExportError` they raise). Every
+exporter writes through `folder.publish`: a temporary folder beside the target, renamed into place,
+replacing only an earlier export (its manifest lists its files). Reading a model folder back (MarianMT,
+our own exports, CTranslate2 translation) is imports/.
 
-May import config, checkpoint, device, data (the tokenizer), models, decoding and rundir (the run
-directory's files, for the model card); never training, measure, api or serve.
+May import config, checkpoint, device, data (the tokenizer), models and rundir (the run directory's files,
+for the model card); never decoding, training, measure, imports, api or serve.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from attn_mt.decoding.translator import checkpoint_translator
 
 
 def test_export_scores_equal_the_checkpoints(tiny_run, tiny_ct2):
-    from attn_mt.export.ct2_translator import export_translator, load_exported, score_texts
+    from attn_mt.imports.ct2_translator import export_translator, load_exported, score_texts
 
     pairs = make_toy_corpus(300)["test"][:20]
     sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
@@ -26,7 +26,7 @@ def test_export_scores_equal_the_checkpoints(tiny_run, tiny_ct2):
 
 
 def test_contrastive_accuracy_of_the_export_is_the_checkpoints(tiny_run, tiny_ct2, tmp_path):
-    from attn_mt.export.ct2_translator import export_translator
+    from attn_mt.imports.ct2_translator import export_translator
 
     items = items_from_records(contrastive_records(make_pronoun_corpus(200, seed=0)["test"]))[:20]
     a = evaluate_contrastive(checkpoint_translator(tiny_run / "checkpoint_best.pt", "cpu").score, items)

@@ -48,7 +48,7 @@ def test_teacher_forced_log_probs_match(tiny_cfg, tiny_run, toy_test, tmp_path, 
 
 
 def test_greedy_and_beam_give_our_translations(tiny_run, tiny_ct2, toy_test):
-    from attn_mt.export import ct2_translator as ct2
+    from attn_mt.imports import ct2_translator as ct2
 
     model, cfg, tok = checkpoint.load_model(tiny_run / "checkpoint_best.pt")
     exp = ct2.load_exported(tiny_ct2, threads=1)

@@ -58,7 +58,7 @@ def test_fine_tuning_a_marian_model(marian, tmp_path):
                                                           "train.freeze=[embeddings]"], quiet=True)
     state = checkpoint.load(run.dir / "checkpoint_last.pt")
     assert state["config"]["model"]["activation"] == "swish" and state["tokenizer"]["vocab"]["specials"]["eos"] == 0
-    from attn_mt.export.marian import marian_state
+    from attn_mt.imports.marian import marian_state
 
     before = marian_state(folder)["model"]
     assert torch.equal(before["src_embed.weight"], state["model"]["src_embed.weight"])  # frozen (and tied)

@@ -12,7 +12,7 @@ import attn_mt
 from attn_mt import checkpoint
 from attn_mt.data.batching import pad
 from attn_mt.decoding.search import prepare_sources, search
-from attn_mt.export.marian import is_marian, marian_state
+from attn_mt.imports.marian import is_marian, marian_state
 
 N, LIMIT = 200, 48  # sentences compared; output tokens at most (eos included), forced eos there
 

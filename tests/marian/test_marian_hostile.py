@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from marian_models import build, texts
 
 import attn_mt
-from attn_mt.export.marian_fields import CONFIG, GENERATION
 from attn_mt.files import OutputError
+from attn_mt.imports.marian_fields import CONFIG, GENERATION
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +230,7 @@ def test_a_link_to_a_device_in_place_of_a_file_is_refused_unread(marian, tmp_pat
 
 
 def test_a_json_file_or_sentencepiece_model_above_its_size_limit_is_refused_unread(folder, monkeypatch):
-    from attn_mt.export import marian_fields
+    from attn_mt.imports import marian_fields
 
     monkeypatch.setattr(marian_fields, "FILE_MOST", 1000)
     size = (folder / "vocab.json").stat().st_size
@@ -264,7 +264,7 @@ def test_a_vocabulary_that_is_not_the_sentencepiece_models_is_refused(folder, sp
 
 
 def test_a_missing_file_in_a_missing_folder_is_not_a_hub_name(tmp_path, monkeypatch):
-    from attn_mt.export.marian import is_marian
+    from attn_mt.imports.marian import is_marian
 
     monkeypatch.chdir(tmp_path)
     assert not is_marian("nosuchdir/checkpoint_best.pt") and not is_marian("nosuchdir/config.json")

@@ -1,5 +1,5 @@
 """Read a MarianMT model folder (Helsinki-NLP's opus-mt, or our own transformers export) as our
-checkpoint state: the inverse of transformers.py's post-norm route.
+checkpoint state: the inverse of export/transformers.py's post-norm route.
 
 A MarianMT model is our post-norm Transformer with Marian's choices, which the model config names:
 swish feed-forward layers (`model.activation`), the sinusoid table in halves (`model.positions`: sin in
@@ -23,7 +23,8 @@ import torch
 from attn_mt.checkpoint import CheckpointError, model_state, tokenizer_from_protos
 from attn_mt.config import ConfigError, DataConfig, DecodeConfig, ExperimentConfig, TokenizerConfig, TransformerConfig
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.export.marian_fields import (
+from attn_mt.files import mark_model
+from attn_mt.imports.marian_fields import (
     WEIGHTS,
     check_embeddings,
     check_ids,
@@ -35,7 +36,6 @@ from attn_mt.export.marian_fields import (
     read_weights,
     vocab_ids,
 )
-from attn_mt.files import mark_model
 
 FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "source.spm", "target.spm",
          "vocab.json", "target_vocab.json")  # what is read (besides the weights)
@@ -210,7 +210,7 @@ def marian_state(path: Path | str) -> dict:
     mark_model(folder)  # no report is written into it (files.check_report)
     raw = read_json(folder, "config.json")
     if raw.get("model_type") == "attn_mt":  # our own pre-norm transformers export
-        from attn_mt.export.attn_mt_folder import attn_mt_state
+        from attn_mt.imports.attn_mt_folder import attn_mt_state
 
         return attn_mt_state(folder, raw)
     hf = config_fields(folder, raw)  # every field typed and in range, before anything is sized by one

@@ -3,7 +3,7 @@ hold an object, each field its type and a value in range, the vocabulary ids mus
 weights' embeddings, and the pieces must be the SentencePiece models' own. A folder that fails is refused in
 one line (CheckpointError) naming the file and the field, before anything is sized by it.
 
-Used by export/marian.py. Tested in tests/marian/test_marian_hostile.py (with a fuzz test over the fields).
+Used by imports/marian.py. Tested in tests/marian/test_marian_hostile.py (with a fuzz test over the fields).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Read our own transformers-format export of a pre-norm model (model_type attn_mt: the model of
-modeling_attn_mt.py, shipped in the folder) back as our checkpoint state; the post-norm route writes a
-MarianMT folder, which export/marian.py reads. The inverse of transformers.py's `custom_weights`: the same
+export/modeling_attn_mt.py, shipped in the folder) back as our checkpoint state; the post-norm route writes a
+MarianMT folder, which imports/marian.py reads. The inverse of export/transformers.py's `custom_weights`: the same
 modules under our names; the tokenizer is our SentencePiece model(s), whose ids the folder's vocab.json keeps.
 
     >>> state = attn_mt_state(folder, json.loads((folder / "config.json").read_text()))
@@ -18,7 +18,7 @@ from attn_mt.checkpoint import CheckpointError, model_state, tokenizer_from_prot
 from attn_mt.config import ConfigError, DataConfig, DecodeConfig, ExperimentConfig, TokenizerConfig, TransformerConfig
 from attn_mt.config.model import MOST
 from attn_mt.config.tokenizer import MOST as TOKENIZER_MOST
-from attn_mt.export.marian_fields import (
+from attn_mt.imports.marian_fields import (
     GENERATION,
     REQUIRED,
     present,
@@ -33,7 +33,7 @@ CONFIG = {"model_type": (str, REQUIRED, None), "src_vocab_size": (int, REQUIRED,
           "tgt_vocab_size": (int, REQUIRED, VOCAB), "norm_first": (bool, True, None),
           "tie_word_embeddings": (bool, True, None), "share_embeddings": (bool, True, None),
           **{k: (int, REQUIRED, (1, MOST[k])) for k in ("d_model", "n_heads", "n_layers", "d_ff", "max_positions")}}
-# modeling_attn_mt's names -> ours (transformers.py's _RENAMES the other way)
+# modeling_attn_mt's names -> ours (export/transformers.py's _RENAMES the other way)
 RENAMES = [(r"^encoder\.embed\.", "src_embed."), (r"^decoder\.embed\.", "tgt_embed."),
            (r"^(encoder|decoder)\.layers\.(\d+)\.", r"\1.\2."), (r"^encoder\.norm\.", "enc_norm."),
            (r"^decoder\.norm\.", "dec_norm."), (r"^lm_head\.", "out_proj.")]
