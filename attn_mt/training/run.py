@@ -73,8 +73,9 @@ class StopOnInterrupt:
 
 
 @dataclass
-class Run:
-    """A training run in progress: what `setup` built, and the clock."""
+class Training:
+    """A training run in progress: what `setup` built, and the clock (the public API's `attn_mt.Run`
+    is a run's directory)."""
 
     cfg: ExperimentConfig
     files: RunDir
@@ -140,7 +141,7 @@ def train(cfg: ExperimentConfig, run_dir: Path, resume: bool = False, overwrite:
     return wind_up(run, tested)
 
 
-def wind_up(run: Run, tested: bool) -> Path:
+def wind_up(run: Training, tested: bool) -> Path:
     """After the loop: the writers and processes closed, then rank 0 tests (unless a finished run was tested)."""
     if run.board is not None:
         run.board.close()
@@ -154,7 +155,7 @@ def wind_up(run: Run, tested: bool) -> Path:
 
 
 def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = False,
-          init: dict | None = None) -> Run:
+          init: dict | None = None) -> Training:
     """Set-up, in order: the processes and the run directory; the config, resolved once (fine-tuning and resuming
     here, the automatic size once the data is open: it measures on it); the data; the model; the trainer, with a
     resumed run's state. What each step is given comes from the final config."""
@@ -210,7 +211,7 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
         from attn_mt.training.board import Board
 
         board = Board(files.tensorboard, True, trainer.state.step)
-    return Run(cfg, files, world, corpus, trainer, board, done,
+    return Training(cfg, files, world, corpus, trainer, board, done,
                start=time.perf_counter() - trainer.state.elapsed_s - (choice.measure_s if choice else 0.0))
 
 
@@ -239,7 +240,7 @@ def build_net(cfg: ExperimentConfig, corpus: Corpus, init: dict | None, world: d
     return model, net
 
 
-def after_step(run: Run, bar: Progress, out: Step) -> str | None:
+def after_step(run: Training, bar: Progress, out: Step) -> str | None:
     """What step number `out.number` asks for: a progress report, an evaluation (with a limit reached, the
     last one) or a checkpoint. Returns why the run stops, or None."""
     tc, st, n = run.cfg.train, run.state, out.number
@@ -253,7 +254,7 @@ def after_step(run: Run, bar: Progress, out: Step) -> str | None:
     return None
 
 
-def report_progress(run: Run, bar: Progress, lr: float) -> None:
+def report_progress(run: Training, bar: Progress, lr: float) -> None:
     """Mean loss and tokens/s over the steps since the last report, on the progress bar and TensorBoard."""
     run.trainer.read()
     st, now = run.state, time.perf_counter()
@@ -269,7 +270,7 @@ def report_progress(run: Run, bar: Progress, lr: float) -> None:
     st.window_loss, st.window_tokens, run.window_t0 = 0.0, 0, now
 
 
-def checkpoint_state(run: Run, rngs: list[dict]) -> dict:
+def checkpoint_state(run: Training, rngs: list[dict]) -> dict:
     """What checkpoint_last.pt holds: weights, optimizer, config, tokenizer, every rank's RNG, TrainState."""
     st, tr = run.state, run.trainer
     st.elapsed_s = run.elapsed()
@@ -282,7 +283,7 @@ def checkpoint_state(run: Run, rngs: list[dict]) -> dict:
             "scaler": tr.scaler.state_dict() if tr.scaler.is_enabled() else None, **asdict(st)}
 
 
-def save_last(run: Run) -> None:
+def save_last(run: Training) -> None:
     """checkpoint_last.pt; every rank calls it (the RNG states are gathered), rank 0 writes."""
     run.trainer.read()  # the counters it saves, exact
     rngs = distributed.gather(rng_state(run.trainer.device), run.world)
@@ -290,7 +291,7 @@ def save_last(run: Run) -> None:
         checkpoint.save(checkpoint_state(run, rngs), run.files.last)
 
 
-def validation_round(run: Run, reason: str | None = None) -> str | None:
+def validation_round(run: Training, reason: str | None = None) -> str | None:
     """Every rank calls it; rank 0 validates, logs and saves. Returns `reason`, or early stopping's."""
     run.trainer.read()
     st = run.state
@@ -302,7 +303,7 @@ def validation_round(run: Run, reason: str | None = None) -> str | None:
     return reason
 
 
-def validate_and_save(run: Run, rngs: list[dict], reason: str | None) -> str | None:
+def validate_and_save(run: Training, rngs: list[dict], reason: str | None) -> str | None:
     """Validation into metrics.jsonl, the log and TensorBoard; checkpoint_best/last and the kept snapshots.
     Returns `reason` or early stopping's, recorded in the checkpoints (`TrainState.stopped`)."""
     st, tc, tr = run.state, run.cfg.train, run.trainer
@@ -332,7 +333,7 @@ def validate_and_save(run: Run, rngs: list[dict], reason: str | None) -> str | N
     return reason
 
 
-def write_metrics(run: Run, metrics: dict[str, float]) -> dict:
+def write_metrics(run: Training, metrics: dict[str, float]) -> dict:
     """The one writer of an evaluation's `metrics` (validation.SHOWN says how each shows): its metrics.jsonl
     record (returned), its log line and its TensorBoard scalars (valid/<name>)."""
     st, shown = run.state, {name: SHOWN[name] for name in metrics}
@@ -349,7 +350,7 @@ def write_metrics(run: Run, metrics: dict[str, float]) -> dict:
     return record
 
 
-def finish(run: Run) -> Path:
+def finish(run: Training) -> Path:
     """Rank 0: average the kept snapshots (if any), score the better checkpoint on test, write results.json."""
     st, tc, tr, files = run.state, run.cfg.train, run.trainer, run.files
     train_seconds = run.elapsed()
@@ -375,7 +376,7 @@ def finish(run: Run) -> Path:
     return test_path
 
 
-def write_test_texts(run: Run, missing: bool = False) -> None:
+def write_test_texts(run: Training, missing: bool = False) -> None:
     """The test split's sources and references as `{split}.{lang}` in the run directory, line-aligned with
     test_hyps.txt: the evaluate command works on these files (sources, references) for any data source.
     `missing`: only where one is missing (a run finished by an attn-mt that wrote them after results.json)."""
@@ -389,7 +390,7 @@ def write_test_texts(run: Run, missing: bool = False) -> None:
         run.files.write_contrastive(data.splits.test, records)
 
 
-def average_snapshots(run: Run) -> tuple[Path, dict]:
+def average_snapshots(run: Training) -> tuple[Path, dict]:
     """Average the kept snapshots; (the better of average and best single on valid BLEU, results extras)."""
     tr, files, st = run.trainer, run.files, run.state
     n = len(files.snapshots())
