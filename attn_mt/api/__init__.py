@@ -1,7 +1,8 @@
 """The public Python API (`import attn_mt`; docs/api.md): what the CLI and the server call.
 
     model.py      `load` and `Model`: translate, translate_nbest, stream, score, evaluate, contrastive, to, save
-    analyses.py   the Model's analyses: attention (of its translation or a given target), explain, heads, prune
+    analyses.py   the work of the Model's analyses: attention maps (of its translation or a given target),
+                  explain, heads, prune
     steering.py   decoding steered by the caller (target prefix, sampling, the token stream); device and dtype
     checks.py     every argument checked at the door: an InputError naming it, never a TypeError from inside
     sharing.py    the readers-writer lock that makes one Model safe to share between threads
