@@ -47,6 +47,24 @@ ALLOWED = {
 }
 
 
+# The core a student reads (docs/reading.md walks it): the models, tokenizer, corpus and batches, one training
+# loop, greedy and beam decoding, config, checkpoint, run directory. Everything else is an extra: speed machinery
+# (data.prefetch, training's autosize, compiled, deferred, muon, finetune, board), the data sources beyond the
+# built-in toy, interop (imports, export), the server, analysis, measure and the public API. A core module
+# never imports an extra when it loads: an extra is imported inside the function where the config chooses it.
+CORE_PARTS = {"config", "models"}
+CORE = {"attn_mt.errors", "attn_mt.files", "attn_mt.device", "attn_mt.checkpoint", "attn_mt.rundir",
+        "attn_mt.data", "attn_mt.data.tokenizer", "attn_mt.data.batching", "attn_mt.data.corpus",
+        "attn_mt.data.build", "attn_mt.data.cache", "attn_mt.data.lock", "attn_mt.data.checks",
+        "attn_mt.data.sources", "attn_mt.data.toy", "attn_mt.data.pronoun", "attn_mt.data.sampling",
+        "attn_mt.data.tidy",
+        "attn_mt.training", "attn_mt.training.trainer", "attn_mt.training.run", "attn_mt.training.schedule",
+        "attn_mt.training.validation", "attn_mt.training.progress", "attn_mt.training.resume",
+        "attn_mt.training.ema", "attn_mt.training.distributed", "attn_mt.training.memory",
+        "attn_mt.decoding", "attn_mt.decoding.rules", "attn_mt.decoding.search", "attn_mt.decoding.beam",
+        "attn_mt.decoding.translator", "attn_mt.decoding.metrics", "attn_mt.decoding.scoring"}
+
+
 def modules(root: Path = PACKAGE) -> dict[str, Path]:
     """Dotted module name -> file, for every module of the package (packages by their __init__)."""
     out = {}
@@ -57,6 +75,7 @@ def modules(root: Path = PACKAGE) -> dict[str, Path]:
 
 
 MODULES = modules()
+CORE |= {m for m in MODULES if m.split(".")[1:2] and m.split(".")[1] in CORE_PARTS}
 
 
 def part(module: str) -> str:
@@ -376,3 +395,80 @@ def test_every_module_has_a_test_file_or_says_where_it_is_tested():
         if stem not in tested and path.parent != PACKAGE / "static":
             assert "Tested in " in doc or (path.name == "__init__.py" and path.parent != PACKAGE), \
                 f"{path.relative_to(ROOT)}: no tests/**/test_{stem}.py and no 'Tested in' line"
+
+
+def load_time_imports(module: str, path: Path) -> list[tuple[str, list[str], int]]:
+    """The imports a module runs when it loads: at its top level, in its top-level if/try blocks, never under
+    `if TYPE_CHECKING:` nor inside a function (where an extra is imported at its seam)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out: list[tuple[str, list[str], int]] = []
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                out.extend((a.name, [], node.lineno) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                out.append((base, [a.name for a in node.names], node.lineno))
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+                walk(node.body)
+                walk(node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body)
+                for handler in node.handlers:
+                    walk(handler.body)
+                walk(node.orelse)
+                walk(node.finalbody)
+
+    walk(ast.parse(path.read_text(encoding="utf-8")).body)
+    return out
+
+
+def extras_loaded_by_the_core(mods: dict[str, Path], core: set[str]) -> list[str]:
+    return [f"{m} imports {t} (line {line}), an extra, when it loads"
+            for m in sorted(core & set(mods)) for source, names, line in load_time_imports(m, mods[m])
+            for t in targets(source, names) if t not in core]
+
+
+def test_the_core_imports_no_extra_when_it_loads():
+    assert CORE <= set(MODULES), sorted(CORE - set(MODULES))
+    assert not extras_loaded_by_the_core(MODULES, CORE)
+
+
+def test_an_extra_imported_by_the_core_is_caught(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from typing import TYPE_CHECKING\nfrom attn_mt.training import muon\nif TYPE_CHECKING:\n"
+                   "    from attn_mt.serve import app\n\ndef seam():\n    from attn_mt.training import compiled\n")
+    assert extras_loaded_by_the_core({"attn_mt.training.bad": bad}, {"attn_mt.training.bad"}) == [
+        "attn_mt.training.bad imports attn_mt.training.muon (line 2), an extra, when it loads"]
+
+
+READING = ROOT / "docs" / "reading.md"
+ENTRY = re.compile(r"^\d+\. \[[^\]]+\]\(\.\./(attn_mt/[^)]+\.py)\): (.*?)(?=^\d+\. |^\S|\Z)", re.M | re.S)
+
+
+def defined(path: Path) -> set[str]:
+    """A file's top-level functions and classes, and Class.method for their methods."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            names |= {f"{node.name}.{f.name}" for f in node.body if isinstance(f, ast.FunctionDef)}
+    return names
+
+
+def test_the_reading_path_lists_at_most_twelve_core_files_and_the_names_they_define():
+    entries = ENTRY.findall(READING.read_text(encoding="utf-8"))
+    assert 8 <= len(entries) <= 12 and len({p for p, _ in entries}) == len(entries)
+    by_path = {p.relative_to(ROOT).as_posix(): m for m, p in MODULES.items()}
+    for path, text in entries:
+        assert by_path.get(path) in CORE, f"{path} is not a module of the core"
+        elsewhere = re.findall(r"\]\(\.\./(attn_mt/[^)]+\.py)\)'s `([\w.]+)`", text)  # [file](path)'s `name`
+        for other, name in elsewhere:
+            assert name in defined(ROOT / other), f"{other}: {name} is not defined there"
+        quoted = set(re.findall(r"`([A-Za-z_][\w.]*)`", text)) - {name for _, name in elsewhere}
+        assert quoted <= defined(ROOT / path), f"{path}: {sorted(quoted - defined(ROOT / path))} not defined there"

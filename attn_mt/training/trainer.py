@@ -18,9 +18,9 @@ import contextlib
 import gc
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -29,7 +29,6 @@ from torch import nn
 from attn_mt.config import ExperimentConfig, TrainConfig
 from attn_mt.data.batching import Batch, to_bucket, token_batches
 from attn_mt.data.corpus import Corpus
-from attn_mt.data.prefetch import Prefetcher
 from attn_mt.device import autocast
 from attn_mt.errors import Interrupted, TrainError
 from attn_mt.models import Seq2Seq, token_loss
@@ -39,7 +38,10 @@ from attn_mt.training.ema import WeightEMA
 from attn_mt.training.schedule import TrainState, budget_spent, lr_at, too_many_bad
 
 if TYPE_CHECKING:
+    from attn_mt.data.prefetch import Prefetcher
     from attn_mt.training.deferred import DeviceChecks
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +217,25 @@ class Step:
     number: int | None
 
 
+class InPlace:
+    """Each step's batches built when the step asks (data/prefetch.py's Prefetcher builds them ahead on a GPU)."""
+
+    def take(self, key: Hashable, make: Callable[[], T]) -> T:
+        return make()
+
+    def ahead(self, key: Hashable, make: Callable[[], object]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> InPlace:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 class Trainer(TrainStep):
     """A TrainStep that walks through a corpus's token batches, epoch by epoch, in the order
     (seed, epoch) fixes, keeping the counters of the run in `state` (exact after `read`)."""
@@ -226,7 +247,11 @@ class Trainer(TrainStep):
         self.src_lens, self.tgt_lens = corpus.lengths(self.split)
         self.state = TrainState()
         self._plan: tuple[int, list[list[int]]] = (-1, [])
-        self.prefetch: Prefetcher[tuple[int, list[Batch], list[float]]] = Prefetcher(device.type == "cuda")
+        self.prefetch: InPlace | Prefetcher = InPlace()
+        if device.type == "cuda":  # the next step's batches built in a thread while the GPU runs this one
+            from attn_mt.data.prefetch import Prefetcher  # an extra: loaded where it is used
+
+            self.prefetch = Prefetcher(True)
 
     def read(self) -> None:
         """The counters into `state`, exact (with deferred checks one host sync; nothing to do with host
