@@ -32,12 +32,13 @@ def open_translator(path: Path | str, device: str = "auto", threads: int | None 
 
 
 def _open(path: Path | str, device: str, threads: int | None) -> Translator:
-    from attn_mt.imports.marian import is_marian
+    if not Path(path).is_file():  # a folder, a hub name or nothing: the Marian reader loads only for these
+        from attn_mt.imports.marian import is_marian
 
-    if is_marian(path):
-        if threads is not None:
-            torch.set_num_threads(threads)
-        return marian_translator(path, device)
+        if is_marian(path):
+            if threads is not None:
+                torch.set_num_threads(threads)
+            return marian_translator(path, device)
     path = Path(path)
     if path.is_dir():
         from attn_mt.export.ctranslate2 import META

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 import sentencepiece as spm
 
 from attn_mt.config import ConfigError, TokenizerConfig
-from attn_mt.data.sampling import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +133,8 @@ class Tokenizer:
         model's sampling with smoothing `alpha`), drawn from `seed` alone: the same in every process; a sentence
         whose sample is longer than `limit` pieces keeps its ids."""
         if self._sampler is None:
+            from attn_mt.data.sampling import Sampler  # subword regularisation: loaded where a run asks for it
+
             self._sampler = Sampler(self.src)
         rnd = random.Random(seed)
         new = [self._sampler.resample(x, alpha, rnd) for x in ids]

@@ -34,12 +34,12 @@ from attn_mt.errors import Interrupted, TrainError
 from attn_mt.models import Seq2Seq, token_loss
 from attn_mt.training import distributed
 from attn_mt.training.distributed import World
-from attn_mt.training.ema import WeightEMA
 from attn_mt.training.schedule import TrainState, budget_spent, lr_at, too_many_bad
 
 if TYPE_CHECKING:
     from attn_mt.data.prefetch import Prefetcher
     from attn_mt.training.deferred import DeviceChecks
+    from attn_mt.training.ema import WeightEMA
 
 T = TypeVar("T")
 
@@ -82,7 +82,11 @@ class TrainStep:
         self.device, self.precision, self.world = device, precision, world
         self.opt = make_optimizer(model, cfg, precision)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        self.ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay else None  # evaluated and saved, when on
+        self.ema: WeightEMA | None = None  # the moving average evaluated and saved, with train.ema_decay
+        if cfg.ema_decay:
+            from attn_mt.training.ema import WeightEMA
+
+            self.ema = WeightEMA(model, cfg.ema_decay)
         self.graphed = self.net is not model and cfg.cuda_graphs and device.type == "cuda"  # training/compiled.py
         self.checks = make_checks(cfg, device, self.ema, self.scaler.is_enabled())
 
