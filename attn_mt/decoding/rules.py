@@ -4,7 +4,8 @@ A rule sees the step, the log P of every row's next token and the tokens so far,
 (sets them to -inf); the search (greedy, beam, the stream, the server's running batch) then picks among
 the rest, so log P stays the model's. Rows are a batch's sentences (greedy) or their beams, k consecutive
 rows per sentence (beam). In the server's running batch rows stand at different steps: there `step` is
-(rows,) and `tokens` right-padded.
+(rows,) and `tokens` right-padded (a row's own are its first step[row]). Every loop applies `step_rules`:
+the model's, then the caller's, then the length limit, whose `greedy` is greedy search's pick.
 
     rule            rules out
     BanIds          the model's banned ids (model.banned), always
