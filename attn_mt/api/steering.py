@@ -101,10 +101,10 @@ class Steer:
               ) -> list[Rule]:
         """The decoding rules (decoding/rules.py) for a batch whose sentences have these prefixes and these
         indices in the call (default 0, 1, ...): the prefixes first, then sampling."""
-        rows = range(len(prefixes)) if rows is None else rows
+        indices = range(len(prefixes)) if rows is None else rows
         out: list[Rule] = [Prefix(prefixes, device)] if any(prefixes) else []
         if self.seeds is not None and self.temperature is not None:
-            out.append(Sample(self.temperature, [self.seeds[r] for r in rows], device))
+            out.append(Sample(self.temperature, [self.seeds[r] for r in indices], device))
         return out
 
 

@@ -233,7 +233,7 @@ class Transformer(Seq2Seq):
         self.out_proj = nn.Linear(cfg.d_model, tgt_vocab, bias=False)
         if cfg.output_bias:  # (V,) fixed, as Marian's final_logits_bias: a buffer, saved, not trained
             self.register_buffer("out_bias", torch.zeros(tgt_vocab))
-        self.banned = list(cfg.banned_ids)  # target ids decoders never generate (decoding/beam.log_probs)
+        self.banned = list(cfg.banned_ids)  # target ids decoders never generate (decoding/rules.BanIds)
         for name, p in self.named_parameters():
             if p.dim() > 1 and not name.endswith("pos.pe"):  # learned position tables keep their own init
                 nn.init.xavier_uniform_(p)
