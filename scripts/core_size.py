@@ -2,7 +2,7 @@
 Python, then count the attn_mt modules loaded and their lines, and the attn_mt frames on the stack at the
 first softmax of training (docs/architecture.md's core targets).
 
-    python scripts/core_size.py [--json OUT.json]
+    python scripts/core_size.py [--json OUT.json] [--set key=value ...]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def first_softmax_frames(out: Path) -> list[str]:
+def first_softmax_frames(out: Path, overrides: list[str]) -> list[str]:
     """The attn_mt frames (module:function) on the stack at the first softmax of a training run's first step."""
     import attn_mt
 
@@ -40,8 +40,8 @@ def first_softmax_frames(out: Path) -> list[str]:
     torch.softmax = spy
     torch.Tensor.softmax = lambda self, *a, **k: spy(self, *a, **k)  # type: ignore[method-assign]
     try:
-        attn_mt.train(ROOT / "configs/toy.yaml", out, overrides=["train.max_steps=2", "train.record_attention=false"],
-                      overwrite=True, quiet=True)
+        attn_mt.train(ROOT / "configs/toy.yaml", out, overwrite=True, quiet=True,
+                      overrides=[*overrides, "train.max_steps=2", "train.record_attention=false"])
     except Exception as e:  # the spy stops the run at the first softmax
         if not seen:
             raise
@@ -55,16 +55,18 @@ def first_softmax_frames(out: Path) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the counts here")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="a config override (tests)")
     args = parser.parse_args()
     import attn_mt
 
     with tempfile.TemporaryDirectory() as tmp:
-        run = attn_mt.train(ROOT / "configs/toy.yaml", Path(tmp) / "run", overrides=["train.max_steps=2"], quiet=True)
+        run = attn_mt.train(ROOT / "configs/toy.yaml", Path(tmp) / "run", overrides=[*args.overrides, "train.max_steps=2"],
+                            quiet=True)
         run.load().translate("the old man sees a small dog.")
         modules = sorted(n for n, m in sys.modules.items()
                          if n == "attn_mt" or n.startswith("attn_mt.") and getattr(m, "__file__", None))
         lines = sum(len(Path(sys.modules[n].__file__).read_text().splitlines()) for n in modules)
-        frames = first_softmax_frames(Path(tmp) / "frames")
+        frames = first_softmax_frames(Path(tmp) / "frames", args.overrides)
     result = {"modules": len(modules), "lines": lines, "frames": len(frames), "stack": frames, "loaded": modules}
     print(f"attn_mt modules loaded: {len(modules)}, {lines} lines; frames at the first softmax: {len(frames)}")
     print("  " + "\n  ".join(frames))

@@ -8,14 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_core_size_counts_what_a_first_run_loads_and_the_stack_at_the_first_softmax(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "core_size.py"), "--json", str(tmp_path / "c.json")],
-                          capture_output=True, text=True, timeout=300)
+    sets = [x for o in TINY for x in ("--set", o)]
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "core_size.py"), "--json", str(tmp_path / "c.json"),
+                           *sets], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     got = json.loads((tmp_path / "c.json").read_text())
     assert got["modules"] == len(got["loaded"]) and {"attn_mt", "attn_mt.models.attention"} <= set(got["loaded"])
