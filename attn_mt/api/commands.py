@@ -78,6 +78,7 @@ def compare_rnn(config: str | os.PathLike, overrides: Sequence[str] = (), *, out
     from attn_mt.analysis.history import Recorder
     from attn_mt.config.compare_rnn import load_compare_config
     from attn_mt.measure.compare import compare_rnn as run_compare
+    from attn_mt.training.memory import reuse_freed_memory
 
     checks.path(config, "config")
     checks.boolean(quick, "quick")
@@ -87,6 +88,7 @@ def compare_rnn(config: str | os.PathLike, overrides: Sequence[str] = (), *, out
     folder = Path(out) if out else Path("runs") / ("compare_quick" if quick else "compare")
     check_outputs([("out", folder, None)], [config])
     setup = load_compare_config(Path(config), list(overrides), quick=quick)
+    reuse_freed_memory()  # both models train as `train` trains them (training/memory.py)
     # each model's attention history in a folder of its own: out/transformer/attention_history.npz, out/rnn/...
     observers = {name: Recorder(folder / name) for name, cfg in setup.configs.items() if cfg.train.record_attention}
     return run_compare(setup, folder, observers)
@@ -97,6 +99,7 @@ def bench(config: Config | None = None, overrides: Sequence[str] = (), *, checkp
           json_out: str | os.PathLike | None = None) -> dict:
     """Training tokens/s of ours against torch.nn.Transformer, MFU, and (with `checkpoint`) translation speed."""
     from attn_mt.measure.bench import run_bench
+    from attn_mt.training.memory import reuse_freed_memory
 
     for value, name in ((repeats, "repeats"), (steps, "steps"), (sentences, "sentences")):
         checks.integer(value, name)
@@ -106,7 +109,9 @@ def bench(config: Config | None = None, overrides: Sequence[str] = (), *, checkp
             checks.path(value, name)
     check_outputs([("json_out", json_out, (".json",))],
                   [checkpoint, config if isinstance(config, str | os.PathLike) else None])  # before any work
-    return run_bench(configure(config, overrides), checkpoint=Path(checkpoint) if checkpoint else None,
+    cfg = configure(config, overrides)
+    reuse_freed_memory()  # the step timed as `train` runs it: without, freed blocks fault in again every step
+    return run_bench(cfg, checkpoint=Path(checkpoint) if checkpoint else None,
                      repeats=repeats, steps=steps, compile=compile, sentences=sentences,
                      json_out=Path(json_out) if json_out else None)
 
