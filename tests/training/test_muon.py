@@ -215,3 +215,24 @@ def test_matrices_stacked_by_shape_equal_each_orthogonalised_alone(dtype):
         torch.testing.assert_close(update.float(), alone.float(), atol=1e-5 if dtype == torch.float32 else 2e-2,
                                    rtol=0)
         assert block == (g.shape if cut is None else (24, 32) if cut[0] == "rows" else (32, 8))
+
+
+@pytest.mark.parametrize("threads, stacked", [(1, False), (2, True)])
+def test_a_cpu_step_stacks_the_blocks_with_two_threads_or_more(threads, stacked, monkeypatch):
+    """Stacked, the Muon step of configs/multi30k.yaml took 0.74x-0.76x of the one-by-one time on 2 cores, and
+    0.99x-1.06x on one thread (docs/performance.md)."""
+    import attn_mt.training.muon as muon
+
+    seen, real = [], muon.orthogonalise_stacked
+    monkeypatch.setattr(muon, "orthogonalise_stacked", lambda *a: seen.append(a[-1]) or real(*a))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        m = model()
+        opt = MuonAdamW(m, lr=1e-2, betas=(0.9, 0.98), weight_decay=0.0, momentum=0.0)
+        for p in m.parameters():
+            p.grad = torch.randn_like(p)
+        opt.step()
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [stacked]
