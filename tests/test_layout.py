@@ -85,17 +85,20 @@ def part(module: str) -> str:
 def imports(module: str, path: Path) -> list[tuple[str, list[str], int]]:
     """(absolute module imported from, names, line) for every import in a file, relative ones resolved."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    out = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            out += [(a.name, [], node.lineno) for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            out.append((base, [a.name for a in node.names], node.lineno))
-    return out
+    return [row for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))) for row in import_rows(node, package)]
+
+
+def import_rows(node: ast.AST, package: str) -> list[tuple[str, list[str], int]]:
+    """(absolute module, names, line) for an import statement of a module in `package`; [] for other nodes."""
+    if isinstance(node, ast.Import):
+        return [(a.name, [], node.lineno) for a in node.names]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*anchor, base] if base else anchor)
+    return [(base, [a.name for a in node.names], node.lineno)]
 
 
 def targets(source: str, names: list[str]) -> list[str]:
@@ -404,14 +407,8 @@ def load_time_imports(module: str, path: Path) -> list[tuple[str, list[str], int
 
     def walk(body: list[ast.stmt]) -> None:
         for node in body:
-            if isinstance(node, ast.Import):
-                out.extend((a.name, [], node.lineno) for a in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*anchor, base] if base else anchor)
-                out.append((base, [a.name for a in node.names], node.lineno))
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                out.extend(import_rows(node, package))
             elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
                 walk(node.body)
                 walk(node.orelse)
