@@ -17,8 +17,50 @@ from typer import Argument, Option
 from typer.core import TyperCommand, TyperGroup
 
 import attn_mt
-from attn_mt.api.flags import AttnMTError, error_line, flag, flags  # the CLI's words (no torch loaded)
 from attn_mt.api.limits import Limits  # the served limits' defaults (no web extra needed)
+from attn_mt.errors import AttnMTError, ConfigError, Interrupted
+from attn_mt.files import OutputError
+
+# an API argument -> the CLI's flag, where they differ
+FLAGS = {"text": "TEXT", "texts": "TEXT", "path": "--checkpoint", "n": "--prune", "sources": "--src", "refs": "--ref",
+         "ref": "--ref", "src": "--src", "format": "--format", "json": "--json", "overrides": "--set",
+         "json_out": "--json", "out_dir": "--out"}
+
+
+def flag(field: str) -> str:
+    """The CLI's name of an API argument: "beam" -> "--beam", "batch_size" -> "--batch-size"."""
+    return field if field.startswith("-") else FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def flags(message: str) -> str:
+    """A library message as the CLI says it: "`src` and `ref` go together" -> "--src and --ref go together" (each
+    name the message marks in backticks, written where the check is, becomes its flag)."""
+    parts = message.split("`")
+    out = [parts[0]]
+    for i in range(1, len(parts) - 1, 2):  # parts[i] is between two backticks
+        name = parts[i]
+        out += [flag(name) if name.replace("_", "a").isalnum() else f"`{name}`", parts[i + 1]]
+    if len(parts) % 2 == 0:  # an unpaired backtick
+        out.append("`" + parts[-1])
+    return "".join(out)
+
+
+def error_line(e: AttnMTError | KeyboardInterrupt | OSError, request: type | tuple = ()) -> tuple[str, int]:
+    """A failure as the CLI's one line on stderr and its exit status: 2 for a config, an output path or a
+    `request` error (a value only the model can check: its layers, heads, tokens), 130 for an interruption, 1 for
+    the rest (an OSError: a full disk or a vanished directory while writing, anywhere)."""
+    if isinstance(e, request):
+        return f"error: {flag(e.field)}: {e.message}", 2
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted", 130
+    if isinstance(e, OSError):
+        return flags(f"error: {f'{e.filename}: ' if e.filename else ''}{e.strerror or e}"), 1
+    kind, status = ("config error", 2) if isinstance(e, ConfigError) else ("interrupted", 130) if isinstance(
+        e, Interrupted) else ("error", 2 if isinstance(e, OutputError) else 1)
+    what = f"{flag(e.field)}: {e.message}" if e.field and not e.named and not isinstance(e, ConfigError) else str(e)
+    if isinstance(e, OutputError) and what.startswith(f"{e.option} "):  # "out x.pt: ..." -> "--out x.pt: ..."
+        what = flag(e.option) + what[len(e.option):]
+    return flags(f"{kind}: {what}"), status  # `resume` -> --resume
 
 
 class _GlobalOptionsAnywhere(TyperGroup):
@@ -43,7 +85,7 @@ def main(debug: Annotated[bool, Option(help="Show tracebacks on errors.")] = Fal
 
 
 class _Verb(TyperCommand):
-    """A verb: its known failures end in one line and an exit status (api/flags.py), with --debug in a traceback."""
+    """A verb: its known failures end in one line and an exit status (`error_line`), with --debug in a traceback."""
 
     def invoke(self, ctx):
         from attn_mt.api.terminal import OptionError, RequestError
@@ -70,7 +112,7 @@ ModelOpt = Annotated[Path, Option("--checkpoint", help="A checkpoint, or a folde
 DeviceOpt = Annotated[str, Option(help="cpu, cuda, mps or auto.")]
 _CKPT = "(default: the checkpoint's decode section)"
 OPTION = {o.key: o for o in attn_mt.DECODE_OPTIONS}  # the decode options, defined once (attn_mt/config)
-DECODE_FLAGS = {o.key: o.flag for o in attn_mt.DECODE_OPTIONS if o.flag}  # the table's flags
+DECODE_FLAGS = {o.key: flag(o.arg) for o in attn_mt.DECODE_OPTIONS}  # the table's options as flags
 BeamOpt = Annotated[int | None, Option(DECODE_FLAGS["beam_size"], help=f"{OPTION['beam_size'].help} {_CKPT}.")]
 AlphaOpt = Annotated[float | None, Option(DECODE_FLAGS["alpha"], help=f"{OPTION['alpha'].help} {_CKPT}.")]
 BatchOpt = Annotated[int | None, Option(DECODE_FLAGS["batch_size"], help=f"{OPTION['batch_size'].help} {_CKPT}.")]

@@ -12,7 +12,7 @@
 `train.lr`, `src`, `path`); `str(error)` puts it in front of the message unless the message already starts
 with what it names (`named`: a config key, a file's path). A message names other arguments in
 backticks (`overwrite`). Only the CLI turns both into its option names and errors into
-one-line exits (cli.py, with api/flags.py).
+one-line exits (cli.py).
 
 May import nothing of attn_mt.
 

@@ -106,8 +106,8 @@ class Model:
     def options(self, *, names: Mapping[str, str] = ARGS, **options: Unpack[Decoding]) -> DecodeConfig:
         """The model's decode defaults with the given settings (`Decoding`'s keywords: beam, alpha, nbest,
         batch_size, max_len_a, max_len_b; None: the default), each checked against its row of DECODE_OPTIONS;
-        an error names a setting as `names` spells it ({"beam_size": "beam", ...}; the CLI passes its flags,
-        FLAGS)."""
+        an error names a setting as `names` spells it ({"beam_size": "beam", ...}; the command line passes its
+        own spelling)."""
         _refuse_others("options", options, Decoding.__optional_keys__)
         given: Mapping[str, Any] = options
         return decode_options(self.decode, names, **{o.key: given[o.arg] for o in DECODE_OPTIONS if o.arg in given})

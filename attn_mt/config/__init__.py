@@ -8,13 +8,13 @@ errors and files aside: loader.py writes a config atomically).
 
 from attn_mt.config.compare_rnn import CompareConfig
 from attn_mt.config.data import DataConfig, SplitsConfig
-from attn_mt.config.decode import ARGS, DECODE_OPTIONS, FIELDS, FLAGS, OPTION, DecodeConfig, DecodeOption, Penalty
+from attn_mt.config.decode import ARGS, DECODE_OPTIONS, FIELDS, OPTION, DecodeConfig, DecodeOption, Penalty
 from attn_mt.config.loader import ExperimentConfig, from_dict, load_config, save_config, to_dict
 from attn_mt.config.model import ModelConfig, RNNConfig, TransformerConfig
 from attn_mt.config.tokenizer import TokenizerConfig
 from attn_mt.config.train import TrainConfig
 from attn_mt.config.yamlconf import ConfigError
 
-__all__ = ["ARGS", "DECODE_OPTIONS", "FIELDS", "FLAGS", "OPTION", "CompareConfig", "ConfigError", "DataConfig",
+__all__ = ["ARGS", "DECODE_OPTIONS", "FIELDS", "OPTION", "CompareConfig", "ConfigError", "DataConfig",
            "DecodeConfig", "DecodeOption", "ExperimentConfig", "ModelConfig", "Penalty", "RNNConfig", "SplitsConfig",
            "TokenizerConfig", "TrainConfig", "TransformerConfig", "from_dict", "load_config", "save_config", "to_dict"]

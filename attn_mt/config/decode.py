@@ -16,10 +16,10 @@ from attn_mt.config.yamlconf import ConfigError
 class DecodeOption:
     """A decode setting a caller may give, defined once; every surface is made from its row. `key`: its
     DecodeConfig field (`decode.<key>` in a config); `arg`: its keyword in the API (`Model.options`,
-    `Model.translate`, ...); `flag`: its option on `attn-mt translate` and `evaluate` (None: not there);
-    `field`: its JSON field in serve's `/api/translate` (None: not served); `type`, `least`, `most`: the values
-    allowed; `default`: what a caller gets without it (None: the model's decode section); `help`: what it means.
-    Public as `attn_mt.DECODE_OPTIONS`; the one-best surfaces (`translate`, `evaluate`) leave `nbest` out."""
+    `Model.translate`, ...; the command line spells it its own way); `field`: its JSON field in serve's
+    `/api/translate` (None: not served); `type`, `least`, `most`: the values allowed; `default`: what a caller
+    gets without it (None: the model's decode section); `help`: what it means. Public as
+    `attn_mt.DECODE_OPTIONS`; the one-best surfaces (`translate`, `evaluate`) leave `nbest` out."""
 
     key: str
     arg: str
@@ -27,7 +27,6 @@ class DecodeOption:
     least: float
     most: float
     help: str
-    flag: str | None = None
     field: str | None = None
     default: str | None = None
 
@@ -41,17 +40,16 @@ class DecodeOption:
 
 
 DECODE_OPTIONS = (
-    DecodeOption("beam_size", "beam", int, 1, 1000, "Beam size; 1 is greedy", "--beam", "beam"),
-    DecodeOption("alpha", "alpha", float, 0.0, 100.0, "Length penalty exponent", "--alpha", "alpha"),
-    DecodeOption("nbest", "nbest", int, 1, 1000, "Hypotheses per sentence, at most the beam size", "--nbest",
-                 "nbest", default="1"),
-    DecodeOption("batch_size", "batch_size", int, 1, 1_000_000, "Sentences per batch", "--batch-size"),
+    DecodeOption("beam_size", "beam", int, 1, 1000, "Beam size; 1 is greedy", field="beam"),
+    DecodeOption("alpha", "alpha", float, 0.0, 100.0, "Length penalty exponent", field="alpha"),
+    DecodeOption("nbest", "nbest", int, 1, 1000, "Hypotheses per sentence, at most the beam size", field="nbest",
+                 default="1"),
+    DecodeOption("batch_size", "batch_size", int, 1, 1_000_000, "Sentences per batch"),
     DecodeOption("max_len_a", "max_len_a", float, 0.0, 1000.0, "Output length limit a x source length + b: its a"),
     DecodeOption("max_len_b", "max_len_b", int, 1, 1_000_000, "Output length limit a x source length + b: its b"),
 )
 OPTION = {o.key: o for o in DECODE_OPTIONS}
 ARGS = {o.key: o.arg for o in DECODE_OPTIONS}  # DecodeConfig field -> the API's argument
-FLAGS = {o.key: o.flag for o in DECODE_OPTIONS if o.flag}  # DecodeConfig field -> the CLI's flag
 FIELDS = {o.key: o.field for o in DECODE_OPTIONS if o.field}  # DecodeConfig field -> serve's JSON field
 
 

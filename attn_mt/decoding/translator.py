@@ -86,9 +86,9 @@ def model_translator(model, cfg, tok: Tokenizer, device, path: Path | str, state
 def decode_options(defaults: DecodeConfig, names: Mapping[str, str] = ARGS, **given: int | float | None,
                    ) -> DecodeConfig:
     """`defaults` (a model's decode section) with the options `given` by DecodeConfig field (None: not given),
-    as Model.options' arguments, a command's flags or `/api/translate`'s fields set them, each checked against
-    its row of DECODE_OPTIONS; an error names the option as `names` spells it (ARGS, the default: the API's
-    arguments, "beam 0: must be >= 1"; FLAGS: the CLI's, "--beam 0: must be >= 1")."""
+    as the caller's arguments or `/api/translate`'s fields set them, each checked against its row of
+    DECODE_OPTIONS; an error names the option as `names` spells it (ARGS, the default: the API's arguments,
+    "beam 0: must be >= 1"; FIELDS: the request's; the command line passes its own spelling)."""
     values = {}
     for key, value in given.items():
         if value is None:
