@@ -22,11 +22,11 @@ T = TypeVar("T")
 
 
 class Prefetcher(Generic[T]):
-    """At most one result built ahead, in one worker thread; `enabled=False` builds everything in place. As a
-    context manager it stops the thread at the end of the block (the training loop's)."""
+    """At most one result built ahead, in one worker thread (on a CPU the trainer builds in place instead:
+    trainer.InPlace). As a context manager it stops the thread at the end of the block (the training loop's)."""
 
-    def __init__(self, enabled: bool) -> None:
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="attn-mt-batches") if enabled else None
+    def __init__(self) -> None:
+        self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="attn-mt-batches")
         self.pending: tuple[Hashable, Future[T]] | None = None
 
     def take(self, key: Hashable, make: Callable[[], T]) -> T:

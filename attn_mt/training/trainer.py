@@ -255,7 +255,7 @@ class Trainer(TrainStep):
         if device.type == "cuda":  # the next step's batches built in a thread while the GPU runs this one
             from attn_mt.data.prefetch import Prefetcher  # an extra: loaded where it is used
 
-            self.prefetch = Prefetcher(True)
+            self.prefetch = Prefetcher()
 
     def read(self) -> None:
         """The counters into `state`, exact (with deferred checks one host sync; nothing to do with host

@@ -97,7 +97,7 @@ def test_batches_built_ahead_in_a_thread_train_exactly_as_in_place(corpus, overr
     cfg, corpus = corpus
     cfg = replace(cfg, train=replace(cfg.train, **overrides))
     plain, ahead = (Trainer(model_for(cfg, corpus), cfg, corpus, CPU, "fp32") for _ in range(2))
-    ahead.prefetch = Prefetcher(True)
+    ahead.prefetch = Prefetcher()
     losses = []
     for tr in (plain, ahead):
         torch.manual_seed(5)
