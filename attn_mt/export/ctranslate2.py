@@ -3,7 +3,7 @@ SentencePiece model(s), and our decode defaults, in one directory that `translat
 
 What maps onto what (ours -> CTranslate2's `TransformerSpec`):
     src_embed, tgt_embed            encoder.embeddings[0], decoder.embeddings (times sqrt(D): scale_embeddings)
-    PositionalEncoding.pe           {encoder,decoder}.position_encodings, passed explicitly: ours puts sin in
+    Sinusoidal.pe                 {encoder,decoder}.position_encodings, passed explicitly: ours puts sin in
                                     the even and cos in the odd dims; CTranslate2's built-in table differs
     self_attn.qkv_proj [Wq; Wk; Wv] self_attention.linear[0] (the same fused layout), out_proj -> linear[1]
     cross_attn.q_proj, kv_proj      attention.linear[0], attention.linear[1] ([Wk; Wv]), out_proj -> linear[2]
@@ -29,7 +29,7 @@ from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.export.checkpoint_reader import ExportError, read_transformer
 from attn_mt.export.folder import FolderError, publish
-from attn_mt.models.transformer import PositionalEncoding
+from attn_mt.models.positions import Sinusoidal
 
 META = "attn_mt.json"  # our decode defaults and what the directory holds
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16")
@@ -90,7 +90,7 @@ def build_spec(weights: dict, mcfg, tok: Tokenizer):
     specs = require_ctranslate2().specs
     spec = specs.TransformerSpec.from_config(mcfg.n_layers, mcfg.n_heads, pre_norm=mcfg.norm_first,
                                              activation=specs.Activation.RELU)
-    pe = _np(PositionalEncoding(mcfg.d_model, mcfg.max_positions).pe)  # (L, D), our sin/cos layout
+    pe = _np(Sinusoidal(mcfg.d_model, mcfg.max_positions).pe)  # (L, D), our sin/cos layout
     for stack in (spec.encoder, spec.decoder):
         stack.scale_embeddings = True  # x * sqrt(D) before adding positions, as Transformer._embed does
         stack.position_encodings.encodings = pe

@@ -52,8 +52,8 @@ from attn_mt.measure.parts import config_parts, parts_table
 from attn_mt.measure.prelude import prelude
 from attn_mt.measure.timing import alternate, timed
 from attn_mt.models import build_model, count_params
+from attn_mt.models.positions import Sinusoidal
 from attn_mt.models.seq2seq import init_embeddings, make_embeddings
-from attn_mt.models.transformer import PositionalEncoding
 from attn_mt.training.trainer import TrainStep
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class TorchTransformer(nn.Module):
         self.pad_id, self.d_model = pad_id, cfg.d_model
         self.src_embed, self.tgt_embed = make_embeddings(src_vocab=src_vocab, tgt_vocab=tgt_vocab, dim=cfg.d_model,
                                                          pad_id=pad_id, share=shared_vocab and cfg.tie_embeddings)
-        self.pos = PositionalEncoding(cfg.d_model, cfg.max_positions)
+        self.pos = Sinusoidal(cfg.d_model, cfg.max_positions)
         self.dropout = nn.Dropout(cfg.dropout)
         with warnings.catch_warnings():  # "enable_nested_tensor ... norm_first": an inference-only path
             warnings.simplefilter("ignore")

@@ -19,7 +19,6 @@ from .attention import KV, AttentionWeights, CrossAttention, Dropout, MultiHeadA
 from .positions import SCHEMES, Positions, Rotation
 
 # the old name of positions.Sinusoidal, still imported by measure/bench.py and export/ctranslate2.py
-from .positions import Sinusoidal as PositionalEncoding  # noqa: F401
 from .seq2seq import Seq2Seq, init_embeddings, make_embeddings
 
 
