@@ -1,4 +1,5 @@
-"""scripts/core_size.py: the modules and lines a student's first run loads, and the stack at the first softmax."""
+"""scripts/core_size.py: the modules and lines a student's first run loads (the core; then with attention
+recorded), and the stack at the first softmax."""
 
 from __future__ import annotations
 
@@ -30,3 +31,6 @@ def test_core_size_counts_what_a_first_run_loads_and_the_stack_at_the_first_soft
     assert got["stack"][0] == "attn_mt/api/training.py:train" and got["stack"][-1].startswith("attn_mt/models/")
     assert got["frames"] == len(got["stack"])
     assert f"attn_mt modules loaded: {got['modules']}, {got['lines']} lines" in done.stdout
+    recording = got["recording"]  # the same calls with attention recorded: the core and the recorder on top
+    assert "attn_mt.analysis.history" in recording["added"] and "attn_mt.analysis.history" not in got["loaded"]
+    assert recording["modules"] == got["modules"] + len(recording["added"]) and recording["lines"] > got["lines"]
