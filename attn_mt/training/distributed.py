@@ -2,9 +2,9 @@
 
 `torchrun --nproc-per-node N -m attn_mt train ...` starts N copies of the trainer with RANK,
 WORLD_SIZE and LOCAL_RANK in the environment. Every rank builds the same token batches from the
-seed and takes its own slice of each one (`shard`); DistributedDataParallel all-reduces the
-gradients; rank 0 alone evaluates, writes files and draws the progress bar. Without torchrun
-the world is one process and every function here is a no-op.
+seed and takes its own slice of each one (`Ranks.shard`); DistributedDataParallel all-reduces the
+gradients; rank 0 alone evaluates, writes files and draws the progress bar. The run loads this
+module only under torchrun (run.py's `join`); one process is trainer.py's `World`.
 """
 
 from __future__ import annotations
@@ -13,33 +13,57 @@ import datetime
 import logging
 import os
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
+from attn_mt.training.trainer import World
+
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
-class World:
-    rank: int = 0
-    size: int = 1
-    local_rank: int = 0
+class Ranks(World):
+    """This process's place among the torchrun ranks; its collectives go through the process group."""
 
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
+    def shard(self, batch: list[int]) -> tuple[list[int], float]:
+        """This rank's sentences of a global batch, and the weight of its loss (0 for a stand-in).
 
-    @property
-    def enabled(self) -> bool:
-        return self.size > 1
+        A batch with fewer sentences than ranks gives some ranks a zero-weight stand-in sentence,
+        so that every rank still takes part in the gradient all-reduce.
+        """
+        mine = batch[self.rank :: self.size]
+        return (mine, 1.0) if mine else (batch[:1], 0.0)
+
+    def all_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum a tensor over ranks (in place)."""
+        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        return x
+
+    def broadcast(self, obj: T) -> T:
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, obj: T) -> list[T]:
+        out = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
 
 
-def init(device: torch.device) -> tuple[World, torch.device]:
-    """Join the process group torchrun set up (nccl on CUDA, gloo on CPU); returns (world, device). Only rank 0
+def init(device: torch.device) -> tuple[Ranks, torch.device]:
+    """Join the process group torchrun set up (nccl on CUDA, gloo on CPU); returns (ranks, device). Only rank 0
     logs below warnings."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size == 1:
-        return World(), device
-    world = World(int(os.environ["RANK"]), size, int(os.environ.get("LOCAL_RANK", "0")))
+    world = Ranks(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0")))
     if not world.main:
         logging.getLogger("attn_mt").setLevel(logging.WARNING)  # rank 0 reports
     if device.type == "cuda":
@@ -51,49 +75,3 @@ def init(device: torch.device) -> tuple[World, torch.device]:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 timeout=datetime.timedelta(seconds=timeout))
     return world, device
-
-
-def shard(batch: list[int], world: World) -> tuple[list[int], float]:
-    """This rank's sentences of a global batch, and the weight of its loss (0 for a stand-in).
-
-    A batch with fewer sentences than ranks gives some ranks a zero-weight stand-in sentence,
-    so that every rank still takes part in the gradient all-reduce.
-    """
-    mine = batch[world.rank :: world.size]
-    return (mine, 1.0) if mine else (batch[:1], 0.0)
-
-
-def all_sum(x: torch.Tensor, world: World) -> torch.Tensor:
-    """Sum a tensor over ranks (in place); identity for one process."""
-    if world.enabled:
-        dist.all_reduce(x, op=dist.ReduceOp.SUM)
-    return x
-
-
-def broadcast(obj, world: World):
-    """Rank 0's value of a picklable object, on every rank."""
-    if not world.enabled:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def gather(obj, world: World) -> list:
-    """Every rank's value of a picklable object, on every rank, in rank order."""
-    if not world.enabled:
-        return [obj]
-    out = [None] * world.size
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def close(world: World) -> None:
-    if world.enabled and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def barrier(world: World) -> None:
-    if world.enabled:
-        dist.barrier()

@@ -23,9 +23,8 @@ from attn_mt.config.changes import config_changes
 from attn_mt.config.yamlconf import show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.device import set_rng_state
-from attn_mt.training import distributed
 from attn_mt.training.schedule import Stop, limit_reached
-from attn_mt.training.trainer import Trainer, TrainError, TrainState
+from attn_mt.training.trainer import Trainer, TrainError, TrainState, World
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +91,7 @@ def check_tokenizer(tokenizer: dict, tok: Tokenizer) -> None:
 
 
 def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConfig,
-            world: distributed.World) -> tuple[TrainState, str | None]:
+            world: World) -> tuple[TrainState, str | None]:
     """Load a checkpoint_last.pt dict into model, optimizer, scaler and RNG; returns where the run stood, and
     why it is finished under `cfg` (`finished`; None: it goes on). `cfg` is the config `resumed_config` checked
     against the checkpoint's."""

@@ -16,6 +16,7 @@ One job: a training job from set-up to test scores; the step is trainer.py's, re
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -35,11 +36,10 @@ from attn_mt.data.sources import source
 from attn_mt.device import pick_device, pick_precision, rng_state
 from attn_mt.models import build_model, count_params
 from attn_mt.rundir import RunDir
-from attn_mt.training import distributed
 from attn_mt.training.progress import Progress, time_left, write
 from attn_mt.training.resume import optimizer_state, restore, resumed_config
 from attn_mt.training.schedule import Stop, budget_spent, limit_reached
-from attn_mt.training.trainer import Step, Trainer, TrainError, TrainInterrupted, TrainState
+from attn_mt.training.trainer import Step, Trainer, TrainError, TrainInterrupted, TrainState, World
 from attn_mt.training.validation import SHOWN, Observer, score_test_split, validate
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class Training:
 
     cfg: ExperimentConfig
     files: RunDir
-    world: distributed.World
+    world: World
     corpus: Corpus
     trainer: Trainer
     board: Board | None  # TensorBoard's writer (train.tensorboard, rank 0), else None
@@ -146,7 +146,7 @@ def wind_up(run: Training, tested: bool) -> Path:
     if run.board is not None:
         run.board.close()
     run.trainer.unwrap()  # the DistributedDataParallel wrapper goes before its process group
-    distributed.close(run.world)  # every rank is past its last collective; rank 0 tests alone, nothing to time out
+    run.world.close()  # every rank is past its last collective; rank 0 tests alone, nothing to time out
     if tested:
         if run.world.main:
             write_test_texts(run, missing=True)
@@ -154,12 +154,22 @@ def wind_up(run: Training, tested: bool) -> Path:
     return finish(run) if run.world.main else run.files.best
 
 
+def join(device: torch.device) -> tuple[World, torch.device]:
+    """The processes of this run, and this one's device: one process, or under torchrun (WORLD_SIZE > 1) its
+    rank in the process group (training/distributed.py, loaded only then)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return World(), device
+    from attn_mt.training import distributed
+
+    return distributed.init(device)
+
+
 def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = False,
           init: dict | None = None) -> Training:
     """Set-up, in order: the processes and the run directory; the config, resolved once (fine-tuning and resuming
     here, the automatic size once the data is open: it measures on it); the data; the model; the trainer, with a
     resumed run's state. What each step is given comes from the final config."""
-    world, device = distributed.init(pick_device(cfg.train.device))
+    world, device = join(pick_device(cfg.train.device))
     precision = pick_precision(cfg.train.precision, device)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -179,11 +189,11 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
     # the data cache entry, found or built (rank 0 first, the others wait and then find it), recorded in the run
     used = Resumed.of(files.entry_key(), resumed["tokenizer"]) if resumed is not None else None
     if not world.main:
-        distributed.barrier(world)
+        world.barrier()
     entry = open_entry(cfg, used, tok)
     if world.main:
         files.record_entry(entry)  # which entry the run uses (tokenizer.json), a copy of its tokenizer
-        distributed.barrier(world)
+        world.barrier()
     corpus = read_corpus(cfg, entry, cfg.model.max_positions)
     choice = None  # model.size: auto, a fresh run: the size chosen by measuring (training/autosize.py)
     if resumed is None and getattr(cfg.model, "size", "fixed") == "auto":
@@ -215,7 +225,7 @@ def setup(cfg: ExperimentConfig, files: RunDir, resume: bool, overwrite: bool = 
                start=time.perf_counter() - trainer.state.elapsed_s - (choice.measure_s if choice else 0.0))
 
 
-def build_net(cfg: ExperimentConfig, corpus: Corpus, init: dict | None, world: distributed.World,
+def build_net(cfg: ExperimentConfig, corpus: Corpus, init: dict | None, world: World,
               device: torch.device) -> tuple[nn.Module, nn.Module]:
     """(the model on `device`: seeded, started from `init` when fine-tuning a fresh run, train.freeze applied;
     what runs its training forward/backward: under torchrun DistributedDataParallel, compiled if asked)."""
@@ -286,7 +296,7 @@ def checkpoint_state(run: Training, rngs: list[dict]) -> dict:
 def save_last(run: Training) -> None:
     """checkpoint_last.pt; every rank calls it (the RNG states are gathered), rank 0 writes."""
     run.trainer.read()  # the counters it saves, exact
-    rngs = distributed.gather(rng_state(run.trainer.device), run.world)
+    rngs = run.world.gather(rng_state(run.trainer.device))
     if run.world.main:
         checkpoint.save(checkpoint_state(run, rngs), run.files.last)
 
@@ -295,11 +305,11 @@ def validation_round(run: Training, reason: str | None = None) -> str | None:
     """Every rank calls it; rank 0 validates, logs and saves. Returns `reason`, or early stopping's."""
     run.trainer.read()
     st = run.state
-    rngs = distributed.gather(rng_state(run.trainer.device), run.world)
+    rngs = run.world.gather(rng_state(run.trainer.device))
     if run.world.main:
         reason = validate_and_save(run, rngs, reason)
-    reason, st.best_bleu, st.bad_evals, st.stopped = distributed.broadcast(
-        (reason, st.best_bleu, st.bad_evals, st.stopped), run.world)
+    reason, st.best_bleu, st.bad_evals, st.stopped = run.world.broadcast(
+        (reason, st.best_bleu, st.bad_evals, st.stopped))
     return reason
 
 

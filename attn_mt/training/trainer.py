@@ -32,8 +32,6 @@ from attn_mt.data.corpus import Corpus
 from attn_mt.device import autocast
 from attn_mt.errors import Interrupted, TrainError
 from attn_mt.models import Seq2Seq, token_loss
-from attn_mt.training import distributed
-from attn_mt.training.distributed import World
 from attn_mt.training.schedule import TrainState, budget_spent, lr_at, too_many_bad
 
 if TYPE_CHECKING:
@@ -64,6 +62,47 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, precision: str = "fp32") 
     fused = all(p.is_cuda for p in model.parameters())
     return torch.optim.AdamW(model.parameters(), lr=lr_at(1, cfg), betas=cfg.betas, weight_decay=cfg.weight_decay,
                              fused=fused or None)
+
+
+@dataclass(frozen=True)
+class World:
+    """The processes that train together: this one alone (under torchrun several: training/distributed.py's
+    `Ranks`, whose methods talk to the others). For one process every collective below is the identity."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: it evaluates, writes the files and reports."""
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.size > 1
+
+    def shard(self, batch: list[int]) -> tuple[list[int], float]:
+        """This process's sentences of a global batch, and the weight of its loss."""
+        return batch, 1.0
+
+    def all_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """A tensor summed over the processes."""
+        return x
+
+    def broadcast(self, obj: T) -> T:
+        """Rank 0's value of a picklable object."""
+        return obj
+
+    def gather(self, obj: T) -> list[T]:
+        """Every process's value of a picklable object, in rank order."""
+        return [obj]
+
+    def barrier(self) -> None:
+        """Wait until every process is here."""
+
+    def close(self) -> None:
+        """Leave the process group, past the last collective."""
 
 
 class TrainStep:
@@ -276,7 +315,7 @@ class Trainer(TrainStep):
         tc, tgt_lens = self.cfg, np.asarray(self.tgt_lens)
         group = batches[start : start + tc.accum_steps]
         n_tokens = sum(int(tgt_lens[b].sum()) + len(b) for b in group)  # the global batch, eos included
-        shards = [distributed.shard(b, self.world) for b in group]
+        shards = [self.world.shard(b) for b in group]
         draws = (tc.seed, epoch, start)  # subword samples: a resumed run draws the same
         pin, tok = self.device.type == "cuda", self.corpus.tok
         made = list(self.corpus.batches(self.split, [s for s, _ in shards], tc.subword_sampling, draws, pin=pin))
@@ -309,7 +348,7 @@ class Trainer(TrainStep):
         elapsed, interrupted = clock(), stop_requested()
         if self.world.enabled:  # one small all-reduce: global loss, any rank's Ctrl-C, rank 0's clock
             flags = torch.tensor([float(interrupted), elapsed if self.world.main else 0.0], device=self.device)
-            sync = distributed.all_sum(torch.cat([loss.float().view(1), flags]), self.world)
+            sync = self.world.all_sum(torch.cat([loss.float().view(1), flags]))
             loss, interrupted, elapsed = sync[0], bool(sync[1] > 0), float(sync[2])
         if spent is None:
             steps, tokens = self.checks.counted(st)
