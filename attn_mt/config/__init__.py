@@ -6,7 +6,6 @@ This module only names them: `from attn_mt.config import TrainConfig`. May impor
 errors and files aside: loader.py writes a config atomically).
 """
 
-from attn_mt.config.compare_rnn import CompareConfig
 from attn_mt.config.data import DataConfig, SplitsConfig
 from attn_mt.config.decode import ARGS, DECODE_OPTIONS, FIELDS, OPTION, DecodeConfig, DecodeOption, Penalty
 from attn_mt.config.loader import ExperimentConfig, from_dict, load_config, save_config, to_dict
@@ -18,3 +17,12 @@ from attn_mt.config.yamlconf import ConfigError
 __all__ = ["ARGS", "DECODE_OPTIONS", "FIELDS", "OPTION", "CompareConfig", "ConfigError", "DataConfig",
            "DecodeConfig", "DecodeOption", "ExperimentConfig", "ModelConfig", "Penalty", "RNNConfig", "SplitsConfig",
            "TokenizerConfig", "TrainConfig", "TransformerConfig", "from_dict", "load_config", "save_config", "to_dict"]
+
+
+def __getattr__(name: str) -> object:
+    """compare-rnn's `CompareConfig`, loaded when first named: only that command reads compare_rnn.py."""
+    if name == "CompareConfig":
+        from attn_mt.config.compare_rnn import CompareConfig
+
+        return CompareConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

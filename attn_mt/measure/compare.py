@@ -25,8 +25,8 @@ import torch
 from tqdm import tqdm
 
 from attn_mt import checkpoint
-from attn_mt.config import CompareConfig, ConfigError, ExperimentConfig
-from attn_mt.config.compare_rnn import CompareSetup
+from attn_mt.config import ConfigError, ExperimentConfig
+from attn_mt.config.compare_rnn import CompareConfig, CompareSetup
 from attn_mt.data.batching import token_batches
 from attn_mt.data.corpus import Corpus
 from attn_mt.data.sources import source
