@@ -18,8 +18,7 @@ from conftest import BOS, EOS, PAD, V, sources, train_reverser
 from attn_mt import checkpoint
 from attn_mt.config import TrainConfig, TransformerConfig
 from attn_mt.data.batching import collate, pad
-from attn_mt.decoding.beam import beam_search
-from attn_mt.decoding.search import greedy_search
+from attn_mt.decoding.search import beam_search, greedy_search
 from attn_mt.models import build_model, loss_sum
 from attn_mt.training.trainer import TrainStep
 

@@ -1,4 +1,5 @@
-"""Batched beam search over many sentences at once, with n-best lists and a GNMT length penalty.
+"""Beam search's choices (search.py's loop runs `Beam`), over many sentences at once, with n-best lists and a GNMT
+length penalty.
 
 Each sentence owns k consecutive rows of the decoder batch: (B, k) -> (B*k). Beams only ever
 move within their sentence's block of rows, so the decoder cache reorders just its self-attention
@@ -9,7 +10,6 @@ its hypotheses do not depend on which other sentences share the batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -17,8 +17,7 @@ import torch
 from torch import Tensor
 
 from attn_mt.config import Penalty
-from attn_mt.decoding.rules import MaxLength, Rule, decode_step, step_rules
-from attn_mt.models import Seq2Seq
+from attn_mt.decoding.rules import MaxLength
 
 
 @dataclass(frozen=True)
@@ -78,63 +77,44 @@ def best_possible(log_prob: Tensor, length: int | Tensor, max_len: Tensor, alpha
     return log_prob.max(dim=1).values / lp
 
 
-@torch.inference_mode()
-def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int, beam_size: int,
-                alpha: float | Penalty = 0.6, nbest: int = 1, use_cache: bool = True,
-                interrupt: Callable[[], None] | None = None, rules: Sequence[Rule] = ()) -> list[list[Hypothesis]]:
-    """The `nbest` highest-scoring outputs for each source sentence, best first.
+class Beam:
+    """Beam search's chooser (search.py's loop runs it): k beams per sentence on k consecutive rows, each step
+    the k best extensions that do not end (`candidates`), the rows reordered to follow them; a candidate ending
+    in eos is a finished hypothesis. A sentence is done once the `nbest`-th best of its finished hypotheses can
+    no longer be beaten by any continuation of its beams (`best_possible`), or at the length limit."""
 
-    Args:
-        model: encodes once, then decodes step by step with its cache.
-        src: (B, S) source ids, right-padded.
-        max_len: (B,) the most output tokens per sentence, eos included; eos is forced there.
-        beam_size: k active hypotheses per sentence.
-        alpha: length penalty exponent; score = log P / lp(|y|). 0 ranks by log P alone.
-        nbest: hypotheses returned per sentence (<= beam_size).
-        use_cache: feed only the newest token each step (else re-run the whole prefix).
-        interrupt: called before each decoder step (it raises to abandon the search).
-        rules: beyond the model's and the length limit, on the (B*k) rows (a forced target prefix: rules.py).
+    def __init__(self, max_len: Tensor, eos_id: int, k: int, alpha: float | Penalty = 0.6, nbest: int = 1) -> None:
+        if not 1 <= nbest <= k:
+            raise ValueError(f"nbest={nbest} must be between 1 and beam_size={k}")
+        b, dev = len(max_len), max_len.device
+        self.k, self.n, self.eos_id, self.alpha, self.max_len = k, nbest, eos_id, alpha, max_len  # max_len: (B,)
+        self.limit = MaxLength(max_len.repeat_interleave(k), eos_id)
+        self.scores = torch.full((b, k), -math.inf, device=dev)  # (B, k) log P of the active beams
+        self.scores[:, 0] = 0.0  # start from one beam, so the first step does not pick k copies
+        self.block = torch.arange(b, device=dev)[:, None] * k  # (B, 1) first row of each sentence
+        self.finished: list[list[Hypothesis]] = [[] for _ in range(b)]
+        self.active = set(range(b))  # sentences still searching
 
-    Finished hypotheses are collected until the `nbest`-th best of them can no longer be beaten
-    by any continuation of the active beams (see `best_possible`), or the length limit.
-    """
-    if not 1 <= nbest <= beam_size:
-        raise ValueError(f"nbest={nbest} must be between 1 and beam_size={beam_size}")
-    b, k, dev = src.size(0), beam_size, src.device
-    src_mask = model.src_mask(src)
-    memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)  # (B*k, S, D)
-    src_mask = src_mask.repeat_interleave(k, dim=0)
-    cache = model.new_cache() if use_cache else None
-    max_len = max_len.to(dev)
-    rules = step_rules(model, rules, MaxLength(max_len.repeat_interleave(k), eos_id))
-    scores = torch.full((b, k), -math.inf, device=dev)  # (B, k) log P of the active beams
-    scores[:, 0] = 0.0  # start from one beam, so the first step does not pick k copies
-    ys = torch.full((b * k, 1), bos_id, dtype=torch.long, device=dev)  # (B*k, 1 + step)
-    block = torch.arange(b, device=dev)[:, None] * k  # (B, 1) first row of each sentence
-    finished: list[list[Hypothesis]] = [[] for _ in range(b)]
-    active = set(range(b))  # sentences still searching
-    for step in range(int(max_len.max())):
-        if interrupt is not None:
-            interrupt()
-        inp = ys[:, -1:] if use_cache else ys
-        logp = decode_step(model, inp, memory, src_mask, cache, step=step, tokens=ys[:, 1:], rules=rules)
-        c = candidates(scores, logp.view(b, k, -1), eos_id)  # logp: (B*k, V)
+    def choose(self, step: int, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
+        b, k = self.scores.shape
+        c = candidates(self.scores, logp.view(b, k, -1), self.eos_id)  # logp: (B*k, V)
         if bool(c.ended.any()):
             s_idx, c_idx = c.ended.nonzero(as_tuple=True)
             prefixes = ys[s_idx * k + c.origin[s_idx, c_idx], 1:].tolist()
             for s, lp, prefix in zip(s_idx.tolist(), c.top[s_idx, c_idx].tolist(), prefixes, strict=True):
-                if s in active:
-                    finished[s].append(Hypothesis(prefix, lp, lp / length_penalty(step + 1, alpha)))
-        scores = c.scores
-        rows = (block + c.origin.gather(1, c.keep)).view(-1)  # (B*k,) surviving rows
-        ys = torch.cat([ys[rows], c.token.gather(1, c.keep).view(-1, 1)], dim=1)
-        if cache is not None:
-            cache.reorder(rows)
-        bound = best_possible(scores, step + 2, max_len, alpha).tolist()  # (B,)
-        for s in list(active):
-            scores_s = sorted((h.score for h in finished[s]), reverse=True)
-            if len(scores_s) >= nbest and scores_s[nbest - 1] >= bound[s]:
-                active.discard(s)  # nothing left on the beam can enter its n-best list
-        if not active:
-            break
-    return [sorted(f, key=lambda h: -h.score)[:nbest] for f in finished]
+                if s in self.active:
+                    self.finished[s].append(Hypothesis(prefix, lp, lp / length_penalty(step + 1, self.alpha)))
+        self.scores = c.scores
+        bound = best_possible(self.scores, step + 2, self.max_len, self.alpha).tolist()  # (B,)
+        for s in list(self.active):
+            scores_s = sorted((h.score for h in self.finished[s]), reverse=True)
+            if len(scores_s) >= self.n and scores_s[self.n - 1] >= bound[s]:
+                self.active.discard(s)  # nothing left on the beam can enter its n-best list
+        rows = (self.block + c.origin.gather(1, c.keep)).view(-1)  # (B*k,) surviving rows
+        return c.token.gather(1, c.keep).view(-1), rows
+
+    def done(self) -> bool:
+        return not self.active
+
+    def nbest(self, ys: Tensor) -> list[list[Hypothesis]]:
+        return [sorted(f, key=lambda h: -h.score)[: self.n] for f in self.finished]

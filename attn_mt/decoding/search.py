@@ -1,10 +1,18 @@
-"""Turning source text into target text: batched greedy or beam search decoding with a key/value cache."""
+"""Turning source text into target text: batched greedy or beam search decoding with a key/value cache.
+
+One loop (`steps`) serves greedy search, beam search and the stream (api/steering.py): encode, then a decoder
+step at a time (decoding/rules.py's `decode_step`), a chooser picking each row's next token: `Greedy` here,
+`Beam` in beam.py. The server's running batch (continuous.py) admits and retires sentences mid-flight and keeps
+its own loop. Tested in tests/decoding/test_search.py.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -13,7 +21,7 @@ from attn_mt.config import DecodeConfig, Penalty
 from attn_mt.data.batching import pad
 from attn_mt.data.checks import clean
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decoding.beam import Hypothesis, beam_search, length_penalty
+from attn_mt.decoding.beam import Beam, Hypothesis, length_penalty
 from attn_mt.decoding.rules import MaxLength, Rule, decode_step, step_rules
 from attn_mt.models import Seq2Seq
 
@@ -26,43 +34,125 @@ def max_lengths(src_lens: Tensor, cfg: DecodeConfig, limit: int) -> Tensor:
     return (src_lens.float() * cfg.max_len_a + cfg.max_len_b).long().clamp(max=limit)
 
 
+class Chooser(Protocol):
+    """What the search loop asks of a search at each step: greedy (`Greedy`) or beam (beam.py's `Beam`)."""
+
+    k: int  # decoder rows per sentence: 1 for greedy, the beam size for beam search
+    limit: MaxLength  # the output length limit on those rows (the last rule of every step)
+
+    def choose(self, step: int, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The step's tokens (rows,) from logp (rows, V) and ys (rows, 1 + step), and the rows of ys they
+        extend ((rows,) indices; None: each row its own)."""
+        ...
+
+    def done(self) -> bool:
+        """Whether nothing left to decode can change the outcome."""
+        ...
+
+    def nbest(self, ys: Tensor) -> list[list[Hypothesis]]:
+        """Each sentence's n-best list, best first, after the last step (ys: (rows, 1 + steps))."""
+        ...
+
+
+def steps(model: Seq2Seq, src: Tensor, chooser: Chooser, *, bos_id: int, use_cache: bool = True,
+          interrupt: Interrupt | None = None, rules: Sequence[Rule] = ()) -> Iterator[Tensor]:
+    """The search loop of greedy, beam and the stream (run it under torch.inference_mode()): encode src (B, S),
+    then a decoder step at a time, the chooser picks each row's next token; yields ys (rows, 1 + step), bos
+    first, after each step, until the chooser is done or every row is at its length limit.
+
+    With the cache each step feeds only the newest token; without it, the whole prefix is re-run through the
+    decoder (the slow way, kept for comparison and tests). `rules` (a forced target prefix, a sampled token:
+    decoding/rules.py) come between the model's banned ids and the length limit.
+    """
+    src_mask = model.src_mask(src)
+    memory = model.encode(src, src_mask)  # (B, S, D)
+    if chooser.k > 1:  # k consecutive rows per sentence
+        memory, src_mask = memory.repeat_interleave(chooser.k, dim=0), src_mask.repeat_interleave(chooser.k, dim=0)
+    cache = model.new_cache() if use_cache else None
+    rules = step_rules(model, rules, chooser.limit)
+    ys = torch.full((memory.size(0), 1), bos_id, dtype=torch.long, device=src.device)  # (rows, 1 + step)
+    for step in range(int(chooser.limit.max_len.max())):
+        if interrupt is not None:
+            interrupt()
+        inp = ys[:, -1:] if cache is not None else ys
+        logp = decode_step(model, inp, memory, src_mask, cache, step=step, tokens=ys[:, 1:], rules=rules)
+        nxt, rows = chooser.choose(step, logp, ys)  # (rows,), (rows,) or None
+        if rows is not None:
+            ys = ys[rows]
+            if cache is not None:
+                cache.reorder(rows)
+        ys = torch.cat([ys, nxt[:, None]], dim=1)
+        yield ys
+        if chooser.done():
+            return
+
+
 @torch.inference_mode()
+def run(model: Seq2Seq, src: Tensor, chooser: Chooser, *, bos_id: int, use_cache: bool = True,
+        interrupt: Interrupt | None = None, rules: Sequence[Rule] = ()) -> list[list[Hypothesis]]:
+    """The chooser's n-best lists once the search loop (`steps`) has run to its end."""
+    loop = steps(model, src, chooser, bos_id=bos_id, use_cache=use_cache, interrupt=interrupt, rules=rules)
+    return chooser.nbest(deque(loop, maxlen=1)[0])  # the last step's ys
+
+
+class Greedy:
+    """Greedy search's chooser: the most likely token of each row (a row per sentence), kept in place; a row
+    that has ended adds eos. Scores are log P / lp(length) as in beam search, so greedy and beam n-best
+    compare."""
+
+    k = 1
+
+    def __init__(self, max_len: Tensor, eos_id: int, alpha: float | Penalty = 0.0) -> None:
+        self.limit = MaxLength(max_len, eos_id)  # max_len: (B,)
+        self.eos_id, self.alpha = eos_id, alpha
+        self.log_prob = torch.zeros(len(max_len), device=max_len.device)  # (B,) log P of each output so far
+        self.ended = torch.zeros(len(max_len), dtype=torch.bool, device=max_len.device)  # (B,)
+
+    def choose(self, step: int, logp: Tensor, ys: Tensor) -> tuple[Tensor, None]:
+        nxt = self.limit.greedy(step, logp).masked_fill(self.ended, self.eos_id)  # (B,)
+        self.log_prob += logp.gather(1, nxt[:, None])[:, 0].masked_fill(self.ended, 0.0)
+        self.ended |= nxt == self.eos_id
+        return nxt, None
+
+    def done(self) -> bool:
+        return bool(self.ended.all())
+
+    def nbest(self, ys: Tensor) -> list[list[Hypothesis]]:
+        out = []
+        for row, lp in zip(ys[:, 1:].tolist(), self.log_prob.tolist(), strict=True):
+            tokens = row[: row.index(self.eos_id)] if self.eos_id in row else row
+            out.append([Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, self.alpha))])
+        return out
+
+
 def greedy_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int,
                   alpha: float | Penalty = 0.0, use_cache: bool = True,
                   interrupt: Interrupt | None = None, rules: Sequence[Rule] = ()) -> list[Hypothesis]:
-    """Most likely next token at each step, for a batch. src: (B, S); max_len: (B,).
+    """The most likely next token at each step, for a batch (`Greedy`). src: (B, S); max_len: (B,) >= 1.
+    `rules` rule tokens out at each step (a forced target prefix, a sampled token); log P stays the model's."""
+    chooser = Greedy(max_len.to(src.device), eos_id, alpha)
+    nbest = run(model, src, chooser, bos_id=bos_id, use_cache=use_cache, interrupt=interrupt, rules=rules)
+    return [n[0] for n in nbest]
 
-    With the cache each step feeds only the newest token; without it, the whole prefix
-    is re-run through the decoder (the slow way, kept for comparison and tests).
-    Scores are log P / lp(length) as in beam search, so greedy and beam n-best compare. `rules` rule tokens
-    out at each step (a forced target prefix, a sampled token: decoding/rules.py); log P stays the model's.
+
+def beam_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int, beam_size: int,
+                alpha: float | Penalty = 0.6, nbest: int = 1, use_cache: bool = True,
+                interrupt: Interrupt | None = None, rules: Sequence[Rule] = ()) -> list[list[Hypothesis]]:
+    """The `nbest` highest-scoring outputs for each source sentence, best first (beam.py's `Beam`).
+
+    Args:
+        model: encodes once, then decodes step by step with its cache.
+        src: (B, S) source ids, right-padded.
+        max_len: (B,) the most output tokens per sentence, eos included; eos is forced there.
+        beam_size: k active hypotheses per sentence.
+        alpha: length penalty exponent; score = log P / lp(|y|). 0 ranks by log P alone.
+        nbest: hypotheses returned per sentence (<= beam_size).
+        use_cache: feed only the newest token each step (else re-run the whole prefix).
+        interrupt: called before each decoder step (it raises to abandon the search).
+        rules: beyond the model's and the length limit, on the (B*k) rows (a forced target prefix: rules.py).
     """
-    b = src.size(0)
-    src_mask = model.src_mask(src)
-    memory = model.encode(src, src_mask)  # (B, S, D)
-    cache = model.new_cache() if use_cache else None
-    limit = MaxLength(max_len.to(src.device), eos_id)
-    rules = step_rules(model, rules, limit)
-    ys = torch.full((b, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1 + step)
-    log_prob = torch.zeros(b, device=src.device)  # (B,) log P of each output so far
-    done = torch.zeros(b, dtype=torch.bool, device=src.device)
-    for step in range(int(max_len.max())):
-        if interrupt is not None:
-            interrupt()
-        inp = ys[:, -1:] if use_cache else ys
-        logp = decode_step(model, inp, memory, src_mask, cache, step=step, tokens=ys[:, 1:], rules=rules)
-        nxt = limit.greedy(step, logp)
-        nxt = nxt.masked_fill(done, eos_id)
-        log_prob += logp.gather(1, nxt[:, None])[:, 0].masked_fill(done, 0.0)
-        ys = torch.cat([ys, nxt[:, None]], dim=1)
-        done |= nxt == eos_id
-        if bool(done.all()):
-            break
-    out = []
-    for row, lp in zip(ys[:, 1:].tolist(), log_prob.tolist(), strict=True):
-        tokens = row[: row.index(eos_id)] if eos_id in row else row
-        out.append(Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, alpha)))
-    return out
+    chooser = Beam(max_len.to(src.device), eos_id, beam_size, alpha, nbest)
+    return run(model, src, chooser, bos_id=bos_id, use_cache=use_cache, interrupt=interrupt, rules=rules)
 
 
 def greedy(model: Seq2Seq, src: Tensor, max_len: Tensor, bos_id: int, eos_id: int,

@@ -9,8 +9,8 @@ import torch
 from conftest import BOS, EOS, PAD, batch, sources, train_reverser
 
 from attn_mt.data.batching import pad
-from attn_mt.decoding.beam import beam_search, length_penalty
-from attn_mt.decoding.search import greedy_search
+from attn_mt.decoding.beam import length_penalty
+from attn_mt.decoding.search import beam_search, greedy_search
 
 
 @pytest.fixture(scope="module")

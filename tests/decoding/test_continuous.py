@@ -11,9 +11,8 @@ import torch
 from conftest import BOS, EOS, PAD, batch, sources, train_reverser
 
 from attn_mt.config import DecodeConfig, RNNConfig
-from attn_mt.decoding.beam import beam_search
 from attn_mt.decoding.continuous import RunningBatch, supports
-from attn_mt.decoding.search import greedy_search
+from attn_mt.decoding.search import beam_search, greedy_search
 from attn_mt.models import build_model
 
 SETTINGS = [DecodeConfig(beam_size=1, alpha=0.0, max_len_b=3), DecodeConfig(beam_size=5, nbest=3, max_len_b=3),

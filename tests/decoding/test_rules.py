@@ -9,9 +9,8 @@ import torch
 from conftest import BOS, EOS, batch, sources, train_reverser
 from torch import Tensor
 
-from attn_mt.decoding.beam import beam_search
 from attn_mt.decoding.rules import BanIds, MaxLength, Prefix, Sample, only
-from attn_mt.decoding.search import greedy_search
+from attn_mt.decoding.search import beam_search, greedy_search
 
 
 @pytest.fixture(scope="module")
