@@ -4,15 +4,17 @@
     analyses.py   the work of the Model's analyses: attention maps (of its translation or a given target),
                   explain, heads, prune
     steering.py   decoding steered by the caller (target prefix, sampling, the token stream); device and dtype
-    checks.py     every argument checked at the door: an InputError naming it, never a TypeError from inside
     sharing.py    the readers-writer lock that makes one Model safe to share between threads
     attention.py  `Attention`: one sentence's attention maps as arrays, an HTML head view and PNGs
     training.py   `train`, `configure` and `Run`: a config (file, dict or object) into a finished run
     commands.py   the other commands as functions: average, download, export_model, prepare, compare_rnn, bench
     opening.py    the one opener of models: a checkpoint file or an export folder
     terminal.py   what the CLI prints: the text forms of results
-    flags.py      the CLI's words: an argument's flag, a failure as one line and an exit status (no torch)
+    history_pages.py  a run's attention history drawn: the heads command's files and the server's /history page
     limits.py     `Limits`: what `attn-mt serve` answers (the server's; here so the CLI reads the defaults)
+
+Every argument is checked at the door by data/checks.py (an InputError naming it, never a TypeError from
+inside). model.py loads analyses.py and steering.py only in the methods that use them.
 
 May import config, checkpoint, device, data, models, decoding, training, measure, export, imports, analysis and
 rundir; never serve.

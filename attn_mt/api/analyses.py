@@ -19,11 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from attn_mt.config import DecodeConfig
+from attn_mt.data import checks
 from attn_mt.errors import AttnMTError, InputError, ModelError
-
-from . import checks
-from .sharing import Shared
 
 if TYPE_CHECKING:
     from torch import nn
@@ -31,10 +28,12 @@ if TYPE_CHECKING:
     from attn_mt.analysis.explanation import Explanation
     from attn_mt.analysis.masking import Head
     from attn_mt.analysis.overview import HeadsReport
+    from attn_mt.config import DecodeConfig
     from attn_mt.decoding.contrastive import Item
     from attn_mt.decoding.translator import Translator
 
     from .attention import Attention
+    from .sharing import Shared
     from .steering import Steer
 
 Lines = Iterable[str] | os.PathLike  # sentences, or a file of them (a Path)
@@ -89,10 +88,11 @@ def transformer(model: Loaded, what: str, any_kind: bool = False) -> nn.Module:
     return t.model
 
 
-def attentions(model: Loaded, items: list[str], dcfg: DecodeConfig, steer: Steer,
+def attentions(model: Loaded, items: list[str], dcfg: DecodeConfig, steer: Steer | None,
                target: str | None = None) -> list[Attention]:
     """Each text's translation and maps: `target` teacher-forced, or the texts decoded as `translate`
-    decodes them (batched, `steer`), each one's maps teacher-forced on the very ids its decode gave."""
+    decodes them (batched, `steer`; None: plain search), each one's maps teacher-forced on the very ids its
+    decode gave."""
     from attn_mt.decoding.attention_maps import attention_maps
 
     from . import steering
@@ -104,7 +104,7 @@ def attentions(model: Loaded, items: list[str], dcfg: DecodeConfig, steer: Steer
     ids: dict[int, list[int]] = {}
     with model.shared.reading():
         if target is None:
-            steering.translate_nbest(model.translator, items, dcfg, steer, ids)
+            steering.translate_nbest(model.translator, items, dcfg, steer or steering.Steer(), ids)
         found = [attention_maps(net, model.translator.tok, text, dcfg, model.translator.device, target=target,
                                 target_ids=ids.get(i)) for i, text in enumerate(items)]
     return [Attention(text.strip(), translation, maps)

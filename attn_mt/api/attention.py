@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from attn_mt.data import checks
 from attn_mt.decoding.attention_maps import AttentionMap, plot
 from attn_mt.errors import InputError
-
-from . import checks
 
 KINDS = {"encoder": "encoder_self", "decoder": "decoder_self", "cross": "cross"}  # argument -> map kind
 

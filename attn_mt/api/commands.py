@@ -13,10 +13,10 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from attn_mt.data import checks
 from attn_mt.errors import InputError
 from attn_mt.files import check_outputs  # every output checked before any work
 
-from . import checks
 from .training import Config, configure, override_list
 
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from attn_mt.data import checks
 from attn_mt.errors import InputError
 from attn_mt.files import check_outputs
 from attn_mt.rundir import RunDir
-
-from . import checks
 
 
 def _name(path: Path) -> str:

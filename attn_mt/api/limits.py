@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attn_mt.data import checks
 from attn_mt.errors import InputError
-
-from . import checks
 
 
 @dataclass(frozen=True)

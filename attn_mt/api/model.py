@@ -10,7 +10,9 @@ decodes with CTranslate2 and translates and scores only. Every method takes text
 or any iterable of strings (a list of results, in input order); `sources`/`refs` may also be a `Path` to a
 file with one sentence per line. Each method has one return type per kind of input: `translate` gives
 strings, `translate_nbest` `Translation`s, `score` `Score`s. A Model may be shared by threads
-(sharing.py). The analyses' work (attention, explain, heads, prune) is analyses.py's.
+(sharing.py). The analyses' work (attention, explain, heads, prune) is analyses.py's, and decoding steered
+by the caller (a target prefix, sampling, the stream) and placement (`to`, `dtype`) steering.py's: each is
+imported by the method that needs it, so a plain `translate` loads neither.
 
 One job: the `Model` facade; decoding/, analysis/ and export/ below it do the work.
 """
@@ -24,12 +26,11 @@ from typing import TYPE_CHECKING, Any, Literal, Self, Unpack, overload
 
 from attn_mt.config import ARGS, DECODE_OPTIONS, DecodeConfig
 from attn_mt.config.decode import Decoding, OneBest
+from attn_mt.data import checks
 from attn_mt.decoding.search import Translation
 from attn_mt.decoding.translator import decode_options, evaluate_texts
 from attn_mt.errors import AttnMTError, InputError, ModelError
 
-from . import analyses, checks, steering
-from .analyses import Items, Lines
 from .opening import open_translator
 from .sharing import Shared
 
@@ -40,7 +41,9 @@ if TYPE_CHECKING:
     from attn_mt.decoding.scoring import Score
     from attn_mt.decoding.translator import Translator
 
+    from .analyses import Items, Lines
     from .attention import Attention
+    from .steering import Steer
 
 Texts = str | Iterable[str]  # one sentence, or any iterable of them (a list, a tuple, a generator)
 Prefix = str | Iterable[str] | None  # one target prefix for every text, or one per text
@@ -67,7 +70,9 @@ def load(path: str | os.PathLike, *, device: str = "auto", threads: int | None =
     if threads is not None:
         checks.integer(threads, "threads")
     if dtype is not None:
-        checks.choice(dtype, "dtype", steering.DTYPES)
+        from .steering import DTYPES
+
+        checks.choice(dtype, "dtype", DTYPES)
     try:
         model = Model(open_translator(Path(path) if isinstance(path, os.PathLike) else path, device, threads))
     except AttnMTError as e:
@@ -100,7 +105,9 @@ class Model:
         m = self.config.model if self.config else None
         arch = ("CTranslate2" if m is None else f"rnn d_hidden={m.d_hidden}" if m.kind == "rnn" else
                 f"transformer d_model={m.d_model} layers={m.n_layers} heads={m.n_heads}")
-        dtype = f" {steering.dtype_name(self.module)}" if self.module is not None else ""
+        from .steering import dtype_name
+
+        dtype = f" {dtype_name(self.module)}" if self.module is not None else ""
         return f"<attn_mt.Model {self.kind} {str(self.path)!r} on {self.device}{dtype}: {arch}>"
 
     def options(self, *, names: Mapping[str, str] = ARGS, **options: Unpack[Decoding]) -> DecodeConfig:
@@ -147,8 +154,10 @@ class Model:
         if temperature is not None and options.get("beam") is None:
             options["beam"] = 1  # sampling draws one token a step, whatever the model's beam
         dcfg = self.options(**options, nbest=1)
-        steer = steering.Steer.of(self.translator, items, target_prefix, temperature, seed)
+        steer = self._steer(items, target_prefix, temperature, seed)
         if return_attention:
+            from . import analyses
+
             out: list = analyses.attentions(self, items, dcfg, steer)  # maps on the ids of this very decode
         else:
             out = [n[0].text for n in self._nbest(items, dcfg, steer)]
@@ -171,7 +180,7 @@ class Model:
         _refuse_others("translate_nbest", options, Decoding.__optional_keys__)
         items, one = checks.texts(texts, "texts")
         dcfg = self.options(**options)
-        out = self._nbest(items, dcfg, steering.Steer.of(self.translator, items, target_prefix, None, None))
+        out = self._nbest(items, dcfg, self._steer(items, target_prefix, None, None))
         return out[0] if one else out
 
     def stream(self, text: str, *, max_len_a: float | None = None, max_len_b: int | None = None,
@@ -181,14 +190,27 @@ class Model:
 
         >>> for piece in model.stream("the old man sees a small dog."): print(piece, end="", flush=True)
         """
+        from . import steering
+
         text = checks.text(text, "text", empty=True)
         dcfg = self.options(beam=1, nbest=1, max_len_a=max_len_a, max_len_b=max_len_b)
         steer = steering.Steer.of(self.translator, [text], target_prefix, None, None)
         return steering.stream(self.translator, self.shared, text, dcfg, steer)
 
-    def _nbest(self, items: list[str], dcfg: DecodeConfig, steer: steering.Steer) -> list[list[Translation]]:
+    def _steer(self, items: list[str], target_prefix: Prefix, temperature: float | None,
+               seed: int | None) -> Steer | None:
+        """The call's steering, checked (steering.py); None where it asks for none: the plain search."""
+        if target_prefix is None and temperature is None and seed is None:
+            return None
+        from . import steering
+
+        return steering.Steer.of(self.translator, items, target_prefix, temperature, seed)
+
+    def _nbest(self, items: list[str], dcfg: DecodeConfig, steer: Steer | None) -> list[list[Translation]]:
         with self.shared.reading():
-            if steer.active:
+            if steer is not None and steer.active:
+                from . import steering
+
                 return steering.translate_nbest(self.translator, items, dcfg, steer)
             return self.translator.translate_nbest(items, dcfg)
 
@@ -223,6 +245,8 @@ class Model:
         """
         from attn_mt.decoding.contrastive import evaluate_contrastive
 
+        from . import analyses
+
         checks.integer(batch_size, "batch_size")
         found = analyses.contrastive_items(items)
         with self.shared.reading():
@@ -234,6 +258,8 @@ class Model:
 
         >>> model.evaluate(Path("runs/toy/test.en"), Path("runs/toy/test.de"))["bleu"]
         """
+        from . import analyses
+
         srcs, references = analyses.pairs(sources, refs)
         dcfg = self.options(beam=beam, alpha=alpha, batch_size=batch_size, nbest=1)
         with self.shared.reading():
@@ -245,6 +271,8 @@ class Model:
 
         >>> model.to("cuda:1", dtype="bfloat16")
         """
+        from . import steering
+
         if dtype is not None:
             checks.choice(dtype, "dtype", steering.DTYPES)
         if self.module is None:
@@ -268,6 +296,8 @@ class Model:
         from attn_mt import checkpoint
         from attn_mt.files import check_outputs
 
+        from . import analyses
+
         path = checks.path(path)
         module = self._transformer("save", any_kind=True)
         check_outputs([("path", Path(path), (".pt",))], [self.path])
@@ -288,8 +318,10 @@ class Model:
         text = checks.text(text, "text")
         if target is not None:
             target = checks.text(target, "target", empty=True)
+        from . import analyses
+
         dcfg = self.options(beam=beam, nbest=1)
-        return analyses.attentions(self, [text], dcfg, steering.Steer(), target)[0]
+        return analyses.attentions(self, [text], dcfg, None, target)[0]
 
     def explain(self, text: str, *, kind: str = "cross", layer: int = 1, head: int = 1, token: int | str = 0,
                 beam: int = 1) -> Explanation:
@@ -302,6 +334,8 @@ class Model:
         >>> e = model.explain("the old man sees a small dog.", kind="encoder", layer=1, head=2, token="dog")
         >>> e.max_abs_diff < 1e-4
         """
+        from . import analyses
+
         return analyses.explain(self, text, kind, layer, head, token, beam)
 
     def heads(self, sources: Lines | None = None, refs: Lines | None = None, *, sentences: int = 200,
@@ -315,6 +349,8 @@ class Model:
         >>> report = model.heads(Path("runs/toy/test.en"), Path("runs/toy/test.de"), sentences=50)
         >>> report = model.heads(contrastive="runs/pronoun/test.contrastive.jsonl")
         """
+        from . import analyses
+
         return analyses.heads(self, sources, refs, sentences, 0, contrastive)[0]
 
     def prune(self, n: int, sources: Lines, refs: Lines, *, sentences: int = 200,
@@ -325,6 +361,8 @@ class Model:
 
         >>> smaller = model.prune(2, Path("runs/toy/test.en"), Path("runs/toy/test.de"), out="pruned.pt")
         """
+        from . import analyses
+
         translator, report = analyses.prune(self, n, sources, refs, sentences, out)
         pruned = type(self)(translator)
         pruned.report = report
@@ -332,4 +370,6 @@ class Model:
 
     def _transformer(self, what: str, any_kind: bool = False):
         """The PyTorch module, or ModelError saying why `what` cannot run on this model (analysis/tensors.py)."""
+        from . import analyses
+
         return analyses.transformer(self, what, any_kind)

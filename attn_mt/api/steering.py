@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from attn_mt.config import DecodeConfig
+from attn_mt.data import checks
 from attn_mt.data.batching import pad
 from attn_mt.decoding.beam import Hypothesis
 from attn_mt.decoding.rules import MaxLength, Prefix, Rule, Sample, decode_step, step_rules
@@ -32,7 +33,6 @@ from attn_mt.decoding.search import Translation, max_lengths, prepare_sources, s
 from attn_mt.decoding.translator import Translator, model_translator
 from attn_mt.errors import InputError, ModelError
 
-from . import checks
 from .sharing import Shared
 
 DTYPES = ("float32", "bfloat16", "float16")

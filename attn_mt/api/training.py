@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING
 
 from attn_mt.config import ExperimentConfig, from_dict, load_config, to_dict
 from attn_mt.config.yamlconf import set_overrides
+from attn_mt.data import checks
 from attn_mt.errors import InputError
 from attn_mt.rundir import RunDir
-
-from . import checks
 
 if TYPE_CHECKING:
     from attn_mt.analysis.history import History

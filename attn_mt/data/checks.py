@@ -1,7 +1,7 @@
 """Arguments checked at the door: every bad value is an `InputError` naming its argument, never a TypeError from
-deep inside (torch, the config, range(), SentencePiece). The public API (api/checks.py names them for api/) and
-the analysis functions (`inside`, `without`, `model_view`, the views' `save_html`) use these, one set of rules:
-here because analysis/ may not import api/.
+deep inside (torch, the config, range(), SentencePiece). The public API (api/) and the analysis functions
+(`inside`, `without`, `model_view`, the views' `save_html`) use these, one set of rules: here because analysis/
+may not import api/.
 
     >>> integer(1.5, "beam")
     InputError: beam: must be an integer >= 1, not 1.5
@@ -27,6 +27,7 @@ from attn_mt.errors import AttnMTError, InputError
 
 SURROGATE = re.compile("[\ud800-\udfff]")
 MODEL = "attn_mt.api.model.Model"  # the class `model` takes, by name: nothing below api/ may import it
+SEEDS = 2**64  # a torch.Generator's seeds: 0 .. 2**64 - 1
 
 
 def shown(value: object) -> str:
@@ -56,6 +57,13 @@ def number(value: object, field: str, least: float | None = None) -> float:
         at_least = f" >= {least:g}" if least is not None else ""
         raise InputError(f"must be a finite number{at_least}, not {shown(value)}", field)
     return float(value)
+
+
+def seed(value: object, field: str = "seed") -> int:
+    """A random seed: an int from 0 to 2**64 - 1 (torch's range; beyond it torch fails with a bare ValueError)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < SEEDS:
+        raise InputError(f"must be an integer from 0 to 2**64 - 1, not {shown(value)}", field)
+    return int(value)
 
 
 def boolean(value: object, field: str) -> bool:

@@ -1,4 +1,4 @@
-"""The API's arguments checked at the door (attn_mt/api/checks.py): any iterable of strings works, and every bad
+"""The API's arguments checked at the door (attn_mt/data/checks.py): any iterable of strings works, and every bad
 value is an AttnMTError subclass naming its argument (`field`), never a TypeError from inside."""
 
 from __future__ import annotations

@@ -29,6 +29,16 @@ def test_importing_attn_mt_loads_no_torch_and_every_public_name_resolves():
     assert int(out.stdout) == len(attn_mt.__all__) - 1
 
 
+def test_plain_translation_loads_neither_the_analyses_nor_steering(tiny_run):
+    code = ("import sys, attn_mt; m = attn_mt.load(sys.argv[1], device='cpu'); m.translate('a dog.', beam=2); "
+            "m.translate_nbest(['a dog.'], beam=2, nbest=2); m.score('a dog.', 'ein Hund.'); "
+            "print(sorted(n for n in ('attn_mt.api.analyses', 'attn_mt.api.steering') if n in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(tiny_run / "checkpoint_best.pt")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_translate_one_text_or_many_in_input_order_equal_to_the_cli(model, tiny_run):
     many = model.translate(SENTENCES)
     assert [model.translate(s) for s in SENTENCES] == many and many[1] == ""

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ["attn_mt/__init__.py", "attn_mt/api/model.py", "attn_mt/api/analyses.py", "attn_mt/api/steering.py",
-           "attn_mt/api/checks.py", "attn_mt/api/sharing.py", "attn_mt/api/attention.py"]
+           "attn_mt/data/checks.py", "attn_mt/api/sharing.py", "attn_mt/api/attention.py"]
 CALLER = '''
 from typing import assert_type
 
