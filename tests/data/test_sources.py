@@ -48,6 +48,30 @@ def test_jsonl(tmp_path):
         read_pairs(data_cfg("data.source=jsonl", f"data.dir={tmp_path}"), "valid")
 
 
+def test_hf_dataset_from_local_dir(tmp_path):
+    import datasets  # here, not at the top: 1 s of every pytest worker's collection
+
+    dd = datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"translation": [{"de": "ein Hund", "en": "a dog"},
+                                                             {"de": "Haus", "en": "house"}]}),
+        "validation": datasets.Dataset.from_dict({"translation": [{"de": "Katze", "en": "cat"}]}),
+    })
+    dd.save_to_disk(str(tmp_path / "hf"))
+    cfg = data_cfg("data.source=hf", f"data.dir={tmp_path / 'hf'}")
+    assert read_pairs(cfg, "train")[1] == ["a dog", "house"]
+    assert read_pairs(cfg, "validation")[0] == ["Katze"]
+    with pytest.raises(DataError, match="no split 'test'"):
+        read_pairs(cfg, "test")
+
+
+def test_hf_hub_offline_is_one_line_error(monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataError) as e:
+        read_pairs(data_cfg("data.source=hf", "data.name=attn-mt/does-not-exist"), "train")
+    assert "attn-mt/does-not-exist" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_toy_source():
     src, tgt = read_pairs(data_cfg("data.source=toy", "data.toy_size=50", "data.src_lang=en", "data.tgt_lang=de"),
                           "valid")
@@ -63,6 +87,21 @@ def test_hostile_jsonl_lines_are_one_line_errors(line, text, tmp_path):
         (data / f"{split}.jsonl").write_text(line + "\n")
     config = write_config(tmp_path / "c.yaml", "data.source=jsonl", f"data.dir={data}")
     one_line_error(cli("train", "-c", config, "--out", tmp_path / "run"), 1, ".jsonl:1", text)
+
+
+@pytest.mark.parametrize("rows,text", [
+    ({"translation": [{"en": "a b", "fr": "x"}]}, "'de' is missing"),
+    ({"en": ["a b"], "de": [None]}, "'de' is NoneType"),
+])
+def test_hf_rows_without_a_language_are_one_line_errors(rows, text, tmp_path):
+    import datasets
+
+    for split in ("train", "valid", "test"):
+        datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "ds" / split))
+    datasets.DatasetDict({s: datasets.load_from_disk(str(tmp_path / "ds" / s)) for s in ("train", "valid", "test")}
+                         ).save_to_disk(str(tmp_path / "hf"))
+    config = write_config(tmp_path / "c.yaml", "data.source=hf", f"data.dir={tmp_path / 'hf'}")
+    one_line_error(cli("train", "-c", config, "--out", tmp_path / "run"), 1, "row 0", text)
 
 
 def test_line_chunks_count_lines_across_chunks(tmp_path):
