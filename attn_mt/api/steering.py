@@ -28,8 +28,8 @@ from attn_mt.config import DecodeConfig
 from attn_mt.data import checks
 from attn_mt.data.batching import pad
 from attn_mt.decoding.beam import Hypothesis
-from attn_mt.decoding.rules import MaxLength, Prefix, Rule, Sample, decode_step, step_rules
-from attn_mt.decoding.search import Translation, max_lengths, prepare_sources, search, translate_batches
+from attn_mt.decoding.rules import Prefix, Rule, Sample
+from attn_mt.decoding.search import Greedy, Translation, max_lengths, prepare_sources, search, steps, translate_batches
 from attn_mt.decoding.translator import Translator, model_translator
 from attn_mt.errors import InputError, ModelError
 
@@ -160,58 +160,41 @@ def _pieces(translator: Translator, shared: Shared, text: str, dcfg: DecodeConfi
     prefix = steer.prefixes[0] if steer.prefixes else []
     src_ids = prepare_sources(tok, [text.strip()], limit)  # (1, S) as lists
     max_len = max(int(max_lengths(torch.tensor([len(src_ids[0])]), dcfg, limit)[0]), min(len(prefix) + 1, limit))
-    ids, shown, now = [tok.bos_id], "", None
-    for step in range(max_len):
+    ids: list[int] = []  # the tokens so far (no bos)
+    shown, place, loop = "", None, iter(())
+    for _ in range(max_len):
         with shared.reading(), torch.inference_mode():
-            if now is None or now.place != _place(module):  # the first step, or Model.to moved or cast it since
-                rules = steer.rules([prefix], _place(module)[0])
-                now = _Decoding.start(module, src_ids, ids[:-1], rules, max_len, tok.eos_id)
-            ys = torch.tensor([ids], device=now.place[0])  # (1, 1 + step)
-            logp = decode_step(module, ys[:, -1:], now.memory, now.src_mask, now.cache, step=step,
-                               tokens=ys[:, 1:], rules=now.rules)
-            nxt = int(now.limit.greedy(step, logp)[0])  # eos at the limit
+            if place != _place(module):  # the first step, or Model.to moved or cast it since
+                place = _place(module)
+                loop = _search(module, tok, src_ids, ids, prefix, max_len, steer, place[0])
+            nxt = int(next(loop)[0, -1])  # eos at the limit
         if nxt == tok.eos_id:
             break
         ids.append(nxt)
-        text_now = tok.decode_tgt([ids[1:]])[0]
+        text_now = tok.decode_tgt([ids])[0]
         if text_now.startswith(shown) and len(text_now) > len(shown):
             yield text_now[len(shown):]
             shown = text_now
-    final = tok.decode_tgt([ids[1:]])[0]
+    final = tok.decode_tgt([ids])[0]
     if final.startswith(shown) and len(final) > len(shown):
         yield final[len(shown):]
+
+
+def _search(module: Any, tok: Any, src_ids: list[list[int]], ids: list[int], prefix: list[int], max_len: int,
+            steer: Steer, device: torch.device) -> Iterator[Tensor]:
+    """The search loop (search.steps, greedy) of a stream on the module as placed, past the tokens decoded so
+    far (`ids`): they are forced as the start of the target prefix, so the next step goes on as if the module
+    had always been placed so. `max_len` is the output limit, eos included."""
+    module.eval()
+    src = torch.tensor(src_ids, device=device)  # (1, S)
+    chooser = Greedy(torch.tensor([max_len], device=device), tok.eos_id)
+    loop = steps(module, src, chooser, bos_id=tok.bos_id, rules=steer.rules([ids + prefix[len(ids):]], device))
+    for _ in ids:
+        next(loop)
+    return loop
 
 
 def _place(module: torch.nn.Module) -> tuple[torch.device, torch.dtype]:
     """Where the module's weights are and their type: what Model.to changes between two steps of a stream."""
     weight = next(module.parameters())
     return weight.device, weight.dtype
-
-
-@dataclass(frozen=True)
-class _Decoding:
-    """A stream's decoder state on the module as placed: the source encoded and the cache of the tokens so far."""
-
-    place: tuple[torch.device, torch.dtype]
-    src_mask: Tensor  # (1, 1, 1, S)
-    memory: Tensor  # (1, S, D)
-    cache: Any
-    rules: list[Rule]  # every step's (rules.step_rules), on this device (a stream never samples: no draws to keep)
-    limit: MaxLength  # the last of them
-
-    @classmethod
-    def start(cls, module: Any, src_ids: list[list[int]], fed: list[int], rules: list[Rule], max_len: int,
-              eos_id: int) -> _Decoding:
-        """Encode the source and feed the decoder `fed` (the tokens decoded so far, but the last), a token at a
-        time as the stream did: the next step goes on as if the module had always been placed so. `rules`: the
-        caller's, on this device; `max_len` the output limit, eos included."""
-        place = _place(module)
-        limit = MaxLength(torch.tensor([max_len], device=place[0]), eos_id)
-        module.eval()
-        src = torch.tensor(src_ids, device=place[0])  # (1, S)
-        src_mask = module.src_mask(src)
-        memory = module.encode(src, src_mask)
-        cache = module.new_cache()
-        for token in fed:
-            module.decode(torch.tensor([[token]], device=place[0]), memory, src_mask, cache)
-        return cls(place, src_mask, memory, cache, step_rules(module, rules, limit), limit)
