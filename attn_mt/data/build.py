@@ -1,20 +1,17 @@
 """Filling a new data cache entry: source files -> text.arrow -> tokenizer -> token ids as flat files.
 
 The training split is streamed into an Arrow file, SentencePiece trains on a bounded sample of it (or a
-resumed run's tokenizer is kept), batched `datasets.map` tokenizes it on all cores, and the ids are
-written as flat arrays. cache.py decides when and where (under its lock, in a temporary directory);
-the processes that tokenize never hold that lock and die with the process that started them.
+resumed run's tokenizer is kept), batched `datasets.map` tokenizes it (a big split on all cores: workers.py),
+and the ids are written as flat arrays. cache.py decides when and where (under its lock, in a temporary
+directory).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import itertools
 import logging
 import os
-import signal
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,11 +49,16 @@ def build(cfg: ExperimentConfig, tmp: Path, key: str, tok: Tokenizer | None = No
     t2 = time.perf_counter()
     dtype = np.uint16 if max(tok.src_vocab_size, tok.tgt_vocab_size) <= 2**16 else np.int32
     procs = (cfg.data.num_proc or len(os.sched_getaffinity(0))) if n >= BIG else 1
-    with _progress(n >= BIG and log.isEnabledFor(logging.INFO)), _children_die_with_this_process():
-        encoded = text.with_format("arrow").map(
-            _Encode(tok.state(), dtype), batched=True, batch_size=2000, num_proc=procs if procs > 1 else None,
-            remove_columns=["src", "tgt"], cache_file_name=str(tmp / "encoded.arrow"), new_fingerprint=key,
-            desc="tokenizing")
+    encode = _Encode(tok.state(), dtype)
+    mapping = {"batched": True, "batch_size": 2000, "remove_columns": ["src", "tgt"],
+               "cache_file_name": str(tmp / "encoded.arrow"), "new_fingerprint": key, "desc": "tokenizing"}
+    with _progress(n >= BIG and log.isEnabledFor(logging.INFO)):
+        if procs > 1:  # a big split: worker processes that die with this one
+            from attn_mt.data.workers import map_in_processes
+
+            encoded = map_in_processes(text.with_format("arrow"), encode, procs, **mapping)
+        else:
+            encoded = text.with_format("arrow").map(encode, **mapping)
     tokens = _write_flat(encoded, tmp, dtype)
     log.info("tokenized %d sentences in %.1f s (%d processes)", 2 * n, time.perf_counter() - t2, procs)
     del text, encoded
@@ -92,11 +94,10 @@ def _sample(text, cfg: TokenizerConfig):
 
 class _Encode:
     """The batched `map` function: an Arrow batch of texts -> Arrow list arrays of token ids. Picklable for
-    the worker processes, which each rebuild the SentencePiece models once, and stop when the process that
-    started them is gone (where the kernel cannot be asked to end them: see `_children_die_with_this_process`)."""
+    the worker processes (workers.py), which each rebuild the SentencePiece models once."""
 
     def __init__(self, state: dict, dtype: type) -> None:
-        self.state, self.dtype, self.tok, self.parent = state, dtype, None, os.getpid()
+        self.state, self.dtype, self.tok = state, dtype, None
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "tok": None}
@@ -104,8 +105,6 @@ class _Encode:
     def __call__(self, batch):
         import pyarrow as pa
 
-        if os.getpid() != self.parent and not _alive(self.parent):
-            os._exit(1)
         self.tok = self.tok or Tokenizer.from_state(self.state)
         src = self.tok.src.encode(batch["src"].to_pylist(), num_threads=1)  # the processes share the cores
         tgt = self.tok.tgt.encode(batch["tgt"].to_pylist(), num_threads=1)
@@ -118,45 +117,6 @@ class _Encode:
         np.cumsum(np.fromiter(map(len, seqs), np.int32, len(seqs)), out=offsets[1:])
         values = np.fromiter(itertools.chain.from_iterable(seqs), self.dtype, int(offsets[-1]))
         return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-_parent: int | None = None  # inside `_children_die_with_this_process`: this process's pid
-_prctl = None
-
-
-def _after_fork_in_child() -> None:
-    """Ask the kernel to SIGKILL this child when its parent dies (Linux), and exit if it already has."""
-    global _parent
-    parent, _parent = _parent, None  # its own children are not covered
-    if parent is None:
-        return
-    if _prctl is not None:
-        _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent died before the request
-        os._exit(1)
-
-
-@contextlib.contextmanager
-def _children_die_with_this_process():
-    """Processes forked in the block (datasets' map workers and its queue manager) are killed by the kernel
-    when this process dies, also by SIGKILL; a SIGTERM'd `prepare` leaves no worker holding 500 MB."""
-    global _parent, _prctl
-    if _prctl is None and sys.platform == "linux":
-        _prctl = ctypes.CDLL(None, use_errno=True).prctl
-        os.register_at_fork(after_in_child=_after_fork_in_child)
-    _parent = os.getpid()
-    try:
-        yield
-    finally:
-        _parent = None
 
 
 def _write_flat(encoded, tmp: Path, dtype: type) -> dict[str, int]:
