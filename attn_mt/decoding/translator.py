@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attn_mt.checkpoint import CheckpointError
 from attn_mt.config import ARGS, OPTION, DecodeConfig
@@ -17,8 +17,10 @@ from attn_mt.config.yamlconf import OptionError
 from attn_mt.data import checks
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.metrics import score
-from attn_mt.decoding.scoring import Score, score_texts
 from attn_mt.decoding.search import Interrupt, Translation
+
+if TYPE_CHECKING:
+    from attn_mt.decoding.scoring import Score
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,15 @@ def model_translator(model, cfg, tok: Tokenizer, device, path: Path | str, state
     state = state or {}
     return Translator("checkpoint", Path(path), cfg.decode, tok,
                       functools.partial(translate_nbest, model, tok, device=device), str(device), model, cfg,
-                      {k: state.get(k) for k in KEPT}, functools.partial(score_texts, model, tok, device=device))
+                      {k: state.get(k) for k in KEPT}, functools.partial(_score_texts, model, tok, device=device))
 
 
+def _score_texts(model, tok: Tokenizer, sources: list[str], targets: list[str], *, batch_size: int = 64,
+                 device: Any = "cpu") -> list[Score]:
+    """A checkpoint's scorer: scoring.score_texts, imported at the first score (translating never loads it)."""
+    from attn_mt.decoding import scoring
+
+    return scoring.score_texts(model, tok, sources, targets, batch_size=batch_size, device=device)
 
 
 def decode_options(defaults: DecodeConfig, names: Mapping[str, str] = ARGS, **given: int | float | None,
