@@ -178,11 +178,10 @@ def search(model: Seq2Seq, tok: Tokenizer, src: Tensor, max_len: Tensor, cfg: De
            rules: Sequence[Rule] = ()) -> list[list[Hypothesis]]:
     """n-best lists for a batch of source ids (B, S): greedy for beam_size 1, else beam search; `rules` beyond
     the model's and the length limit (decoding/rules.py)."""
-    ids = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, alpha=cfg.penalty, use_cache=use_cache, interrupt=interrupt,
-               rules=rules)
-    if cfg.beam_size == 1:
-        return [[h] for h in greedy_search(model, src, max_len, **ids)]
-    return beam_search(model, src, max_len, beam_size=cfg.beam_size, nbest=cfg.nbest, **ids)
+    max_len = max_len.to(src.device)
+    chooser = (Greedy(max_len, tok.eos_id, cfg.penalty) if cfg.beam_size == 1 else
+               Beam(max_len, tok.eos_id, cfg.beam_size, cfg.penalty, cfg.nbest))
+    return run(model, src, chooser, bos_id=tok.bos_id, use_cache=use_cache, interrupt=interrupt, rules=rules)
 
 
 @dataclass(frozen=True)

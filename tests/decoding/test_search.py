@@ -14,7 +14,7 @@ from attn_mt import checkpoint
 from attn_mt.checkpoint import load_model
 from attn_mt.cli import app
 from attn_mt.config import DecodeConfig
-from attn_mt.decoding.search import greedy_search, max_lengths, translate, translate_nbest
+from attn_mt.decoding.search import Greedy, greedy_search, max_lengths, steps, translate, translate_nbest
 
 TEXTS = ["the dog sees the cat.", "", "a woman likes the old horses because the child finds a book.",
          "   ", "the child finds a book.", "some birds.", "today the small man hears a red house."]
@@ -35,6 +35,16 @@ def test_greedy_cache_matches_no_cache(reverser):
     cached = greedy_search(reverser, src, max_len, bos_id=BOS, eos_id=EOS)
     uncached = greedy_search(reverser, src, max_len, bos_id=BOS, eos_id=EOS, use_cache=False)
     assert [h.tokens for h in cached] == [h.tokens for h in uncached]
+
+
+def test_the_search_loop_yields_each_steps_tokens_and_ends_where_greedy_search_does(reverser):
+    src, max_len = batch(sources(8, seed=13))
+    chooser = Greedy(max_len, EOS)
+    with torch.inference_mode():
+        seen = list(steps(reverser, src, chooser, bos_id=BOS))
+    assert [ys.shape for ys in seen] == [(8, 2 + i) for i in range(len(seen))]  # bos, then a token a step
+    assert all(torch.equal(a, b[:, :-1]) for a, b in zip(seen[:-1], seen[1:], strict=True))  # rows stay in place
+    assert [n[0] for n in chooser.nbest(seen[-1])] == greedy_search(reverser, src, max_len, bos_id=BOS, eos_id=EOS)
 
 
 def test_greedy_stops_at_eos_and_respects_max_len(reverser):
