@@ -49,9 +49,10 @@ ALLOWED = {
 
 # The core a student reads (docs/reading.md walks it): the models, tokenizer, corpus and batches, one training
 # loop, greedy and beam decoding, config, checkpoint, run directory. Everything else is an extra: speed machinery
-# (data.prefetch, training's autosize, compiled, deferred, muon, finetune, board), subword sampling, EMA,
-# interop (imports, export), the server, analysis, measure and the public API. A core module never imports an
-# extra when it loads: an extra is imported inside the function where the config chooses it.
+# (data.prefetch, data.workers, training's autosize, compiled, deferred, muon, finetune, board, distributed),
+# subword sampling, EMA, interop (imports, export), the server, analysis, measure and the public API. A core
+# module never imports an extra when it loads: an extra is imported inside the function where the config
+# chooses it.
 CORE_PARTS = {"config", "models"}
 CORE = {"attn_mt.errors", "attn_mt.files", "attn_mt.device", "attn_mt.checkpoint", "attn_mt.rundir",
         "attn_mt.data", "attn_mt.data.tokenizer", "attn_mt.data.batching", "attn_mt.data.corpus",
@@ -59,7 +60,7 @@ CORE = {"attn_mt.errors", "attn_mt.files", "attn_mt.device", "attn_mt.checkpoint
         "attn_mt.data.sources", "attn_mt.data.toy", "attn_mt.data.pronoun", "attn_mt.data.tidy",
         "attn_mt.training", "attn_mt.training.trainer", "attn_mt.training.run", "attn_mt.training.schedule",
         "attn_mt.training.validation", "attn_mt.training.progress", "attn_mt.training.resume",
-        "attn_mt.training.distributed", "attn_mt.training.memory",
+        "attn_mt.training.memory",
         "attn_mt.decoding", "attn_mt.decoding.rules", "attn_mt.decoding.search", "attn_mt.decoding.beam",
         "attn_mt.decoding.translator", "attn_mt.decoding.metrics", "attn_mt.decoding.scoring"}
 

@@ -149,8 +149,8 @@ class RunningBatch:
         return events, None
 
     def _beam(self, logp: Tensor, step: Tensor) -> tuple[list[Event], Tensor]:
-        """beam.beam_search's rule, per sentence: the k best continuations, hypotheses ended by eos among the
-        k best, until the n-best can no longer be beaten (beam.best_possible) or the length limit. Also the
+        """Beam search's rule (beam.Beam), per sentence: the k best continuations, hypotheses ended by eos among
+        the k best, until the n-best can no longer be beaten (beam.best_possible) or the length limit. Also the
         rows (n*k,) the new beams extend: the cache's rows to move there."""
         n, k, events = len(self.tags), self.k, []
         c = candidates(self.scores, logp.view(n, k, -1), self.eos_id)
