@@ -20,7 +20,8 @@ the clock read, so the parts tile the step, in the order the step runs them:
     ema        the weights' moving average (when train.ema_decay is set)
 Steps with timers take turns with plain steps, timed whole: the sum of the parts against the whole step
 shows what the timers' synchronisations add. Both walk the epoch as training does (a new epoch when one
-ends), each step on the next batches: medians over different batches, so take ten steps or more. With train.accum_steps > 1 the move of a batch after the first to the device counts as backward.
+ends), each step on the next batches: medians over different batches, so take ten steps or more. With
+train.accum_steps > 1 the move of a batch after the first to the device counts as backward.
 
 Tested in tests/measure/test_parts.py.
 """
