@@ -5,20 +5,23 @@ alone (the encoder runs once per sentence), computes their cross-attention keys 
 appends their rows to the running batch; `step` runs one decoder step for every row and returns what
 happened: a new token of each greedy row, each finished beam hypothesis, and the sentences that ended
 (eos or their length limit), whose rows leave the batch at once. Rows sit at different positions, so the
-cache keeps a position per row and masks the self-attention columns a row does not own
-(`models.transformer.DecoderCache`), and `ys` holds each row's tokens right-padded. Each sentence's decisions
-look at its own rows only, with the same step and rules as offline search (`rules.decode_step`,
-`beam.candidates`), so its translation does not depend on who shares the batch, nor on when it joined. No
-threads here: serve/scheduler.py drives it.
+cache keeps a position per row and masks the self-attention columns a row does not own (`RunningCache`: the
+model's `DecoderCache`, extended at its seam `advance`), and `ys` holds each row's tokens right-padded. Each
+sentence's decisions look at its own rows only, with the same step and rules as offline search
+(`rules.decode_step`, `beam.candidates`), so its translation does not depend on who shares the batch, nor on
+when it joined. No threads here: serve/scheduler.py drives it.
+
+One job: decoding a running batch, with its cache of rows at different steps (`RunningCache`, `begin`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from attn_mt.config import DecodeConfig
@@ -26,7 +29,8 @@ from attn_mt.data.batching import pad
 from attn_mt.decoding.beam import Hypothesis, best_possible, candidates, length_penalty
 from attn_mt.decoding.rules import MaxLength, decode_step, step_rules
 from attn_mt.decoding.search import max_lengths
-from attn_mt.models.transformer import Transformer
+from attn_mt.models.attention import KV
+from attn_mt.models.transformer import DecoderCache, Transformer
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,83 @@ def supports(model: object) -> bool:
     return isinstance(model, Transformer)
 
 
+@dataclass
+class RunningCache(DecoderCache):
+    """A `DecoderCache` whose rows are at different steps: sentences join (`join`) and leave (`select`) a
+    running batch. It also keeps each row's position, which self-attention columns hold its tokens
+    (right-aligned: a row that joined late has padding on the left), and the source mask of its memory
+    (padded on the right to the longest source). Made by `begin`.
+    """
+
+    positions: Tensor  # (B,) tokens each row has decoded
+    key_mask: Tensor  # (B, L) True where column l of the self-attention cache is this row's
+    memory_mask: Tensor  # (B, 1, 1, S) the source mask of the cross-attention keys
+
+    def advance(self, t: int) -> tuple[Tensor, Tensor]:
+        """Before decoding t new positions: their position offset (B, 1), one per row, and the self-attention
+        mask (B, 1, 1, L + t); counts them as decoded."""
+        offset = self.positions[:, None]
+        self.positions = self.positions + t
+        self.key_mask = torch.cat([self.key_mask, self.key_mask.new_ones(len(offset), t)], dim=1)
+        return offset, self.key_mask[:, None, None, :]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows `index` (B',) of the self-attention caches and of each row's position and columns, in place
+        (beam search)."""
+        super().reorder(index)
+        self.positions, self.key_mask = self.positions[index], self.key_mask[index]
+
+    def select(self, index: Tensor) -> None:
+        """Keep rows `index` of everything (rows that leave a running batch, beams that are copied), then
+        drop the self-attention columns and source positions no row kept uses."""
+        self.reorder(index)
+        for kv in self.cross_attn:
+            kv.select(index)
+        self.memory_mask = self.memory_mask[index]
+        used = self.key_mask.any(0)  # (L,) columns some row holds; they end at the last column
+        first = int(used.int().argmax()) if bool(used.any()) else used.numel()
+        source = self.memory_mask.flatten(1).any(0)  # (S,)
+        last = source.numel() - int(source.flip(0).int().argmax()) if bool(source.any()) else 0
+        self.key_mask, self.memory_mask = self.key_mask[:, first:], self.memory_mask[..., :last]
+        for kv in self.self_attn:
+            kv.k, kv.v = kv.k[:, :, first:], kv.v[:, :, first:]
+        for kv in self.cross_attn:
+            kv.k, kv.v = kv.k[:, :, :last], kv.v[:, :, :last]
+
+    def join(self, other: RunningCache) -> None:
+        """Append the rows of `other` after these: self-attention columns right-aligned (the shorter padded on
+        the left), sources padded on the right."""
+        cols = max(len(self), len(other))
+        src = max(self.memory_mask.size(-1), other.memory_mask.size(-1))
+
+        def cat(a: Tensor, b: Tensor, pad: Callable[[Tensor], tuple[int, ...]]) -> Tensor:
+            # zeros, or False; only the shorter is padded (the running batch's caches are copied once, by cat)
+            return torch.cat([F.pad(x, gap, value=False) if any(gap := pad(x)) else x for x in (a, b)])
+
+        for mine, theirs in zip(self.self_attn, other.self_attn, strict=True):  # (B, H, L, Dh): pad L on the left
+            mine.k, mine.v = (cat(x, y, lambda t: (0, 0, cols - t.size(2), 0)) for x, y in
+                              ((mine.k, theirs.k), (mine.v, theirs.v)))
+        for mine, theirs in zip(self.cross_attn, other.cross_attn, strict=True):  # (B, H, S, Dh): S on the right
+            mine.k, mine.v = (cat(x, y, lambda t: (0, 0, 0, src - t.size(2))) for x, y in
+                              ((mine.k, theirs.k), (mine.v, theirs.v)))
+        self.key_mask = cat(self.key_mask, other.key_mask, lambda t: (cols - t.size(1), 0))
+        self.memory_mask = cat(self.memory_mask, other.memory_mask, lambda t: (0, src - t.size(-1)))
+        self.positions = torch.cat([self.positions, other.positions])
+
+
+def begin(model: Transformer, src: Tensor) -> RunningCache:
+    """Encode new sentences src (B, S) for a running batch: a cache of B rows at position 0, with the
+    cross-attention keys and values of their memory computed once (rows join others with `join`)."""
+    src_mask = model.src_mask(src)  # (B, 1, 1, S)
+    memory = model.encode(src, src_mask)  # (B, S, D)
+    cross = [KV(*layer.cross_attn.project_kv(memory)) for layer in model.decoder]
+    b, h, dh = src.size(0), model.cfg.n_heads, model.d_model // model.cfg.n_heads
+    empty = memory.new_zeros(b, h, 0, dh)  # (B, H, 0, Dh): nothing decoded yet
+    return RunningCache([KV(empty, empty) for _ in model.decoder], cross,
+                        positions=torch.zeros(b, dtype=torch.long, device=src.device),
+                        key_mask=torch.zeros(b, 0, dtype=torch.bool, device=src.device), memory_mask=src_mask)
+
+
 class RunningBatch:
     """Sentences decoded together, each with k = `cfg.beam_size` consecutive rows (greedy: one).
 
@@ -56,7 +137,7 @@ class RunningBatch:
     def __init__(self, model: Transformer, cfg: DecodeConfig, *, bos_id: int, eos_id: int, pad_id: int) -> None:
         self.model, self.cfg, self.k = model, cfg, cfg.beam_size
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
-        self.cache = None  # DecoderCache of all rows, from model.begin
+        self.cache: RunningCache | None = None  # of all rows, from begin
         self.tags: list[Hashable] = []  # (n,) the sentences, in row order
         self.steps: list[int] = []  # (n,) tokens each has decoded
         self.max_len: list[int] = []  # (n,) its output limit, eos included
@@ -85,7 +166,7 @@ class RunningBatch:
             raise ValueError("a sentence's beam size and length limits must be its running batch's")
         dev = next(self.model.parameters()).device
         src = pad([ids for _, ids in items], self.pad_id).to(dev)  # (m, S)
-        cache = self.model.begin(src)
+        cache = begin(self.model, src)
         m, k = len(items), self.k
         if k > 1:
             cache.select(torch.arange(m, device=dev).repeat_interleave(k))  # (m*k) rows: k beams each

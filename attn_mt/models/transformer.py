@@ -17,8 +17,6 @@ from attn_mt.config import TransformerConfig
 
 from .attention import KV, AttentionWeights, CrossAttention, Dropout, MultiHeadAttention, RMSNorm, SelfAttention
 from .positions import SCHEMES, Positions, Rotation
-
-# the old name of positions.Sinusoidal, still imported by measure/bench.py and export/ctranslate2.py
 from .seq2seq import Seq2Seq, init_embeddings, make_embeddings
 
 
@@ -106,32 +104,22 @@ class EncoderLayer(nn.Module):
 @dataclass
 class DecoderCache:
     """Per decoder layer: self-attention keys/values of the positions so far, and the cross-attention
-    keys/values of the memory (computed at the first step, then reused).
+    keys/values of the memory (computed at the first step, then reused). Every row is at the same step.
 
-    A cache from `Transformer.begin` holds rows at different steps (continuous batching, where sentences
-    join and leave a running batch: decoding/continuous.py). It then also keeps each row's position, which
-    self-attention columns hold its tokens (right-aligned: a row that joined late has padding on the
-    left), and the source mask of its memory (padded on the right to the longest source).
+    The seam for rows at different steps: `decode` asks `advance` for the new positions' offset and the
+    self-attention mask, which decoding/continuous.py's `RunningCache` gives per row (continuous batching).
     """
 
     self_attn: list[KV]
     cross_attn: list[KV]
-    positions: Tensor | None = None  # (B,) tokens each row has decoded; None: all rows are in step
-    key_mask: Tensor | None = None  # (B, L) True where column l of the self-attention cache is this row's
-    memory_mask: Tensor | None = None  # (B, 1, 1, S) the source mask of the cross-attention keys
 
-    def __len__(self) -> int:  # positions decoded so far (columns, for rows at different steps)
+    def __len__(self) -> int:  # positions decoded so far (self-attention columns)
         return len(self.self_attn[0])
 
     def advance(self, t: int) -> tuple[int | Tensor, Tensor | None]:
-        """Before decoding t new positions: their position offset (an int, or (B, 1) one per row) and the
-        self-attention mask (None, or (B, 1, 1, L + t)); counts them as decoded."""
-        if self.positions is None:
-            return len(self), None
-        offset = self.positions[:, None]
-        self.positions = self.positions + t
-        self.key_mask = torch.cat([self.key_mask, self.key_mask.new_ones(len(offset), t)], dim=1)
-        return offset, self.key_mask[:, None, None, :]
+        """Before decoding t new positions: their position offset and the self-attention mask; here the
+        positions so far and None (the causal mask alone), a RunningCache's are (B, 1) and (B, 1, 1, L + t)."""
+        return len(self), None
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows `index` (B',) of the self-attention caches, in place (beam search).
@@ -141,45 +129,6 @@ class DecoderCache:
         """
         for kv in self.self_attn:
             kv.select(index)
-        if self.positions is not None:
-            self.positions, self.key_mask = self.positions[index], self.key_mask[index]
-
-    def select(self, index: Tensor) -> None:
-        """Keep rows `index` of everything (rows that leave a running batch, beams that are copied), then
-        drop the self-attention columns and source positions no row kept uses."""
-        self.reorder(index)
-        for kv in self.cross_attn:
-            kv.select(index)
-        self.memory_mask = self.memory_mask[index]
-        used = self.key_mask.any(0)  # (L,) columns some row holds; they end at the last column
-        first = int(used.int().argmax()) if bool(used.any()) else used.numel()
-        source = self.memory_mask.flatten(1).any(0)  # (S,)
-        last = source.numel() - int(source.flip(0).int().argmax()) if bool(source.any()) else 0
-        self.key_mask, self.memory_mask = self.key_mask[:, first:], self.memory_mask[..., :last]
-        for kv in self.self_attn:
-            kv.k, kv.v = kv.k[:, :, first:], kv.v[:, :, first:]
-        for kv in self.cross_attn:
-            kv.k, kv.v = kv.k[:, :, :last], kv.v[:, :, :last]
-
-    def join(self, other: DecoderCache) -> None:
-        """Append the rows of `other` (both from `Transformer.begin`) after these: self-attention columns
-        right-aligned (the shorter padded on the left), sources padded on the right."""
-        cols = max(len(self), len(other))
-        src = max(self.memory_mask.size(-1), other.memory_mask.size(-1))
-
-        def cat(a: Tensor, b: Tensor, pad: Callable[[Tensor], tuple[int, ...]]) -> Tensor:
-            # zeros, or False; only the shorter is padded (the running batch's caches are copied once, by cat)
-            return torch.cat([F.pad(x, gap, value=False) if any(gap := pad(x)) else x for x in (a, b)])
-
-        for mine, theirs in zip(self.self_attn, other.self_attn, strict=True):  # (B, H, L, Dh): pad L on the left
-            mine.k, mine.v = (cat(x, y, lambda t: (0, 0, cols - t.size(2), 0)) for x, y in
-                              ((mine.k, theirs.k), (mine.v, theirs.v)))
-        for mine, theirs in zip(self.cross_attn, other.cross_attn, strict=True):  # (B, H, S, Dh): S on the right
-            mine.k, mine.v = (cat(x, y, lambda t: (0, 0, 0, src - t.size(2))) for x, y in
-                              ((mine.k, theirs.k), (mine.v, theirs.v)))
-        self.key_mask = cat(self.key_mask, other.key_mask, lambda t: (cols - t.size(1), 0))
-        self.memory_mask = cat(self.memory_mask, other.memory_mask, lambda t: (0, src - t.size(-1)))
-        self.positions = torch.cat([self.positions, other.positions])
 
 
 class DecoderLayer(nn.Module):
@@ -260,8 +209,8 @@ class Transformer(Seq2Seq):
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: DecoderCache | None = None,
                weights: AttentionWeights | None = None) -> Tensor:
-        """tgt_in: (B, T) ids -> logits (B, T, V); with `cache`, only the new positions (a cache from
-        `begin` has its cross-attention keys already: memory may be None, src_mask is its memory_mask)."""
+        """tgt_in: (B, T) ids -> logits (B, T, V); with `cache`, only the new positions (a cache that holds
+        its cross-attention keys already, as decoding/continuous.py's, needs no memory: None)."""
         offset, self_mask = (0, None) if cache is None else cache.advance(tgt_in.size(1))
         x = self._embed(self.tgt_embed, self.tgt_pos, tgt_in, offset)
         rotation = self.tgt_pos.rotation(offset, tgt_in.size(1), tgt_in.device)  # None unless rotary
@@ -273,18 +222,6 @@ class Transformer(Seq2Seq):
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache([KV() for _ in self.decoder], [KV() for _ in self.decoder])
-
-    def begin(self, src: Tensor) -> DecoderCache:
-        """Encode new sentences src (B, S) for a running batch: a cache of B rows at position 0, with the
-        cross-attention keys and values of their memory computed once (rows join others with `join`)."""
-        src_mask = self.src_mask(src)  # (B, 1, 1, S)
-        memory = self.encode(src, src_mask)  # (B, S, D)
-        cross = [KV(*layer.cross_attn.project_kv(memory)) for layer in self.decoder]
-        b, h, dh = src.size(0), self.cfg.n_heads, self.d_model // self.cfg.n_heads
-        empty = memory.new_zeros(b, h, 0, dh)  # (B, H, 0, Dh): nothing decoded yet
-        return DecoderCache([KV(empty, empty) for _ in self.decoder], cross,
-                            positions=torch.zeros(b, dtype=torch.long, device=src.device),
-                            key_mask=torch.zeros(b, 0, dtype=torch.bool, device=src.device), memory_mask=src_mask)
 
     def set_attention_impl(self, impl: str) -> None:
         """Switch every attention module between "sdpa" and "reference"."""
