@@ -1,6 +1,5 @@
-"""Checkpoint files: their format, atomic saves (through attn_mt.files), safe loads, rebuilding a model from
-what a checkpoint holds, and averaging checkpoints of one run (which config changes keep a run the same
-run is config/changes.py's).
+"""Checkpoint files: their format, atomic saves (through attn_mt.files), safe loads, and rebuilding a model
+from what a checkpoint holds (averaging checkpoints is training/averaging.py's).
 
 A checkpoint is a dict of tensors and plain data only (it loads with
 `torch.load(..., weights_only=True)`, so a crafted file cannot run code):
@@ -18,7 +17,6 @@ from pathlib import Path
 import torch
 
 from attn_mt.config import ConfigError, ExperimentConfig, from_dict, to_dict
-from attn_mt.config.changes import config_changes
 from attn_mt.config.yamlconf import first_line, show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import ModelError
@@ -182,59 +180,3 @@ def load_model(path: Path | str, device: torch.device | str = "cpu",
         if str(e).startswith(str(path)):
             raise
         raise CheckpointError(f"{path}: {e}") from None
-
-
-def _same_run(path: Path, state: dict, first_path: Path, first: dict) -> None:
-    try:
-        changed = config_changes(first["config"], state["config"])
-    except ConfigError as e:
-        raise CheckpointError(f"{path}: config is not valid for this attn-mt: {e}") from None
-    if changed:
-        what = "; ".join(f"{k} is {show(new)} there, {show(old)} in {first_path.name}" for k, old, new in changed[:4])
-        raise CheckpointError(f"{path}: not of the same run as {first_path} ({what}); averaging checkpoints of "
-                              "different runs gives a broken model (`force` averages them anyway)")
-
-
-def average(paths: list[Path | str], force: bool = False) -> dict:
-    """One checkpoint whose weights are the element-wise mean of several checkpoints of one run.
-
-    Averaging the last few checkpoints of a run smooths the noise of the final updates and
-    usually gains BLEU at no training cost. All files must hold the same model (same parameter
-    names and shapes) and the same tokenizer; config, tokenizer and step come from the last.
-    They must also come from one run: the same config apart from the budget (RESUMABLE), so the same
-    seed, unless `force`. The result holds weights only (no optimizer): it translates and evaluates,
-    it does not resume.
-    """
-    if not paths:
-        raise CheckpointError("nothing to average: give at least one checkpoint")
-    states = [(Path(p), load(p)) for p in paths]
-    for path, state in states:
-        try:
-            check_weights(state["model"])
-            if path == states[-1][0]:
-                model_from_state(state)  # its config and tokenizer go into the result
-        except CheckpointError as e:
-            raise CheckpointError(f"{path}: {e}") from None
-    first_path, first = states[0]
-    total = {k: v.double() if v.is_floating_point() else v for k, v in first["model"].items()}
-    for path, state in states[1:]:
-        if not force:
-            _same_run(path, state, first_path, first)
-        weights = state["model"]
-        if weights.keys() != total.keys():
-            raise CheckpointError(f"{path}: has other parameters than {first_path}; "
-                                  "only checkpoints of one model can be averaged")
-        if state.get("tokenizer") != first.get("tokenizer"):
-            raise CheckpointError(f"{path}: has another tokenizer than {first_path}")
-        for key, value in weights.items():
-            if value.shape != total[key].shape:
-                raise CheckpointError(f"{path}: {key} has shape {tuple(value.shape)}, "
-                                      f"{first_path} has {tuple(total[key].shape)}")
-            if value.is_floating_point():
-                total[key] += value.double()
-    last = states[-1][1]
-    model = {k: (v / len(states)).to(last["model"][k].dtype) if v.is_floating_point() else last["model"][k]
-             for k, v in total.items()}
-    return {"model": model, "config": last["config"], "tokenizer": last["tokenizer"],
-            "step": last.get("step", 0), "epoch": last.get("epoch", 0),
-            "averaged": [str(p) for p, _ in states]}

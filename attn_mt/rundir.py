@@ -44,7 +44,7 @@ from attn_mt import checkpoint
 from attn_mt.config import ExperimentConfig, save_config
 from attn_mt.data.cache import Entry
 from attn_mt.errors import TrainError
-from attn_mt.files import OutputError, check_outputs, write_atomic
+from attn_mt.files import OutputError, write_atomic
 
 # what a run writes once it trains: an earlier run's files that a fresh run must not overwrite
 RUN_FILES = ("checkpoint_*.pt", "metrics.jsonl", "results.json", "test_hyps.txt", "size.json",
@@ -57,7 +57,7 @@ class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.last, self.best = self.path / "checkpoint_last.pt", self.path / "checkpoint_best.pt"
-        self.average = self.path / "checkpoint_avg.pt"
+        self.average = self.path / "checkpoint_avg.pt"  # the kept snapshots averaged (training/averaging.py)
         self.metrics, self.results = self.path / "metrics.jsonl", self.path / "results.json"
         self.config, self.hyps = self.path / "config.yaml", self.path / "test_hyps.txt"
         self.record = self.path / "tokenizer.json"  # the data cache entry the run used, and its tokenizer settings
@@ -262,25 +262,6 @@ class RunDir:
                 kept.append(path)
         for old in kept[:-n] if n else []:
             old.unlink(missing_ok=True)
-
-    def average_snapshots(self) -> dict:
-        """Average the kept snapshots into checkpoint_avg.pt; returns the averaged checkpoint."""
-        averaged = checkpoint.average(self.snapshots())
-        checkpoint.save(averaged, self.average)
-        return averaged
-
-
-def average_files(paths: list[Path], out: Path, force: bool = False) -> None:
-    """`attn-mt average`: the weights of several checkpoints of one run, averaged into `out`; a snapshot pattern
-    the shell left unmatched (no run kept any) says why. `out` is checked first: not one of `paths`, nor a
-    checkpoint name of a run directory (`RunDir.refuse_own`)."""
-    missing = next((p for p in paths if not p.exists()), None)
-    if missing is not None and "checkpoint_step" in missing.name:  # the shell left an unmatched glob as it was
-        raise checkpoint.CheckpointError(f"{missing}: checkpoint not found (a run keeps checkpoint_step*.pt only "
-                                         "with train.keep_last: N)")
-    check_outputs([("out", out, (".pt",))], paths)  # before any work: never over a checkpoint it reads
-    RunDir(out.parent).refuse_own(out, "out")
-    checkpoint.save(checkpoint.average(paths, force=force), out)
 
 
 def _write_atomic(path: Path, text: str | bytes | Callable[[BinaryIO], None]) -> None:

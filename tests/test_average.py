@@ -1,4 +1,5 @@
-"""Checkpoint averaging: `checkpoint.average`, train.keep_last, and `attn-mt average`."""
+"""Checkpoint averaging (training/averaging.py): `average`, train.keep_last's average at the end of a run, and
+`attn-mt average`."""
 
 import json
 import shutil
@@ -9,7 +10,9 @@ import torch
 from conftest import cli
 
 from attn_mt import checkpoint
-from attn_mt.checkpoint import CheckpointError, average, load_model, save
+from attn_mt.checkpoint import CheckpointError, load_model, model_from_state, save
+from attn_mt.rundir import RunDir
+from attn_mt.training.averaging import average, average_snapshots
 from attn_mt.training.run import train
 
 
@@ -50,6 +53,23 @@ def test_keep_last_keeps_n_and_tests_the_better_of_average_and_best(tmp_path, ti
     assert results["tested"] == ("checkpoint_avg.pt" if avg_won else "checkpoint_best.pt")
     model, _, _ = load_model(run_dir / "checkpoint_avg.pt")  # the average translates like any checkpoint
     assert sum(p.numel() for p in model.parameters()) == results["params"]
+
+
+def test_the_kept_snapshots_average_into_checkpoint_avg_and_the_better_is_tested(tmp_path, tiny_run):
+    """`average_snapshots` (the end of a run): checkpoint_avg.pt written and loaded into the model, then the
+    average is tested only where its valid BLEU beats the best single checkpoint's."""
+    files, state = RunDir(tmp_path), checkpoint.load(tiny_run / "checkpoint_last.pt")
+    for step, shift in ((20, 0.0), (30, 2.0)):
+        files.keep_weights({**state, "model": {k: v + shift for k, v in state["model"].items()}, "step": step})
+    model, _, _ = model_from_state(state)
+    tested, extra = average_snapshots(files, model, best_bleu=5.0, valid_bleu=lambda: 4.0)
+    assert tested == files.best and extra == {"averaged_valid_bleu": 4.0, "averaged_checkpoints": 2}
+    averaged = checkpoint.load(files.average)
+    assert averaged["averaged"] == [str(p) for p in files.snapshots()] and averaged["step"] == 30
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, averaged["model"][key])
+        torch.testing.assert_close(value, state["model"][key] + 1.0)
+    assert average_snapshots(files, model, best_bleu=5.0, valid_bleu=lambda: 6.0)[0] == files.average
 
 
 def test_average_command(tmp_path, tiny_run):

@@ -22,7 +22,7 @@ from .training import Config, configure, override_list
 
 def average(paths: Sequence[str | os.PathLike], out: str | os.PathLike, *, force: bool = False) -> Path:
     """Average the weights of several checkpoints of one run into `out` (`force`: of different runs too)."""
-    from attn_mt.rundir import average_files
+    from attn_mt.training.averaging import average_files
 
     if isinstance(paths, str | os.PathLike) or not isinstance(paths, Iterable):
         raise InputError(f"expected a list of checkpoint files, not {type(paths).__name__}", "paths")

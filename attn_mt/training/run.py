@@ -365,8 +365,11 @@ def finish(run: Training) -> Path:
     st, tc, tr, files = run.state, run.cfg.train, run.trainer, run.files
     train_seconds = run.elapsed()
     test_path, extra = files.best, {}
-    if tc.keep_last >= 2 and len(files.snapshots()) >= 2:
-        test_path, extra = average_snapshots(run)
+    if tc.keep_last >= 2 and len(files.snapshots()) >= 2:  # test the average of the last ones where it wins
+        from attn_mt.training import averaging  # an extra: loaded only where a run averages
+
+        test_path, extra = averaging.average_snapshots(files, tr.model, st.best_bleu, lambda: validate(
+            tr.model, run.corpus, run.cfg, tr.device, tr.precision)["valid_bleu"])
     best = checkpoint.load(test_path, map_location=tr.device)
     tr.model.load_state_dict(best["model"])
     hyps, scores = score_test_split(tr.model, run.corpus, run.cfg, tr.device, tr.precision)
@@ -399,14 +402,3 @@ def write_test_texts(run: Training, missing: bool = False) -> None:
     if (records := source(data).contrastive(data.splits.test)) is not None:
         run.files.write_contrastive(data.splits.test, records)
 
-
-def average_snapshots(run: Training) -> tuple[Path, dict]:
-    """Average the kept snapshots; (the better of average and best single on valid BLEU, results extras)."""
-    tr, files, st = run.trainer, run.files, run.state
-    n = len(files.snapshots())
-    tr.model.load_state_dict(files.average_snapshots()["model"])
-    avg_bleu = validate(tr.model, run.corpus, run.cfg, tr.device, tr.precision)["valid_bleu"]
-    better = avg_bleu > st.best_bleu
-    log.info("average of the last %d checkpoints: valid BLEU %.2f (best single %.2f); testing %s", n, avg_bleu,
-             st.best_bleu, "the average" if better else "the best single checkpoint")
-    return (files.average if better else files.best), {"averaged_valid_bleu": avg_bleu, "averaged_checkpoints": n}
