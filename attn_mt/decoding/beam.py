@@ -78,43 +78,100 @@ def best_possible(log_prob: Tensor, length: int | Tensor, max_len: Tensor, alpha
 
 
 class Beam:
-    """Beam search's chooser (search.py's loop runs it): k beams per sentence on k consecutive rows, each step
-    the k best extensions that do not end (`candidates`), the rows reordered to follow them; a candidate ending
-    in eos is a finished hypothesis. A sentence is done once the `nbest`-th best of its finished hypotheses can
-    no longer be beaten by any continuation of its beams (`best_possible`), or at the length limit."""
+    """Beam search's chooser: k beams per sentence on k consecutive rows, each step the k best extensions that
+    do not end (`candidates`), the rows reordered to follow them; a candidate ending in eos is a finished
+    hypothesis. A sentence is done once the n-th best of its finished hypotheses can no longer be beaten by any
+    continuation of its beams (`best_possible`), or at its length limit. search.py's loop runs it over a fixed
+    batch; continuous.py's running batch over sentences that join (`join`) and leave (`keep`) at any step, with
+    `alpha` and `nbest` each sentence's own (a list) or one for all."""
 
-    def __init__(self, max_len: Tensor, eos_id: int, k: int, alpha: float | Penalty = 0.6, nbest: int = 1) -> None:
-        if not 1 <= nbest <= k:
-            raise ValueError(f"nbest={nbest} must be between 1 and beam_size={k}")
+    def __init__(self, max_len: Tensor, eos_id: int, k: int, alpha: float | Penalty | list = 0.6,
+                 nbest: int | list[int] = 1) -> None:
         b, dev = len(max_len), max_len.device
-        self.k, self.n, self.eos_id, self.alpha, self.max_len = k, nbest, eos_id, alpha, max_len  # max_len: (B,)
-        self.limit = MaxLength(max_len.repeat_interleave(k), eos_id)
+        self.alpha = alpha if isinstance(alpha, list) else [alpha] * b  # (B,) each sentence's length penalty
+        self.n = nbest if isinstance(nbest, list) else [nbest] * b  # (B,) and its n-best list's size
+        for n in self.n:
+            if not 1 <= n <= k:
+                raise ValueError(f"nbest={n} must be between 1 and beam_size={k}")
+        self.k, self.eos_id = k, eos_id
         self.scores = torch.full((b, k), -math.inf, device=dev)  # (B, k) log P of the active beams
         self.scores[:, 0] = 0.0  # start from one beam, so the first step does not pick k copies
-        self.block = torch.arange(b, device=dev)[:, None] * k  # (B, 1) first row of each sentence
         self.finished: list[list[Hypothesis]] = [[] for _ in range(b)]
         self.active = set(range(b))  # sentences still searching
+        self.fresh: list[tuple[int, Hypothesis]] = []  # (sentence, hypothesis) finished by the last step
+        self._limit(max_len)
 
-    def choose(self, step: int, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
+    def _limit(self, max_len: Tensor) -> None:
+        self.max_len = max_len  # (B,)
+        self.limit = MaxLength(max_len.repeat_interleave(self.k), self.eos_id)  # (B*k,) rows
+
+    def choose(self, step: int | Tensor, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
+        """step: the decoded step of every row (int), or of each row ((B*k,), a running batch's); logp (B*k, V);
+        ys (B*k, 1 + W) bos and each row's tokens, right-padded."""
         b, k = self.scores.shape
-        c = candidates(self.scores, logp.view(b, k, -1), self.eos_id)  # logp: (B*k, V)
+        at = step if isinstance(step, int) else step.view(b, k)[:, 0]  # each sentence's step
+        c = candidates(self.scores, logp.view(b, k, -1), self.eos_id)
+        self.fresh = []
         if bool(c.ended.any()):
             s_idx, c_idx = c.ended.nonzero(as_tuple=True)
             prefixes = ys[s_idx * k + c.origin[s_idx, c_idx], 1:].tolist()
+            steps = [at] * b if isinstance(at, int) else at.tolist()
             for s, lp, prefix in zip(s_idx.tolist(), c.top[s_idx, c_idx].tolist(), prefixes, strict=True):
                 if s in self.active:
-                    self.finished[s].append(Hypothesis(prefix, lp, lp / length_penalty(step + 1, self.alpha)))
+                    n = steps[s]
+                    hyp = Hypothesis(prefix[:n], lp, lp / length_penalty(n + 1, self.alpha[s]))
+                    self.finished[s].append(hyp)
+                    self.fresh.append((s, hyp))
         self.scores = c.scores
-        bound = best_possible(self.scores, step + 2, self.max_len, self.alpha).tolist()  # (B,)
-        for s in list(self.active):
-            scores_s = sorted((h.score for h in self.finished[s]), reverse=True)
-            if len(scores_s) >= self.n and scores_s[self.n - 1] >= bound[s]:
+        bound = self._bounds(at + 2)  # (B,)
+        at_limit = (at + 1 >= self.max_len).tolist()  # (B,)
+        for s in sorted(self.active):
+            scores_s, n = sorted((h.score for h in self.finished[s]), reverse=True), self.n[s]
+            if at_limit[s] or (len(scores_s) >= n and scores_s[n - 1] >= bound[s]):
                 self.active.discard(s)  # nothing left on the beam can enter its n-best list
-        rows = (self.block + c.origin.gather(1, c.keep)).view(-1)  # (B*k,) surviving rows
+        block = torch.arange(b, device=logp.device)[:, None] * k  # (B, 1) first row of each sentence
+        rows = (block + c.origin.gather(1, c.keep)).view(-1)  # (B*k,) the rows the new beams extend
         return c.token.gather(1, c.keep).view(-1), rows
+
+    def _bounds(self, length: int | Tensor) -> list[float]:
+        """`best_possible` of each sentence, for each alpha apart (one call where all share one)."""
+        if len(set(self.alpha)) == 1:
+            return best_possible(self.scores, length, self.max_len, self.alpha[0]).tolist()
+        bound = [0.0] * len(self.alpha)
+        for a in set(self.alpha):
+            rows = [s for s, x in enumerate(self.alpha) if x == a]
+            idx = torch.tensor(rows, device=self.scores.device)
+            part = length[idx] if isinstance(length, Tensor) else length
+            for s, v in zip(rows, best_possible(self.scores[idx], part, self.max_len[idx], a).tolist(), strict=True):
+                bound[s] = v
+        return bound
 
     def done(self) -> bool:
         return not self.active
 
-    def nbest(self, ys: Tensor) -> list[list[Hypothesis]]:
-        return [sorted(f, key=lambda h: -h.score)[: self.n] for f in self.finished]
+    def closed(self) -> list[int]:
+        """The sentences whose search is over, in order."""
+        return [s for s in range(len(self.finished)) if s not in self.active]
+
+    def nbest(self, ys: Tensor, sentences: list[int] | None = None) -> list[list[Hypothesis]]:
+        """The n-best lists of `sentences` (all by default), best first."""
+        return [sorted(self.finished[s], key=lambda h: -h.score)[: self.n[s]]
+                for s in (range(len(self.finished)) if sentences is None else sentences)]
+
+    def keep(self, sentences: list[int]) -> None:
+        """Only these sentences (indices, in order) stay; their rows are the caller's to keep."""
+        idx = torch.tensor(sentences, dtype=torch.long, device=self.scores.device)
+        self.scores = self.scores[idx]
+        self.active = {j for j, s in enumerate(sentences) if s in self.active}
+        self.finished = [self.finished[s] for s in sentences]
+        self.alpha, self.n = [self.alpha[s] for s in sentences], [self.n[s] for s in sentences]
+        self._limit(self.max_len[idx])
+
+    def join(self, other: Beam) -> None:
+        """other's sentences come after these."""
+        b = len(self.finished)
+        self.scores = torch.cat([self.scores, other.scores])
+        self.active |= {s + b for s in other.active}
+        self.finished += other.finished
+        self.alpha, self.n = self.alpha + other.alpha, self.n + other.n
+        self._limit(torch.cat([self.max_len, other.max_len]))

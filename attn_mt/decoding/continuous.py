@@ -7,16 +7,15 @@ happened: a new token of each greedy row, each finished beam hypothesis, and the
 (eos or their length limit), whose rows leave the batch at once. Rows sit at different positions, so the
 cache keeps a position per row and masks the self-attention columns a row does not own (`RunningCache`: the
 model's `DecoderCache`, extended at its seam `advance`), and `ys` holds each row's tokens right-padded. Each
-sentence's decisions look at its own rows only, with the same step and rules as offline search
-(`rules.decode_step`, `beam.candidates`), so its translation does not depend on who shares the batch, nor on
-when it joined. No threads here: serve/scheduler.py drives it.
+step is offline search's (`search.advance`, with its choosers `Greedy` and `Beam`, which sentences join and
+leave), and a sentence's decisions look at its own rows only, so its translation does not depend on who shares
+the batch, nor on when it joined. No threads here: serve/scheduler.py drives it.
 
 One job: decoding a running batch, with its cache of rows at different steps (`RunningCache`, `begin`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -26,9 +25,9 @@ from torch import Tensor
 
 from attn_mt.config import DecodeConfig
 from attn_mt.data.batching import pad
-from attn_mt.decoding.beam import Hypothesis, best_possible, candidates, length_penalty
-from attn_mt.decoding.rules import MaxLength, decode_step, step_rules
-from attn_mt.decoding.search import max_lengths
+from attn_mt.decoding.beam import Beam
+from attn_mt.decoding.rules import step_rules
+from attn_mt.decoding.search import Greedy, advance, max_lengths
 from attn_mt.models.attention import KV
 from attn_mt.models.transformer import DecoderCache, Transformer
 
@@ -126,7 +125,8 @@ def begin(model: Transformer, src: Tensor) -> RunningCache:
 
 
 class RunningBatch:
-    """Sentences decoded together, each with k = `cfg.beam_size` consecutive rows (greedy: one).
+    """Sentences decoded together, each with k = `cfg.beam_size` consecutive rows (greedy: one), by the search
+    loop's step (search.advance) and its chooser (search.Greedy, beam.Beam), which sentences join and leave.
 
     Args:
         model: a Transformer in eval mode (add, step and drop run under torch.inference_mode).
@@ -138,14 +138,10 @@ class RunningBatch:
         self.model, self.cfg, self.k = model, cfg, cfg.beam_size
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
         self.cache: RunningCache | None = None  # of all rows, from begin
+        self.chooser: Greedy | Beam | None = None  # each sentence's search, in row order
         self.tags: list[Hashable] = []  # (n,) the sentences, in row order
         self.steps: list[int] = []  # (n,) tokens each has decoded
-        self.max_len: list[int] = []  # (n,) its output limit, eos included
-        self.finished: list[list[Hypothesis]] = []  # (n,) beam: hypotheses ended so far
-        self.alpha: list[float] = []  # (n,) each sentence's length penalty exponent
-        self.nbest: list[int] = []  # (n,) and its n-best list's size
         self.ys: Tensor | None = None  # (n*k, 1 + W) bos and each row's tokens so far, right-padded
-        self.scores: Tensor | None = None  # (n, k) log P of each sentence's beams (greedy: k = 1)
 
     def __len__(self) -> int:  # sentences
         return len(self.tags)
@@ -171,22 +167,19 @@ class RunningBatch:
         if k > 1:
             cache.select(torch.arange(m, device=dev).repeat_interleave(k))  # (m*k) rows: k beams each
         limit = max_lengths(torch.tensor([len(ids) for _, ids in items]), self.cfg, self.model.max_positions)
-        scores = torch.full((m, k), -math.inf, device=dev)
-        scores[:, 0] = 0.0  # one live beam at first, so the first step does not pick k copies
+        limit, alpha = limit.to(dev), [c.penalty for c in cfgs]
+        chooser = Greedy(limit, self.eos_id, alpha) if k == 1 else Beam(limit, self.eos_id, k, alpha,
+                                                                         [c.nbest for c in cfgs])
         ys = torch.full((m * k, 1 if self.ys is None else self.ys.size(1)), self.pad_id, device=dev)
         ys[:, 0] = self.bos_id
         if self.cache is None:
-            self.cache, self.scores, self.ys = cache, scores, ys
+            self.cache, self.chooser, self.ys = cache, chooser, ys
         else:
             self.cache.join(cache)
-            self.scores = torch.cat([self.scores, scores])
+            self.chooser.join(chooser)
             self.ys = torch.cat([self.ys, ys])
         self.tags += [tag for tag, _ in items]
         self.steps += [0] * m
-        self.max_len += limit.tolist()
-        self.finished += [[] for _ in range(m)]
-        self.alpha += [c.penalty for c in cfgs]
-        self.nbest += [c.nbest for c in cfgs]
 
     @torch.inference_mode()
     def drop(self, tags: set[Hashable]) -> None:
@@ -195,77 +188,31 @@ class RunningBatch:
 
     @torch.inference_mode()
     def step(self) -> list[Event]:
-        """One decoder step for every row; the events of this step, in row order."""
+        """One decoder step for every row; the events of this step, in row order: greedy's new token of each
+        sentence (or its end), beam's finished hypotheses, then the sentences that ended (they leave)."""
         if not self.tags:
             return []
-        dev, k = self.scores.device, self.k
-        step = torch.tensor(self.steps, device=dev).repeat_interleave(k)  # (R,) each row's
-        limit = MaxLength(torch.tensor(self.max_len, device=dev).repeat_interleave(k), self.eos_id)
+        chooser, k = self.chooser, self.k
+        step = torch.tensor(self.steps, device=self.ys.device).repeat_interleave(k)  # (R,) each row's
         if self.ys.size(1) < max(self.steps) + 2:  # room for this step's token
             self.ys = torch.cat([self.ys, torch.full_like(self.ys[:, :1], self.pad_id)], dim=1)
-        inp = self.ys.gather(1, step[:, None])  # (R, 1) each row's last token
-        logp = decode_step(self.model, inp, None, self.cache.memory_mask, self.cache, step=step,
-                           tokens=self.ys[:, 1:], rules=step_rules(self.model, (), limit))  # (R, V)
-        events, moved = self._greedy(logp, limit, step) if k == 1 else self._beam(logp, step)
-        self.steps = [s + 1 for s in self.steps]
-        ended = {e.tag for e in events if e.kind == "done"}
-        self._keep([s for s, tag in enumerate(self.tags) if tag not in ended], moved)
-        return events
-
-    def _greedy(self, logp: Tensor, limit: MaxLength, step: Tensor) -> tuple[list[Event], None]:
-        """search.greedy_search's pick (`MaxLength.greedy`): the most likely token, eos at the length limit. Rows
-        stay where they are."""
-        nxt = limit.greedy(step, logp)  # (R,)
-        self.scores = self.scores + logp.gather(1, nxt[:, None])
+        nxt, moved = advance(self.model, self.ys, step, chooser, memory=None, src_mask=self.cache.memory_mask,
+                             cache=self.cache, rules=step_rules(self.model, (), chooser.limit))
+        if moved is not None:
+            self.ys = self.ys[moved]
         self.ys.scatter_(1, step[:, None] + 1, nxt[:, None])
-        events = []
-        for s, (row, lp) in enumerate(zip(self.ys.tolist(), self.scores[:, 0].tolist(), strict=True)):
-            n = self.steps[s]  # tokens before this one
-            if row[n + 1] == self.eos_id:
-                tokens = row[1 : n + 1]
-                hyp = Hypothesis(tokens, lp, lp / length_penalty(n + 1, self.alpha[s]))
-                events.append(Event(self.tags[s], "done", [hyp]))
-            else:
-                events.append(Event(self.tags[s], "token", tuple(row[1 : n + 2])))
-        return events, None
-
-    def _beam(self, logp: Tensor, step: Tensor) -> tuple[list[Event], Tensor]:
-        """Beam search's rule (beam.Beam), per sentence: the k best continuations, hypotheses ended by eos among
-        the k best, until the n-best can no longer be beaten (beam.best_possible) or the length limit. Also the
-        rows (n*k,) the new beams extend: the cache's rows to move there."""
-        n, k, events = len(self.tags), self.k, []
-        c = candidates(self.scores, logp.view(n, k, -1), self.eos_id)
-        if bool(c.ended.any()):
-            s_idx, c_idx = c.ended.nonzero(as_tuple=True)
-            prefixes = self.ys[s_idx * k + c.origin[s_idx, c_idx], 1:].tolist()
-            for s, prefix, lp in zip(s_idx.tolist(), prefixes, c.top[s_idx, c_idx].tolist(), strict=True):
-                hyp = Hypothesis(prefix[: self.steps[s]], lp, lp / length_penalty(self.steps[s] + 1, self.alpha[s]))
-                self.finished[s].append(hyp)
-                events.append(Event(self.tags[s], "hypothesis", hyp))
-        self.scores = c.scores
-        block = torch.arange(n, device=logp.device)[:, None] * k
-        rows = (block + c.origin.gather(1, c.keep)).view(-1)  # (n*k,) the rows the new beams extend
-        self.ys = self.ys[rows].scatter_(1, step[:, None] + 1, c.token.gather(1, c.keep).view(-1, 1))
-        bound = self._bounds(logp.device)
-        for s, tag in enumerate(self.tags):
-            scores, nbest = sorted((h.score for h in self.finished[s]), reverse=True), self.nbest[s]
-            if self.steps[s] + 1 >= self.max_len[s] or (len(scores) >= nbest and scores[nbest - 1] >= bound[s]):
-                events.append(Event(tag, "done", sorted(self.finished[s], key=lambda h: -h.score)[:nbest]))
-        return events, rows
-
-    def _bounds(self, dev: torch.device) -> list[float]:
-        """beam.best_possible of each sentence, computed for each alpha apart (as offline search does, with
-        the same rounding)."""
-        lengths, max_len = torch.tensor(self.steps, device=dev) + 2, torch.tensor(self.max_len, device=dev)
-        if len(set(self.alpha)) == 1:
-            return best_possible(self.scores, lengths, max_len, self.alpha[0]).tolist()
-        bound = [0.0] * len(self.tags)
-        for a in set(self.alpha):
-            rows = [s for s, x in enumerate(self.alpha) if x == a]
-            idx = torch.tensor(rows, device=dev)
-            for s, b in zip(rows, best_possible(self.scores[idx], lengths[idx], max_len[idx], a).tolist(), strict=True):
-                bound[s] = b
-        return bound
+        closed = chooser.closed()
+        ended = dict(zip(closed, chooser.nbest(self.ys, closed), strict=True))
+        if k == 1:  # each sentence's tokens so far, or its end
+            rows = self.ys.tolist()
+            events = [Event(tag, "done", ended[s]) if s in ended else
+                      Event(tag, "token", tuple(rows[s][1 : self.steps[s] + 2])) for s, tag in enumerate(self.tags)]
+        else:
+            events = [Event(self.tags[s], "hypothesis", hyp) for s, hyp in chooser.fresh]
+            events += [Event(self.tags[s], "done", nbest) for s, nbest in ended.items()]
+        self.steps = [s + 1 for s in self.steps]
+        self._keep([s for s in range(len(self.tags)) if s not in ended], moved)
+        return events
 
     def _keep(self, sentences: list[int], moved: Tensor | None = None) -> None:
         """Keep these sentences (indices, in order) and their rows; the rest leave the batch. `moved`: the
@@ -279,15 +226,10 @@ class RunningBatch:
         rows = [s * k + j for s in sentences for j in range(k)]
         self.tags = [self.tags[s] for s in sentences]
         self.steps = [self.steps[s] for s in sentences]
-        self.max_len = [self.max_len[s] for s in sentences]
-        self.finished = [self.finished[s] for s in sentences]
-        self.alpha = [self.alpha[s] for s in sentences]
-        self.nbest = [self.nbest[s] for s in sentences]
         if not sentences:
-            self.cache = self.scores = self.ys = None
+            self.cache = self.chooser = self.ys = None
             return
-        index = torch.tensor(sentences, device=self.scores.device)
-        self.scores = self.scores[index]
-        keep = torch.tensor(rows, device=index.device)
+        self.chooser.keep(sentences)
+        keep = torch.tensor(rows, device=self.ys.device)
         self.ys = self.ys[keep, : max(self.steps) + 1]  # (the beams' moves are in ys already)
         self.cache.select(keep if moved is None else moved[keep])

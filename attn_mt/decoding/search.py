@@ -1,9 +1,11 @@
 """Turning source text into target text: batched greedy or beam search decoding with a key/value cache.
 
-One loop (`steps`) serves greedy search, beam search and the stream (api/steering.py): encode, then a decoder
-step at a time (decoding/rules.py's `decode_step`), a chooser picking each row's next token: `Greedy` here,
-`Beam` in beam.py. The server's running batch (continuous.py) admits and retires sentences mid-flight and keeps
-its own loop. Tested in tests/decoding/test_search.py.
+One loop, one step at a time (`advance`): a decoder step (decoding/rules.py's `decode_step`), then a chooser
+picks each row's next token: `Greedy` here, `Beam` in beam.py. `steps` runs it over a fixed batch (greedy and
+beam search, the stream of api/steering.py); continuous.py's running batch runs it over sentences that join
+and leave at every step, with the same choosers. Tested in tests/decoding/test_search.py.
+
+One job: searching for translations, from the step to the batched translate calls built on it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
@@ -24,6 +26,9 @@ from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.beam import Beam, Hypothesis, length_penalty
 from attn_mt.decoding.rules import MaxLength, Rule, decode_step, step_rules
 from attn_mt.models import Seq2Seq
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing's from Python 3.11
 
 log = logging.getLogger(__name__)
 Interrupt = Callable[[], None]  # called before each decoder step; raises to abandon the call
@@ -39,26 +44,57 @@ class Chooser(Protocol):
 
     k: int  # decoder rows per sentence: 1 for greedy, the beam size for beam search
     limit: MaxLength  # the output length limit on those rows (the last rule of every step)
+    fresh: list[tuple[int, Hypothesis]]  # (sentence, hypothesis) the last step finished (beam search)
 
-    def choose(self, step: int, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor | None]:
-        """The step's tokens (rows,) from logp (rows, V) and ys (rows, 1 + step), and the rows of ys they
-        extend ((rows,) indices; None: each row its own)."""
+    def choose(self, step: int | Tensor, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The step's tokens (rows,) from logp (rows, V) and ys (rows, 1 + W), and the rows of ys they
+        extend ((rows,) indices; None: each row its own). `step`: every row's (an int), or each row's own."""
         ...
 
     def done(self) -> bool:
         """Whether nothing left to decode can change the outcome."""
         ...
 
-    def nbest(self, ys: Tensor) -> list[list[Hypothesis]]:
-        """Each sentence's n-best list, best first, after the last step (ys: (rows, 1 + steps))."""
+    def closed(self) -> list[int]:
+        """The sentences whose outcome is settled, in order."""
         ...
+
+    def nbest(self, ys: Tensor, sentences: list[int] | None = None) -> list[list[Hypothesis]]:
+        """The n-best lists of `sentences` (default: all), best first (ys: (rows, 1 + W))."""
+        ...
+
+    def keep(self, sentences: list[int]) -> None:
+        """Only these sentences stay (a running batch's that leave)."""
+        ...
+
+    def join(self, other: Self) -> None:
+        """other's sentences come after these (a running batch's newcomers)."""
+        ...
+
+
+def advance(model: Seq2Seq, ys: Tensor, step: int | Tensor, chooser: Chooser, *, memory: Tensor | None,
+            src_mask: Tensor, cache, rules: Sequence[Rule]) -> tuple[Tensor, Tensor | None]:
+    """One pass of the search loop: each row's next token (rows,) and the rows of ys they extend (None: in
+    place), from `decode_step` on each row's newest token (the whole prefix without a cache), then the chooser.
+
+    ys: (rows, 1 + W) bos and each row's tokens, the newest at column `step`: an int where every row is at the
+    same step (`steps`), (rows,) where each row is at its own (a running batch: rows right-padded).
+    """
+    if cache is None:
+        inp = ys
+    elif isinstance(step, int):
+        inp = ys[:, step : step + 1]
+    else:
+        inp = ys.gather(1, step[:, None])  # (rows, 1)
+    logp = decode_step(model, inp, memory, src_mask, cache, step=step, tokens=ys[:, 1:], rules=rules)
+    return chooser.choose(step, logp, ys)
 
 
 def steps(model: Seq2Seq, src: Tensor, chooser: Chooser, *, bos_id: int, use_cache: bool = True,
           interrupt: Interrupt | None = None, rules: Sequence[Rule] = ()) -> Iterator[Tensor]:
-    """The search loop of greedy, beam and the stream (run it under torch.inference_mode()): encode src (B, S),
-    then a decoder step at a time, the chooser picks each row's next token; yields ys (rows, 1 + step), bos
-    first, after each step, until the chooser is done or every row is at its length limit.
+    """The search loop over a fixed batch: greedy, beam and the stream (run it under torch.inference_mode()):
+    encode src (B, S), then `advance` a step at a time; yields ys (rows, 1 + step), bos first, after each step,
+    until the chooser is done or every row is at its length limit.
 
     With the cache each step feeds only the newest token; without it, the whole prefix is re-run through the
     decoder (the slow way, kept for comparison and tests). `rules` (a forced target prefix, a sampled token:
@@ -74,9 +110,7 @@ def steps(model: Seq2Seq, src: Tensor, chooser: Chooser, *, bos_id: int, use_cac
     for step in range(int(chooser.limit.max_len.max())):
         if interrupt is not None:
             interrupt()
-        inp = ys[:, -1:] if cache is not None else ys
-        logp = decode_step(model, inp, memory, src_mask, cache, step=step, tokens=ys[:, 1:], rules=rules)
-        nxt, rows = chooser.choose(step, logp, ys)  # (rows,), (rows,) or None
+        nxt, rows = advance(model, ys, step, chooser, memory=memory, src_mask=src_mask, cache=cache, rules=rules)
         if rows is not None:
             ys = ys[rows]
             if cache is not None:
@@ -98,17 +132,20 @@ def run(model: Seq2Seq, src: Tensor, chooser: Chooser, *, bos_id: int, use_cache
 class Greedy:
     """Greedy search's chooser: the most likely token of each row (a row per sentence), kept in place; a row
     that has ended adds eos. Scores are log P / lp(length) as in beam search, so greedy and beam n-best
-    compare."""
+    compare; `alpha` is each sentence's own (a list) or one for all. Sentences join (`join`) and leave
+    (`keep`) a running batch (continuous.py) as they do beam.py's `Beam`."""
 
     k = 1
 
-    def __init__(self, max_len: Tensor, eos_id: int, alpha: float | Penalty = 0.0) -> None:
+    def __init__(self, max_len: Tensor, eos_id: int, alpha: float | Penalty | list = 0.0) -> None:
         self.limit = MaxLength(max_len, eos_id)  # max_len: (B,)
-        self.eos_id, self.alpha = eos_id, alpha
+        self.eos_id = eos_id
+        self.alpha = alpha if isinstance(alpha, list) else [alpha] * len(max_len)  # (B,)
         self.log_prob = torch.zeros(len(max_len), device=max_len.device)  # (B,) log P of each output so far
         self.ended = torch.zeros(len(max_len), dtype=torch.bool, device=max_len.device)  # (B,)
+        self.fresh: list[tuple[int, Hypothesis]] = []  # none: a greedy sentence ends with its one hypothesis
 
-    def choose(self, step: int, logp: Tensor, ys: Tensor) -> tuple[Tensor, None]:
+    def choose(self, step: int | Tensor, logp: Tensor, ys: Tensor) -> tuple[Tensor, None]:
         nxt = self.limit.greedy(step, logp).masked_fill(self.ended, self.eos_id)  # (B,)
         self.log_prob += logp.gather(1, nxt[:, None])[:, 0].masked_fill(self.ended, 0.0)
         self.ended |= nxt == self.eos_id
@@ -117,12 +154,33 @@ class Greedy:
     def done(self) -> bool:
         return bool(self.ended.all())
 
-    def nbest(self, ys: Tensor) -> list[list[Hypothesis]]:
+    def closed(self) -> list[int]:
+        """The sentences that have ended, in order."""
+        return self.ended.nonzero()[:, 0].tolist()
+
+    def nbest(self, ys: Tensor, sentences: list[int] | None = None) -> list[list[Hypothesis]]:
+        """Each sentence's one hypothesis (of `sentences`, all by default): its tokens up to eos."""
+        sentences = list(range(len(self.alpha))) if sentences is None else sentences
+        idx = torch.tensor(sentences, dtype=torch.long, device=ys.device)
         out = []
-        for row, lp in zip(ys[:, 1:].tolist(), self.log_prob.tolist(), strict=True):
+        for s, row, lp in zip(sentences, ys[idx, 1:].tolist(), self.log_prob[idx.to(self.log_prob.device)].tolist(),
+                              strict=True):
             tokens = row[: row.index(self.eos_id)] if self.eos_id in row else row
-            out.append([Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, self.alpha))])
+            out.append([Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, self.alpha[s]))])
         return out
+
+    def keep(self, sentences: list[int]) -> None:
+        """Only these sentences (indices, in order) stay; their rows are the caller's to keep."""
+        idx = torch.tensor(sentences, dtype=torch.long, device=self.log_prob.device)
+        self.log_prob, self.ended = self.log_prob[idx], self.ended[idx]
+        self.alpha = [self.alpha[s] for s in sentences]
+        self.limit = MaxLength(self.limit.max_len[idx], self.eos_id)
+
+    def join(self, other: Greedy) -> None:
+        """other's sentences come after these."""
+        self.log_prob, self.ended = torch.cat([self.log_prob, other.log_prob]), torch.cat([self.ended, other.ended])
+        self.alpha = self.alpha + other.alpha
+        self.limit = MaxLength(torch.cat([self.limit.max_len, other.limit.max_len]), self.eos_id)
 
 
 def greedy_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int,

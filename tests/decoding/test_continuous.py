@@ -113,7 +113,7 @@ def test_sentences_leave_when_they_end_and_the_cache_shrinks(model):
     rows, source, columns, decoded = seen["short"]
     assert (rows, source) == (1, len(long))  # its row left; the memory is the long source's alone
     assert columns == decoded  # the column only the short one used is gone
-    assert seen["long"] is None and rb.cache is None and rb.scores is None and not rb.ys
+    assert seen["long"] is None and rb.cache is None and rb.chooser is None and not rb.ys
 
 
 def test_dropped_sentences_leave_and_the_others_are_unchanged(model):
