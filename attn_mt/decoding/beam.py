@@ -81,9 +81,9 @@ class Beam:
     """Beam search's chooser: k beams per sentence on k consecutive rows, each step the k best extensions that
     do not end (`candidates`), the rows reordered to follow them; a candidate ending in eos is a finished
     hypothesis. A sentence is done once the n-th best of its finished hypotheses can no longer be beaten by any
-    continuation of its beams (`best_possible`), or at its length limit. search.py's loop runs it over a fixed
-    batch; continuous.py's running batch over sentences that join (`join`) and leave (`keep`) at any step, with
-    `alpha` and `nbest` each sentence's own (a list) or one for all."""
+    continuation of its beams (`best_possible`), or at its length limit. `alpha` and `nbest` are each sentence's
+    own (a list) or one for all; `step` is every row's (an int), or each row's own (a running batch's: rows
+    at different steps, continuous.py)."""
 
     def __init__(self, max_len: Tensor, eos_id: int, k: int, alpha: float | Penalty | list = 0.6,
                  nbest: int | list[int] = 1) -> None:
@@ -98,7 +98,6 @@ class Beam:
         self.scores[:, 0] = 0.0  # start from one beam, so the first step does not pick k copies
         self.finished: list[list[Hypothesis]] = [[] for _ in range(b)]
         self.active = set(range(b))  # sentences still searching
-        self.fresh: list[tuple[int, Hypothesis]] = []  # (sentence, hypothesis) finished by the last step
         self._limit(max_len)
 
     def _limit(self, max_len: Tensor) -> None:
@@ -111,7 +110,6 @@ class Beam:
         b, k = self.scores.shape
         at = step if isinstance(step, int) else step.view(b, k)[:, 0]  # each sentence's step
         c = candidates(self.scores, logp.view(b, k, -1), self.eos_id)
-        self.fresh = []
         if bool(c.ended.any()):
             s_idx, c_idx = c.ended.nonzero(as_tuple=True)
             prefixes = ys[s_idx * k + c.origin[s_idx, c_idx], 1:].tolist()
@@ -121,7 +119,6 @@ class Beam:
                     n = steps[s]
                     hyp = Hypothesis(prefix[:n], lp, lp / length_penalty(n + 1, self.alpha[s]))
                     self.finished[s].append(hyp)
-                    self.fresh.append((s, hyp))
         self.scores = c.scores
         bound = self._bounds(at + 2)  # (B,)
         at_limit = (at + 1 >= self.max_len).tolist()  # (B,)
@@ -149,29 +146,7 @@ class Beam:
     def done(self) -> bool:
         return not self.active
 
-    def closed(self) -> list[int]:
-        """The sentences whose search is over, in order."""
-        return [s for s in range(len(self.finished)) if s not in self.active]
-
     def nbest(self, ys: Tensor, sentences: list[int] | None = None) -> list[list[Hypothesis]]:
         """The n-best lists of `sentences` (all by default), best first."""
         return [sorted(self.finished[s], key=lambda h: -h.score)[: self.n[s]]
                 for s in (range(len(self.finished)) if sentences is None else sentences)]
-
-    def keep(self, sentences: list[int]) -> None:
-        """Only these sentences (indices, in order) stay; their rows are the caller's to keep."""
-        idx = torch.tensor(sentences, dtype=torch.long, device=self.scores.device)
-        self.scores = self.scores[idx]
-        self.active = {j for j, s in enumerate(sentences) if s in self.active}
-        self.finished = [self.finished[s] for s in sentences]
-        self.alpha, self.n = [self.alpha[s] for s in sentences], [self.n[s] for s in sentences]
-        self._limit(self.max_len[idx])
-
-    def join(self, other: Beam) -> None:
-        """other's sentences come after these."""
-        b = len(self.finished)
-        self.scores = torch.cat([self.scores, other.scores])
-        self.active |= {s + b for s in other.active}
-        self.finished += other.finished
-        self.alpha, self.n = self.alpha + other.alpha, self.n + other.n
-        self._limit(torch.cat([self.max_len, other.max_len]))

@@ -7,11 +7,12 @@ happened: a new token of each greedy row, each finished beam hypothesis, and the
 (eos or their length limit), whose rows leave the batch at once. Rows sit at different positions, so the
 cache keeps a position per row and masks the self-attention columns a row does not own (`RunningCache`: the
 model's `DecoderCache`, extended at its seam `advance`), and `ys` holds each row's tokens right-padded. Each
-step is offline search's (`search.advance`, with its choosers `Greedy` and `Beam`, which sentences join and
-leave), and a sentence's decisions look at its own rows only, so its translation does not depend on who shares
-the batch, nor on when it joined. No threads here: serve/scheduler.py drives it.
+step is offline search's (`search.advance`), with its choosers extended for sentences that join and leave
+(`RunningGreedy`, `RunningBeam`), and a sentence's decisions look at its own rows only, so its translation
+does not depend on who shares the batch, nor on when it joined. No threads here: serve/scheduler.py drives it.
 
-One job: decoding a running batch, with its cache of rows at different steps (`RunningCache`, `begin`).
+One job: decoding a running batch, with its cache of rows at different steps (`RunningCache`, `begin`) and its
+choosers.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from torch import Tensor
 
 from attn_mt.config import DecodeConfig
 from attn_mt.data.batching import pad
-from attn_mt.decoding.beam import Beam
-from attn_mt.decoding.rules import step_rules
+from attn_mt.decoding.beam import Beam, Hypothesis
+from attn_mt.decoding.rules import MaxLength, step_rules
 from attn_mt.decoding.search import Greedy, advance, max_lengths
 from attn_mt.models.attention import KV
 from attn_mt.models.transformer import DecoderCache, Transformer
@@ -124,9 +125,65 @@ def begin(model: Transformer, src: Tensor) -> RunningCache:
                         key_mask=torch.zeros(b, 0, dtype=torch.bool, device=src.device), memory_mask=src_mask)
 
 
+class RunningGreedy(Greedy):
+    """Greedy search's chooser over sentences that join (`join`) and leave (`keep`) a running batch."""
+
+    def closed(self) -> list[int]:
+        """The sentences that have ended, in order (they leave)."""
+        return self.ended.nonzero()[:, 0].tolist()
+
+    def keep(self, sentences: list[int]) -> None:
+        """Only these sentences (indices, in order) stay; their rows are the caller's to keep."""
+        idx = torch.tensor(sentences, dtype=torch.long, device=self.log_prob.device)
+        self.log_prob, self.ended = self.log_prob[idx], self.ended[idx]
+        self.alpha = [self.alpha[s] for s in sentences]
+        self.limit = MaxLength(self.limit.max_len[idx], self.eos_id)
+
+    def join(self, other: RunningGreedy) -> None:
+        """other's sentences come after these."""
+        self.log_prob, self.ended = torch.cat([self.log_prob, other.log_prob]), torch.cat([self.ended, other.ended])
+        self.alpha = self.alpha + other.alpha
+        self.limit = MaxLength(torch.cat([self.limit.max_len, other.limit.max_len]), self.eos_id)
+
+
+class RunningBeam(Beam):
+    """Beam search's chooser over sentences that join (`join`) and leave (`keep`) a running batch; `fresh`
+    holds the hypotheses the last step finished, (sentence, hypothesis) in order."""
+
+    fresh: list[tuple[int, Hypothesis]] = []
+
+    def choose(self, step: int | Tensor, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
+        before = [len(f) for f in self.finished]
+        out = super().choose(step, logp, ys)
+        self.fresh = [(s, h) for s, (n, f) in enumerate(zip(before, self.finished, strict=True)) for h in f[n:]]
+        return out
+
+    def closed(self) -> list[int]:
+        """The sentences whose search is over, in order (they leave)."""
+        return [s for s in range(len(self.finished)) if s not in self.active]
+
+    def keep(self, sentences: list[int]) -> None:
+        """Only these sentences (indices, in order) stay; their rows are the caller's to keep."""
+        idx = torch.tensor(sentences, dtype=torch.long, device=self.scores.device)
+        self.scores = self.scores[idx]
+        self.active = {j for j, s in enumerate(sentences) if s in self.active}
+        self.finished = [self.finished[s] for s in sentences]
+        self.alpha, self.n = [self.alpha[s] for s in sentences], [self.n[s] for s in sentences]
+        self._limit(self.max_len[idx])
+
+    def join(self, other: RunningBeam) -> None:
+        """other's sentences come after these."""
+        b = len(self.finished)
+        self.scores = torch.cat([self.scores, other.scores])
+        self.active |= {s + b for s in other.active}
+        self.finished += other.finished
+        self.alpha, self.n = self.alpha + other.alpha, self.n + other.n
+        self._limit(torch.cat([self.max_len, other.max_len]))
+
+
 class RunningBatch:
     """Sentences decoded together, each with k = `cfg.beam_size` consecutive rows (greedy: one), by the search
-    loop's step (search.advance) and its chooser (search.Greedy, beam.Beam), which sentences join and leave.
+    loop's step (search.advance) and its choosers, extended for sentences that join and leave.
 
     Args:
         model: a Transformer in eval mode (add, step and drop run under torch.inference_mode).
@@ -138,7 +195,7 @@ class RunningBatch:
         self.model, self.cfg, self.k = model, cfg, cfg.beam_size
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
         self.cache: RunningCache | None = None  # of all rows, from begin
-        self.chooser: Greedy | Beam | None = None  # each sentence's search, in row order
+        self.chooser: RunningGreedy | RunningBeam | None = None  # each sentence's search, in row order
         self.tags: list[Hashable] = []  # (n,) the sentences, in row order
         self.steps: list[int] = []  # (n,) tokens each has decoded
         self.ys: Tensor | None = None  # (n*k, 1 + W) bos and each row's tokens so far, right-padded
@@ -168,8 +225,8 @@ class RunningBatch:
             cache.select(torch.arange(m, device=dev).repeat_interleave(k))  # (m*k) rows: k beams each
         limit = max_lengths(torch.tensor([len(ids) for _, ids in items]), self.cfg, self.model.max_positions)
         limit, alpha = limit.to(dev), [c.penalty for c in cfgs]
-        chooser = Greedy(limit, self.eos_id, alpha) if k == 1 else Beam(limit, self.eos_id, k, alpha,
-                                                                         [c.nbest for c in cfgs])
+        chooser = (RunningGreedy(limit, self.eos_id, alpha) if k == 1 else
+                   RunningBeam(limit, self.eos_id, k, alpha, [c.nbest for c in cfgs]))
         ys = torch.full((m * k, 1 if self.ys is None else self.ys.size(1)), self.pad_id, device=dev)
         ys[:, 0] = self.bos_id
         if self.cache is None:

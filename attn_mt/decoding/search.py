@@ -14,7 +14,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -26,9 +26,6 @@ from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.beam import Beam, Hypothesis, length_penalty
 from attn_mt.decoding.rules import MaxLength, Rule, decode_step, step_rules
 from attn_mt.models import Seq2Seq
-
-if TYPE_CHECKING:
-    from typing_extensions import Self  # typing's from Python 3.11
 
 log = logging.getLogger(__name__)
 Interrupt = Callable[[], None]  # called before each decoder step; raises to abandon the call
@@ -44,7 +41,6 @@ class Chooser(Protocol):
 
     k: int  # decoder rows per sentence: 1 for greedy, the beam size for beam search
     limit: MaxLength  # the output length limit on those rows (the last rule of every step)
-    fresh: list[tuple[int, Hypothesis]]  # (sentence, hypothesis) the last step finished (beam search)
 
     def choose(self, step: int | Tensor, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor | None]:
         """The step's tokens (rows,) from logp (rows, V) and ys (rows, 1 + W), and the rows of ys they
@@ -55,20 +51,8 @@ class Chooser(Protocol):
         """Whether nothing left to decode can change the outcome."""
         ...
 
-    def closed(self) -> list[int]:
-        """The sentences whose outcome is settled, in order."""
-        ...
-
     def nbest(self, ys: Tensor, sentences: list[int] | None = None) -> list[list[Hypothesis]]:
         """The n-best lists of `sentences` (default: all), best first (ys: (rows, 1 + W))."""
-        ...
-
-    def keep(self, sentences: list[int]) -> None:
-        """Only these sentences stay (a running batch's that leave)."""
-        ...
-
-    def join(self, other: Self) -> None:
-        """other's sentences come after these (a running batch's newcomers)."""
         ...
 
 
@@ -132,8 +116,7 @@ def run(model: Seq2Seq, src: Tensor, chooser: Chooser, *, bos_id: int, use_cache
 class Greedy:
     """Greedy search's chooser: the most likely token of each row (a row per sentence), kept in place; a row
     that has ended adds eos. Scores are log P / lp(length) as in beam search, so greedy and beam n-best
-    compare; `alpha` is each sentence's own (a list) or one for all. Sentences join (`join`) and leave
-    (`keep`) a running batch (continuous.py) as they do beam.py's `Beam`."""
+    compare; `alpha` is each sentence's own (a list) or one for all."""
 
     k = 1
 
@@ -143,7 +126,6 @@ class Greedy:
         self.alpha = alpha if isinstance(alpha, list) else [alpha] * len(max_len)  # (B,)
         self.log_prob = torch.zeros(len(max_len), device=max_len.device)  # (B,) log P of each output so far
         self.ended = torch.zeros(len(max_len), dtype=torch.bool, device=max_len.device)  # (B,)
-        self.fresh: list[tuple[int, Hypothesis]] = []  # none: a greedy sentence ends with its one hypothesis
 
     def choose(self, step: int | Tensor, logp: Tensor, ys: Tensor) -> tuple[Tensor, None]:
         nxt = self.limit.greedy(step, logp).masked_fill(self.ended, self.eos_id)  # (B,)
@@ -153,10 +135,6 @@ class Greedy:
 
     def done(self) -> bool:
         return bool(self.ended.all())
-
-    def closed(self) -> list[int]:
-        """The sentences that have ended, in order."""
-        return self.ended.nonzero()[:, 0].tolist()
 
     def nbest(self, ys: Tensor, sentences: list[int] | None = None) -> list[list[Hypothesis]]:
         """Each sentence's one hypothesis (of `sentences`, all by default): its tokens up to eos."""
@@ -168,19 +146,6 @@ class Greedy:
             tokens = row[: row.index(self.eos_id)] if self.eos_id in row else row
             out.append([Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, self.alpha[s]))])
         return out
-
-    def keep(self, sentences: list[int]) -> None:
-        """Only these sentences (indices, in order) stay; their rows are the caller's to keep."""
-        idx = torch.tensor(sentences, dtype=torch.long, device=self.log_prob.device)
-        self.log_prob, self.ended = self.log_prob[idx], self.ended[idx]
-        self.alpha = [self.alpha[s] for s in sentences]
-        self.limit = MaxLength(self.limit.max_len[idx], self.eos_id)
-
-    def join(self, other: Greedy) -> None:
-        """other's sentences come after these."""
-        self.log_prob, self.ended = torch.cat([self.log_prob, other.log_prob]), torch.cat([self.ended, other.ended])
-        self.alpha = self.alpha + other.alpha
-        self.limit = MaxLength(torch.cat([self.limit.max_len, other.limit.max_len]), self.eos_id)
 
 
 def greedy_search(model: Seq2Seq, src: Tensor, max_len: Tensor, *, bos_id: int, eos_id: int,
