@@ -259,7 +259,7 @@ class RunningBatch:
             self.ys = self.ys[moved]
         self.ys.scatter_(1, step[:, None] + 1, nxt[:, None])
         closed = chooser.closed()
-        ended = dict(zip(closed, chooser.nbest(self.ys, closed), strict=True))
+        ended = dict(zip(closed, chooser.nbest(self.ys, closed), strict=True)) if closed else {}
         if k == 1:  # each sentence's tokens so far, or its end
             rows = self.ys.tolist()
             events = [Event(tag, "done", ended[s]) if s in ended else
