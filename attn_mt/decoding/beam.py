@@ -102,6 +102,7 @@ class Beam:
 
     def _limit(self, max_len: Tensor) -> None:
         self.max_len = max_len  # (B,)
+        self.last = max_len.tolist()  # (B,) the same on the host: the stop rule reads it every step
         self.limit = MaxLength(max_len.repeat_interleave(self.k), self.eos_id)  # (B*k,) rows
 
     def choose(self, step: int | Tensor, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
@@ -109,11 +110,11 @@ class Beam:
         ys (B*k, 1 + W) bos and each row's tokens, right-padded."""
         b, k = self.scores.shape
         at = step if isinstance(step, int) else step.view(b, k)[:, 0]  # each sentence's step
+        steps = [at] * b if isinstance(at, int) else at.tolist()
         c = candidates(self.scores, logp.view(b, k, -1), self.eos_id)
         if bool(c.ended.any()):
             s_idx, c_idx = c.ended.nonzero(as_tuple=True)
             prefixes = ys[s_idx * k + c.origin[s_idx, c_idx], 1:].tolist()
-            steps = [at] * b if isinstance(at, int) else at.tolist()
             for s, lp, prefix in zip(s_idx.tolist(), c.top[s_idx, c_idx].tolist(), prefixes, strict=True):
                 if s in self.active:
                     n = steps[s]
@@ -121,10 +122,9 @@ class Beam:
                     self.finished[s].append(hyp)
         self.scores = c.scores
         bound = self._bounds(at + 2)  # (B,)
-        at_limit = (at + 1 >= self.max_len).tolist()  # (B,)
-        for s in sorted(self.active):
+        for s in list(self.active):
             scores_s, n = sorted((h.score for h in self.finished[s]), reverse=True), self.n[s]
-            if at_limit[s] or (len(scores_s) >= n and scores_s[n - 1] >= bound[s]):
+            if steps[s] + 1 >= self.last[s] or (len(scores_s) >= n and scores_s[n - 1] >= bound[s]):
                 self.active.discard(s)  # nothing left on the beam can enter its n-best list
         block = torch.arange(b, device=logp.device)[:, None] * k  # (B, 1) first row of each sentence
         rows = (block + c.origin.gather(1, c.keep)).view(-1)  # (B*k,) the rows the new beams extend

@@ -17,7 +17,7 @@ choosers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -150,7 +150,7 @@ class RunningBeam(Beam):
     """Beam search's chooser over sentences that join (`join`) and leave (`keep`) a running batch; `fresh`
     holds the hypotheses the last step finished, (sentence, hypothesis) in order."""
 
-    fresh: list[tuple[int, Hypothesis]] = []
+    fresh: Sequence[tuple[int, Hypothesis]] = ()  # set by each choose
 
     def choose(self, step: int | Tensor, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
         before = [len(f) for f in self.finished]

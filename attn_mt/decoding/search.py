@@ -141,8 +141,7 @@ class Greedy:
         sentences = list(range(len(self.alpha))) if sentences is None else sentences
         idx = torch.tensor(sentences, dtype=torch.long, device=ys.device)
         out = []
-        for s, row, lp in zip(sentences, ys[idx, 1:].tolist(), self.log_prob[idx.to(self.log_prob.device)].tolist(),
-                              strict=True):
+        for s, row, lp in zip(sentences, ys[idx, 1:].tolist(), self.log_prob[idx].tolist(), strict=True):
             tokens = row[: row.index(self.eos_id)] if self.eos_id in row else row
             out.append([Hypothesis(tokens, lp, lp / length_penalty(len(tokens) + 1, self.alpha[s]))])
         return out
