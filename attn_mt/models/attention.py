@@ -235,16 +235,16 @@ class Dropout(nn.Dropout):
     """nn.Dropout with a cheaper random mask on CPU.
 
     F.dropout on CPU draws one Bernoulli sample per element from the serial generator, about 15%
-    of a training step; this draws 64 random bits per 4 elements and drops an element when its
-    16 bits fall below p (p rounded to 1/65536, and the scale uses the rounded p, so the
-    expectation is exact). Other devices, and torch.compile, use F.dropout.
+    of a training step; this draws 64 random bits per 8 elements and drops an element when its
+    byte falls below p (p rounded to 1/256, and the scale uses the rounded p, so the expectation
+    is exact). Other devices, torch.compile, and p that rounds to 0 or 1, use F.dropout.
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if (not self.training or not 0 < self.p < 1 or x.device.type != "cpu"
+        k, n = round(self.p * 256), x.numel()
+        if (not self.training or not 0 < k < 256 or x.device.type != "cpu"
                 or torch.compiler.is_compiling()):
             return super().forward(x)
-        k, n = round(self.p * 65536), x.numel()
-        bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # uniform 64-bit words
-        keep = bits.view(torch.int16)[:n].view(x.shape) >= k - 32768  # P(keep) = 1 - k / 65536
-        return x * keep.to(x.dtype).mul_(65536 / (65536 - k))
+        bits = torch.empty((n + 7) // 8, dtype=torch.int64).random_(-(2**63), None)  # uniform 64-bit words
+        keep = bits.view(torch.uint8)[:n].view(x.shape) >= k  # P(keep) = 1 - k / 256
+        return x * keep.to(x.dtype).mul_(256 / (256 - k))

@@ -140,7 +140,7 @@ def test_fast_dropout_keeps_expectation(dtype):
     y = Dropout(0.1).train()(x)
     assert y.dtype == dtype and y.shape == x.shape
     dropped = (y == 0).float().mean().item()
-    assert abs(dropped - 0.1) < 0.002
+    assert abs(dropped - 26 / 256) < 0.002  # p rounded to 1/256: 0.1 -> 26/256
     assert abs(y.float().mean().item() - 1) < 0.01
     y.sum().backward()
     torch.testing.assert_close(x.grad, y.detach())  # gradient = mask x scale = y for x = 1
@@ -148,12 +148,20 @@ def test_fast_dropout_keeps_expectation(dtype):
 
 
 def test_fast_dropout_is_seeded_and_lanes_are_uniform():
-    x = torch.ones(4, 1001)  # numel not a multiple of 4
+    x = torch.ones(4, 1001)  # numel not a multiple of 8
     drop = Dropout(0.5).train()
     torch.manual_seed(3)
     a = drop(x)
     torch.manual_seed(3)
     assert torch.equal(a, drop(x))
     torch.manual_seed(0)
-    keep = (drop(torch.ones(100_000, 4)) != 0).float().mean(0)  # each of the 4 lanes of a 64-bit word
+    keep = (drop(torch.ones(100_000, 8)) != 0).float().mean(0)  # each of the 8 lanes of a 64-bit word
     assert torch.all((keep - 0.5).abs() < 0.01), keep
+
+
+@pytest.mark.parametrize("p", [0.001, 0.999])
+def test_fast_dropout_leaves_rates_it_cannot_round_to_f_dropout(p):
+    torch.manual_seed(0)
+    y = Dropout(p).train()(torch.ones(100_000))  # p * 256 rounds to 0 or 256: F.dropout's exact p
+    assert torch.isfinite(y).all()
+    assert abs((y == 0).float().mean().item() - p) < 0.002
