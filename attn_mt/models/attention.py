@@ -237,7 +237,8 @@ class Dropout(nn.Dropout):
     F.dropout on CPU draws one Bernoulli sample per element from the serial generator, about 15%
     of a training step; this draws 64 random bits per 8 elements and drops an element when its
     byte falls below p (p rounded to 1/256, and the scale uses the rounded p, so the expectation
-    is exact). Other devices, torch.compile, and p that rounds to 0 or 1, use F.dropout.
+    is exact). The comparison writes the mask in x's dtype, so no boolean mask is converted. Other
+    devices, torch.compile, and a p that rounds to 0 or 1 use F.dropout.
     """
 
     def forward(self, x: Tensor) -> Tensor:
@@ -246,5 +247,5 @@ class Dropout(nn.Dropout):
                 or torch.compiler.is_compiling()):
             return super().forward(x)
         bits = torch.empty((n + 7) // 8, dtype=torch.int64).random_(-(2**63), None)  # uniform 64-bit words
-        keep = bits.view(torch.uint8)[:n].view(x.shape) >= k  # P(keep) = 1 - k / 256
-        return x * keep.to(x.dtype).mul_(256 / (256 - k))
+        keep = torch.ge(bits.view(torch.uint8)[:n].view(x.shape), k, out=torch.empty_like(x))  # 1 w.p. 1 - k/256
+        return x * keep.mul_(256 / (256 - k))
