@@ -234,11 +234,10 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal
 class Dropout(nn.Dropout):
     """nn.Dropout with a cheaper random mask on CPU.
 
-    F.dropout on CPU draws one Bernoulli sample per element from the serial generator, about 15%
-    of a training step; this draws 64 random bits per 8 elements and drops an element when its
-    byte falls below p (p rounded to 1/256, and the scale uses the rounded p, so the expectation
-    is exact). The comparison writes the mask in x's dtype, so no boolean mask is converted. Other
-    devices, torch.compile, and a p that rounds to 0 or 1 use F.dropout.
+    F.dropout on CPU draws a Bernoulli sample per element from the serial generator (about 15% of a
+    training step); this draws 64 random bits per 8 elements and drops an element whose byte is below
+    p * 256 (p rounded to 1/256, the scale from the rounded p: the expectation is exact), writing the mask
+    in x's dtype. Other devices, torch.compile and a p that rounds to 0 or 1 use F.dropout.
     """
 
     def forward(self, x: Tensor) -> Tensor:

@@ -138,8 +138,8 @@ def test_one_step_moves_muon_weights_by_the_orthogonalised_momentum():
     w = "encoder.0.ff.0.weight"  # (64, 32): scaled by 0.2 sqrt(64) to AdamW's RMS
     step = (before[w] - m.get_parameter(w).detach()) / (1e-2 * 0.2 * 8)
     assert torch.allclose(step, orthogonalise(grads[w], ns_coefficients(5)), atol=1e-5)
-    emb = "src_embed.weight"  # AdamW's first step: lr * sign(g) where the gradient is not 0
-    moved = (before[emb] - m.get_parameter(emb).detach())[grads[emb].abs() > 1e-6]
+    emb = "src_embed.weight"  # AdamW's first step: lr * g / (|g| + eps), lr * sign(g) where |g| >> eps (1e-8)
+    moved = (before[emb] - m.get_parameter(emb).detach())[grads[emb].abs() > 1e-4]
     assert torch.allclose(moved.abs(), torch.full_like(moved, 1e-2), rtol=1e-3)
     assert {"momentum_buffer", "step"} == set(opt.state[m.get_parameter(w)])
     assert {"exp_avg", "exp_avg_sq", "step"} <= set(opt.state[m.get_parameter(emb)])
