@@ -1,7 +1,9 @@
-"""The `attn-mt` command line: each verb parses, calls the public API (`attn_mt`, attn_mt/api/) and prints. Errors
-arrive as `attn_mt.AttnMTError`s naming an argument (`field`); here they become one line naming its flag.
+"""The `attn-mt` command line: each verb parses, calls the public API (`attn_mt`, attn_mt/api/)
+and prints. Errors arrive as `attn_mt.AttnMTError`s naming an argument (`field`); here they become
+one line naming its flag (api/terminal.py's `error_line` words it).
 
-One job: the command line (option declarations, printing, exit codes); what a verb does is the API's.
+One job: the command line (option declarations, printing, exit codes); what a verb does is the
+API's.
 """
 
 import functools
@@ -18,49 +20,17 @@ from typer.core import TyperCommand, TyperGroup
 
 import attn_mt
 from attn_mt.api.limits import Limits  # the served limits' defaults (no web extra needed)
-from attn_mt.errors import AttnMTError, ConfigError, Interrupted
-from attn_mt.files import OutputError
+from attn_mt.errors import AttnMTError
 
 # an API argument -> the CLI's flag, where they differ
-FLAGS = {"text": "TEXT", "texts": "TEXT", "path": "--checkpoint", "n": "--prune", "sources": "--src", "refs": "--ref",
-         "ref": "--ref", "src": "--src", "format": "--format", "json": "--json", "overrides": "--set",
-         "json_out": "--json", "out_dir": "--out"}
+FLAGS = {"text": "TEXT", "texts": "TEXT", "path": "--checkpoint", "n": "--prune", "sources": "--src",
+         "refs": "--ref", "ref": "--ref", "src": "--src", "format": "--format", "json": "--json",
+         "overrides": "--set", "json_out": "--json", "out_dir": "--out"}
 
 
 def flag(field: str) -> str:
     """The CLI's name of an API argument: "beam" -> "--beam", "batch_size" -> "--batch-size"."""
     return field if field.startswith("-") else FLAGS.get(field, "--" + field.replace("_", "-"))
-
-
-def flags(message: str) -> str:
-    """A library message as the CLI says it: "`src` and `ref` go together" -> "--src and --ref go together" (each
-    name the message marks in backticks, written where the check is, becomes its flag)."""
-    parts = message.split("`")
-    out = [parts[0]]
-    for i in range(1, len(parts) - 1, 2):  # parts[i] is between two backticks
-        name = parts[i]
-        out += [flag(name) if name.replace("_", "a").isalnum() else f"`{name}`", parts[i + 1]]
-    if len(parts) % 2 == 0:  # an unpaired backtick
-        out.append("`" + parts[-1])
-    return "".join(out)
-
-
-def error_line(e: AttnMTError | KeyboardInterrupt | OSError, request: type | tuple = ()) -> tuple[str, int]:
-    """A failure as the CLI's one line on stderr and its exit status: 2 for a config, an output path or a
-    `request` error (a value only the model can check: its layers, heads, tokens), 130 for an interruption, 1 for
-    the rest (an OSError: a full disk or a vanished directory while writing, anywhere)."""
-    if isinstance(e, request):
-        return f"error: {flag(e.field)}: {e.message}", 2
-    if isinstance(e, KeyboardInterrupt):
-        return "interrupted", 130
-    if isinstance(e, OSError):
-        return flags(f"error: {f'{e.filename}: ' if e.filename else ''}{e.strerror or e}"), 1
-    kind, status = ("config error", 2) if isinstance(e, ConfigError) else ("interrupted", 130) if isinstance(
-        e, Interrupted) else ("error", 2 if isinstance(e, OutputError) else 1)
-    what = f"{flag(e.field)}: {e.message}" if e.field and not e.named and not isinstance(e, ConfigError) else str(e)
-    if isinstance(e, OutputError) and what.startswith(f"{e.option} "):  # "out x.pt: ..." -> "--out x.pt: ..."
-        what = flag(e.option) + what[len(e.option):]
-    return flags(f"{kind}: {what}"), status  # `resume` -> --resume
 
 
 class _GlobalOptionsAnywhere(TyperGroup):
@@ -71,33 +41,38 @@ class _GlobalOptionsAnywhere(TyperGroup):
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)
         options = [a for a in args[:end] if a in self.GLOBAL]
-        return super().parse_args(ctx, options + [a for a in args[:end] if a not in self.GLOBAL] + args[end:])
+        rest = [a for a in args[:end] if a not in self.GLOBAL]
+        return super().parse_args(ctx, options + rest + args[end:])
 
 
 app = typer.Typer(cls=_GlobalOptionsAnywhere, add_completion=False, no_args_is_help=True,
-                  pretty_exceptions_enable=False, help="Train, run and measure Transformer translation models.")
+                  pretty_exceptions_enable=False,
+                  help="Train, run and measure Transformer translation models.")
 
 
 @app.callback()
-def main(debug: Annotated[bool, Option(help="Show tracebacks on errors.")] = False,  # read by _Verb.invoke
+def main(debug: Annotated[bool, Option(help="Show tracebacks on errors.")] = False,  # read by _Verb
          quiet: Annotated[bool, Option(help="Only warnings and errors on stderr.")] = False) -> None:
-    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s", force=True)  # stderr
+    level = logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(message)s", force=True)  # stderr
 
 
 class _Verb(TyperCommand):
-    """A verb: its known failures end in one line and an exit status (`error_line`), with --debug in a traceback."""
+    """A verb: its known failures end in one line and an exit status (`error_line`), with --debug in
+    a traceback."""
 
     def invoke(self, ctx):
-        from attn_mt.api.terminal import OptionError, RequestError
+        from attn_mt.api.terminal import OptionError, RequestError, error_line, flags
 
         try:
             return super().invoke(ctx)
         except OptionError as e:  # a flag's value: usage, one line naming the flag, status 2
-            raise typer.BadParameter(flags(e.message), ctx=ctx, param_hint=e.field and flag(e.field)) from None
+            hint = e.field and flag(e.field)
+            raise typer.BadParameter(flags(e.message, flag), ctx=ctx, param_hint=hint) from None
         except (AttnMTError, KeyboardInterrupt, OSError) as e:
             if ctx.find_root().params["debug"] and not isinstance(e, RequestError):
                 raise
-            line, status = error_line(e, RequestError)
+            line, status = error_line(e, flag, RequestError)
             typer.echo(line, err=True)
             raise typer.Exit(status) from None
 
@@ -105,30 +80,40 @@ class _Verb(TyperCommand):
 _verb = functools.partial(app.command, cls=_Verb)  # @_verb(): a subcommand of `attn-mt`
 
 
-ConfigOpt = Annotated[Path, Option("--config", "-c", help="YAML experiment config.")]
-SetOpt = Annotated[list[str] | None, Option("--set", help="Override a key: section.key=value.")]
-CkptOpt = Annotated[Path, Option("--checkpoint", help="A checkpoint written by `attn-mt train`.")]
-ModelOpt = Annotated[Path, Option("--checkpoint", help="A checkpoint, or a folder written by `attn-mt export`.")]
-DeviceOpt = Annotated[str, Option(help="cpu, cuda, mps or auto.")]
-_CKPT = "(default: the checkpoint's decode section)"
+def _opt(kind, *names: str, help: str):
+    """An option's type with its flag names and help, for the shared options below."""
+    return Annotated[kind, Option(*names, help=help)]
+
+
 OPTION = {o.key: o for o in attn_mt.DECODE_OPTIONS}  # the decode options, defined once (attn_mt/config)
 DECODE_FLAGS = {o.key: flag(o.arg) for o in attn_mt.DECODE_OPTIONS}  # the table's options as flags
-BeamOpt = Annotated[int | None, Option(DECODE_FLAGS["beam_size"], help=f"{OPTION['beam_size'].help} {_CKPT}.")]
-AlphaOpt = Annotated[float | None, Option(DECODE_FLAGS["alpha"], help=f"{OPTION['alpha'].help} {_CKPT}.")]
-BatchOpt = Annotated[int | None, Option(DECODE_FLAGS["batch_size"], help=f"{OPTION['batch_size'].help} {_CKPT}.")]
-NbestOpt = Annotated[int | None, Option(DECODE_FLAGS["nbest"], help=f"{OPTION['nbest'].help} (default 1).")]
-SrcOpt = Annotated[Path, Option(help="Source sentences, one a line.")]
-RefOpt = Annotated[Path, Option(help="Their reference translations, line-aligned with --src.")]
+
+
+def _decode_opt(kind, key: str, default: str = "default: the checkpoint's decode section"):
+    return _opt(kind | None, DECODE_FLAGS[key], help=f"{OPTION[key].help} ({default}).")
+
+
+ConfigOpt = _opt(Path, "--config", "-c", help="YAML experiment config.")
+SetOpt = _opt(list[str] | None, "--set", help="Override a key: section.key=value.")
+CkptOpt = _opt(Path, "--checkpoint", help="A checkpoint written by `attn-mt train`.")
+ModelOpt = _opt(Path, "--checkpoint", help="A checkpoint, or a folder written by `attn-mt export`.")
+DeviceOpt = _opt(str, help="cpu, cuda, mps or auto.")
+BeamOpt, AlphaOpt = _decode_opt(int, "beam_size"), _decode_opt(float, "alpha")
+BatchOpt, NbestOpt = _decode_opt(int, "batch_size"), _decode_opt(int, "nbest", "default 1")
+SrcOpt = _opt(Path, help="Source sentences, one a line.")
+RefOpt = _opt(Path, help="Their reference translations, line-aligned with --src.")
 TextArg = Annotated[str, Argument(help="A source sentence.")]
-JsonOpt = Annotated[Path | None, Option("--json", help="Write every number to this file.")]
+JsonOpt = _opt(Path | None, "--json", help="Write every number to this file.")
 
 
 @_verb()
 def train(config: ConfigOpt, overrides: SetOpt = None,
-          out: Annotated[Path | None, Option(help="Run directory [default: runs/<name>].")] = None,
-          resume: Annotated[bool, Option(help="Continue from OUT/checkpoint_last.pt.")] = False,
-          overwrite: Annotated[bool, Option(help="Delete the earlier run in OUT and start afresh.")] = False) -> None:
-    """Train a model from a YAML config; writes checkpoints, metrics and results into the run directory.
+          out: _opt(Path | None, help="Run directory [default: runs/<name>].") = None,
+          resume: _opt(bool, help="Continue from OUT/checkpoint_last.pt.") = False,
+          overwrite: _opt(bool,
+                          help="Delete the earlier run in OUT and start afresh.") = False) -> None:
+    """Train a model from a YAML config; writes checkpoints, metrics and results into the run
+    directory.
 
     Under `torchrun --nproc-per-node N -m attn_mt train ...` it trains with DistributedDataParallel."""
     run = attn_mt.train(config, out, overrides=overrides or [], resume=resume, overwrite=overwrite)
@@ -139,18 +124,22 @@ def train(config: ConfigOpt, overrides: SetOpt = None,
 @_verb()
 def translate(checkpoint: ModelOpt,
               texts: Annotated[list[str] | None, Argument(help="Sentences to translate.")] = None,
-              input: Annotated[Path | None, Option("--input", "-i", help="Input file.")] = None,
-              beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None, device: DeviceOpt = "auto",
-              nbest: NbestOpt = None,
-              fmt: Annotated[Literal["text", "jsonl"], Option("--format", help="text, or jsonl with scores.")] = "text",
-              stream: Annotated[bool, Option(help="Write each line's translation as soon as it is done (else large "
-                                                  "inputs go in pieces of 1000).")] = False) -> None:
-    """Translate text from arguments, --input FILE or stdin, in input order, one result per line (a terminal on
-    stdin gets a prompt, each line translated as it is entered; an export folder uses CTranslate2)."""
+              input: _opt(Path | None, "--input", "-i", help="Input file.") = None,
+              beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None,
+              device: DeviceOpt = "auto", nbest: NbestOpt = None,
+              fmt: _opt(Literal["text", "jsonl"], "--format",
+                        help="text, or jsonl with scores.") = "text",
+              stream: _opt(bool, help="Write each line's translation as soon as it is done "
+                                                  "(else large inputs go in pieces of 1000).") = False,
+              ) -> None:
+    """Translate text from arguments, --input FILE or stdin, in input order, one result per line (a
+    terminal on stdin gets a prompt, each line translated as it is entered; an export folder uses
+    CTranslate2)."""
     from attn_mt.api.terminal import input_lines, translate_lines
 
     model = attn_mt.load(checkpoint, device=device)
-    dcfg = model.options(beam=beam, alpha=alpha, nbest=nbest, batch_size=batch_size, names=DECODE_FLAGS)
+    dcfg = model.options(beam=beam, alpha=alpha, nbest=nbest, batch_size=batch_size,
+                         names=DECODE_FLAGS)
     interactive = not texts and input is None and sys.stdin.isatty()
     lines = input_lines(texts, input, "> " if interactive else "")
     for out in translate_lines(model.translator, lines, dcfg, fmt, stream=stream or interactive):
@@ -159,44 +148,52 @@ def translate(checkpoint: ModelOpt,
 
 @_verb()
 def evaluate(checkpoint: ModelOpt, src: SrcOpt, ref: RefOpt,
-             beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None, device: DeviceOpt = "auto",
-             as_json: Annotated[bool, Option("--json", help="Print JSON.")] = False) -> None:
-    """Translate --src and score it against --ref with sacrebleu BLEU and chrF (--checkpoint: file or export)."""
+             beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None,
+             device: DeviceOpt = "auto",
+             as_json: _opt(bool, "--json", help="Print JSON.") = False) -> None:
+    """Translate --src and score it against --ref with sacrebleu BLEU and chrF (--checkpoint: file
+    or export)."""
     from attn_mt.api.terminal import evaluation_text
 
     model = attn_mt.load(checkpoint, device=device)
-    model.options(beam=beam, alpha=alpha, batch_size=batch_size, names=DECODE_FLAGS)  # the flags' errors first
+    model.options(beam=beam, alpha=alpha, batch_size=batch_size, names=DECODE_FLAGS)  # flags first
     result = model.evaluate(src, ref, beam=beam, alpha=alpha, batch_size=batch_size)
     typer.echo(json.dumps(result, indent=2) if as_json else evaluation_text(result))
 
 
 @_verb()
-def average(checkpoints: Annotated[list[Path], Argument(help="Checkpoints of one run, e.g. RUN/checkpoint_step*.pt.")],
-            out: Annotated[Path, Option(help="Where to write the averaged checkpoint.")],
-            force: Annotated[bool, Option(help="Also average checkpoints of different runs.")] = False) -> None:
-    """Average the weights of several checkpoints of one run into one checkpoint for translate/evaluate."""
+def average(checkpoints: Annotated[list[Path], Argument(
+                help="Checkpoints of one run, e.g. RUN/checkpoint_step*.pt.")],
+            out: _opt(Path, help="Where to write the averaged checkpoint."),
+            force: _opt(bool, help="Also average checkpoints of different runs.") = False,
+            ) -> None:
+    """Average the weights of several checkpoints of one run into one checkpoint for
+    translate/evaluate."""
     attn_mt.average(checkpoints, out, force=force)
     typer.echo(f"averaged {len(checkpoints)} checkpoints into {out}")
 
 
 @_verb()
 def download(dataset: Annotated[str, Argument(help="Dataset name: multi30k.")] = "multi30k",
-             out: Annotated[Path, Option(help="Directory for {split}.{lang} files.")] = Path("data/multi30k")) -> None:
+             out: _opt(Path, help="Directory for {split}.{lang} files.") = Path(
+                 "data/multi30k")) -> None:
     """Fetch a corpus (its original URL, else the Hugging Face hub) into line-aligned text files."""
     typer.echo("\n".join(map(str, attn_mt.download(dataset, out))))
 
 
 @_verb()
-def attention(checkpoint: CkptOpt, text: TextArg, out: Annotated[Path, Option(help="Directory for the PNG figures.")],
-              html: Annotated[Path | None, Option(help="Also write the interactive head view as an HTML page.")] = None,
+def attention(checkpoint: CkptOpt, text: TextArg,
+              out: _opt(Path, help="Directory for the PNG figures."),
+              html: _opt(Path | None,
+                         help="Also write the interactive head view as an HTML page.") = None,
               beam: BeamOpt = None, device: DeviceOpt = "auto") -> None:
     """Translate one sentence and draw every attention head of every layer as PNGs in --out."""
     from attn_mt.api.terminal import check_outputs
 
     if not text.strip():
         raise typer.BadParameter("the sentence is empty", param_hint="TEXT")
-    check_outputs([("--out", out, None), ("--html", html, (".html", ".htm"))], [checkpoint])  # before any work
-    model = attn_mt.load(checkpoint, device=device)
+    check_outputs([("--out", out, None), ("--html", html, (".html", ".htm"))], [checkpoint])
+    model = attn_mt.load(checkpoint, device=device)  # after the outputs are checked: before any work
     att = model.attention(text, beam=beam)
     paths = att.save_png(out) + ([att.save_html(html)] if html else [])
     typer.echo("\n".join([att.translation, *map(str, paths)]))
@@ -204,15 +201,15 @@ def attention(checkpoint: CkptOpt, text: TextArg, out: Annotated[Path, Option(he
 
 @_verb()
 def explain(checkpoint: CkptOpt, text: TextArg,
-            kind: Annotated[str, Option(help="encoder, decoder or cross (attention).")] = "cross",
-            layer: Annotated[int, Option(help="Layer, from 1.")] = 1,
-            head: Annotated[int, Option(help="Head, from 1.")] = 1,
-            token: Annotated[str, Option(help="The query: its position (from 0) or its text; a decoder or cross "
-                                              "query is named by the token it predicts.")] = "0",
-            beam: Annotated[int, Option(help="Beam size of the translation; 1 is greedy.")] = 1,
+            kind: _opt(str, help="encoder, decoder or cross (attention).") = "cross",
+            layer: _opt(int, help="Layer, from 1.") = 1,
+            head: _opt(int, help="Head, from 1.") = 1,
+            token: _opt(str, help="The query: its position (from 0) or its text; a decoder "
+                                             "or cross query is named by the token it predicts.") = "0",
+            beam: _opt(int, help="Beam size of the translation; 1 is greedy.") = 1,
             json_out: JsonOpt = None, device: DeviceOpt = "auto") -> None:
-    """One head's attention for one query token, step by step (Q, K, V; scores; scaled; mask and softmax;
-    values; W_o), recomputed from the model's weights and checked against its own output."""
+    """One head's attention for one query token, step by step (Q, K, V; scores; scaled; mask and
+    softmax; values; W_o), recomputed from the model's weights and checked against its own output."""
     from attn_mt.api.terminal import RequestError, check_outputs, explanation_text
 
     if not text.strip():  # before loading the model
@@ -225,118 +222,146 @@ def explain(checkpoint: CkptOpt, text: TextArg,
     typer.echo(explanation_text(result))
 
 
+def _limit(help: str, kind=int):
+    return Annotated[kind, Option(min=0.1 if kind is float else 1, help=help)]
+
+
 @_verb()
 def serve(checkpoint: ModelOpt,
-          host: Annotated[str, Option(help="Interface to bind; any other than 127.0.0.1 exposes the server to the "
-                                           "network.")] = "127.0.0.1",
+          host: _opt(str, help="Interface to bind; any other than 127.0.0.1 exposes the "
+                                         "server to the network.") = "127.0.0.1",
           port: Annotated[int, Option(min=1, max=65535)] = 8000, device: DeviceOpt = "auto",
-          allow_host: Annotated[list[str] | None, Option(help="Also answer this Host header (repeatable); loopback "
-                                                              "names and --host always are answered.")] = None,
-          max_texts: Annotated[int, Option(min=1, help="Most sentences per request.")] = Limits.max_texts,
-          max_chars: Annotated[int, Option(min=1, help="Most characters per request.")] = Limits.max_chars,
-          max_work: Annotated[int, Option(min=1, help="Most source subwords x beam per request.")] = Limits.max_work,
-          max_queue: Annotated[int, Option(min=1, help="Most requests waiting; more get 503.")] = Limits.max_queue,
-          read_timeout: Annotated[float, Option(min=0.1, help="Seconds a client has to send its headers, and then "
-                                                              "its body.")] = Limits.header_timeout_s) -> None:
-    """Serve a checkpoint: a web page (translations, attention of every head) and a JSON API (docs at /docs)."""
+          allow_host: _opt(list[str] | None, help="Also answer this Host header "
+                           "(repeatable); loopback names and --host always are answered.") = None,
+          max_texts: _limit("Most sentences per request.") = Limits.max_texts,
+          max_chars: _limit("Most characters per request.") = Limits.max_chars,
+          max_work: _limit("Most source subwords x beam per request.") = Limits.max_work,
+          max_queue: _limit("Most requests waiting; more get 503.") = Limits.max_queue,
+          read_timeout: _limit("Seconds a client has to send its headers, and then "
+                               "its body.", float) = Limits.header_timeout_s) -> None:
+    """Serve a checkpoint: a web page (translations, attention of every head) and a JSON API (docs at
+    /docs)."""
     from attn_mt.serve import serve
 
-    limits = Limits(max_texts=max_texts, max_chars=max_chars, max_work=max_work, max_queue=max_queue,
-                    header_timeout_s=read_timeout, body_timeout_s=read_timeout)
+    limits = Limits(max_texts=max_texts, max_chars=max_chars, max_work=max_work,
+                    max_queue=max_queue, header_timeout_s=read_timeout, body_timeout_s=read_timeout)
     serve(checkpoint, host, port, device=device, limits=limits, allow_host=allow_host,
           ready=lambda url: typer.echo(f"attn-mt serve: {url}  (API docs /docs; Ctrl-C stops)"))
 
 
 @_verb()
 def export(checkpoint: CkptOpt,
-           out: Annotated[Path, Option(help="Directory for the exported model (replaced if an export).")],
-           quantization: Annotated[str, Option(help="float32, int8, int8_float32 or bfloat16.")] = "float32",
-           fmt: Annotated[str, Option("--format", help="ctranslate2 or transformers.")] = "ctranslate2") -> None:
-    """Write a Transformer checkpoint as a CTranslate2 model (--checkpoint of `translate` and `evaluate`; the export
-    extra) or, with --format transformers, a Hugging Face model folder with a card, ready for the hub (hf extra)."""
-    typer.echo("\n".join(map(str, attn_mt.export_model(checkpoint, out, format=fmt, quantization=quantization))))
+           out: _opt(Path, help="Directory for the exported model (replaced if an export)."),
+           quantization: _opt(str,
+                              help="float32, int8, int8_float32 or bfloat16.") = "float32",
+           fmt: _opt(str, "--format", help="ctranslate2 or transformers.") = "ctranslate2") -> None:
+    """Write a Transformer checkpoint as a CTranslate2 model (--checkpoint of `translate` and
+    `evaluate`; the export extra) or, with --format transformers, a Hugging Face model folder with a
+    card, ready for the hub (hf extra)."""
+    written = attn_mt.export_model(checkpoint, out, format=fmt, quantization=quantization)
+    typer.echo("\n".join(map(str, written)))
 
 
 @_verb()
 def prepare(config: ConfigOpt, overrides: SetOpt = None,
-            list_: Annotated[bool, Option("--list", help="Only list the cache: entries, leftovers.")] = False,
-            clean: Annotated[bool, Option("--clean", help="Only remove damaged entries, leftovers of stopped builds "
-                                                          "and lock files no process holds.")] = False) -> None:
-    """Train the tokenizer and tokenize the training split into the data cache (data.cache_dir), ahead of
-    `train`: a cluster job, its ranks and later runs of the same data then start from it."""
+            list_: _opt(bool, "--list", help="Only list the cache: entries, leftovers.") = False,
+            clean: _opt(bool, "--clean", help="Only remove damaged entries, leftovers of stopped "
+                                              "builds and lock files no process holds.") = False,
+            ) -> None:
+    """Train the tokenizer and tokenize the training split into the data cache (data.cache_dir),
+    ahead of `train`: a cluster job, its ranks and later runs of the same data then start from it."""
     from attn_mt.api.commands import cache_survey
 
-    survey = list_ or clean  # else prepare
-    typer.echo("\n".join(cache_survey(config, overrides or [], clean=clean)) if survey else
-               attn_mt.prepare(config, overrides or []).describe())
+    if list_ or clean:
+        return typer.echo("\n".join(cache_survey(config, overrides or [], clean=clean)))
+    typer.echo(attn_mt.prepare(config, overrides or []).describe())
 
 
 @_verb("compare-rnn")
 def compare_rnn(config: ConfigOpt, overrides: SetOpt = None,
-                out: Annotated[Path | None, Option(help="Report directory (runs/compare).")] = None,
-                quick: Annotated[bool, Option(help="Toy corpus, small models.")] = False) -> None:
-    """Train the Transformer and the RNN on the same data and clock; report speed, BLEU, length scaling."""
+                out: _opt(Path | None, help="Report directory (runs/compare).") = None,
+                quick: _opt(bool, help="Toy corpus, small models.") = False) -> None:
+    """Train the Transformer and the RNN on the same data and clock; report speed, BLEU, length
+    scaling."""
     from attn_mt.api.terminal import compare_text
 
     out = out or Path("runs") / ("compare_quick" if quick else "compare")
-    typer.echo(f"{compare_text(attn_mt.compare_rnn(config, overrides or [], out=out, quick=quick))}\n"
-               f"report: {out / 'report.md'}")
+    report = attn_mt.compare_rnn(config, overrides or [], out=out, quick=quick)
+    typer.echo(f"{compare_text(report)}\nreport: {out / 'report.md'}")
 
 
 @_verb()
 def bench(config: ConfigOpt, overrides: SetOpt = None, json_out: JsonOpt = None,
-          checkpoint: Annotated[Path | None, Option(help="Also time greedy and beam-5 translation.")] = None,
-          repeats: Annotated[int, Option(min=1, help="Timed rounds after the warm-up; medians.")] = 5,
-          steps: Annotated[int, Option(min=1, help="Training batches per round.")] = 2,
-          sentences: Annotated[int, Option(min=1, help="Test sentences to translate.")] = 100,
-          compiled: Annotated[bool, Option("--compile", help="Also time ours under torch.compile.")] = False) -> None:
-    """Training tokens/s against torch.nn.Transformer, MFU against the matmul peak, translation speed."""
+          checkpoint: _opt(Path | None, "--checkpoint",
+                           help="Also time greedy and beam-5 translation.") = None,
+          repeats: _limit("Timed rounds after the warm-up; medians.") = 5,
+          steps: _limit("Training batches per round.") = 2,
+          sentences: _limit("Test sentences to translate.") = 100,
+          compiled: _opt(bool, "--compile", help="Also time ours under torch.compile.") = False,
+          ) -> None:
+    """Training tokens/s against torch.nn.Transformer, MFU against the matmul peak, translation
+    speed."""
     from attn_mt.api.terminal import bench_text
 
-    typer.echo(bench_text(attn_mt.bench(config, overrides or [], checkpoint=checkpoint, repeats=repeats, steps=steps,
-                                        compile=compiled, sentences=sentences, json_out=json_out)))
+    report = attn_mt.bench(config, overrides or [], checkpoint=checkpoint, repeats=repeats,
+                           steps=steps, compile=compiled, sentences=sentences, json_out=json_out)
+    typer.echo(bench_text(report))
 
 
 @_verb()
-def heads(checkpoint: CkptOpt = None, src: Annotated[Path | None, Option(help="Source sentences, one a line.")] = None,
-          history: Annotated[Path | None, Option(help="A run: draw how its heads learned (--html, --png).")] = None,
-          ref: Annotated[Path | None, Option(help="Their references, line-aligned with --src.")] = None,
-          contrastive: Annotated[Path | None, Option(help="A contrastive set with word positions (RUN/test.contrastive"
-                                                          ".jsonl): which heads resolve the pronoun.")] = None,
+def heads(checkpoint: CkptOpt = None,
+          src: _opt(Path | None, help="Source sentences, one a line.") = None,
+          history: _opt(Path | None,
+                        help="A run: draw how its heads learned (--html, --png).") = None,
+          ref: _opt(Path | None, help="Their references, line-aligned with --src.") = None,
+          contrastive: _opt(Path | None, help="A contrastive set with word positions "
+                            "(RUN/test.contrastive.jsonl): which heads resolve the pronoun.") = None,
           json_out: JsonOpt = None, device: DeviceOpt = "auto",
-          sentences: Annotated[int, Option(min=1, help="Use the first N lines.")] = 200,
-          png: Annotated[Path | None, Option(help="Draw every head's importance and role in one PNG.")] = None,
-          html: Annotated[Path | None, Option(help="The table and the picture as an HTML page.")] = None,
-          prune: Annotated[int, Option(min=0, help="Remove the N least important heads (with --out).")] = 0,
-          out: Annotated[Path | None, Option(help="Where --prune writes the pruned checkpoint.")] = None) -> None:
-    """Mask each attention head in turn: the BLEU and loss it costs, where its attention goes, and with --contrastive
-    which heads link the pronoun to its antecedent; with --history RUN, no model: how the run's heads learned it."""
+          sentences: _limit("Use the first N lines.") = 200,
+          png: _opt(Path | None,
+                    help="Draw every head's importance and role in one PNG.") = None,
+          html: _opt(Path | None, help="The table and the picture as an HTML page.") = None,
+          prune: Annotated[int, Option(min=0, help="Remove the N least important heads (with "
+                                                   "--out).")] = 0,
+          out: _opt(Path | None, help="Where --prune writes the pruned checkpoint.") = None,
+          ) -> None:
+    """Mask each attention head in turn: the BLEU and loss it costs, where its attention goes, and
+    with --contrastive which heads link the pronoun to its antecedent; with --history RUN, no model:
+    how the run's heads learned it."""
     from attn_mt.api.terminal import check_heads_command, draw_history, heads_table, save_heads_report
 
-    if history is not None:  # the attention the run recorded at each evaluation, drawn: nothing measured
+    if history is not None:  # the attention the run recorded at each evaluation, drawn: no model
         return typer.echo("\n".join(map(str, draw_history(history, html=html, png=png))))
-    check_heads_command(checkpoint, src, ref, contrastive, prune, out, json_out, png, html)  # before any work
-    model = attn_mt.load(checkpoint, device=device)
-    report = model.prune(prune, src, ref, sentences=sentences, out=out).report if prune else \
-        model.heads(src, ref, sentences=sentences, contrastive=contrastive)
+    check_heads_command(checkpoint, src, ref, contrastive, prune, out, json_out, png, html)
+    model = attn_mt.load(checkpoint, device=device)  # after the request is checked: before any work
+    if prune:
+        report = model.prune(prune, src, ref, sentences=sentences, out=out).report
+    else:
+        report = model.heads(src, ref, sentences=sentences, contrastive=contrastive)
     written = save_heads_report(report, json_out, png) + ([report.save_html(html)] if html else [])
     typer.echo("\n".join([heads_table(report), *map(str, written)]))
 
 
 @_verb()
-def score(checkpoint: ModelOpt, src: Annotated[Path | None, Option(help="Source sentences, one a line.")] = None,
-          ref: Annotated[Path | None, Option(help="Translations to score, line-aligned with --src.")] = None,
-          contrastive: Annotated[Path | None, Option(help="A contrastive set: ours (JSONL, e.g. RUN/test.contrastive"
-                                                          ".jsonl) or ContraPro's JSON.")] = None,
-          json_out: JsonOpt = None, batch_size: Annotated[int, Option(min=1, help="Sentences per batch.")] = 64,
+def score(checkpoint: ModelOpt,
+          src: _opt(Path | None, help="Source sentences, one a line.") = None,
+          ref: _opt(Path | None,
+                    help="Translations to score, line-aligned with --src.") = None,
+          contrastive: _opt(Path | None, help="A contrastive set: ours (JSONL, e.g. "
+                            "RUN/test.contrastive.jsonl) or ContraPro's JSON.") = None,
+          json_out: JsonOpt = None,
+          batch_size: _limit("Sentences per batch.") = 64,
           device: DeviceOpt = "auto") -> None:
-    """log P of given translations under a model (forced decoding; one a line, per token in --json), and with
-    --contrastive the accuracy: the reference scored above every variant, by pronoun and antecedent distance."""
-    from attn_mt.api.terminal import check_outputs, check_score_request, format_scores, score_files, write_scores
+    """log P of given translations under a model (forced decoding; one a line, per token in --json),
+    and with --contrastive the accuracy: the reference scored above every variant, by pronoun and
+    antecedent distance."""
+    from attn_mt.api.terminal import (check_outputs, check_score_request, format_scores,
+                                      score_files, write_scores)
 
     check_score_request(src, ref, contrastive)  # before the model loads
     check_outputs([("--json", json_out, (".json",))], [checkpoint, src, ref, contrastive])
-    result = score_files(attn_mt.load(checkpoint, device=device), src, ref, contrastive, batch_size=batch_size)
+    result = score_files(attn_mt.load(checkpoint, device=device), src, ref, contrastive,
+                         batch_size=batch_size)
     typer.echo(format_scores(result))
     if json_out is not None:
         typer.echo(str(write_scores(result, json_out)))
