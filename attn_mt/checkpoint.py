@@ -3,20 +3,23 @@ from what a checkpoint holds (averaging checkpoints is training/averaging.py's).
 
 A checkpoint is a dict of tensors and plain data only (it loads with
 `torch.load(..., weights_only=True)`, so a crafted file cannot run code):
-    format_version, model (state_dict), optimizer, step, epoch, batch_in_epoch,
-    config (nested dict), tokenizer (SentencePiece model bytes), rng, best_bleu, ...
+    format_version, attn_mt_version (the writer's), model (state_dict), optimizer, step, epoch,
+    batch_in_epoch, config (nested dict), tokenizer (SentencePiece model bytes), rng, best_bleu, ...
 Format 2 (this one) names the optimizer's parameters (`param_groups[i]["param_names"]`); format 1 did
 not, and its files still load (translate, evaluate, and resume through training/resume.py).
 """
 
 from __future__ import annotations
 
+import logging
 import pickle
+from dataclasses import fields
 from pathlib import Path
 
 import torch
 
-from attn_mt.config import ConfigError, ExperimentConfig, from_dict, to_dict
+from attn_mt import __version__
+from attn_mt.config import ConfigError, DecodeConfig, ExperimentConfig, from_dict, to_dict
 from attn_mt.config.yamlconf import first_line, show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.errors import ModelError
@@ -26,6 +29,7 @@ from attn_mt.models import Seq2Seq, build_model, empty_model
 FORMAT_VERSION = 2
 READABLE = (1, 2)  # formats this attn-mt loads
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what a model's weights are saved as
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ModelError):
@@ -39,7 +43,8 @@ def save(state: dict, path: Path) -> None:
     """
     path = Path(path)
     try:
-        write_atomic(path, lambda f: torch.save({"format_version": FORMAT_VERSION, **state}, f))
+        write_atomic(path, lambda f: torch.save({"format_version": FORMAT_VERSION,
+                                                     "attn_mt_version": __version__, **state}, f))
     except OSError as e:
         raise CheckpointError(f"{path}: cannot write checkpoint ({e.strerror or e})") from None
     remove_orphans(path)  # temp files of savers of this machine killed while saving
@@ -77,10 +82,7 @@ def model_state(weights: dict, cfg: ExperimentConfig, tok: Tokenizer) -> dict:
 def model_from_state(state: dict, device: torch.device | str = "cpu",
                      ) -> tuple[Seq2Seq, ExperimentConfig, Tokenizer]:
     """Rebuild (model in eval mode, config, tokenizer) from a loaded checkpoint dict."""
-    try:
-        cfg = from_dict(state["config"])
-    except ConfigError as e:
-        raise CheckpointError(f"checkpoint config is not valid for this attn-mt: {e}") from None
+    cfg = config_from_state(state)
     tok = tokenizer_from_state(state.get("tokenizer"))
     banned = [i for i in getattr(cfg.model, "banned_ids", ()) if i >= tok.tgt_vocab_size]
     if banned:
@@ -95,6 +97,26 @@ def model_from_state(state: dict, device: torch.device | str = "cpu",
     model = build_model(cfg.model, **tok.sizes())
     model.load_state_dict(weights)
     return model.to(device).eval(), cfg, tok
+
+
+def config_from_state(state: dict) -> ExperimentConfig:
+    """The checkpoint's config. A decoding key this attn-mt does not know is dropped with a warning
+    (it decodes as without it); any other unknown or invalid key is a CheckpointError naming the key
+    and the version that wrote the checkpoint."""
+    raw, known = state["config"], {f.name for f in fields(DecodeConfig)}
+    writer = state.get("attn_mt_version")
+    writer = (f"attn-mt {writer}" if isinstance(writer, str)
+              else "an attn-mt that did not record its version")
+    decode = raw.get("decode") if isinstance(raw, dict) else None
+    if isinstance(decode, dict) and (unknown := sorted(map(str, decode.keys() - known))):
+        log.warning("checkpoint config: %s unknown to attn-mt %s (written by %s): ignored",
+                    ", ".join(f"decode.{k}" for k in unknown), __version__, writer)
+        raw = {**raw, "decode": {k: v for k, v in decode.items() if k in known}}
+    try:
+        return from_dict(raw)
+    except ConfigError as e:
+        raise CheckpointError(f"checkpoint config is not valid for attn-mt {__version__} "
+                              f"(written by {writer}): {e}") from None
 
 
 def tokenizer_from_state(tok: object) -> Tokenizer:

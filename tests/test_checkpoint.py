@@ -65,6 +65,29 @@ def test_bad_checkpoints_raise_one_line_errors(tmp_path, tiny_run):
         raise AssertionError("old format loaded")
 
 
+def test_a_newer_config_key_is_named_with_the_version_that_wrote_it(tiny_run, tmp_path, caplog):
+    """A model key this version does not know: a one-line error naming the key and both versions. A
+    decode key: a warning naming it, and the checkpoint decodes as this version would without it."""
+    import attn_mt
+
+    state = load(tiny_run / "checkpoint_best.pt")
+    assert state["attn_mt_version"] == attn_mt.__version__
+    state["attn_mt_version"] = "9.0.0"
+    state["config"]["model"]["sparse_heads"] = True
+    torch.save(state, tmp_path / "newer.pt")
+    with pytest.raises(CheckpointError) as e:
+        load_model(tmp_path / "newer.pt")
+    assert "\n" not in str(e.value)
+    assert all(t in str(e.value) for t in ("model.sparse_heads", "attn-mt 9.0.0", attn_mt.__version__))
+    del state["config"]["model"]["sparse_heads"]
+    state["config"]["decode"]["typical_p"] = 0.9
+    torch.save(state, tmp_path / "decode.pt")
+    with caplog.at_level("WARNING"):
+        _, cfg, _ = load_model(tmp_path / "decode.pt")
+    assert cfg.decode == load_model(tiny_run / "checkpoint_best.pt")[1].decode
+    assert "decode.typical_p" in caplog.text and "attn-mt 9.0.0" in caplog.text
+
+
 def test_checkpoints_are_plain_data_and_crafted_ones_are_refused(tiny_run, tmp_path):
     def walk(x):
         if isinstance(x, dict):

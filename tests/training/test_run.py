@@ -40,6 +40,13 @@ def test_overfits_a_few_sentences(tiny_cfg, tmp_path):
     assert last["train_loss"] < 0.1 and first["train_loss"] > 1.0, (first, last)
 
 
+def test_a_run_shorter_than_a_log_window_records_its_loss_and_speed(tiny_cfg, tmp_path):
+    """An evaluation before the first progress report still records a finite train_loss and tokens/s."""
+    train(tiny_cfg("train.max_steps=3", "train.eval_every=3", "train.log_every=1000"), tmp_path)
+    (record,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert 0 < record["train_loss"] < 100 and record["tokens_per_s"] > 0, record
+
+
 @pytest.mark.slow
 def test_max_steps_and_accumulation(tiny_cfg, tmp_path):
     train(tiny_cfg("train.max_steps=7", "train.accum_steps=2"), tmp_path)
