@@ -99,11 +99,12 @@ def counting(e) -> str:
 
 
 def the_query(e) -> str:
-    """The query in words: a source token, or the position that predicts a token and reads the one before."""
+    """The query in words: a source token, or the position that predicts a token, whose input is the one
+    before (the *same* position in roles.py's words)."""
     if e.kind == "encoder_self":
         return f"query {e.query_index}, the source token {e.query_token!r}"
-    return (f"query {e.query_index}, the position that predicts {e.query_token!r} (it reads the token before, "
-            f"{e.query_input!r})")
+    return (f"query {e.query_index}, the position that predicts {e.query_token!r} (its input there is the "
+            f"token before, {e.query_input!r}: a head that looks at it looks at the *same* position)")
 
 
 def walk(e, command: str) -> list[str]:

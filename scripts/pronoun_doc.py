@@ -29,6 +29,8 @@ from attn_mt.rundir import RunDir
 BEGIN, END = "<!-- pronoun section: begin -->", "<!-- pronoun section: end -->"
 BEFORE = "## What each head does"  # the heading of attention_doc's page that the section comes before
 RESOLVES = 0.9  # a head "resolves it" alone from this share of the items
+OTHER_RUNS = ("Which head leads, and by how much, changes from run to run: [history.md]"
+              "(history.md#the-pronoun-task-when-does-it-find-the-animal) sets this run beside two others.")
 
 
 def weight_on(e, word: str) -> float:
@@ -117,7 +119,7 @@ def section(run: RunDir, report, tired, wide, best: dict, compare: dict | None, 
          f"No single head reaches {RESOLVES:.0%}: the best, {top['kind']} {top['layer']}.{top['head']}, prefers the "
          f"antecedent in {top['coref']['resolved']:.1%} of the items (mean weight {top['coref']['antecedent']:.3f} "
          f"on it, {top['coref']['other']:.3f} on the other noun); several heads share the work.")
-        + " " + where_decided(report),
+        + " " + where_decided(report) + " " + OTHER_RUNS,
         "",
         f"### *Tired* against *wide*, in {name}",
         "",

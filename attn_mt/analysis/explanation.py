@@ -5,8 +5,9 @@ The text is what `attn-mt explain` prints, `str(explanation)` gives and the view
 Tested in tests/analysis/test_explain.py and tests/analysis/test_views.py.
 
 Query positions count from 0. An encoder query is the source token at its position. A decoder query (decoder
-self-attention and cross-attention) at position t reads the token before (the decoder input, <s> first) and
-predicts token t of the translation; it is named by the token it predicts, as the attention maps' rows are:
+self-attention and cross-attention) at position t holds the token before (the decoder input, <s> first; a key
+at that position is roles.py's *same*, not *prev*) and predicts token t of the translation; it is named by the
+token it predicts, as the attention maps' rows are:
 `token="es"` and `token=13` pick the same query where token 13 of the translation is "es" (`query_name`).
 """
 
@@ -21,6 +22,8 @@ from pathlib import Path
 
 from attn_mt.data import checks
 from attn_mt.files import write_report
+
+from .names import head_name
 
 NAMES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder self-attention",
          "cross": "cross-attention"}
@@ -90,7 +93,7 @@ class Explanation:
         """The five steps as an HTML page that opens from disk."""
         from .views import save_html
 
-        title = f"attn-mt explain: {self.kind} {self.layer}.{self.head}"
+        title = f"attn-mt explain: {head_name(self.kind, self.layer, self.head)}"
         return save_html(explanation_html(self), checks.path(path), title)
 
 

@@ -38,6 +38,8 @@ import numpy as np
 
 from attn_mt.data import checks
 
+from .names import module_head
+
 # matplotlib's tab10, a colour per role (and the page's); other roles take the rest in turn
 COLOURS = {"prev": "#1f77b4", "same": "#ff7f0e", "next": "#2ca02c", "rare": "#d62728", "eos": "#9467bd",
            "punct": "#8c564b", "conf": "#7f7f7f", "mono": "#17becf"}
@@ -130,6 +132,8 @@ def payload(history: Any) -> dict:
                        "target": checks.clean(str(probe.target)), "maps": maps})
     return {"model_kind": checks.clean(str(history.model_kind)), "steps": [int(s) for s in history.steps],
             "modules": [checks.clean(str(m)) for m in history.modules], "heads": int(history.n_heads),
+            "head_names": [[checks.clean(module_head(str(m), h + 1)) for h in range(history.n_heads)]
+                           for m in history.modules],
             "roles": {checks.clean(str(r)): _curves(v) for r, v in history.roles.items()},
             "colours": colours(checks.clean(str(r)) for r in history.roles),
             "entropy": _curves(history.entropy), "coref": _curves(history.coref),
@@ -146,7 +150,7 @@ def _marks(history: Any) -> list[str]:
     coref, uniform = history.coref_step(COREF_THRESHOLD), history.uniform_step()
     lines = []
     if coref is not None:
-        lines.append(f"{checks.clean(str(history.modules[coref[0]]))} head {coref[1] + 1} first resolves "
+        lines.append(f"{checks.clean(module_head(str(history.modules[coref[0]]), coref[1] + 1))} first resolves "
                      f"{COREF_THRESHOLD:.0%} of the contrastive items at step {coref[2]}")
     elif history.coref is not None:
         lines.append(f"no head resolves {COREF_THRESHOLD:.0%} of the contrastive items")
@@ -163,7 +167,7 @@ def png(history: Any, name: str = "") -> bytes:
     from matplotlib.patches import Patch
 
     steps, n_heads = list(history.steps), history.n_heads
-    rows = [f"{checks.clean(str(m))}, head {h + 1}" for m in history.modules for h in range(n_heads)]
+    rows = [checks.clean(module_head(str(m), h + 1)) for m in history.modules for h in range(n_heads)]
     roles, hue = experts(history), colours(history.roles)
     index, value = dominant(history)  # (E, A, H)
     hues = np.array([to_rgb(hue[r]) for r in roles] + [(1.0, 1.0, 1.0)])  # -1: white

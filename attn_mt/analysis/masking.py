@@ -18,7 +18,7 @@ import torch
 from attn_mt.models.attention import MultiHeadAttention, SelfAttention
 from attn_mt.models.transformer import Transformer
 
-KINDS = ("encoder", "decoder", "cross")  # encoder self-, decoder self- and cross-attention
+from .names import head_name
 
 
 @dataclass(frozen=True, order=True)
@@ -28,7 +28,7 @@ class Head:
     head: int  # from 1
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.layer}.{self.head}"
+        return head_name(self.kind, self.layer, self.head)
 
 
 def attention_modules(model: Transformer) -> dict[str, list[MultiHeadAttention]]:

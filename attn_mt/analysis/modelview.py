@@ -28,6 +28,8 @@ from pathlib import Path
 from attn_mt.data import checks
 from attn_mt.errors import InputError
 
+from .names import head_name
+
 KIND_NAMES = {"encoder_self": "encoder", "decoder_self": "decoder", "cross": "cross"}
 TICKS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the legend's numbers
 HEAD = re.compile(r"(encoder|decoder|cross) ([0-9]{1,9})\.([0-9]{1,9})")  # not a 5000-digit int()
@@ -99,7 +101,7 @@ class ModelView:
                 w = by[kind, layer].weights[h - 1]
                 w = w.detach().float().cpu().numpy() if hasattr(w, "detach") else w
                 image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
-                ax.set_title(f"{kind} {layer}.{h}", fontsize=8)
+                ax.set_title(head_name(kind, layer, h), fontsize=8)
         if image is not None:
             bar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, ticks=list(TICKS))
             bar.ax.tick_params(labelsize=7)

@@ -16,7 +16,7 @@ from pathlib import Path
 from attn_mt.data import checks
 from attn_mt.files import check_report, write_report
 
-from .masking import KINDS
+from .names import KINDS, head_name
 from .roles import ROLES
 
 SHARES = ("prev", "same", "next", "rare", "eos", "punct")  # where a head's weight goes; conf and mono apart
@@ -235,7 +235,7 @@ def _grid_cell(r: dict, worst: float) -> str:
     shade = r["d_bleu"] / worst
     ink = "#fff" if abs(shade) > 0.6 else "#1d2330"
     return (f'<td style="background:{_rdbu(shade)};color:{ink}" data-kind="{kind}" '
-            f'data-layer="{layer}" data-head="{h}" title="{kind} {layer}.{h}: BLEU change {r["d_bleu"]:+.2f} '
+            f'data-layer="{layer}" data-head="{h}" title="{head_name(kind, layer, h)}: BLEU change {r["d_bleu"]:+.2f} '
             f'{html.escape(_interval(r).replace("<b>", "").replace("</b>", ""))}, loss change {r["d_loss"]:+.4f}">'
             f'{"<br>".join(lines)}</td>')
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from attn_mt import checkpoint as ckpt
 from attn_mt.models.transformer import Transformer
 
-from .masking import KINDS, Head
+from .masking import Head
+from .names import KINDS
 
 
 def pruned_state(model: Transformer, state: dict, gone: list[Head], source: str) -> dict:

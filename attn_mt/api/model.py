@@ -328,7 +328,7 @@ class Model:
         """One head's attention for one query token, step by step, recomputed from the weights (an
         `Explanation`: q, k, v, scores, scaled, weights, the head's output, W_o and the check against the
         model's own output); layers and heads count from 1. `token` is the query: its position (from 0) or its
-        text. A decoder or cross query is named by the token it predicts (it reads the token before), as the
+        text. A decoder or cross query is named by the token it predicts (its input is the token before), as the
         attention maps' rows are: `token="Hund"` and `token=k`, where `target_tokens[k]` is "▁Hund", pick the same.
 
         >>> e = model.explain("the old man sees a small dog.", kind="encoder", layer=1, head=2, token="dog")

@@ -303,3 +303,13 @@ def test_bleu_change_intervals_are_paired_over_resampled_sentences():
     near = intervals.sentence_stats([r if i else "a cat sleeps" for i, r in enumerate(refs)], refs)
     lo1, hi1 = intervals.delta_interval(base, near, idx)
     assert lo1 < hi1 <= 0 and lo1 > lo  # one broken sentence: a smaller change; some draws miss it
+
+
+def test_one_spelling_of_a_heads_name_on_every_surface():
+    """heads' reports, explain's and the maps' kinds, and the history's modules (its page, PNG and marks:
+    tests/analysis/test_history_view.py) all name decoder self-attention's layer 1, head 4 "decoder 1.4"."""
+    from attn_mt.analysis.names import head_name, module_head
+
+    assert str(Head("decoder", 1, 4)) == head_name("decoder_self", 1, 4) == module_head("decoder 1 self", 4)
+    assert str(Head("cross", 2, 3)) == head_name("cross", 2, 3) == module_head("decoder 2 cross", 3)
+    assert module_head("decoder 1 self", 4) == "decoder 1.4" and module_head("decoder cross", 1) == "cross 1.1"

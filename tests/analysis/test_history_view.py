@@ -25,6 +25,7 @@ from conftest import LOCAL, chromium, cli, one_line_error
 
 from attn_mt.analysis.history import History, Probe, save_history
 from attn_mt.analysis.history_view import HistoryView, payload
+from attn_mt.analysis.names import module_head
 from attn_mt.analysis.roles import ROLES
 from attn_mt.errors import InputError
 from attn_mt.rundir import RunDir
@@ -95,7 +96,7 @@ def test_the_page_carries_every_map_of_every_step_and_its_slider_covers_them(pag
     assert data["role_steps"][2][0] == {"role": "mono", "step": 80} and data["role_steps"][0][1] is None
     assert data["coref_step"] == {"module": 2, "head": 1, "step": 160} and data["uniform_step"] == 80
     assert data["bleu"] == [None, 1.5, 4.0, 9.5, 12.25] and data["roles"]["prev"][2][0] == [None] * 5  # NaN: null
-    assert "decoder 1 cross head 2 first resolves 80% of the contrastive items at step 160" in page
+    assert "cross 1.2 first resolves 80% of the contrastive items at step 160" in page  # as `heads` names it
     assert "the mean attention entropy leaves uniform at step 80" in page
 
 
@@ -146,6 +147,8 @@ def test_payload_of_a_history_without_contrastive_items(page):
                    h.probes, h.maps)
     data = payload(bare)
     assert data["coref"] is None and data["coref_step"] is None and data["contrastive"] == [None] * 5
+    assert data["head_names"] == [[module_head(m, h + 1) for h in range(2)] for m in h.modules]  # the tooltips'
+    assert data["head_names"][-1] == ["cross 1.1", "cross 1.2"], data["modules"]  # as `heads` names them
 
 
 def test_heads_history_draws_a_recorded_run_and_refuses_one_without(tmp_path):

@@ -30,7 +30,8 @@ def test_the_doc_walks_through_explain_and_heads(tiny_run, tmp_path):
     assert f"by at most {cross['max_abs_diff']:.1e}" in text and cross["max_abs_diff"] < 1e-4
     assert text.index("softmax(q K^T / sqrt(d_k)) V") < text.index("## One head") < text.index("## What each head")
     i, token, read = cross["query_index"], cross["query_token"], cross["query_input"]  # named by what it predicts
-    assert f"query {i}, the position that predicts {token!r} (it reads the token before, {read!r})" in text
+    assert (f"query {i}, the position that predicts {token!r} (its input there is the token before, {read!r}: "
+            "a head that looks at it looks at the *same* position)") in text
     assert f"query {i} predicts {token!r} (it reads {read!r})" in " ".join(text.split())  # explain's own title
     top = max((k for k in cross["keys"] if not k["masked"]), key=lambda k: k["weight"])
     assert f"{top['token']!r} gets {top['weight']:.3f}" in text

@@ -204,7 +204,7 @@ const attnMtViews = (() => {
       const Q = map.queries.length, K = map.keys.length;
       if (q < 0 || k < 0 || q >= Q || k >= K) return;
       const w = bytes(probe)[m][((step * H + h) * Q + q) * K + k] / 255;
-      tip.textContent = `${data.modules[m]} head ${h + 1}, step ${steps[step]}: ${map.queries[q]} → ${map.keys[k]}: ` +
+      tip.textContent = `${data.head_names[m][h]}, step ${steps[step]}: ${map.queries[q]} → ${map.keys[k]}: ` +
                         `${w.toFixed(2)}`;
     }
 
