@@ -306,6 +306,8 @@ def validation_round(run: Training, reason: str | None = None) -> str | None:
     """Every rank calls it; rank 0 validates, logs and saves. Returns `reason`, or early stopping's."""
     run.trainer.read()
     st = run.state
+    if not run.tokens_per_s:  # no progress report yet: the run's rate so far, before validating
+        run.tokens_per_s = st.tokens / max(run.elapsed(), 1e-9)
     rngs = run.world.gather(rng_state(run.trainer.device))
     if run.world.main:
         reason = validate_and_save(run, rngs, reason)
@@ -348,15 +350,14 @@ def write_metrics(run: Training, metrics: dict[str, float]) -> dict:
     """The one writer of an evaluation's `metrics` (validation.SHOWN says how each shows): its metrics.jsonl
     record (returned), its log line and its TensorBoard scalars (valid/<name>)."""
     st, shown = run.state, {name: SHOWN[name] for name in metrics}
-    loss, speed = st.train_loss, run.tokens_per_s  # the last report's; before one, the window's/run's
+    loss = st.train_loss  # the last progress report's; before one, this window's
     if math.isnan(loss) and st.window_tokens:
         loss = st.window_loss / st.window_tokens
-    speed = speed or st.tokens / max(run.elapsed(), 1e-9)
     record = {"step": st.step, "epoch": st.epoch, "train_loss": round(loss, 4),
               **{name: value if digits is None else round(value, digits)
                  for (name, value), (_, _, digits) in zip(metrics.items(), shown.values(), strict=True)},
               "lr": run.trainer.opt.param_groups[0]["lr"], "skipped_steps": st.skipped_steps,
-              "tokens_per_s": round(speed, 1), "elapsed_s": round(run.elapsed(), 1)}
+              "tokens_per_s": round(run.tokens_per_s, 1), "elapsed_s": round(run.elapsed(), 1)}
     run.files.append_metrics(record)
     write(f"step {st.step} epoch {st.epoch}: " + ", ".join(f"{label} {metrics[name]:{form}}"
                                                            for name, (label, form, _) in shown.items()))
