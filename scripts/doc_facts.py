@@ -56,8 +56,9 @@ def pattern(quote: str) -> tuple[re.Pattern, str]:
 
 
 def recorded(fact: dict, root: Path = ROOT):
-    """The fact's value: its literal, or the number at `key` of its JSON file; of a list there, item
-    `at`, or `ratio: [i, j]` (item i over item j); with `over` (a second key), the one over the other."""
+    """The fact's value: its literal, or the number at `key` of its JSON file; of a list there,
+    item `at`, or `ratio: [i, j]` (item i over item j); with `over` (a second key), the one over
+    the other."""
     if "value" in fact:
         return fact["value"]
     data = json.loads((root / fact["file"]).read_text(encoding="utf-8"))
@@ -81,7 +82,8 @@ def problems(facts: dict, texts: dict[str, str], root: Path = ROOT) -> list[str]
         for doc, quotes in fact["quotes"].items():
             for quote in quotes:
                 regex, spec = pattern(quote)
-                want = value if isinstance(value, str) else format(value, spec or fact.get("format", ""))
+                spec = spec or fact.get("format", "")
+                want = value if isinstance(value, str) else format(value, spec)
                 if doc not in texts or not regex.search(texts[doc]):
                     found.append(f"{doc} no longer quotes {name} as {quote!r}")
                 found += [f"{where} quotes {m.group(1)} for {name} ({quote!r}); recorded: {want}"

@@ -15,15 +15,15 @@ import doc_facts  # noqa: E402
 
 
 def test_the_docs_quote_the_recorded_figures():
-    assert doc_facts.main([]) == 0, "a doc disagrees with docs/facts.json: python scripts/doc_facts.py"
+    assert doc_facts.main([]) == 0, "a doc disagrees with docs/facts.json: scripts/doc_facts.py"
 
 
 def test_every_fact_names_its_run_and_the_issues_contradictions_are_registered():
     facts = doc_facts.load()
     assert all(f["measured"] and f["quotes"] for f in facts.values())
     quoted = {doc for f in facts.values() for doc in f["quotes"]}
-    assert {"README.md", "docs/attention.md", "docs/history.md", "docs/tutorial.ipynb", "docs/decoding.md",
-            "docs/compare-rnn.md"} <= quoted
+    assert {"README.md", "docs/attention.md", "docs/history.md", "docs/tutorial.ipynb",
+            "docs/decoding.md", "docs/compare-rnn.md"} <= quoted
     best = [f for name, f in facts.items() if name.startswith("pronoun run of")]
     assert len(best) == 3  # attention.md's, history.md's and the tutorial's run, named apart
 
@@ -40,20 +40,24 @@ def test_another_figure_for_a_measurement_fails_in_any_doc(tmp_path):
     readme = root / "README.md"
     readme.write_text(readme.read_text().replace("test BLEU 98.02, chrF", "test BLEU 98.12, chrF"))
     found = doc_facts.problems(facts, doc_facts.docs(root), root)
-    assert any(line.startswith("README.md quotes 98.12 for toy demo, test BLEU, AMD EPYC") for line in found)
+    wrong = "README.md quotes 98.12 for toy demo, test BLEU, AMD EPYC"
+    assert any(line.startswith(wrong) for line in found), found
     readme.write_text(readme.read_text().replace("98.12", "98.02"))
-    (root / "docs/new.md").write_text("The pronoun run of attention.md: the best, decoder 2.2, prefers the\n"
-                                      "antecedent in 82.0% of the items.\n")  # a new page, another figure
+    (root / "docs/new.md").write_text(  # a new page, another figure in the same words
+        "The pronoun run of attention.md: the best, decoder 2.2, prefers the\n"
+        "antecedent in 82.0% of the items.\n")
     found = doc_facts.problems(facts, doc_facts.docs(root), root)
-    assert found == ["docs/new.md quotes 82.0 for pronoun run of attention.md, best head's share ('the best, "
-                     "decoder 2.2, prefers the antecedent in {:.1f}% of the items'); recorded: 71.8"], found
+    assert found == ["docs/new.md quotes 82.0 for pronoun run of attention.md, best head's share "
+                     "('the best, decoder 2.2, prefers the antecedent in {:.1f}% of the items'); "
+                     "recorded: 71.8"], found
 
 
 def test_a_quote_gone_from_its_doc_or_a_changed_measurement_fails(tmp_path):
     root = copy(tmp_path)
     facts = doc_facts.load(root)
     history = root / "docs/history.md"
-    history.write_text(history.read_text().replace("Test2016\nBLEU 39.80", "Test2016\nBLEU about 40"))
+    text = history.read_text()
+    history.write_text(text.replace("Test2016\nBLEU 39.80", "Test2016\nBLEU about 40"))
     bench = json.loads((root / "docs/bench_decode.json").read_text())
     bench["speedup_cache_beam5"] = 9.0
     (root / "docs/bench_decode.json").write_text(json.dumps(bench))
