@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 import pickle
 from dataclasses import fields
+from importlib import metadata
 from pathlib import Path
 
 import torch
 
-from attn_mt import __version__
 from attn_mt.config import ConfigError, DecodeConfig, ExperimentConfig, from_dict, to_dict
 from attn_mt.config.yamlconf import first_line, show
 from attn_mt.data.tokenizer import Tokenizer
@@ -30,6 +30,10 @@ FORMAT_VERSION = 2
 READABLE = (1, 2)  # formats this attn-mt loads
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what a model's weights are saved as
 log = logging.getLogger(__name__)
+try:  # attn_mt.__version__, from the install (this module may not import the package)
+    VERSION = metadata.version("attn-mt")
+except metadata.PackageNotFoundError:  # a checkout run without an install
+    VERSION = "(not installed)"
 
 
 class CheckpointError(ModelError):
@@ -44,7 +48,7 @@ def save(state: dict, path: Path) -> None:
     path = Path(path)
     try:
         write_atomic(path, lambda f: torch.save({"format_version": FORMAT_VERSION,
-                                                     "attn_mt_version": __version__, **state}, f))
+                                                     "attn_mt_version": VERSION, **state}, f))
     except OSError as e:
         raise CheckpointError(f"{path}: cannot write checkpoint ({e.strerror or e})") from None
     remove_orphans(path)  # temp files of savers of this machine killed while saving
@@ -110,12 +114,12 @@ def config_from_state(state: dict) -> ExperimentConfig:
     decode = raw.get("decode") if isinstance(raw, dict) else None
     if isinstance(decode, dict) and (unknown := sorted(map(str, decode.keys() - known))):
         log.warning("checkpoint config: %s unknown to attn-mt %s (written by %s): ignored",
-                    ", ".join(f"decode.{k}" for k in unknown), __version__, writer)
+                    ", ".join(f"decode.{k}" for k in unknown), VERSION, writer)
         raw = {**raw, "decode": {k: v for k, v in decode.items() if k in known}}
     try:
         return from_dict(raw)
     except ConfigError as e:
-        raise CheckpointError(f"checkpoint config is not valid for attn-mt {__version__} "
+        raise CheckpointError(f"checkpoint config is not valid for attn-mt {VERSION} "
                               f"(written by {writer}): {e}") from None
 
 
