@@ -8,7 +8,7 @@ dotted `key`, as docs/readme_results.json's rows read theirs). Its `quotes` are 
 (or `{:.1f}`, a format) where the figure stands; a space in one matches any whitespace, so a quote
 may wrap. Every quote must be found in the doc it names, and wherever one is found, in any doc, the
 figure there must be the recorded one: a doc that quotes another figure for the same measurement
-fails the check.
+fails the check. The results tables' rows read a fact by its name (scripts/results_table.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ shorter, in README.md.
     python scripts/results_table.py --check    # exit 1 when either table is not what the data gives
 
 A row's numbers come from a JSON file (`file` + dotted `key`, optionally `scale`, or `ratio: [i, j]` of
-two list items) or are quoted from the doc the row links to (`quote` + `doc`: the text must be there).
+two list items), from docs/facts.json (`fact`: its name; scripts/doc_facts.py checks every doc quoting it)
+or are quoted from the doc the row links to (`quote` + `doc`: the text must be there).
 Every row names its machine and the commit it was measured at, and the later changes it predates.
 """
 
@@ -37,7 +38,13 @@ def lookup(data, key: str):
 
 
 def value(spec: dict, root: Path = ROOT) -> str:
-    """One number of a row, formatted, from its JSON file or quoted from its doc."""
+    """One number of a row, formatted, from its JSON file, its registered fact or quoted from its doc."""
+    if "fact" in spec:
+        import doc_facts  # imports this module
+
+        fact = doc_facts.load(root)[spec["fact"]]
+        x = doc_facts.recorded(fact, root)
+        return x if isinstance(x, str) else format(x, spec.get("format", fact.get("format", "")))
     if "quote" in spec:
         if spec["quote"] not in (root / spec["doc"]).read_text(encoding="utf-8"):
             raise StaleError(f"{spec['doc']} no longer says {spec['quote']!r}")

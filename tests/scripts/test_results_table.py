@@ -56,6 +56,17 @@ def test_a_changed_measurement_changes_the_table(tmp_path):
     assert "1.50x in fp32" in after and "1.50x in fp32" not in before
 
 
+def test_a_row_reads_its_registered_fact(tmp_path):
+    """A row's `fact` is docs/facts.json's figure: changed there, it changes in the table."""
+    root = copy_docs(tmp_path)
+    table = json.loads((root / "docs/readme_results.json").read_text())
+    facts = json.loads((root / "docs/facts.json").read_text())
+    assert "test2016 BLEU **37.00**" in results_table.render(table, root)
+    facts["facts"]["ten minutes on one fp32 thread, test2016 BLEU"]["value"] = "37.50"
+    (root / "docs/facts.json").write_text(json.dumps(facts))
+    assert "test2016 BLEU **37.50**" in results_table.render(table, root)
+
+
 def test_a_quote_missing_from_its_doc_is_an_error(tmp_path):
     root = copy_docs(tmp_path)
     results = root / "docs/results.md"
