@@ -69,10 +69,12 @@ def write_atomic(path: Path, data: bytes | str | Callable[[BinaryIO], None]) -> 
             tmp.unlink(missing_ok=True)
 
 
-def remove_orphans(path: Path) -> None:
+def remove_orphans(path: Path, every: bool = False) -> None:
     """Remove the temporary files `write_atomic` left beside `path` in processes of this machine that were
-    killed while writing (their pid, which the name holds, no longer runs)."""
-    for tmp in Path(path).parent.glob(f".{Path(path).name}.{HOST}.*.tmp"):
+    killed while writing (their pid, which the name holds, no longer runs); with `every`, those of every file
+    in the folder `path`."""
+    folder, name = (Path(path), "*") if every else (Path(path).parent, Path(path).name)
+    for tmp in folder.glob(f".{name}.{HOST}.*.tmp"):
         if _writer_gone(tmp):
             tmp.unlink(missing_ok=True)
 

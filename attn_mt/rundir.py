@@ -16,7 +16,9 @@ names; disk checks before training. Checkpoints themselves are written atomicall
 A run directory is always in one of three states (`RunDir.state`), whenever the run is killed:
     empty      no checkpoint_last.pt and no results.json: a run starts here; what else a run killed before its first
                checkpoint_last.pt left (metrics.jsonl, checkpoint_best.pt, a snapshot, size.json,
-               attention_history.npz) is removed then
+               attention_history.npz) is removed then, where that run's marks show it was one (tokenizer.json,
+               written before any of them, or config.yaml): a folder of a user's checkpoint_avg.pt or copied
+               attention_history.npz without them holds another's files, refused as an earlier run
     resumable  checkpoint_last.pt and no results.json: `resume` goes on from it; what was written after it (metrics
                records, snapshots, results.json of a smaller budget) is dropped and written again (`rewind`)
     finished   results.json, written last of all (after the test texts and checkpoint_avg.pt): `resume` does nothing
@@ -44,7 +46,7 @@ from attn_mt import checkpoint
 from attn_mt.config import ExperimentConfig, save_config
 from attn_mt.data.cache import Entry
 from attn_mt.errors import TrainError
-from attn_mt.files import OutputError, write_atomic
+from attn_mt.files import OutputError, remove_orphans, write_atomic
 
 # what a run writes once it trains: an earlier run's files that a fresh run must not overwrite
 RUN_FILES = ("checkpoint_*.pt", "metrics.jsonl", "results.json", "test_hyps.txt", "size.json",
@@ -71,14 +73,21 @@ class RunDir:
 
     def earlier_run(self) -> list[Path]:
         """The files of an earlier run in this directory; none when it is empty (a new or only-prepared one, or one
-        killed before its first checkpoint_last.pt: nothing to resume or lose)."""
+        of ours killed before its first checkpoint_last.pt: nothing to resume or lose). Run files without our
+        marks (`marked`) are someone's: they count as an earlier run's."""
         found = sorted(f for pattern in RUN_FILES for f in self.path.glob(pattern))
-        return found if self.state() != "empty" else []
+        return found if self.state() != "empty" or not self.marked() else []
+
+    def marked(self) -> bool:
+        """Whether a run of ours started here: it writes tokenizer.json, then config.yaml, before any run file."""
+        return self.record.exists() or self.config.exists()
 
     def claim(self, resume: bool, overwrite: bool) -> None:
         """Before anything is written: a fresh run into an earlier run's directory is refused,
         unless `overwrite` asks to delete that run's files (the tokenizer files stay: they are
-        reused only if the data and settings match); `resume` of an empty one is refused."""
+        reused only if the data and settings match); `resume` of an empty one is refused. The temporary files
+        of writes killed in this folder go."""
+        remove_orphans(self.path, every=True)
         old = self.earlier_run()
         if resume and self.state() == "empty":
             raise TrainError(f"{self.last}: checkpoint not found: nothing to resume (no run here, or one stopped "
@@ -242,8 +251,12 @@ class RunDir:
         _write_atomic(self.contrastive(split), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
     def snapshots(self) -> list[Path]:
-        """The kept evaluation checkpoints, oldest first."""
-        return sorted(self.path.glob("checkpoint_step*.pt"))
+        """The kept evaluation checkpoints, oldest first: by the step in the name (a name of 8 digits or more
+        sorts before a smaller step's of 7); a name without a step first."""
+        def step(path: Path) -> tuple[int, str]:
+            number = path.stem.removeprefix("checkpoint_step")
+            return (int(number) if number.isdigit() else -1), path.name
+        return sorted(self.path.glob("checkpoint_step*.pt"), key=step)
 
     def keep_weights(self, state: dict) -> None:
         """Save this evaluation's weights as checkpoint_step{step}.pt (before checkpoint_last.pt: `trim_snapshots`
@@ -266,6 +279,7 @@ class RunDir:
 
 def _write_atomic(path: Path, text: str | bytes | Callable[[BinaryIO], None]) -> None:
     try:
+        remove_orphans(path)  # as checkpoint.save: the temporary files of writers killed while writing it
         write_atomic(path, text)  # O_EXCL temp file: no planted link followed
     except OSError as e:
         raise TrainError(f"{path}: cannot write ({e.strerror or e})") from None

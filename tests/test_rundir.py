@@ -226,3 +226,62 @@ def test_rewind_drops_what_was_written_after_the_checkpoint(tmp_path, tiny_run):
     files.results.write_text("{}")
     files.rewind(6, 0, keep=0, finished=True)  # finished: nothing goes; keep_last 0 deletes no snapshot
     assert len(files.snapshots()) == 2 and files.state() == "finished"
+
+
+def test_a_users_checkpoints_and_history_are_not_a_killed_run_to_clear(tmp_path):
+    """A folder holding a user's checkpoint_avg.pt (from `average`), a saved checkpoint_*.pt or a copied
+    attention_history.npz, without the marks a run of ours writes first (tokenizer.json, config.yaml): a fresh
+    run refuses it as an earlier run's and leaves every file as it was; `overwrite` removes them as asked."""
+    files = RunDir(tmp_path)
+    names = ("checkpoint_avg.pt", "checkpoint_mine.pt", "attention_history.npz")
+    for name in names:
+        (tmp_path / name).write_bytes(name.encode())
+    assert files.state() == "empty" and not files.marked()
+    with pytest.raises(TrainError, match="holds an earlier run .3 files"):
+        files.claim(resume=False, overwrite=False)
+    assert {n: (tmp_path / n).read_bytes() for n in names} == {n: n.encode() for n in names}
+    files.record.write_text("{}")  # the same files beside our mark: a run of ours killed before its checkpoint
+    files.claim(resume=False, overwrite=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.json"]
+    (tmp_path / "checkpoint_avg.pt").write_bytes(b"x")
+    files.record.unlink()
+    files.claim(resume=False, overwrite=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def gone_pid() -> int:
+    """The pid of a process that has ended."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_temporary_files_of_killed_writes_go_when_a_run_starts_and_at_each_write(tmp_path):
+    """A kill inside the history's, results', test texts' or metrics' atomic write leaves `.NAME.HOST.*.PID.tmp`
+    (a full-size copy); as checkpoint.save does for its own, a run start (fresh, resumed, overwriting) removes
+    every one whose writer is gone, and each write those of its file. A live writer's stays."""
+    from attn_mt.files import HOST
+
+    files, dead = RunDir(tmp_path), gone_pid()
+    names = ("attention_history.npz", "results.json", "test_hyps.txt", "test.en", "metrics.jsonl")
+    orphans = [tmp_path / f".{n}.{HOST}.0badf00d.{dead}.tmp" for n in names]
+    live = tmp_path / f".results.json.{HOST}.0badf00d.{os.getpid()}.tmp"
+    for p in [*orphans, live]:
+        p.write_bytes(b"partial")
+    files.claim(resume=False, overwrite=False)
+    assert sorted(tmp_path.iterdir()) == [live]
+    orphans[1].write_bytes(b"partial")
+    files.write_results({"test_bleu": 1.0}, ["a"])
+    assert not orphans[1].exists() and live.exists() and files.read_results() == {"test_bleu": 1.0}
+
+
+def test_snapshots_sort_by_step_past_seven_digits(tmp_path):
+    """From step 10,000,000 (max_steps allows 1e12) a snapshot's name has 8 digits: sorted by name it came
+    before step 9,999,990's, so trimming deleted the newest and the average took the wrong ones."""
+    files = RunDir(tmp_path)
+    steps = (9_999_980, 9_999_990, 10_000_000, 10_000_010)
+    for step in steps:
+        (tmp_path / f"checkpoint_step{step:07d}.pt").write_bytes(b"x")
+    assert [p.name for p in files.snapshots()] == [f"checkpoint_step{s:07d}.pt" for s in steps]
+    files.trim_snapshots(10_000_000, 2)  # resuming from step 10,000,000: the newer one goes, and the oldest two
+    assert [p.name for p in files.snapshots()] == ["checkpoint_step9999990.pt", "checkpoint_step10000000.pt"]

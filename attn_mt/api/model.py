@@ -56,6 +56,18 @@ def _refuse_others(method: str, options: Mapping[str, object], allowed: frozense
             raise TypeError(f"Model.{method}() got an unexpected keyword argument {arg!r}")
 
 
+def _spellings(names: object) -> dict[str, str]:
+    """`Model.options`' `names` checked (InputError): DecodeConfig fields to non-empty strings; with the API's
+    names (ARGS) for the fields it leaves out."""
+    if not isinstance(names, Mapping):
+        raise InputError(f"must map decode settings to their names, not a {type(names).__name__}", "names")
+    odd = next((k for k, v in names.items() if k not in ARGS or not isinstance(v, str) or not v), None)
+    if odd is not None:
+        raise InputError(f"{checks.shown(odd)}: {'not a decode setting' if odd not in ARGS else 'not a name'} "
+                         f"(settings: {', '.join(ARGS)}; each to a non-empty string)", "names")
+    return {**ARGS, **names}
+
+
 def load(path: str | os.PathLike, *, device: str = "auto", threads: int | None = None,
          dtype: str | None = None) -> Model:
     """Open a model for translation and analysis: a checkpoint file written by `attn-mt train` (or averaged,
@@ -114,10 +126,11 @@ class Model:
         """The model's decode defaults with the given settings (`Decoding`'s keywords: beam, alpha, nbest,
         batch_size, max_len_a, max_len_b; None: the default), each checked against its row of DECODE_OPTIONS;
         an error names a setting as `names` spells it ({"beam_size": "beam", ...}; the command line passes its
-        own spelling)."""
+        own spelling; a setting it leaves out keeps the API's name)."""
         _refuse_others("options", options, Decoding.__optional_keys__)
         given: Mapping[str, Any] = options
-        return decode_options(self.decode, names, **{o.key: given[o.arg] for o in DECODE_OPTIONS if o.arg in given})
+        return decode_options(self.decode, _spellings(names),
+                              **{o.key: given[o.arg] for o in DECODE_OPTIONS if o.arg in given})
 
     @overload
     def translate(self, texts: str, *, target_prefix: Prefix = ..., temperature: float | None = ...,  # type: ignore[overload-overlap]

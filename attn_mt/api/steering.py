@@ -36,6 +36,7 @@ from attn_mt.errors import InputError, ModelError
 from .sharing import Shared
 
 DTYPES = ("float32", "bfloat16", "float16")
+MAX_TEMPERATURE = 1e6  # above it every token is as likely already; a float32 inf made softmax NaN
 
 
 def dtype_name(module: torch.nn.Module) -> str:
@@ -72,8 +73,9 @@ class Steer:
         """The call's arguments checked (InputError naming one); ModelError for an export."""
         if temperature is not None:
             checks.number(temperature, "temperature")
-            if temperature <= 0:
-                raise InputError(f"must be > 0, not {temperature!r} (leave it out to search)", "temperature")
+            if not 0 < temperature <= MAX_TEMPERATURE:
+                raise InputError(f"must be > 0 and at most {MAX_TEMPERATURE:g}, not {temperature!r} (0: leave it "
+                                 "out to search)", "temperature")
         if seed is not None:
             seed = checks.seed(seed, "seed")
             if temperature is None:
@@ -87,6 +89,7 @@ class Steer:
                                  "target_prefix")
             limit = translator.model.max_positions - 2 if translator.model is not None else 0
             prefixes = [ids[:limit] for ids in translator.tok.encode_tgt([p.strip() for p in given])]
+            _refuse_banned(translator, given, prefixes)
         if temperature is not None and seed is None:
             seed = secrets.randbits(64)  # fresh entropy, not torch.seed(): that reseeds the global RNG
         steer = cls(prefixes, None if temperature is None else float(temperature), seed,
@@ -106,6 +109,18 @@ class Steer:
         if self.seeds is not None and self.temperature is not None:
             out.append(Sample(self.temperature, [self.seeds[r] for r in indices], device))
         return out
+
+
+def _refuse_banned(translator: Translator, given: list[str], prefixes: list[list[int]]) -> None:
+    """InputError naming the first prefix piece the model never generates (model.banned_ids: a MarianMT
+    model's pad): no search could go on from it."""
+    banned = set(getattr(translator.model, "banned", None) or ())
+    for text, ids in zip(given, prefixes, strict=True):
+        found = next((i for i in ids if i in banned), None)
+        if found is not None:
+            piece = translator.tok.tgt_pieces([found])[0]
+            raise InputError(f"{checks.shown(text)}: its piece {checks.shown(piece)} (id {found}) is one this model "
+                             "never generates (its model.banned_ids)", "target_prefix")
 
 
 def draw_seeds(seed: int, items: list[str]) -> tuple[int, ...]:

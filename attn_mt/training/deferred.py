@@ -202,7 +202,7 @@ class DeviceChecks:
         st.skipped_steps += skipped
         st.window_loss, st.window_tokens = got["window_loss"], int(got["window_tokens"])
         st.bad_steps = int(got["bad"])
-        self.grad_norm = got["grad_norm"] if self.cfg.clip_norm and not self.scaled else None
+        self.grad_norm = got["grad_norm"] if not self.scaled else None
         self.guard.uncount(skipped)
         if self.ema is not None:
             self.ema.updates = st.step  # it counted the attempts

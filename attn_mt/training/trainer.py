@@ -131,7 +131,7 @@ class TrainStep:
 
     @property
     def grad_norm(self) -> float | None:
-        """The gradient norm before clipping, of the last step read (when train.clip_norm is set, not fp16)."""
+        """The gradient norm before clipping, of the last step read (not with fp16)."""
         return self.checks.grad_norm
 
     def unwrap(self) -> None:
@@ -173,9 +173,11 @@ class TrainStep:
         for g in self.opt.param_groups:
             g["lr"] = lr
         self.scaler.unscale_(self.opt)
-        norm = None  # checked when clipped, and not with fp16: there the scaler skips inf gradients itself
+        norm = None  # checked, clipped or not, but not with fp16: there the scaler skips inf gradients itself
         if self.cfg.clip_norm:
             norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip_norm)
+        elif not self.scaler.is_enabled():
+            norm = nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
         if self.checks.before(self.opt, loss, None if self.scaler.is_enabled() else norm):
             self.scaler.step(self.opt)
             if self.ema is not None:

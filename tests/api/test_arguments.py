@@ -48,6 +48,13 @@ def test_any_iterable_of_strings_translates_and_scores_like_a_list(model):
     (lambda m: m.translate("a", temperature=1.0, seed=-1), "seed"),
     (lambda m: m.translate("a", temperature=1.0, seed=True), "seed"),
     (lambda m: m.translate(TEXTS, target_prefix=["ein"]), "target_prefix"),
+    (lambda m: m.translate("a", temperature=1e300, target_prefix="ein"), "temperature"),  # was NaN in softmax
+    (lambda m: m.translate("a", temperature=float("inf")), "temperature"),
+    (lambda m: m.options(beam=0, names={}), "beam"),  # was KeyError: a setting names leaves out keeps its name
+    (lambda m: m.options(beam=2, names=5), "names"),  # was TypeError
+    (lambda m: m.options(beam=2, names=None), "names"),
+    (lambda m: m.options(names={"beam_size": 3}), "names"),
+    (lambda m: m.options(names={"beams": "--beam"}), "names"),
     (lambda m: m.translate("a", return_attention="yes"), "return_attention"),  # was taken as True
     (lambda m: m.translate("a", return_attention=1), "return_attention"),
     (lambda m: m.translate_nbest("a", nbest="2"), "nbest"),

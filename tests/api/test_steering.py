@@ -124,3 +124,28 @@ def test_dtype_and_to_cast_and_move_in_place(tiny_run):
     with pytest.raises(attn_mt.AttnMTError) as e:
         full.to("cuda:99")
     assert e.value.field == "device"
+
+
+def test_a_prefix_with_a_piece_the_model_never_generates_is_refused_in_one_line(tiny_run, tmp_path):
+    """A checkpoint with model.banned_ids (every MarianMT folder bans its pad): a prefix holding a banned piece
+    made beam search raise IndexError, n-best return [], sampling raise on NaN and greedy emit pad."""
+    from attn_mt import checkpoint
+
+    state = checkpoint.load(tiny_run / "checkpoint_best.pt")
+    plain = attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu")
+    banned = _ids(plain, "Hund")[-1]
+    state["config"]["model"]["banned_ids"] = [banned]
+    checkpoint.save(state, tmp_path / "banned.pt")
+    model = attn_mt.load(tmp_path / "banned.pt", device="cpu")
+    calls = [lambda: model.translate(TEXTS[0], target_prefix="ein Hund"),
+             lambda: model.translate(TEXTS[0], beam=3, target_prefix="ein Hund"),
+             lambda: model.translate_nbest(TEXTS[:2], beam=3, nbest=2, target_prefix=["ein", "ein Hund"]),
+             lambda: model.translate(TEXTS[0], temperature=1.0, seed=1, target_prefix="ein Hund"),
+             lambda: list(model.stream(TEXTS[0], target_prefix="ein Hund"))]
+    for call in calls:
+        with pytest.raises(attn_mt.InputError, match="never generates") as e:
+            call()
+        assert e.value.field == "target_prefix" and f"(id {banned})" in str(e.value) and "\n" not in str(e.value)
+    for beam in (1, 3):  # a prefix without it decodes, never choosing the banned piece after it
+        out = model.translate(TEXTS[0], beam=beam, target_prefix="ein")
+        assert out.startswith("ein") and banned not in _ids(model, out)

@@ -7,9 +7,10 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 from conftest import TINY
 
-from attn_mt.config import load_config
+from attn_mt.config import TrainConfig, load_config
 from attn_mt.data.batching import token_batches
 from attn_mt.data.corpus import load_corpus
 from attn_mt.models import build_model
@@ -110,3 +111,18 @@ def test_batches_built_ahead_in_a_thread_train_exactly_as_in_place(corpus, overr
     assert losses[0] == losses[1] and len(losses[0]) > 4
     for a, b in zip(plain.model.parameters(), ahead.model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("skip_check", ["host", "device"])
+def test_without_clipping_a_non_finite_gradient_skips_the_step_too(skip_check):
+    """train.clip_norm: 0 used to leave the gradient norm unread: a finite loss with an infinite gradient was
+    applied and every weight became NaN. The norm is checked, clipped or not, with either skip check."""
+    layer = nn.Linear(2, 2)
+    step = TrainStep(layer, TrainConfig(clip_norm=0.0, skip_check=skip_check), CPU, "fp32")
+    before = [p.detach().clone() for p in layer.parameters()]
+    layer.weight.grad, layer.bias.grad = torch.full((2, 2), float("inf")), torch.zeros(2)
+    step.update(torch.tensor(1.0), lr=1e-3)
+    assert all(torch.equal(a, b) for a, b in zip(before, layer.parameters(), strict=True))
+    layer.weight.grad, layer.bias.grad = torch.ones(2, 2), torch.ones(2)
+    step.update(torch.tensor(1.0), lr=1e-3)
+    assert torch.isfinite(layer.weight).all() and not torch.equal(before[0], layer.weight)
