@@ -86,6 +86,15 @@ def model_state(weights: dict, cfg: ExperimentConfig, tok: Tokenizer) -> dict:
 def model_from_state(state: dict, device: torch.device | str = "cpu",
                      ) -> tuple[Seq2Seq, ExperimentConfig, Tokenizer]:
     """Rebuild (model in eval mode, config, tokenizer) from a loaded checkpoint dict."""
+    cfg, tok, weights = checked_state(state)
+    model = build_model(cfg.model, **tok.sizes())
+    model.load_state_dict(weights)
+    return model.to(device).eval(), cfg, tok
+
+
+def checked_state(state: dict) -> tuple[ExperimentConfig, Tokenizer, dict]:
+    """(config, tokenizer, weights) of a loaded checkpoint dict, each checked as `model_from_state` needs them
+    (CheckpointError saying what is wrong), without building the model."""
     cfg = config_from_state(state)
     tok = tokenizer_from_state(state.get("tokenizer"))
     banned = [i for i in getattr(cfg.model, "banned_ids", ()) if i >= tok.tgt_vocab_size]
@@ -98,9 +107,7 @@ def model_from_state(state: dict, device: torch.device | str = "cpu",
     broken = next((k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
     if broken:
         raise CheckpointError(f"checkpoint weights are not finite ({broken} holds NaN or inf)")
-    model = build_model(cfg.model, **tok.sizes())
-    model.load_state_dict(weights)
-    return model.to(device).eval(), cfg, tok
+    return cfg, tok, weights
 
 
 def config_from_state(state: dict) -> ExperimentConfig:

@@ -129,6 +129,12 @@ class RunDir:
             raise TrainError(f"{self.path}: {free / 2**20:.1f} MiB free on disk, checkpoints need about "
                              f"{need / 2**20:.1f} MiB")
 
+    def holds_run(self) -> bool:
+        """Whether `train` wrote here: its marks, or any run file but the attention history (compare-rnn writes
+        one, and only that, into a folder of each model)."""
+        others = (p for p in RUN_FILES if p != self.history.name)
+        return self.marked() or any(f for p in others for f in self.path.glob(p))
+
     def refuse_own(self, path: Path, option: str) -> None:
         """Refuse (OutputError naming `option`) a command's output named as a checkpoint of the run in this
         directory (one that holds any of a run's files): the run resumes from checkpoint_last.pt, keeps and

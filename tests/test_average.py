@@ -125,6 +125,23 @@ def test_average_refuses_crafted_checkpoints_naming_the_file(tmp_path, tiny_run)
         average([best, tmp_path / "no-tokenizer.pt"])
 
 
+
+def test_average_checks_every_input_and_names_the_one_at_fault(tmp_path, tiny_run):
+    """The first file's NaN weight was averaged in (found only at translate time), and its bad config or missing
+    tokenizer was blamed on the second file: each input is checked whole, first to last."""
+    state = checkpoint.load(tiny_run / "checkpoint_best.pt")
+    best = tiny_run / "checkpoint_best.pt"
+    key = next(iter(state["model"]))
+    nan = {**state["model"], key: state["model"][key].clone().fill_(float("nan"))}
+    save({**state, "model": nan}, tmp_path / "nan.pt")
+    save({**state, "config": {**state["config"], "model": {"kind": "nonsense"}}}, tmp_path / "bad-config.pt")
+    save({k: v for k, v in state.items() if k != "tokenizer"}, tmp_path / "no-tokenizer.pt")
+    for name, why in [("nan.pt", "weights are not finite"), ("bad-config.pt", "config is not valid"),
+                      ("no-tokenizer.pt", "holds no tokenizer")]:
+        with pytest.raises(CheckpointError, match=rf"^{tmp_path / name}: checkpoint.*{why}"):
+            average([tmp_path / name, best])
+
+
 @pytest.mark.parametrize("name", ["checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_avg.pt",
                                   "checkpoint_step0000009.pt", "Checkpoint_Last.pt"])
 def test_average_never_writes_a_checkpoint_name_of_a_run(tmp_path, tiny_run, name):

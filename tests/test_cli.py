@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import Evil, cli, one_line_error, write_config
+from conftest import Evil, cli, one_line_error, snapshot, write_config
 from sacrebleu.metrics import BLEU, CHRF
 
 from attn_mt.data.toy import make_toy_corpus
@@ -123,6 +123,24 @@ def test_missing_multi30k_says_how_to_get_it(command, offline, tmp_path):
     one_line_error(cli(command, "--config", config, "--set", f"data.dir={tmp_path / 'none'}", *args), 1,
                    "data file not found", "attn-mt download multi30k", "MULTI30K_DIR", "--set data.dir=", offline)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("model", ["transformer", "rnn"])
+def test_compare_rnn_refuses_an_out_whose_model_folder_holds_a_run(model, tmp_path, tiny_run, monkeypatch):
+    """compare-rnn writes OUT/transformer/attention_history.npz and OUT/rnn/...: over a run trained into
+    OUT/transformer that run's checkpoint then served another model's history. Refused before any work."""
+    import attn_mt.measure.compare
+
+    monkeypatch.setattr(attn_mt.measure.compare, "compare_rnn", lambda *a: pytest.fail("compared"))
+    (tmp_path / "out").mkdir()
+    run = tmp_path / "out" / model
+    copy_run(tiny_run, run)
+    (run / "attention_history.npz").write_bytes(b"the run's own history")
+    before = snapshot(run)
+    config = Path(__file__).resolve().parents[1] / "configs" / "compare.yaml"
+    one_line_error(cli("compare-rnn", "-c", config, "--out", tmp_path / "out", "--quick"), 2,
+                   f"--out {tmp_path / 'out'}: {run} holds a run's files")
+    assert snapshot(run) == before
 
 
 def write_corpus(d: Path) -> list[str]:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from attn_mt.data import checks
 from attn_mt.errors import InputError
-from attn_mt.files import check_outputs  # every output checked before any work
+from attn_mt.files import OutputError, check_outputs  # every output checked before any work
+from attn_mt.rundir import RunDir
 
 from .training import Config, configure, override_list
 
@@ -88,6 +89,10 @@ def compare_rnn(config: str | os.PathLike, overrides: Sequence[str] = (), *, out
     folder = Path(out) if out else Path("runs") / ("compare_quick" if quick else "compare")
     check_outputs([("out", folder, None)], [config])
     setup = load_compare_config(Path(config), list(overrides), quick=quick)
+    for name in setup.configs:  # out/transformer/attention_history.npz ... must not serve a run's checkpoint
+        if RunDir(folder / name).holds_run():
+            raise OutputError(f"out {folder}: {folder / name} holds a run's files, whose attention history this "
+                              "comparison would replace; choose another `out`", "out")
     reuse_freed_memory()  # both models train as `train` trains them (training/memory.py)
     # each model's attention history in a folder of its own: out/transformer/attention_history.npz, out/rnn/...
     observers = {name: Recorder(folder / name) for name, cfg in setup.configs.items() if cfg.train.record_attention}

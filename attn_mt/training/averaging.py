@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from attn_mt.checkpoint import CheckpointError, check_weights, load, model_from_state, save
+from attn_mt.checkpoint import CheckpointError, checked_state, load, save
 from attn_mt.config import ConfigError
 from attn_mt.config.changes import config_changes
 from attn_mt.config.yamlconf import show
@@ -38,11 +38,9 @@ def average(paths: list[Path | str], force: bool = False) -> dict:
     if not paths:
         raise CheckpointError("nothing to average: give at least one checkpoint")
     states = [(Path(p), load(p)) for p in paths]
-    for path, state in states:
+    for path, state in states:  # each one whole (config, tokenizer, finite weights), an error naming it
         try:
-            check_weights(state["model"])
-            if path == states[-1][0]:
-                model_from_state(state)  # its config and tokenizer go into the result
+            checked_state(state)
         except CheckpointError as e:
             raise CheckpointError(f"{path}: {e}") from None
     first_path, first = states[0]
