@@ -45,6 +45,7 @@ COLOURS = {"prev": "#1f77b4", "same": "#ff7f0e", "next": "#2ca02c", "rare": "#d6
            "punct": "#8c564b", "conf": "#7f7f7f", "mono": "#17becf"}
 SPARE = ("#bcbd22", "#e377c2", "#393b79", "#637939")
 COREF_THRESHOLD = 0.8  # the share of items the best coreference head resolves at its step (History.coref_step)
+NO_RECORDS = "no evaluations recorded yet"  # a history of no records: drawn as this line
 HOLDS = 0.5  # a head holds a role from this value on (History.role_step's min_share): the PNG's full colour
 
 
@@ -167,6 +168,13 @@ def png(history: Any, name: str = "") -> bytes:
     from matplotlib.patches import Patch
 
     steps, n_heads = list(history.steps), history.n_heads
+    if not steps:  # a run resumed with recording switched on, killed before its first evaluation
+        fig = Figure(figsize=(6.0, 1.2), dpi=90)
+        FigureCanvasAgg(fig)
+        fig.text(0.5, 0.5, f"{checks.clean(name) + ': ' if name else ''}{NO_RECORDS}", ha="center", va="center")
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
     rows = [checks.clean(module_head(str(m), h + 1)) for m in history.modules for h in range(n_heads)]
     roles, hue = experts(history), colours(history.roles)
     index, value = dominant(history)  # (E, A, H)
@@ -254,6 +262,9 @@ class HistoryView:
         from .views import view
 
         h, e = self.history, html.escape
+        if not h.steps:
+            title = e(checks.clean(self.name)) + ": " if self.name else ""
+            return view("history", f'<h2 class="title">How the heads learned: {title}{NO_RECORDS}</h2>')
         picture = self.png() if picture is None else picture
         last = len(h.steps) - 1
         first = next((i for i, p in enumerate(h.probes) if p.kind == "classic"), 0)  # "the animal ... tired."

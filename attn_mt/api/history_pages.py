@@ -8,6 +8,7 @@ Tested in tests/analysis/test_history_view.py.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -52,10 +53,17 @@ def history_file(model) -> Path | None:
 
 
 def history_page(path: Path) -> str:
-    """The whole page (views.document) of the history in `path` (attention_history.npz), read now."""
+    """The whole page (views.document) of the history in `path` (attention_history.npz), drawn once per version
+    of the file (its inode, size and times: each record replaces the file whole); a few pages are kept."""
+    info = Path(path).stat()
+    return _page(str(path), (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
+
+
+@functools.lru_cache(maxsize=4)
+def _page(path: str, version: tuple[int, ...]) -> str:
     from attn_mt.analysis.history import load_history
     from attn_mt.analysis.history_view import HistoryView
     from attn_mt.analysis.views import document
 
-    view = HistoryView(load_history(path), _name(path))
+    view = HistoryView(load_history(path), _name(Path(path)))
     return document(view.to_html(), f"attn-mt history: {view.name}")

@@ -27,9 +27,8 @@ from pydantic_core import to_json
 from starlette.exceptions import HTTPException
 
 from attn_mt.analysis.views import STATIC as VIEWS_STATIC
-from attn_mt.api.history_pages import history_file, history_page
+from attn_mt.api.history_pages import history_file
 from attn_mt.api.model import Model, load
-from attn_mt.errors import AttnMTError
 
 from .api import (
     ApiError,
@@ -78,7 +77,7 @@ def create_app(model: Model | str | os.PathLike, limits: Limits = Limits(), devi
     app.add_middleware(HostCheck, allowed=allowed_hosts)  # the outermost: checked first
     _error_handlers(app)
     _pages(app)
-    _history_page(app, engine)
+    _history_page(app, engine, batcher)
     _translation_routes(app, engine, batcher, limits)
     facts = {**engine.info(), "limits": asdict(limits), "allowed_hosts": list(allowed_hosts)}
 
@@ -123,20 +122,20 @@ def _pages(app: FastAPI) -> None:
         return FileResponse(STATIC / "docs.html", headers={"Content-Security-Policy": CSP})
 
 
-def _history_page(app: FastAPI, engine: Engine) -> None:
+def _history_page(app: FastAPI, engine: Engine, batcher: Batcher | Scheduler) -> None:
     """/history: how the heads of the checkpoint's run learned (analysis/history_view.py's page of the run's
-    attention_history.npz, read at each request: a run still training shows its latest evaluation); 404 where the
-    run recorded none. The page is self-contained: its CSP allows its own inline scripts and styles, by hash."""
+    attention_history.npz, drawn once per version of the file: a run still training shows its latest
+    evaluation); 404 where the run recorded none. Drawn by the model worker, a job in the queue like a
+    translation's (max_queue: 503 beyond it), never in many threads at once. The page is self-contained: its
+    CSP allows its own inline scripts and styles, by hash."""
     @app.get("/history", include_in_schema=False)
-    def history() -> Response:
+    async def history(request: Request) -> Response:
         path = history_file(engine.translator)
         if path is None:
             raise HTTPException(404, "no attention history: the checkpoint's run recorded none")
-        try:
-            page = history_page(path)
-        except AttnMTError as e:  # cut short or damaged; the path goes to the log only
-            log.error("GET /history: %s", e)
-            raise HTTPException(500, "the run's attention history cannot be read") from None
+        page = await _answer(request, batcher.submit(None, [("history", path)]))
+        if page is None:  # cut short or damaged (Engine.history logged why)
+            raise HTTPException(500, "the run's attention history cannot be read")
         return Response(page, media_type="text/html; charset=utf-8",
                         headers={"Content-Security-Policy": inline_csp(page)})
 

@@ -6,13 +6,16 @@ Tested in tests/serve/test_serve.py and tests/serve/test_streaming.py.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import torch
 from pydantic_core import to_json
 
 from attn_mt.analysis.explain import ExplainError, check, explain
+from attn_mt.api.history_pages import history_page
 from attn_mt.api.model import Model
 from attn_mt.config import FIELDS, DecodeConfig
 from attn_mt.config.yamlconf import OptionError
@@ -20,11 +23,13 @@ from attn_mt.decoding.attention_maps import attention_maps
 from attn_mt.decoding.continuous import Event, RunningBatch, supports
 from attn_mt.decoding.search import Translation, prepare_sources, translations
 from attn_mt.decoding.translator import decode_options, hypotheses_json
+from attn_mt.errors import AttnMTError
 from attn_mt.models import count_params
 
 from .api import ApiError, ExplainRequest
 
 KINDS = ("encoder_self", "decoder_self", "cross")
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -114,10 +119,19 @@ class Engine:
         return head[:-1] + b"".join(b',"%s":[%s]' % (kind.encode(), b",".join(layers[kind])) for kind in KINDS) + b"}"
 
     def run_one(self, job: tuple[str, object]):
-        """A job that runs alone: ("attention", (text, dcfg)) -> the encoded answer (`attention_json`), or
-        ("explain", (request, dcfg)) -> `explain`'s dict or ApiError."""
+        """A job that runs alone: ("attention", (text, dcfg)) -> the encoded answer (`attention_json`),
+        ("explain", (request, dcfg)) -> `explain`'s dict or ApiError, or ("history", path) -> the page or None."""
         name, item = job
-        return {"attention": self.attention_json, "explain": self.explain}[name](item)
+        return {"attention": self.attention_json, "explain": self.explain, "history": self.history}[name](item)
+
+    def history(self, path: Path) -> str | None:
+        """The page of the run's attention history at `path` (drawn once per version of the file); None, logged,
+        where the file cannot be read (the path goes to the log only)."""
+        try:
+            return history_page(path)
+        except (AttnMTError, OSError) as e:
+            log.error("GET /history: %s", e)
+            return None
 
     def require_weights(self, what: str) -> None:
         """Refuse (ApiError 404) `what` (attention maps, explain) on an export, which keeps no attention weights."""

@@ -175,6 +175,31 @@ def test_heads_history_draws_a_recorded_run_and_refuses_one_without(tmp_path):
     assert not list(tmp_path.glob("e.*"))  # nothing written
 
 
+def test_a_history_of_no_records_draws_as_such_everywhere(tiny_run, tmp_path):
+    """Train without recording, kill; resume recording, kill inside the last checkpoint's write; resume again
+    (its recorder drops the record after the checkpoint: none is left), kill before the next evaluation: the
+    file holds no record. `heads --history` (HTML and PNG) and /history crashed on it (a reduction over an
+    empty array, steps[0]); each now draws "no evaluations recorded yet"."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from attn_mt.analysis.history import load_history, truncated
+    from attn_mt.analysis.history_view import NO_RECORDS
+    from attn_mt.serve import create_app
+
+    run = tmp_path / "run"
+    save_history(truncated(history(), -1), RunDir(run))  # as Recorder.rewind writes it
+    assert load_history(run).steps == [] and len(load_history(run).modules) == 3
+    html, png = tmp_path / "out.html", tmp_path / "out.png"
+    result = cli("heads", "--history", run, "--html", html, "--png", png)
+    assert result.exit_code == 0, result.output
+    assert NO_RECORDS in html.read_text(encoding="utf-8") and png.read_bytes().startswith(PNG)
+    shutil.copy(tiny_run / "checkpoint_best.pt", run / "checkpoint_best.pt")
+    with TestClient(create_app(run / "checkpoint_best.pt", device="cpu"), base_url=LOCAL) as c:
+        r = c.get("/history")
+        assert r.status_code == 200 and NO_RECORDS in r.text
+
+
 def test_serve_has_a_history_page_only_when_the_run_recorded_one(tiny_run, tmp_path):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
@@ -199,6 +224,51 @@ def test_serve_has_a_history_page_only_when_the_run_recorded_one(tiny_run, tmp_p
         RunDir(folder).history.write_bytes(b"not a history")
         r = c.get("/history")
         assert r.status_code == 500 and str(folder) not in r.text
+
+
+def test_history_is_drawn_once_per_file_version_by_the_model_worker_under_the_queue_limit(tiny_run, tmp_path,
+                                                                                          monkeypatch):
+    """/history read and drew the file at every request (0.8-1.4 s), each in a thread of its own: 40 requests at
+    once saturated the CPU, took RSS from 330 MB to 1.6 GB and kept /api/info waiting 5.2 s. Now the page is
+    drawn once per version of the file, by the model worker, as a job of the queue: beyond max_queue, 503."""
+    pytest.importorskip("fastapi")
+    import threading as threads
+
+    from fastapi.testclient import TestClient
+
+    from attn_mt.analysis import history as history_mod
+    from attn_mt.serve import Limits, create_app
+
+    folder = tmp_path / "run"
+    save_history(history(), RunDir(folder))
+    shutil.copy(tiny_run / "checkpoint_best.pt", folder / "checkpoint_best.pt")
+    loads, load = [], history_mod.load_history
+    gate = threads.Event()
+    gate.set()
+
+    def counted(path):
+        loads.append(threads.current_thread().name)
+        gate.wait(10)
+        return load(path)
+
+    monkeypatch.setattr(history_mod, "load_history", counted)
+    app = create_app(folder / "checkpoint_best.pt", device="cpu", limits=Limits(max_queue=1))
+    with TestClient(app, base_url=LOCAL) as c:
+        first = c.get("/history")
+        assert first.status_code == 200 and [c.get("/history").text for _ in range(3)] == [first.text] * 3
+        assert loads == ["attn-mt-model"]  # drawn once, by the model worker
+        save_history(history(hostile=True), RunDir(folder))  # a new record: a new version of the file
+        assert c.get("/history").text != first.text and len(loads) == 2
+        save_history(history(), RunDir(folder))
+        gate.clear()  # the next drawing holds the worker, the one place in the queue taken
+        busy = threads.Thread(target=c.get, args=("/history",))
+        busy.start()
+        while len(loads) < 3:
+            threads.Event().wait(0.01)
+        r = c.get("/history")
+        gate.set()
+        busy.join()
+        assert r.status_code == 503 and r.json()["field"] == "queue"
 
 
 # ---- in a browser: the page from disk and as served, with the network off ----
