@@ -1,37 +1,42 @@
-"""A run's attention history file, RUN/attention_history.npz (history.py writes it): its layout, and reading
-it back with every declared size, count and value checked before anything is allocated.
+"""A run's attention history file, RUN/attention_history.npz (history.py writes it): its layout,
+and reading it back with every declared size, count and value checked before anything is allocated.
 
-The file: np.savez (uncompressed), rewritten whole at each record through RunDir.write_history (atomic).
-E records (step 0's, then one per evaluation), A attention modules, H heads, P probes, R = len(ROLES):
-    meta         (1,) str    JSON: format, model_kind, modules (A names), n_heads, roles (the R names), probes
-                             (P objects: kind, source, target, src_tokens, tgt_tokens), items (the
-                             contrastive probes' records, decoding/contrastive.py's format, in probe order)
-    steps        (E,) int64  the step of each record, ascending (0 first where the run started fresh)
+The file: np.savez (uncompressed), rewritten whole at each record through RunDir.write_history
+(atomic). E records (step 0's, then one per evaluation), A attention modules, H heads, P probes,
+R = len(ROLES):
+    meta         (1,) str    JSON: format, model_kind, modules (A names), n_heads, roles (the R
+                             names), probes (P objects: kind, source, target, src_tokens,
+                             tgt_tokens), items (the contrastive probes' records,
+                             decoding/contrastive.py's format, in probe order)
+    steps        (E,) int64  the step of each record, ascending (0 first where the run started anew)
     bleu         (E,) float64        validation BLEU at that step (NaN: unknown, as at step 0)
     contrastive  (E,) float64        contrastive accuracy on the probe items (NaN: no items)
     entropy      (E, A, H) float32   mean attention entropy / log(#keys) over the probes' queries
-    roles        (R, E, A, H) float32  each role's share (roles.py; NaN where a role does not apply)
-    coref        (E, A, H) float32   share of the contrastive probes each head resolves (only with items)
-    map_{p}_{a}  (E, H, Q, K) float16  probe p's weights in module a: encoder self S x S, decoder self
-                             T x T, cross T x S (S = len(src_tokens), T = len(tgt_tokens))
+    roles        (R, E, A, H) float32  each role's share (roles.py; NaN: the role does not apply)
+    coref        (E, A, H) float32   share of the contrastive probes a head resolves (with items)
+    map_{p}_{a}  (E, H, Q, K) float16  probe p's weights in module a: encoder self S x S, decoder
+                             self T x T, cross T x S (S = len(src_tokens), T = len(tgt_tokens))
 
-Its size for configs/multi30k.yaml (the hour config; a German source: 4 validation probes, no items, no
-classic): A = 9 modules (3 encoder self, 3 decoder self, 3 cross), H = 4, S, T <= MAX_LEN = 12, and step 0 and
-one evaluation per epoch, at most 1 + max_epochs = 101 records (the hour on 2 CPU cores made 29-31
-evaluations): maps at most 101 x 4 probes x 3 layers x 4 heads x (12*12 + 12*12 + 12*12) x 2 bytes = 4,188,672
-bytes, roles 8 x 101 x 9 x 4 x 4 = 116,352, entropy 14,544, the rest (steps, BLEU, the meta's JSON as UTF-32,
-42 arrays' npy and zip headers) under 40,000: at most 4,359,568 bytes (about 4.3 MB with Multi30k-length
-sentences; about 1.3 MB at 32 records). Past MAX_RECORDS records a run records no more.
+Its size for configs/multi30k.yaml (the hour config; a German source: 4 validation probes, no items,
+no classic): A = 9 modules (3 encoder self, 3 decoder self, 3 cross), H = 4, S, T <= MAX_LEN = 12,
+and step 0 and one evaluation per epoch, at most 1 + max_epochs = 101 records (the hour on 2 CPU
+cores made 29-31 evaluations): maps at most 101 x 4 probes x 3 layers x 4 heads x (12*12 + 12*12 +
+12*12) x 2 bytes = 4,188,672 bytes, roles 8 x 101 x 9 x 4 x 4 = 116,352, entropy 14,544, the rest
+(steps, BLEU, the meta's JSON as UTF-32, 42 arrays' npy and zip headers) under 40,000: at most
+4,359,568 bytes (about 4.3 MB with Multi30k-length sentences; about 1.3 MB at 32 records). Past
+MAX_RECORDS records a run records no more.
 
-Reading (`read`) trusts nothing in the file. It must be a zip of stored .npy members (never compressed, so no
-member holds more bytes than the file, and the members read hold at most the file's length together); meta's
-JSON is at most MAX_META characters, its counts within the bounds below (a drawing's work grows with the
-heads, modules, probes and pieces); each member used is checked against the shape that meta and steps declare,
-from its .npy header, before its bytes are read, and only the members used are read; numbers must not be
-infinite (NaN: unknown, or does not apply), BLEU lies in [0, 100], accuracy in [0, 1], steps ascend. Any
-failure is one InputError line naming the file.
+Reading (`read`) trusts nothing in the file. It must be a zip of stored .npy members (never
+compressed: no member holds more bytes than the file, and the members read hold at most the file's
+length together); meta's JSON is at most MAX_META characters, its counts within the bounds below (a
+drawing's work grows with the heads, modules, probes and pieces); each member used is checked
+against the shape that meta and steps declare, from its .npy header, before its bytes are read, and
+only the members used are read; no number may be infinite (NaN: unknown, or does not apply), BLEU
+lies in [0, 100], accuracy in [0, 1], steps ascend. Any failure is one InputError line naming the
+file.
 
-One job: the history's file layout and its checked reading. Tested in tests/analysis/test_history_file.py.
+One job: the history's file layout and its checked reading. Tested in
+tests/analysis/test_history_file.py.
 """
 
 from __future__ import annotations
@@ -66,8 +71,8 @@ MAX_PIECES = 1024  # pieces a side of a probe
 MAX_META = 1 << 22  # characters of meta's JSON
 MODULE = re.compile(r"encoder [1-9]\d{0,2} self|decoder [1-9]\d{0,2} (self|cross)|decoder cross")
 HEADERS = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
-BROKEN = (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, struct.error, NotImplementedError,
-          RecursionError, OverflowError)  # what a damaged or crafted file raises while it is checked
+BROKEN = (ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile, struct.error,
+          NotImplementedError, RecursionError, OverflowError)  # what a crafted file raises, checked
 
 
 @dataclass(frozen=True)
@@ -105,8 +110,8 @@ class Loaded:
 
 
 class Archive:
-    """The stored .npy members of an open zip of `length` bytes, each header read before its bytes, the bytes
-    read counted against the file's length (members may not overlap)."""
+    """The stored .npy members of an open zip of `length` bytes, each header read before its bytes,
+    the bytes read counted against the file's length (members may not overlap)."""
 
     def __init__(self, z: zipfile.ZipFile, length: int) -> None:
         self.z, self.left, self.infos = z, length, {}
@@ -114,7 +119,7 @@ class Archive:
             if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
                 raise ValueError(f"member {info.filename[:40]!r} is compressed")
             if info.file_size > length:
-                raise ValueError(f"member {info.filename[:40]!r} declares more bytes than the file holds")
+                raise ValueError(f"member {info.filename[:40]!r} declares more than the file holds")
             self.infos[info.filename.removesuffix(".npy")] = info
 
     def _open(self, name: str):
@@ -149,22 +154,21 @@ class Archive:
 
 
 def read(path: Path) -> tuple[Meta, dict[str, np.ndarray]]:
-    """The checked meta and arrays of the history file at `path` (the members used only); InputError naming
-    it (field run_dir) when it cannot be read or is not a history within the bounds."""
+    """The checked meta and arrays of the history file at `path` (the members used only); InputError
+    naming it (field run_dir) when it cannot be read or is not a history within the bounds."""
     try:
         with open(path, "rb") as f:
             length = os.fstat(f.fileno()).st_size
             with zipfile.ZipFile(f) as z:
                 return checked(Archive(z, length))
     except OSError as e:
-        raise InputError(f"{path}: cannot be read ({e.strerror or e})", "run_dir", named=True) from None
+        why = f"cannot be read ({e.strerror or e})"
     except zipfile.BadZipFile:
-        raise InputError(f"{path}: not an attention history (cut short, or not an .npz archive of arrays)",
-                         "run_dir", named=True) from None
+        why = "not an attention history (cut short, or not an .npz archive of arrays)"
     except BROKEN as e:
-        why = f"no {e}" if isinstance(e, KeyError) else str(e).splitlines()[0][:200] if str(e) else \
-            type(e).__name__
-        raise InputError(f"{path}: not an attention history ({why})", "run_dir", named=True) from None
+        text = f"no {e}" if isinstance(e, KeyError) else (str(e).splitlines() or [""])[0][:200]
+        why = f"not an attention history ({text or type(e).__name__})"
+    raise InputError(f"{path}: {why}", "run_dir", named=True)
 
 
 def take(members: Members, name: str, shape: tuple[int, ...], kinds: str) -> np.ndarray:
@@ -189,7 +193,8 @@ def checked(members: Members) -> tuple[Meta, dict[str, np.ndarray]]:
         raise ValueError(f"steps is not a list of at most {MAX_RECORDS} records")
     shape = (e, len(meta.modules), meta.n_heads)
     arrays = {"steps": take(members, "steps", (e,), "iu"), "bleu": take(members, "bleu", (e,), "f"),
-              "contrastive": take(members, "contrastive", (e,), "f"), "entropy": take(members, "entropy", shape, "f"),
+              "contrastive": take(members, "contrastive", (e,), "f"),
+              "entropy": take(members, "entropy", shape, "f"),
               "roles": take(members, "roles", (len(meta.roles), *shape), "f")}
     if members.header("coref") is not None:
         arrays["coref"] = take(members, "coref", shape, "f")
@@ -202,7 +207,7 @@ def checked(members: Members) -> tuple[Meta, dict[str, np.ndarray]]:
 
 
 def check_values(arrays: dict[str, np.ndarray]) -> None:
-    """No infinite number; steps >= 0 and ascending; BLEU in [0, 100], accuracy in [0, 1] (or NaN)."""
+    """No infinite number; steps >= 0, ascending; BLEU in [0, 100], accuracy in [0, 1] (or NaN)."""
     for name, a in arrays.items():
         if a.dtype.kind == "f" and np.isinf(a).any():
             raise ValueError(f"{name} holds an infinite value")
@@ -215,7 +220,7 @@ def check_values(arrays: dict[str, np.ndarray]) -> None:
 
 
 def parse_meta(text: str) -> Meta:
-    """Meta's JSON, every field checked against the bounds (ValueError naming the first one wrong)."""
+    """Meta's JSON, every field checked against the bounds (ValueError naming the first wrong)."""
     try:
         meta = json.loads(text)
     except (ValueError, RecursionError):
@@ -229,8 +234,9 @@ def parse_meta(text: str) -> Meta:
     modules = strings(meta.get("modules"), "modules", MAX_MODULES)
     if not modules or not all(MODULE.fullmatch(m) for m in modules):
         raise ValueError("modules are not the names of attention modules")
-    if type(n_heads) is not int or not 1 <= n_heads <= MAX_HEADS or len(modules) * n_heads > MAX_HEADS_IN_ALL:
-        raise ValueError(f"n_heads is not 1 to {MAX_HEADS}, at most {MAX_HEADS_IN_ALL} with the modules")
+    if type(n_heads) is not int or not 1 <= n_heads <= MAX_HEADS \
+            or len(modules) * n_heads > MAX_HEADS_IN_ALL:
+        raise ValueError(f"n_heads is not 1 to {MAX_HEADS}, {MAX_HEADS_IN_ALL} with all modules")
     roles = strings(meta.get("roles"), "roles", 4 * len(ROLES))
     if not set(ROLES) <= set(roles) or len(set(roles)) != len(roles):
         raise ValueError("roles lack one or repeat one")
@@ -262,7 +268,7 @@ def probe(p: object) -> Probe:
     if not isinstance(p, dict) or p.get("kind") not in PROBE_KINDS:
         raise ValueError("a probe is not an object of a known kind")
     texts = [p.get("source"), p.get("target")]
-    src, tgt = (strings(p.get(k), "a probe's pieces", MAX_PIECES) for k in ("src_tokens", "tgt_tokens"))
+    src, tgt = (strings(p.get(k), "its pieces", MAX_PIECES) for k in ("src_tokens", "tgt_tokens"))
     if not all(isinstance(t, str) for t in texts) or not src or not tgt:
         raise ValueError("a probe lacks its texts or pieces")
     return Probe(p["kind"], *texts, src, tgt)

@@ -46,6 +46,7 @@ COLOURS = {"prev": "#1f77b4", "same": "#ff7f0e", "next": "#2ca02c", "rare": "#d6
 SPARE = ("#bcbd22", "#e377c2", "#393b79", "#637939")
 COREF_THRESHOLD = 0.8  # the share of items the best coreference head resolves at its step (History.coref_step)
 NO_RECORDS = "no evaluations recorded yet"  # a history of no records: drawn as this line
+MAX_LABELS = 64  # rows of the PNG labelled one by one (a label each costs its layout time)
 HOLDS = 0.5  # a head holds a role from this value on (History.role_step's min_share): the PNG's full colour
 
 
@@ -183,16 +184,19 @@ def png(history: Any, name: str = "") -> bytes:
     picture = 1.0 - depth * (1.0 - hues[index])  # (E, A, H, 3): white to the role's colour by its value
     picture = picture.reshape(len(steps), len(rows), 3).transpose(1, 0, 2)  # (rows, E, 3)
     width = min(16.0, max(8.5, 3.5 + 0.3 * len(steps)))
-    fig = Figure(figsize=(width, 2.6 + 0.24 * len(rows)), dpi=90, layout="constrained")
+    tall = 0.24 * min(len(rows), MAX_LABELS)  # inches: past MAX_LABELS rows, the rows are thinner
+    fig = Figure(figsize=(width, 2.6 + tall), dpi=90, layout="constrained")
     FigureCanvasAgg(fig)
-    top, bottom = fig.subplots(2, 1, height_ratios=[max(2.0, 0.24 * len(rows)), 1.9])
+    top, bottom = fig.subplots(2, 1, height_ratios=[max(2.0, tall), 1.9])
     top.imshow(picture, aspect="auto", interpolation="nearest")
-    for (m, h), got in history.role_step().items():
-        if got is not None and got[1] in steps:
-            top.plot(steps.index(got[1]), m * n_heads + h, "o", mfc="none", mec="black", ms=7, mew=1.3)
+    rings = [(steps.index(got[1]), m * n_heads + h) for (m, h), got in history.role_step().items()
+             if got is not None and got[1] in steps]  # (column, row): drawn as one artist
+    if rings:
+        top.plot(*zip(*rings), "o", ls="none", mfc="none", mec="black", ms=7, mew=1.3)
     tick = max(1, len(steps) // 12)
     top.set_xticks(range(0, len(steps), tick), [str(s) for s in steps[::tick]], fontsize=7)
-    top.set_yticks(range(len(rows)), rows, fontsize=7)
+    every = max(1, len(rows) // MAX_LABELS)  # a label for every row up to MAX_LABELS rows, else every n-th
+    top.set_yticks(range(0, len(rows), every), rows[::every], fontsize=7)
     top.set_xlabel("training step", fontsize=8)
     top.set_title(f"each head's strongest role: full colour where it holds it (>= {HOLDS}), paler below\n"
                   "(mono: its alignment's rank correlation); ring: the step from which it holds it", fontsize=9)
