@@ -189,10 +189,9 @@ def png(history: Any, name: str = "") -> bytes:
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, height_ratios=[max(2.0, tall), 1.9])
     top.imshow(picture, aspect="auto", interpolation="nearest")
-    rings = [(steps.index(got[1]), m * n_heads + h) for (m, h), got in history.role_step().items()
-             if got is not None and got[1] in steps]  # (column, row): drawn as one artist
-    if rings:
-        top.plot(*zip(*rings), "o", ls="none", mfc="none", mec="black", ms=7, mew=1.3)
+    rings = np.array([(steps.index(got[1]), m * n_heads + h) for (m, h), got in history.role_step().items()
+                      if got is not None and got[1] in steps]).reshape(-1, 2)  # (column, row): one artist
+    top.plot(rings[:, 0], rings[:, 1], "o", ls="none", mfc="none", mec="black", ms=7, mew=1.3)
     tick = max(1, len(steps) // 12)
     top.set_xticks(range(0, len(steps), tick), [str(s) for s in steps[::tick]], fontsize=7)
     every = max(1, len(rows) // MAX_LABELS)  # a label for every row up to MAX_LABELS rows, else every n-th

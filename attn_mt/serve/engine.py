@@ -1,7 +1,8 @@
 """What the model worker does: translate batches, draw attention maps and the run's history page,
 and describe the model it serves.
 
-One job: the model worker's work (what the queue runs). Tested in tests/serve/test_serve.py and tests/serve/test_streaming.py.
+One job: the model worker's work (what the queue runs). Tested in tests/serve/test_serve.py and
+tests/serve/test_streaming.py.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ import copy
 
 import pytest
 import torch
-from torch import nn
 from conftest import TINY
+from torch import nn
 
 from attn_mt.config import TrainConfig, load_config
 from attn_mt.data.batching import token_batches
