@@ -6,13 +6,15 @@ appends their rows to the running batch; `step` runs one decoder step for every 
 happened: a new token of each greedy row, each finished beam hypothesis, and the sentences that ended
 (eos or their length limit), whose rows leave the batch at once. Rows sit at different positions, so the
 cache keeps a position per row and masks the self-attention columns a row does not own (`RunningCache`: the
-model's `DecoderCache`, extended at its seam `advance`), and `ys` holds each row's tokens right-padded. Each
-step is offline search's (`search.advance`), with its choosers extended for sentences that join and leave
-(`RunningGreedy`, `RunningBeam`), and a sentence's decisions look at its own rows only, so its translation
-does not depend on who shares the batch, nor on when it joined. No threads here: serve/scheduler.py drives it.
+Transformer's `KVCache`, extended at its seam `advance`), and `ys` holds each row's tokens right-padded.
+Each step is offline search's (rules.decode_step, then a chooser), with the core's rules and choosers
+extended here for rows at different steps and for sentences that join and leave (`RunningLimit`,
+`RunningGreedy`, `RunningBeam`); a sentence's decisions look at its own rows only, so its translation
+does not depend on who shares the batch, nor on when it joined. No threads here: serve/scheduler.py
+drives it.
 
-One job: decoding a running batch, with its cache of rows at different steps (`RunningCache`, `begin`) and its
-choosers.
+One job: decoding a running batch, with its cache of rows at different steps (`RunningCache`, `begin`),
+its length rule and its choosers.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attn_mt.config import DecodeConfig
+from attn_mt.config import DecodeConfig, Penalty
 from attn_mt.data.batching import pad
-from attn_mt.decoding.beam import Beam, Hypothesis
-from attn_mt.decoding.rules import MaxLength, step_rules
-from attn_mt.decoding.search import Greedy, advance, max_lengths
+from attn_mt.decoding.beam import Beam, Hypothesis, candidates, length_penalty
+from attn_mt.decoding.rules import MaxLength, decode_step, only, step_rules
+from attn_mt.decoding.search import Greedy, max_lengths
 from attn_mt.models.attention import KV
-from attn_mt.models.transformer import DecoderCache, Transformer
+from attn_mt.models.transformer import KVCache, Transformer
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,8 @@ def supports(model: object) -> bool:
 
 
 @dataclass
-class RunningCache(DecoderCache):
-    """A `DecoderCache` whose rows are at different steps: sentences join (`join`) and leave (`select`) a
+class RunningCache(KVCache):
+    """A `KVCache` whose rows are at different steps: sentences join (`join`) and leave (`select`) a
     running batch. It also keeps each row's position, which self-attention columns hold its tokens
     (right-aligned: a row that joined late has padding on the left), and the source mask of its memory
     (padded on the right to the longest source). Made by `begin`.
@@ -125,42 +127,97 @@ def begin(model: Transformer, src: Tensor) -> RunningCache:
                         key_mask=torch.zeros(b, 0, dtype=torch.bool, device=src.device), memory_mask=src_mask)
 
 
+class RunningLimit(MaxLength):
+    """`MaxLength` for rows at different steps: `step` is each row's own (R,)."""
+
+    def apply(self, step: Tensor, logp: Tensor, predicted: Tensor) -> Tensor:  # type: ignore[override]
+        forced = self.forced(step)  # (R,)
+        if not bool(forced.any()):
+            return logp
+        return only(logp, torch.where(forced, self.eos_id, -1))
+
+
 class RunningGreedy(Greedy):
-    """Greedy search's chooser over sentences that join (`join`) and leave (`keep`) a running batch."""
+    """Greedy search's chooser over sentences that join (`join`) and leave (`keep`) a running batch, each
+    with its own length penalty; `choose` takes each row's step (R,): its comparisons are elementwise."""
+
+    def __init__(self, max_len: Tensor, eos_id: int, alpha: list[float | Penalty]) -> None:
+        super().__init__(max_len, eos_id)
+        self.alpha, self.limit = list(alpha), RunningLimit(max_len, eos_id)
 
     def closed(self) -> list[int]:
         """The sentences that have ended, in order (they leave)."""
         return self.ended.nonzero()[:, 0].tolist()
+
+    def results(self, ys: Tensor, sentences: list[int]) -> list[list[Hypothesis]]:
+        """The one-hypothesis n-best lists of these sentences (ys: (R, 1 + W), right-padded)."""
+        idx = torch.tensor(sentences, dtype=torch.long, device=ys.device)
+        outs = zip(sentences, ys[idx, 1:].tolist(), self.log_prob[idx].tolist(), strict=True)
+        return [[self.hypothesis(out, lp, self.alpha[s])] for s, out, lp in outs]
 
     def keep(self, sentences: list[int]) -> None:
         """Only these sentences (indices, in order) stay; their rows are the caller's to keep."""
         idx = torch.tensor(sentences, dtype=torch.long, device=self.log_prob.device)
         self.log_prob, self.ended = self.log_prob[idx], self.ended[idx]
         self.alpha = [self.alpha[s] for s in sentences]
-        self.limit = MaxLength(self.limit.max_len[idx], self.eos_id)
+        self.limit = RunningLimit(self.limit.max_len[idx], self.eos_id)
 
     def join(self, other: RunningGreedy) -> None:
         """other's sentences come after these."""
-        self.log_prob, self.ended = torch.cat([self.log_prob, other.log_prob]), torch.cat([self.ended, other.ended])
+        self.log_prob = torch.cat([self.log_prob, other.log_prob])
+        self.ended = torch.cat([self.ended, other.ended])
         self.alpha = self.alpha + other.alpha
-        self.limit = MaxLength(torch.cat([self.limit.max_len, other.limit.max_len]), self.eos_id)
+        self.limit = RunningLimit(torch.cat([self.limit.max_len, other.limit.max_len]), self.eos_id)
 
 
 class RunningBeam(Beam):
-    """Beam search's chooser over sentences that join (`join`) and leave (`keep`) a running batch; `fresh`
-    holds the hypotheses the last step finished, (sentence, hypothesis) in order."""
+    """Beam search's chooser over sentences that join (`join`) and leave (`keep`) a running batch, each
+    with its own length penalty and n-best size; `fresh` holds the hypotheses the last step finished,
+    (sentence, hypothesis) in order."""
 
     fresh: Sequence[tuple[int, Hypothesis]] = ()  # set by each choose
 
-    def choose(self, step: int | Tensor, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
+    def __init__(self, max_len: Tensor, eos_id: int, k: int, alpha: list[float | Penalty],
+                 nbest: list[int]) -> None:
+        super().__init__(max_len, eos_id, k)
+        self.alpha, self.n = list(alpha), list(nbest)  # DecodeConfig has checked 1 <= nbest <= k
+        self._limit(max_len)
+
+    def _limit(self, max_len: Tensor) -> None:
+        self.max_len, self.last = max_len, max_len.tolist()  # (B,)
+        self.limit = RunningLimit(max_len.repeat_interleave(self.k), self.eos_id)  # (B*k,)
+
+    def choose(self, step: Tensor, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        """`Beam.choose` with each row's own step (B*k,); ys (B*k, 1 + W) right-padded."""
+        b, k = self.scores.shape
+        at = step.view(b, k)[:, 0]  # (B,) each sentence's step
         before = [len(f) for f in self.finished]
-        out = super().choose(step, logp, ys)
+        c = candidates(self.scores, logp.view(b, k, -1), self.eos_id)
+        self.scores = c.scores
+        self.settle(c, ys, at.tolist(), self.bounds(at + 2))
         self.fresh = [(s, h) for s, (n, f) in enumerate(zip(before, self.finished, strict=True)) for h in f[n:]]
-        return out
+        return self.follow(c)
+
+    def bounds(self, length: Tensor) -> list[float]:  # type: ignore[override]
+        """`best_possible` of each sentence at its own length (B,) and alpha: the core's values (a float
+        there), rounded once to float32; one call per alpha."""
+        alphas, bound = set(self.alpha), [0.0] * len(self.alpha)
+        for a in alphas:
+            group = [s for s, x in enumerate(self.alpha) if x == a]
+            idx = slice(None) if len(alphas) == 1 else torch.tensor(group, device=self.scores.device)
+            least = length_penalty(length[idx].double(), a).float()  # (G,)
+            lp = length_penalty(self.max_len[idx].float(), a).clamp(min=least)
+            for s, v in zip(group, (self.scores[idx].max(dim=1).values / lp).tolist(), strict=True):
+                bound[s] = v
+        return bound
 
     def closed(self) -> list[int]:
         """The sentences whose search is over, in order (they leave)."""
         return [s for s in range(len(self.finished)) if s not in self.active]
+
+    def results(self, ys: Tensor, sentences: list[int]) -> list[list[Hypothesis]]:
+        """The n-best lists of these sentences, best first."""
+        return [sorted(self.finished[s], key=lambda h: -h.score)[: self.n[s]] for s in sentences]
 
     def keep(self, sentences: list[int]) -> None:
         """Only these sentences (indices, in order) stay; their rows are the caller's to keep."""
@@ -183,7 +240,7 @@ class RunningBeam(Beam):
 
 class RunningBatch:
     """Sentences decoded together, each with k = `cfg.beam_size` consecutive rows (greedy: one), by the search
-    loop's step (search.advance) and its choosers, extended for sentences that join and leave.
+    loop's step (rules.decode_step) and its choosers, extended for sentences that join and leave.
 
     Args:
         model: a Transformer in eval mode (add, step and drop run under torch.inference_mode).
@@ -253,13 +310,16 @@ class RunningBatch:
         step = torch.tensor(self.steps, device=self.ys.device).repeat_interleave(k)  # (R,) each row's
         if self.ys.size(1) < max(self.steps) + 2:  # room for this step's token
             self.ys = torch.cat([self.ys, torch.full_like(self.ys[:, :1], self.pad_id)], dim=1)
-        nxt, moved = advance(self.model, self.ys, step, chooser, memory=None, src_mask=self.cache.memory_mask,
-                             cache=self.cache, rules=step_rules(self.model, (), chooser.limit))
+        rules = step_rules(self.model, (), chooser.limit)  # the length rule: each row's (RunningLimit)
+        tgt_in = self.ys.gather(1, step[:, None])  # (R, 1) each row's newest token
+        logp = decode_step(self.model, tgt_in, None, self.cache.memory_mask, self.cache,
+                           step=step, predicted=self.ys[:, 1:], rules=rules)  # type: ignore[arg-type]
+        nxt, moved = chooser.choose(step, logp, self.ys)
         if moved is not None:
             self.ys = self.ys[moved]
         self.ys.scatter_(1, step[:, None] + 1, nxt[:, None])
         closed = chooser.closed()
-        ended = dict(zip(closed, chooser.nbest(self.ys, closed), strict=True)) if closed else {}
+        ended = dict(zip(closed, chooser.results(self.ys, closed), strict=True)) if closed else {}
         if k == 1:  # each sentence's tokens so far, or its end
             rows = self.ys.tolist()
             events = [Event(tag, "done", ended[s]) if s in ended else
