@@ -29,7 +29,8 @@ from attn_mt.data import checks
 from attn_mt.data.batching import pad
 from attn_mt.decoding.beam import Hypothesis
 from attn_mt.decoding.rules import Prefix, Rule, Sample
-from attn_mt.decoding.search import Greedy, Translation, max_lengths, prepare_sources, search, steps, translate_batches
+from attn_mt.decoding.search import Greedy, steps
+from attn_mt.decoding.translate import Translation, max_lengths, prepare_sources, search, translate_batches
 from attn_mt.decoding.translator import Translator, model_translator
 from attn_mt.errors import InputError, ModelError
 

@@ -22,7 +22,7 @@ from attn_mt.decoding.rules import MaxLength
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """A finished output: token ids without bos/eos, log P(y | x), and the length-normalised score."""
+    """A finished output: token ids without bos/eos, log P(y | x), the length-normalised score."""
 
     tokens: list[int]
     log_prob: float
@@ -30,8 +30,8 @@ class Hypothesis:
 
 
 def length_penalty(length: int | Tensor, alpha: float | Penalty) -> float | Tensor:
-    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, section 7); |Y| counts eos. A `Penalty` of
-    form "power" (DecodeConfig.penalty) gives |Y| ** alpha, transformers' length_penalty."""
+    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, section 7); |Y| counts eos. A
+    `Penalty` of form "power" (DecodeConfig.penalty) gives |Y| ** alpha, transformers' one."""
     if isinstance(alpha, Penalty):
         return length ** alpha.alpha if alpha.form == "power" else ((5 + length) / 6) ** alpha.alpha
     return ((5 + length) / 6) ** alpha
@@ -49,8 +49,8 @@ class Candidates(NamedTuple):
 
 
 def candidates(scores: Tensor, logp: Tensor, eos_id: int) -> Candidates:
-    """scores (B, k) log P of the beams, logp (B, k, V) of their next tokens (after the rules) -> the step's
-    `Candidates`. Offline and continuous beam search (decoding/continuous.py) both decide with this."""
+    """scores (B, k) log P of the beams, logp (B, k, V) of their next tokens (after the rules) ->
+    the step's `Candidates`."""
     b, k, v = logp.shape
     cand = (scores[:, :, None] + logp).view(b, k * v)  # (B, k*V)
     top, idx = cand.topk(min(2 * k, k * v), dim=1)  # (B, 2k), best first
@@ -74,11 +74,11 @@ def best_possible(log_prob: Tensor, length: int, max_len: Tensor, alpha: float |
 
 
 class Beam:
-    """Beam search's chooser: k beams per sentence, k consecutive hypotheses of the batch. Each step
-    keeps the k best extensions that do not end (`candidates`) and reorders the batch to follow them;
-    a candidate ending in eos is a finished hypothesis. A sentence is done once the n-th best of its
-    finished hypotheses can no longer be beaten by a continuation of its beams (`best_possible`), or
-    at its length limit."""
+    """Beam search's chooser: k beams per sentence, k consecutive hypotheses of the batch. Each
+    step keeps the k best extensions that do not end (`candidates`), and the batch follows them;
+    a candidate ending in eos is a finished hypothesis. A sentence is done once the n-th best of
+    its finished hypotheses can no longer be beaten by a continuation of its beams
+    (`best_possible`), or at its length limit."""
 
     def __init__(self, max_len: Tensor, eos_id: int, k: int, alpha: float | Penalty = 0.6,
                  nbest: int = 1) -> None:
@@ -87,16 +87,16 @@ class Beam:
         b = len(max_len)
         self.k, self.eos_id = k, eos_id
         self.alpha, self.n = [alpha] * b, [nbest] * b  # (B,) each sentence's lp and n-best size
-        self.scores = torch.full((b, k), -math.inf, device=max_len.device)  # (B, k) log P of the beams
+        self.scores = torch.full((b, k), -math.inf, device=max_len.device)  # (B, k) beams' log P
         self.scores[:, 0] = 0.0  # start from one beam, so the first step does not pick k copies
         self.finished: list[list[Hypothesis]] = [[] for _ in range(b)]
         self.active = set(range(b))  # sentences still searching
-        self.max_len, self.last = max_len, max_len.tolist()  # (B,), and on the host for the stop rule
+        self.max_len, self.last = max_len, max_len.tolist()  # (B,), and on the host
         self.limit = MaxLength(max_len.repeat_interleave(k), eos_id)  # (B*k,)
 
     def choose(self, step: int, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
-        """The step's tokens (B*k,) and the hypotheses of ys they extend (B*k,), from logp (B*k, V) and
-        ys (B*k, 1 + step): bos and the tokens so far."""
+        """The step's tokens (B*k,) and the hypotheses of ys they extend (B*k,), from logp
+        (B*k, V) and ys (B*k, 1 + step): bos and the tokens so far."""
         c = candidates(self.scores, logp.view(*self.scores.shape, -1), self.eos_id)
         self.scores = c.scores
         self.settle(c, ys, [step] * len(self.finished), self.bounds(step + 2))
@@ -136,4 +136,5 @@ class Beam:
 
     def nbest(self, ys: Tensor) -> list[list[Hypothesis]]:
         """Each sentence's n-best list, best first."""
-        return [sorted(f, key=lambda h: -h.score)[:n] for f, n in zip(self.finished, self.n, strict=True)]
+        ranked = (sorted(f, key=lambda h: -h.score) for f in self.finished)
+        return [hyps[:n] for hyps, n in zip(ranked, self.n, strict=True)]

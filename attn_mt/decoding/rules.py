@@ -1,12 +1,12 @@
 """One decoder step, written once: the model's next-token log P, then the rules, each in turn.
 
-A rule sees the step, the log P of each hypothesis's next token and the tokens it has predicted so far,
-and rules tokens out (sets them to -inf); the search then picks among the rest, so log P stays the
-model's. A batch holds one hypothesis per sentence (greedy) or k consecutive ones (beam search).
+A rule sees the step, the log P of each hypothesis's next token and its tokens so far, and rules
+tokens out (sets them to -inf); the search then picks among the rest, so log P stays the model's.
+A batch holds one hypothesis per sentence (greedy) or k consecutive ones (beam search).
 
     rule            rules out
     BanIds          the model's banned ids (model.banned), always
-    MaxLength       everything but eos at a hypothesis's last position
+    MaxLength       everything but eos at an output's last position
     Prefix          everything but the prefix's next token, inside the target prefix
     Sample          everything but a token drawn from softmax(log P / temperature)
 
@@ -27,19 +27,19 @@ from attn_mt.models import DecoderCache, Seq2Seq
 
 class Rule(Protocol):
     def apply(self, step: int, logp: Tensor, predicted: Tensor) -> Tensor:
-        """logp (N, V) with tokens ruled out at -inf; predicted (N, step): the ids so far (no bos)."""
+        """logp (N, V) with tokens ruled out at -inf; predicted (N, step): the ids so far."""
         ...
 
 
 def only(logp: Tensor, keep: Tensor) -> Tensor:
-    """logp (N, V) with every token but keep[i] at -inf, where keep[i] >= 0 (elsewhere unchanged)."""
+    """logp (N, V) with every token but keep[i] at -inf where keep[i] >= 0 (elsewhere as it is)."""
     mask = torch.full_like(logp, -math.inf).scatter(1, keep.clamp(min=0)[:, None], 0.0)
     return torch.where((keep < 0)[:, None], logp, logp + mask)  # no host sync per token
 
 
 class BanIds:
-    """Ids never generated, at -inf after the softmax (as transformers' generate() bans them: the other
-    tokens keep their probabilities)."""
+    """Ids never generated, at -inf after the softmax (as transformers' generate() bans them: the
+    other tokens keep their probabilities)."""
 
     def __init__(self, ids: Sequence[int]) -> None:
         self.ids = list(ids)
@@ -67,12 +67,13 @@ class MaxLength:
 
 
 class Prefix:
-    """A target prefix per sentence (for each of its k hypotheses): inside it, only its next token."""
+    """A target prefix per sentence (each of its k hypotheses): inside it, its next token only."""
 
     def __init__(self, prefixes: list[list[int]], device: torch.device | str) -> None:
         self.width = max((len(p) for p in prefixes), default=0)
         padded = [p + [-1] * (self.width - len(p)) for p in prefixes]  # -1 past each prefix
-        self.table = torch.tensor(padded, dtype=torch.long, device=device).view(len(prefixes), self.width)
+        self.table = torch.tensor(padded, dtype=torch.long, device=device)
+        self.table = self.table.view(len(prefixes), self.width)  # (B, P), also for P = 0
 
     def apply(self, step: int, logp: Tensor, predicted: Tensor) -> Tensor:
         if step >= self.width:
@@ -82,22 +83,23 @@ class Prefix:
 
 
 class Sample:
-    """Sampling: keep only a token drawn from softmax(log P / temperature), each sentence from its own
-    generator (one hypothesis per sentence). Where another rule left one token, that one is drawn."""
+    """Sampling: only a token drawn from softmax(log P / temperature), each sentence from its own
+    generator (one hypothesis per sentence). Where another rule left one token, it is drawn."""
 
     def __init__(self, temperature: float, seeds: list[int], device: torch.device | str) -> None:
         self.temperature = max(temperature, 1e-30)  # a float32 divisor (below: greedy all the same)
         self.draw = [torch.Generator(device=device).manual_seed(s) for s in seeds]  # (B,)
 
     def apply(self, step: int, logp: Tensor, predicted: Tensor) -> Tensor:
-        top = logp.max(-1, keepdim=True).values  # the best token at 0: no overflow at any temperature
+        top = logp.max(-1, keepdim=True).values  # the best token at 0: no overflow
         probs = ((logp - top) / self.temperature).softmax(-1)  # (B, V)
-        drawn = [torch.multinomial(p, 1, generator=g) for p, g in zip(probs, self.draw, strict=True)]
+        drawn = [torch.multinomial(p, 1, generator=g)
+                 for p, g in zip(probs, self.draw, strict=True)]
         return only(logp, torch.cat(drawn))
 
 
 def step_rules(model: Seq2Seq, rules: Sequence[Rule], limit: MaxLength) -> list[Rule]:
-    """A search's rules, in order: the model's banned ids (if any), the caller's, the length limit."""
+    """A search's rules in order: the model's banned ids (if any), the caller's, the length."""
     banned = getattr(model, "banned", None)
     return [*([BanIds(banned)] if banned else []), *rules, limit]
 
@@ -105,8 +107,8 @@ def step_rules(model: Seq2Seq, rules: Sequence[Rule], limit: MaxLength) -> list[
 def decode_step(model: Seq2Seq, tgt_in: Tensor, memory: Tensor | None, src_mask: Tensor,
                 cache: DecoderCache | None, *, step: int, predicted: Tensor,
                 rules: Sequence[Rule]) -> Tensor:
-    """log P (N, V) of the next token after `rules`: the decoder on `tgt_in` (N, 1), the newest tokens,
-    with the cache (without one: the whole output so far), log-softmax in float32, each rule in turn."""
+    """log P (N, V) of the next token: the decoder on `tgt_in` (N, 1), the newest tokens, with the
+    cache (without one: the whole output so far), log-softmax in float32, then each rule."""
     logp = model.decode(tgt_in, memory, src_mask, cache)[:, -1].float().log_softmax(-1)  # (N, V)
     for rule in rules:
         logp = rule.apply(step, logp, predicted)

@@ -32,7 +32,8 @@ from attn_mt.config.yamlconf import first_line
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.beam import Hypothesis, length_penalty
 from attn_mt.decoding.scoring import Score, check_pairs, prepare_targets
-from attn_mt.decoding.search import Interrupt, Translation, max_lengths, prepare_sources, translate_batches
+from attn_mt.decoding.search import Interrupt
+from attn_mt.decoding.translate import Translation, max_lengths, prepare_sources, translate_batches
 from attn_mt.decoding.translator import Translator
 from attn_mt.export.checkpoint_reader import ExportError
 from attn_mt.export.ctranslate2 import META, require_ctranslate2
