@@ -125,7 +125,7 @@ def draw_seeds(seed: int, items: list[str]) -> tuple[int, ...]:
 
 def translate_nbest(translator: Translator, items: list[str], dcfg: DecodeConfig, steer: Steer,
                     ids: dict[int, list[int]] | None = None) -> list[list[Translation]]:
-    """The n-best lists of `items` (in input order; search.translate_batches' batches of dcfg.batch_size, by
+    """The n-best lists of `items` (in input order; translate.translate_batches' batches of dcfg.batch_size, by
     length) decoded with `steer`; `ids` (if given) gets each text's best token ids by its index."""
     if steer.temperature is not None and dcfg.beam_size > 1:
         raise InputError(f"sampling draws one token a step: give beam=1, not {dcfg.beam_size}", "beam")

@@ -310,10 +310,10 @@ class RunningBatch:
         tgt_in = self.ys.gather(1, step[:, None])  # (R, 1) each row's newest token
         logp = decode_step(self.model, tgt_in, None, self.cache.memory_mask, self.cache,
                            step=step, predicted=self.ys[:, 1:], rules=rules)  # (R, V)
-        nxt, moved = chooser.choose(step, logp, self.ys)
+        out, moved = chooser.choose(step, logp, self.ys)
         if moved is not None:
             self.ys = self.ys[moved]
-        self.ys.scatter_(1, step[:, None] + 1, nxt[:, None])
+        self.ys.scatter_(1, step[:, None] + 1, out[:, None])
         closed = chooser.closed()
         ended = dict(zip(closed, chooser.results(self.ys, closed), strict=True)) if closed else {}
         if k == 1:  # each sentence's tokens so far, or its end

@@ -144,7 +144,7 @@ def _hypotheses(result, limit: int, cfg: DecodeConfig, tok: Tokenizer) -> list[H
 
 def translate_nbest(exp: Exported, texts: list[str], cfg: DecodeConfig,
                     interrupt: Interrupt | None = None) -> list[list[Translation]]:
-    """The `cfg.nbest` best translations of each text, best first, in input order (decoding.search's loop,
+    """The `cfg.nbest` best translations of each text, best first, in input order (decoding.translate's loop,
     `translate_batches`, with CTranslate2 decoding each batch; `interrupt` is called between batches)."""
     tok, options = exp.tok, search_options(cfg)
 
