@@ -32,7 +32,7 @@ _HOMES = {
     "create_app": "attn_mt.serve", "Limits": "attn_mt.api.limits",
     "Item": "attn_mt.decoding.contrastive", "ContrastiveReport": "attn_mt.decoding.contrastive",
     "Entry": "attn_mt.data.cache",
-    "Translation": "attn_mt.decoding.search", "Score": "attn_mt.decoding.scoring",
+    "Translation": "attn_mt.decoding.translate", "Score": "attn_mt.decoding.scoring",
     "Explanation": "attn_mt.analysis.explanation", "HeadsReport": "attn_mt.analysis.overview",
     "ExperimentConfig": "attn_mt.config", "DecodeConfig": "attn_mt.config", "DECODE_OPTIONS": "attn_mt.config",
     "AttnMTError": "attn_mt.errors", "ConfigError": "attn_mt.errors", "InputError": "attn_mt.errors",
@@ -70,6 +70,6 @@ if TYPE_CHECKING:  # for editors and type checkers; at run time __getattr__ impo
     from attn_mt.data.cache import Entry
     from attn_mt.decoding.contrastive import ContrastiveReport, Item
     from attn_mt.decoding.scoring import Score
-    from attn_mt.decoding.search import Translation
+    from attn_mt.decoding.translate import Translation
     from attn_mt.errors import AttnMTError, ConfigError, InputError, Interrupted, ModelError, RunError, TrainError
     from attn_mt.serve import create_app

@@ -26,7 +26,7 @@ import torch
 from attn_mt.checkpoint import load_model
 from attn_mt.data.sources import read_lines
 from attn_mt.decoding.metrics import score
-from attn_mt.decoding.search import translate
+from attn_mt.decoding.translate import translate
 from attn_mt.measure.timing import alternate, timed
 
 VARIANTS = {  # name: (beam size, use the cache)

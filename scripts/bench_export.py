@@ -25,7 +25,7 @@ import torch
 from attn_mt.checkpoint import load_model
 from attn_mt.data.sources import read_lines
 from attn_mt.decoding.metrics import bleu
-from attn_mt.decoding.search import translate
+from attn_mt.decoding.translate import translate
 from attn_mt.device import autocast, describe, machine
 from attn_mt.export.ctranslate2 import export_ct2
 from attn_mt.imports import ct2_translator as ct2

@@ -134,7 +134,7 @@ def test_bucketed_shapes_compile_at_most_once_each():
 def test_a_model_trained_on_the_gpu_translates_on_the_cpu(tmp_path, tiny_cfg):
     """The whole run on CUDA (bf16 where supported, compiled and graphed on buckets); its checkpoint loads and
     decodes on a CPU, with the GPU's scores."""
-    from attn_mt.decoding.search import translate
+    from attn_mt.decoding.translate import translate
     from attn_mt.training.run import train
 
     cfg = tiny_cfg("train.device=cuda", "train.precision=auto", "train.compile=true", "train.cuda_graphs=true",

@@ -62,7 +62,8 @@ CORE = {"attn_mt.errors", "attn_mt.files", "attn_mt.device", "attn_mt.checkpoint
         "attn_mt.training.validation", "attn_mt.training.progress", "attn_mt.training.resume",
         "attn_mt.training.memory",
         "attn_mt.decoding", "attn_mt.decoding.rules", "attn_mt.decoding.search", "attn_mt.decoding.beam",
-        "attn_mt.decoding.translator", "attn_mt.decoding.metrics", "attn_mt.decoding.scoring"}
+        "attn_mt.decoding.translator", "attn_mt.decoding.metrics", "attn_mt.decoding.scoring",
+        "attn_mt.decoding.translate"}
 
 
 def modules(root: Path = PACKAGE) -> dict[str, Path]:

@@ -32,7 +32,7 @@ from attn_mt.data.sources import DataError
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.contrastive import Item
 from attn_mt.decoding.metrics import bleu
-from attn_mt.decoding.search import translate
+from attn_mt.decoding.translate import translate
 from attn_mt.errors import InputError
 from attn_mt.models import AttentionWeights, mean_loss
 from attn_mt.models.transformer import Transformer

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from attn_mt.data import checks
 from attn_mt.data.batching import collate
-from attn_mt.decoding.search import max_lengths, search
+from attn_mt.decoding.translate import max_lengths, search
 from attn_mt.errors import InputError
 from attn_mt.models import AttentionWeights
 from attn_mt.models.attention import MultiHeadAttention

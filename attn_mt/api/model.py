@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self, Unpack, overload
 from attn_mt.config import ARGS, DECODE_OPTIONS, DecodeConfig
 from attn_mt.config.decode import Decoding, OneBest
 from attn_mt.data import checks
-from attn_mt.decoding.search import Translation
+from attn_mt.decoding.translate import Translation
 from attn_mt.decoding.translator import decode_options, evaluate_texts
 from attn_mt.errors import AttnMTError, InputError, ModelError
 

@@ -29,7 +29,8 @@ from attn_mt.data import checks
 from attn_mt.data.batching import pad
 from attn_mt.decoding.beam import Hypothesis
 from attn_mt.decoding.rules import Prefix, Rule, Sample
-from attn_mt.decoding.search import Greedy, Translation, max_lengths, prepare_sources, search, steps, translate_batches
+from attn_mt.decoding.search import Greedy, steps
+from attn_mt.decoding.translate import Translation, max_lengths, prepare_sources, search, translate_batches
 from attn_mt.decoding.translator import Translator, model_translator
 from attn_mt.errors import InputError, ModelError
 
@@ -139,7 +140,7 @@ def draw_seeds(seed: int, items: list[str]) -> tuple[int, ...]:
 
 def translate_nbest(translator: Translator, items: list[str], dcfg: DecodeConfig, steer: Steer,
                     ids: dict[int, list[int]] | None = None) -> list[list[Translation]]:
-    """The n-best lists of `items` (in input order; search.translate_batches' batches of dcfg.batch_size, by
+    """The n-best lists of `items` (in input order; translate.translate_batches' batches of dcfg.batch_size, by
     length) decoded with `steer`; `ids` (if given) gets each text's best token ids by its index."""
     if steer.temperature is not None and dcfg.beam_size > 1:
         raise InputError(f"sampling draws one token a step: give beam=1, not {dcfg.beam_size}", "beam")

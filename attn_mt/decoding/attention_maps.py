@@ -17,7 +17,7 @@ from torch import Tensor
 
 from attn_mt.config import DecodeConfig
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decoding.search import max_lengths, prepare_sources, search
+from attn_mt.decoding.translate import max_lengths, prepare_sources, search
 from attn_mt.models import AttentionWeights, Seq2Seq
 
 

@@ -1,10 +1,10 @@
-"""Beam search's choices (search.py's loop runs `Beam`), over many sentences at once, with n-best lists and a GNMT
-length penalty.
+"""Beam search's choices (search.py's loop runs `Beam`), over many sentences at once, with n-best
+lists and a GNMT length penalty.
 
-Each sentence owns k consecutive rows of the decoder batch: (B, k) -> (B*k). Beams only ever
-move within their sentence's block of rows, so the decoder cache reorders just its self-attention
-state (`cache.reorder`), and every decision about a sentence looks at that sentence's rows only:
-its hypotheses do not depend on which other sentences share the batch.
+Each sentence owns k consecutive hypotheses of the decoder batch: (B, k) -> (B*k). Beams only ever
+move within their sentence's block, so the decoder cache reorders just its self-attention state
+(`cache.reorder`), and every decision about a sentence looks at its own block only: its
+hypotheses do not depend on which other sentences share the batch.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from attn_mt.decoding.rules import MaxLength
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """A finished output: token ids without bos/eos, log P(y | x), and the length-normalised score."""
+    """A finished output: token ids without bos/eos, log P(y | x), the length-normalised score."""
 
     tokens: list[int]
     log_prob: float
@@ -30,8 +30,8 @@ class Hypothesis:
 
 
 def length_penalty(length: int | Tensor, alpha: float | Penalty) -> float | Tensor:
-    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, section 7); |Y| counts eos. A `Penalty` of
-    form "power" (DecodeConfig.penalty) gives |Y| ** alpha, transformers' length_penalty."""
+    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al. 2016, section 7); |Y| counts eos. A
+    `Penalty` of form "power" (DecodeConfig.penalty) gives |Y| ** alpha, transformers' one."""
     if isinstance(alpha, Penalty):
         return length ** alpha.alpha if alpha.form == "power" else ((5 + length) / 6) ** alpha.alpha
     return ((5 + length) / 6) ** alpha
@@ -49,8 +49,8 @@ class Candidates(NamedTuple):
 
 
 def candidates(scores: Tensor, logp: Tensor, eos_id: int) -> Candidates:
-    """scores (B, k) log P of the beams, logp (B, k, V) of their next tokens (after the rules) -> the step's
-    `Candidates`. Offline and continuous beam search (decoding/continuous.py) both decide with this."""
+    """scores (B, k) log P of the beams, logp (B, k, V) of their next tokens (after the rules) ->
+    the step's `Candidates`."""
     b, k, v = logp.shape
     cand = (scores[:, :, None] + logp).view(b, k * v)  # (B, k*V)
     top, idx = cand.topk(min(2 * k, k * v), dim=1)  # (B, 2k), best first
@@ -62,91 +62,79 @@ def candidates(scores: Tensor, logp: Tensor, eos_id: int) -> Candidates:
     return Candidates(top, origin, token, ended, keep, scores)
 
 
-def best_possible(log_prob: Tensor, length: int | Tensor, max_len: Tensor, alpha: float | Penalty) -> Tensor:
-    """Upper bound on the score of any continuation of active beams. log_prob: (B, k) -> (B,);
-    `length` the output length after one more token (an int, or (B,) per sentence).
+def best_possible(log_prob: Tensor, length: int, max_len: Tensor, alpha: float | Penalty) -> Tensor:
+    """Upper bound on the score of any continuation of the beams: log_prob (B, k) -> (B,); `length`
+    the output length after one more token.
 
     log P only falls as tokens are added, so the best a beam can do is finish with its current
     log P at the length (between `length` and `max_len`) that divides it by the largest lp.
     """
-    if isinstance(length, Tensor):  # per sentence: the int version's values, rounded once to float32
-        least = length_penalty(length.double(), alpha).float()
-    else:
-        least = length_penalty(length, alpha)
-    lp = length_penalty(max_len.float(), alpha).clamp(min=least)  # (B,)
+    lp = length_penalty(max_len.float(), alpha).clamp(min=length_penalty(length, alpha))  # (B,)
     return log_prob.max(dim=1).values / lp
 
 
 class Beam:
-    """Beam search's chooser: k beams per sentence on k consecutive rows, each step the k best extensions that
-    do not end (`candidates`), the rows reordered to follow them; a candidate ending in eos is a finished
-    hypothesis. A sentence is done once the n-th best of its finished hypotheses can no longer be beaten by any
-    continuation of its beams (`best_possible`), or at its length limit. `alpha` and `nbest` are each sentence's
-    own (a list) or one for all; `step` is every row's (an int), or each row's own (a running batch's: rows
-    at different steps, continuous.py)."""
+    """Beam search's chooser: k beams per sentence, k consecutive hypotheses of the batch. Each
+    step keeps the k best extensions that do not end (`candidates`), and the batch follows them;
+    a candidate ending in eos is a finished hypothesis. A sentence is done once the n-th best of
+    its finished hypotheses can no longer be beaten by a continuation of its beams
+    (`best_possible`), or at its length limit."""
 
-    def __init__(self, max_len: Tensor, eos_id: int, k: int, alpha: float | Penalty | list = 0.6,
-                 nbest: int | list[int] = 1) -> None:
-        b, dev = len(max_len), max_len.device
-        self.alpha = alpha if isinstance(alpha, list) else [alpha] * b  # (B,) each sentence's length penalty
-        self.n = nbest if isinstance(nbest, list) else [nbest] * b  # (B,) and its n-best list's size
-        for n in self.n:
-            if not 1 <= n <= k:
-                raise ValueError(f"nbest={n} must be between 1 and beam_size={k}")
+    def __init__(self, max_len: Tensor, eos_id: int, k: int, alpha: float | Penalty = 0.6,
+                 nbest: int = 1) -> None:
+        if not 1 <= nbest <= k:
+            raise ValueError(f"nbest={nbest} must be between 1 and beam_size={k}")
+        b = len(max_len)
         self.k, self.eos_id = k, eos_id
-        self.scores = torch.full((b, k), -math.inf, device=dev)  # (B, k) log P of the active beams
+        self.alpha, self.n = [alpha] * b, [nbest] * b  # (B,) each sentence's lp and n-best size
+        self.scores = torch.full((b, k), -math.inf, device=max_len.device)  # (B, k) beams' log P
         self.scores[:, 0] = 0.0  # start from one beam, so the first step does not pick k copies
         self.finished: list[list[Hypothesis]] = [[] for _ in range(b)]
         self.active = set(range(b))  # sentences still searching
-        self._limit(max_len)
+        self.max_len, self.last = max_len, max_len.tolist()  # (B,), and on the host
+        self.limit = MaxLength(max_len.repeat_interleave(k), eos_id)  # (B*k,)
 
-    def _limit(self, max_len: Tensor) -> None:
-        self.max_len = max_len  # (B,)
-        self.last = max_len.tolist()  # (B,) the same on the host: the stop rule reads it every step
-        self.limit = MaxLength(max_len.repeat_interleave(self.k), self.eos_id)  # (B*k,) rows
+    def choose(self, step: int, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
+        """The step's tokens (B*k,) and the hypotheses of ys they extend (B*k,), from logp
+        (B*k, V) and ys (B*k, 1 + step): bos and the tokens so far."""
+        c = candidates(self.scores, logp.view(*self.scores.shape, -1), self.eos_id)
+        self.scores = c.scores
+        self.settle(c, ys, [step] * len(self.finished), self.bounds(step + 2))
+        return self.follow(c)
 
-    def choose(self, step: int | Tensor, logp: Tensor, ys: Tensor) -> tuple[Tensor, Tensor]:
-        """step: the decoded step of every row (int), or of each row ((B*k,), a running batch's); logp (B*k, V);
-        ys (B*k, 1 + W) bos and each row's tokens, right-padded."""
-        b, k = self.scores.shape
-        at = step if isinstance(step, int) else step.view(b, k)[:, 0]  # each sentence's step
-        steps = [at] * b if isinstance(at, int) else at.tolist()
-        c = candidates(self.scores, logp.view(b, k, -1), self.eos_id)
+    def settle(self, c: Candidates, ys: Tensor, steps: list[int], bound: list[float]) -> None:
+        """Keep the hypotheses that end at this step (sentence s has predicted steps[s] tokens) and
+        close the sentences whose n-best list no continuation can enter (bound[s]: the best score
+        one could reach)."""
+        k = self.k
         if bool(c.ended.any()):
             s_idx, c_idx = c.ended.nonzero(as_tuple=True)
             prefixes = ys[s_idx * k + c.origin[s_idx, c_idx], 1:].tolist()
-            for s, lp, prefix in zip(s_idx.tolist(), c.top[s_idx, c_idx].tolist(), prefixes, strict=True):
+            ends = zip(s_idx.tolist(), c.top[s_idx, c_idx].tolist(), prefixes, strict=True)
+            for s, lp, prefix in ends:
                 if s in self.active:
                     n = steps[s]
                     hyp = Hypothesis(prefix[:n], lp, lp / length_penalty(n + 1, self.alpha[s]))
                     self.finished[s].append(hyp)
-        self.scores = c.scores
-        bound = self._bounds(at + 2)  # (B,)
         for s in list(self.active):
             scores_s, n = sorted((h.score for h in self.finished[s]), reverse=True), self.n[s]
             if steps[s] + 1 >= self.last[s] or (len(scores_s) >= n and scores_s[n - 1] >= bound[s]):
                 self.active.discard(s)  # nothing left on the beam can enter its n-best list
-        block = torch.arange(b, device=logp.device)[:, None] * k  # (B, 1) first row of each sentence
-        rows = (block + c.origin.gather(1, c.keep)).view(-1)  # (B*k,) the rows the new beams extend
-        return c.token.gather(1, c.keep).view(-1), rows
 
-    def _bounds(self, length: int | Tensor) -> list[float]:
-        """`best_possible` of each sentence, for each alpha apart (one call where all share one)."""
-        if len(set(self.alpha)) == 1:
-            return best_possible(self.scores, length, self.max_len, self.alpha[0]).tolist()
-        bound = [0.0] * len(self.alpha)
-        for a in set(self.alpha):
-            rows = [s for s, x in enumerate(self.alpha) if x == a]
-            idx = torch.tensor(rows, device=self.scores.device)
-            part = length[idx] if isinstance(length, Tensor) else length
-            for s, v in zip(rows, best_possible(self.scores[idx], part, self.max_len[idx], a).tolist(), strict=True):
-                bound[s] = v
-        return bound
+    def follow(self, c: Candidates) -> tuple[Tensor, Tensor]:
+        """The new beams: their tokens (B*k,) and the hypotheses they extend (B*k,)."""
+        b, k = c.keep.shape
+        block = torch.arange(b, device=c.keep.device)[:, None] * k  # (B, 1) each sentence's first
+        return c.token.gather(1, c.keep).view(-1), (block + c.origin.gather(1, c.keep)).view(-1)
+
+    def bounds(self, length: int) -> list[float]:
+        """`best_possible` of each sentence (one alpha for all)."""
+        return best_possible(self.scores, length, self.max_len, self.alpha[0]).tolist()
 
     def done(self) -> bool:
         return not self.active
 
-    def nbest(self, ys: Tensor, sentences: list[int] | None = None) -> list[list[Hypothesis]]:
-        """The n-best lists of `sentences` (all by default), best first."""
-        return [sorted(self.finished[s], key=lambda h: -h.score)[: self.n[s]]
-                for s in (range(len(self.finished)) if sentences is None else sentences)]
+    def nbest(self, ys: Tensor) -> list[list[Hypothesis]]:
+        """Each sentence's n-best list, best first."""
+        ranked = (sorted(f, key=lambda h: -h.score) for f in self.finished)
+        return [hyps[:n] for hyps, n in zip(ranked, self.n, strict=True)]

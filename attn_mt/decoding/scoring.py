@@ -13,7 +13,7 @@ from attn_mt.config.yamlconf import OptionError
 from attn_mt.data.batching import pad
 from attn_mt.data.checks import clean
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.decoding.search import prepare_sources
+from attn_mt.decoding.translate import prepare_sources
 from attn_mt.models import Seq2Seq
 
 

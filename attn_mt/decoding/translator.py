@@ -17,7 +17,8 @@ from attn_mt.config.yamlconf import OptionError
 from attn_mt.data import checks
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.metrics import score
-from attn_mt.decoding.search import Interrupt, Translation
+from attn_mt.decoding.search import Interrupt
+from attn_mt.decoding.translate import Translation
 
 if TYPE_CHECKING:
     from attn_mt.decoding.scoring import Score
@@ -75,7 +76,7 @@ KEPT = ("step", "epoch", "best_bleu", "pruned_heads", "pruned_from")  # what a T
 
 def model_translator(model, cfg, tok: Tokenizer, device, path: Path | str, state: dict | None = None) -> Translator:
     """A loaded PyTorch model (in eval mode, on `device`) as a Translator; `state` is its checkpoint's dict."""
-    from attn_mt.decoding.search import translate_nbest
+    from attn_mt.decoding.translate import translate_nbest
 
     state = state or {}
     return Translator("checkpoint", Path(path), cfg.decode, tok,

@@ -32,7 +32,8 @@ from attn_mt.config.yamlconf import first_line
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.beam import Hypothesis, length_penalty
 from attn_mt.decoding.scoring import Score, check_pairs, prepare_targets
-from attn_mt.decoding.search import Interrupt, Translation, max_lengths, prepare_sources, translate_batches
+from attn_mt.decoding.search import Interrupt
+from attn_mt.decoding.translate import Translation, max_lengths, prepare_sources, translate_batches
 from attn_mt.decoding.translator import Translator
 from attn_mt.export.checkpoint_reader import ExportError
 from attn_mt.export.ctranslate2 import META, require_ctranslate2
@@ -143,7 +144,7 @@ def _hypotheses(result, limit: int, cfg: DecodeConfig, tok: Tokenizer) -> list[H
 
 def translate_nbest(exp: Exported, texts: list[str], cfg: DecodeConfig,
                     interrupt: Interrupt | None = None) -> list[list[Translation]]:
-    """The `cfg.nbest` best translations of each text, best first, in input order (decoding.search's loop,
+    """The `cfg.nbest` best translations of each text, best first, in input order (decoding.translate's loop,
     `translate_batches`, with CTranslate2 decoding each batch; `interrupt` is called between batches)."""
     tok, options = exp.tok, search_options(cfg)
 

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from attn_mt.checkpoint import load_model
 from attn_mt.config import ConfigError, ExperimentConfig, TransformerConfig
 from attn_mt.data.batching import token_batches
-from attn_mt.decoding.search import translate
+from attn_mt.decoding.translate import translate
 from attn_mt.device import Stopwatch, autocast, describe, precisions_for
 from attn_mt.files import write_atomic
 from attn_mt.measure.parts import config_parts, parts_table

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attn_mt.config import DecodeConfig
-from attn_mt.decoding.search import translate, translate_nbest
+from attn_mt.decoding.translate import translate, translate_nbest
 from attn_mt.device import Stopwatch
 
 log = logging.getLogger(__name__)

@@ -102,12 +102,13 @@ class EncoderLayer(nn.Module):
 
 
 @dataclass
-class DecoderCache:
-    """Per decoder layer: self-attention keys/values of the positions so far, and the cross-attention
-    keys/values of the memory (computed at the first step, then reused). Every row is at the same step.
+class KVCache:
+    """The Transformer's `DecoderCache`, per decoder layer: self-attention keys/values of the
+    positions so far, and the cross-attention keys/values of the memory (computed at the first step,
+    then reused). Every sentence of the batch is at the same step.
 
-    The seam for rows at different steps: `decode` asks `advance` for the new positions' offset and the
-    self-attention mask, which decoding/continuous.py's `RunningCache` gives per row (continuous batching).
+    `decode` asks `advance` for the new positions' offset and the self-attention mask: the seam where
+    decoding/continuous.py's `RunningCache` gives each sentence its own (continuous batching).
     """
 
     self_attn: list[KV]
@@ -207,7 +208,7 @@ class Transformer(Seq2Seq):
             x = layer(x, src_mask, rotation, weights)
         return self.enc_norm(x)
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: DecoderCache | None = None,
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: KVCache | None = None,
                weights: AttentionWeights | None = None) -> Tensor:
         """tgt_in: (B, T) ids -> logits (B, T, V); with `cache`, only the new positions (a cache that holds
         its cross-attention keys already, as decoding/continuous.py's, needs no memory: None)."""
@@ -220,8 +221,8 @@ class Transformer(Seq2Seq):
         logits = self.out_proj(self.dec_norm(x))  # (B, T, V)
         return logits + self.out_bias if self.cfg.output_bias else logits
 
-    def new_cache(self) -> DecoderCache:
-        return DecoderCache([KV() for _ in self.decoder], [KV() for _ in self.decoder])
+    def new_cache(self) -> KVCache:
+        return KVCache([KV() for _ in self.decoder], [KV() for _ in self.decoder])
 
     def set_attention_impl(self, impl: str) -> None:
         """Switch every attention module between "sdpa" and "reference"."""

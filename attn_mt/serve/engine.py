@@ -23,7 +23,7 @@ from attn_mt.config import FIELDS, DecodeConfig
 from attn_mt.config.yamlconf import OptionError
 from attn_mt.decoding.attention_maps import attention_maps
 from attn_mt.decoding.continuous import Event, RunningBatch, supports
-from attn_mt.decoding.search import Translation, prepare_sources, translations
+from attn_mt.decoding.translate import Translation, prepare_sources, translations
 from attn_mt.decoding.translator import decode_options, hypotheses_json
 from attn_mt.errors import AttnMTError
 from attn_mt.models import count_params

@@ -129,7 +129,7 @@ class Aggregate(logging.Filter):
         return True
 
 
-QUIET = ("asyncio", "attn_mt.decoding.search")  # the loggers whose messages a client can repeat at will
+QUIET = ("asyncio", "attn_mt.decoding.translate")  # the loggers whose messages a client can repeat at will
 
 
 def make_server(app, header_timeout_s: float = 10.0) -> uvicorn.Server:

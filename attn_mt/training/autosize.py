@@ -27,7 +27,7 @@ import torch
 from attn_mt.config import ConfigError, ExperimentConfig
 from attn_mt.data.batching import token_batches
 from attn_mt.data.corpus import Corpus
-from attn_mt.decoding.search import translate
+from attn_mt.decoding.translate import translate
 from attn_mt.device import Stopwatch, autocast
 from attn_mt.models import build_model, count_params
 from attn_mt.training.trainer import TrainStep

@@ -13,7 +13,7 @@ from attn_mt.data.batching import Batch, token_batches
 from attn_mt.data.corpus import Corpus
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.metrics import bleu, score
-from attn_mt.decoding.search import translate
+from attn_mt.decoding.translate import translate
 from attn_mt.device import autocast, rng_state, set_rng_state
 from attn_mt.models import Seq2Seq, mean_loss
 

@@ -17,7 +17,7 @@ from typing import assert_type
 import attn_mt
 from attn_mt.api.attention import Attention
 from attn_mt.decoding.scoring import Score
-from attn_mt.decoding.search import Translation
+from attn_mt.decoding.translate import Translation
 
 model = attn_mt.load("runs/toy/checkpoint_best.pt", device="cpu", dtype="bfloat16")
 assert_type(model.translate("a dog."), str)

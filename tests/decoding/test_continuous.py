@@ -11,7 +11,7 @@ import torch
 from conftest import BOS, EOS, PAD, batch, sources, train_reverser
 
 from attn_mt.config import DecodeConfig, RNNConfig
-from attn_mt.decoding.continuous import RunningBatch, supports
+from attn_mt.decoding.continuous import RunningBatch, RunningLimit, supports
 from attn_mt.decoding.search import beam_search, greedy_search
 from attn_mt.models import build_model
 
@@ -30,6 +30,15 @@ def offline(model, srcs, cfg):
         return [[h] for h in greedy_search(model, src, max_len, bos_id=BOS, eos_id=EOS, alpha=cfg.alpha)]
     return beam_search(model, src, max_len, bos_id=BOS, eos_id=EOS, beam_size=cfg.beam_size, nbest=cfg.nbest,
                        alpha=cfg.alpha)
+
+
+def test_the_length_rule_reads_each_rows_own_step():
+    logp = torch.randn(4, 6).log_softmax(-1)
+    limit = RunningLimit(torch.tensor([1, 2, 3, 1]), eos_id=5)
+    per_row = limit.apply(torch.tensor([0, 1, 1, 0]), logp.clone(), torch.zeros(4, 0, dtype=torch.long))
+    assert per_row[:2].isfinite().sum() == 2 and torch.equal(per_row[2], logp[2])
+    assert per_row[[0, 1], 5].tolist() == logp[[0, 1], 5].tolist()
+    assert torch.equal(limit.apply(torch.tensor([-1, 0, 1, -1]), logp.clone(), logp[:, :0]), logp)  # none at it
 
 
 def running(model, cfg) -> RunningBatch:

@@ -13,7 +13,7 @@ from attn_mt.data.sources import DataError
 from attn_mt.data.toy import make_toy_corpus
 from attn_mt.decoding.contrastive import evaluate_contrastive, items_from_records, read_items, subject_rule
 from attn_mt.decoding.scoring import score_texts
-from attn_mt.decoding.search import prepare_sources
+from attn_mt.decoding.translate import prepare_sources
 from attn_mt.decoding.translator import checkpoint_translator
 
 

@@ -14,7 +14,8 @@ from attn_mt import checkpoint
 from attn_mt.checkpoint import load_model
 from attn_mt.cli import app
 from attn_mt.config import DecodeConfig
-from attn_mt.decoding.search import Greedy, greedy_search, max_lengths, steps, translate, translate_nbest
+from attn_mt.decoding.search import Greedy, greedy_search, steps
+from attn_mt.decoding.translate import max_lengths, translate, translate_nbest
 
 TEXTS = ["the dog sees the cat.", "", "a woman likes the old horses because the child finds a book.",
          "   ", "the child finds a book.", "some birds.", "today the small man hears a red house."]
@@ -94,7 +95,7 @@ def test_nbest_translations(run):
 def test_over_long_lines_are_truncated_with_one_warning(run, caplog):
     model, cfg, tok = run
     long = " ".join(["the dog sees the cat."] * 200)
-    with caplog.at_level(logging.WARNING, logger="attn_mt.decoding.search"):
+    with caplog.at_level(logging.WARNING, logger="attn_mt.decoding.translate"):
         out = translate(model, tok, [long, "a cat.", long], DecodeConfig(beam_size=2, max_len_a=0.1))
     assert len(out) == 3
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from attn_mt import checkpoint
 from attn_mt.checkpoint import CheckpointError
 from attn_mt.cli import app as cli
-from attn_mt.decoding.search import translate_nbest
+from attn_mt.decoding.translate import translate_nbest
 from attn_mt.decoding.translator import checkpoint_translator
 
 

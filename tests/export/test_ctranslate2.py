@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from attn_mt import checkpoint
 from attn_mt.cli import app
 from attn_mt.data.toy import make_toy_corpus
-from attn_mt.decoding.search import prepare_sources, translate_nbest
+from attn_mt.decoding.translate import prepare_sources, translate_nbest
 from attn_mt.export.ctranslate2 import export_ct2
 
 runner = CliRunner()

@@ -18,7 +18,7 @@ from attn_mt import checkpoint
 from attn_mt.config import load_config
 from attn_mt.data.toy import make_toy_corpus
 from attn_mt.decoding.metrics import score
-from attn_mt.decoding.search import max_lengths, prepare_sources, translate_nbest
+from attn_mt.decoding.translate import max_lengths, prepare_sources, translate_nbest
 
 # small, but trained far enough to write sentences that end (test BLEU about 15 after 150 steps)
 TRAINED = ["data.toy_size=2000", "model.d_model=64", "model.d_ff=128", "train.batch_tokens=1500",

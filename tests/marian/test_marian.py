@@ -11,7 +11,7 @@ from marian_models import folders, texts
 import attn_mt
 from attn_mt import checkpoint
 from attn_mt.data.batching import pad
-from attn_mt.decoding.search import prepare_sources, search
+from attn_mt.decoding.translate import prepare_sources, search
 from attn_mt.imports.marian import is_marian, marian_state
 
 N, LIMIT = 200, 48  # sentences compared; output tokens at most (eos included), forced eos there
@@ -160,7 +160,7 @@ def test_our_export_reads_back_the_same_model(hf, tiny_cfg, tiny_run, tmp_path, 
     from conftest import random_checkpoint
 
     from attn_mt.decoding.scoring import score_texts
-    from attn_mt.decoding.search import translate_nbest
+    from attn_mt.decoding.translate import translate_nbest
     from attn_mt.export.transformers import export_hf
 
     model, tok = random_checkpoint(tiny_cfg, tiny_run, tmp_path / "ours.pt", "model.norm_first=false", *overrides)

@@ -13,7 +13,8 @@ from attn_mt import checkpoint
 from attn_mt.config import DecodeConfig, RNNConfig, to_dict
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.metrics import score
-from attn_mt.decoding.search import greedy, translate, translate_nbest
+from attn_mt.decoding.search import greedy
+from attn_mt.decoding.translate import translate, translate_nbest
 from attn_mt.models import AttentionWeights, build_model
 from attn_mt.models.rnn import RNNCache, RNNSeq2Seq
 

@@ -14,7 +14,7 @@ import pytest
 
 from attn_mt import checkpoint
 from attn_mt.decoding.metrics import score
-from attn_mt.decoding.search import translate
+from attn_mt.decoding.translate import translate
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from attn_mt import checkpoint
 from attn_mt.cli import app as cli
 from attn_mt.config import load_config
-from attn_mt.decoding.search import translate_nbest
+from attn_mt.decoding.translate import translate_nbest
 from attn_mt.models import count_params
 
 pytest.importorskip("fastapi")  # the serve extra

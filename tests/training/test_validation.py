@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from attn_mt.checkpoint import load_model
 from attn_mt.data.corpus import load_corpus
 from attn_mt.decoding.metrics import bleu, score
-from attn_mt.decoding.search import translate
+from attn_mt.decoding.translate import translate
 from attn_mt.training.validation import score_test_split, valid_bleu, validate, validation_loss
 
 CPU = torch.device("cpu")
