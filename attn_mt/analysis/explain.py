@@ -109,7 +109,7 @@ def explain(model: Seq2Seq, tok: Tokenizer, text: str, *, kind: str = "cross", l
         kind=kind, layer=layer, head=head, source=text.strip(), translation=f.translation,
         source_tokens=src_tokens, target_tokens=predicted, query_index=i, query_token=queries[i],
         query_input=src_tokens[i] if kind == "encoder_self" else tgt_in[i],
-        d_model=attn.d_model, n_heads=attn.n_heads, d_k=attn.d_head, scale=1 / math.sqrt(attn.d_head),
+        d_model=attn.d_model, n_heads=attn.n_heads, d_k=attn.d_k, scale=1 / math.sqrt(attn.d_k),
         x=_floats(call.x[0, i]), q=_floats(r.q[h]), keys=rows, k=_floats(r.k[h]), v=_floats(r.v[h]),
         head_output=_floats(r.heads[h]), head_outputs=_floats(r.heads), output=_floats(r.output),
         model_output=_floats(model_output), max_abs_diff=float((r.output - model_output).abs().max()))

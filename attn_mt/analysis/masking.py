@@ -65,7 +65,7 @@ def prune(model: Transformer, heads: Iterable[Head]) -> None:
     modules = attention_modules(model)
     for h in heads:
         m = modules[h.kind][h.layer - 1]
-        lo, hi = (h.head - 1) * m.d_head, h.head * m.d_head
+        lo, hi = (h.head - 1) * m.d_k, h.head * m.d_k
         m.out_proj.weight[:, lo:hi] = 0
         fused = [(m.qkv_proj, 3)] if isinstance(m, SelfAttention) else [(m.q_proj, 1), (m.kv_proj, 2)]
         for proj, parts in fused:  # [W_q; W_k; W_v] (or [W_k; W_v]) stacked by rows, D each

@@ -96,7 +96,7 @@ class Recomputed:
 
 def recompute(attn: MultiHeadAttention, call: Call, row: int, query: int) -> Recomputed:
     """Redo `attn` for query `query` of batch row `row` from its weights and the inputs in `call`."""
-    h, dh = attn.n_heads, attn.d_head
+    h, dh = attn.n_heads, attn.d_k
     (wq, bq), (wk, bk), (wv, bv) = projections(attn)
     x, context = call.x[row, query], call.context[row]  # (D,), (S, D)
     q = attn.q_norm((wq @ x + bq).view(h, dh))  # (H, Dh); q_norm, k_norm: identity unless model.qk_norm

@@ -33,17 +33,13 @@ class TransformerConfig:
     #     ladder of shapes on this machine and trains the one the budget trains best (d_model, n_heads, n_layers,
     #     d_ff, train.batch_tokens and warmup_steps are then chosen; attn_mt/training/autosize.py)
     activation: Literal["relu", "swish", "gelu", "relu2", "swiglu"] = "relu"  # of the feed-forward layers (swish =
-    #     SiLU, relu2 = relu(x)^2, swiglu = a gated layer with 2/3 d_ff hidden features); MarianMT models use swish
+    #     SiLU, relu2 = relu(x)^2, swiglu = a gated layer with 2/3 d_ff hidden features)
     zero_init: bool = False  # start the output projections of attention and feed-forward layers at zero
     qk_norm: bool = False  # RMS-normalise each head's queries and keys before q . k (QK-norm)
     norm: Literal["layer", "rms"] = "layer"  # LayerNorm or RMSNorm around the sublayers
-    # what MarianMT (opus-mt) models need (imports/marian.py sets them; the defaults are our own models):
-    positions: Literal["interleaved", "halves", "rotary", "learned"] = "interleaved"  # the sinusoid table: sin
-    #     and cos alternating dimensions (ours), or sin in the first half and cos in the second (Marian's); rotary:
-    #     no table, self-attention turns queries and keys by their positions (RoPE); learned: a trained table
-    #     per side (source, target), as in convolutional seq2seq and BERT
-    output_bias: bool = False  # a fixed bias added to the logits (Marian's final_logits_bias), not trained
-    banned_ids: tuple[int, ...] = ()  # target ids never generated (Marian's pad, its decoder start)
+    positions: Literal["interleaved", "rotary", "learned"] = "interleaved"  # interleaved: sinusoids, sin
+    #     and cos in alternating dimensions; rotary: no table, self-attention turns queries and keys by
+    #     their positions (RoPE); learned: a trained table per side (source, target), as in BERT
 
     def __post_init__(self) -> None:
         check_limits("model", self, MOST)
@@ -57,15 +53,9 @@ class TransformerConfig:
             p = getattr(self, key)
             if p is not None and not 0.0 <= p < 1.0:
                 raise ConfigError(f"model.{key}={p}: must be in [0, 1)", f"model.{key}")
-        if self.positions == "halves" and self.d_model % 2:
-            raise ConfigError(f"model.d_model={self.d_model}: must be even with model.positions=halves",
-                              "model.d_model")
         if self.positions == "rotary" and (self.d_model // self.n_heads) % 2:
             raise ConfigError(f"model.d_model / model.n_heads={self.d_model // self.n_heads}: must be even with "
                               "model.positions=rotary", "model.d_model")
-        if any(i < 0 for i in self.banned_ids):
-            raise ConfigError(f"model.banned_ids={list(self.banned_ids)}: must be token ids >= 0",
-                              "model.banned_ids")
 
     @property
     def dropouts(self) -> tuple[float, float, float]:

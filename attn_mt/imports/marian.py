@@ -1,12 +1,12 @@
 """Read a MarianMT model folder (Helsinki-NLP's opus-mt, or our own transformers export) as our
 checkpoint state: the inverse of export/transformers.py's post-norm route.
 
-A MarianMT model is our post-norm Transformer with Marian's choices, which the model config names:
-swish feed-forward layers (`model.activation`), the sinusoid table in halves (`model.positions`: sin in
-the first half of the dimensions, cos in the second; its weights then need no permutation), a fixed
-`final_logits_bias` (`model.output_bias`), and the pad token as decoder start, which is never generated
+A MarianMT model is our post-norm Transformer in Marian's layout (`model.kind: marian`, config/marian.py;
+models/imported.py builds it): swish feed-forward layers (`model.activation`), the sinusoid table in
+halves (sin in the first half of the dimensions, cos in the second; its weights then need no
+permutation), a fixed `final_logits_bias`, and the pad token as decoder start, which is never generated
 (`model.banned_ids`). Its tokenizer is SentencePiece models whose pieces vocab.json numbers (target_vocab.json
-too where the vocabularies are separate): data/tokenizer.py's `MappedPieces`. generation_config.json's
+too where the vocabularies are separate): data/pieces.py's `MappedPieces`. generation_config.json's
 beam and length penalty become the decode defaults (`decode.length_norm=power`: log P / |Y| ** alpha).
 
     >>> state = marian_state("opus-mt-en-de")  # a folder, or a hub name where the hub is reachable
@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from attn_mt.checkpoint import CheckpointError, model_state, tokenizer_from_protos
-from attn_mt.config import ConfigError, DataConfig, DecodeConfig, ExperimentConfig, TokenizerConfig, TransformerConfig
+from attn_mt.config import ConfigError, DataConfig, DecodeConfig, ExperimentConfig, TokenizerConfig
+from attn_mt.config.marian import MarianConfig
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.files import mark_model
 from attn_mt.imports.marian_fields import (
@@ -150,14 +151,14 @@ def marian_config(folder: Path, hf: dict, tok: Tokenizer) -> ExperimentConfig:
     names = folder.resolve().name.split("-")  # opus-mt-en-de -> en, de
     src_lang, tgt_lang = (names[-2], names[-1]) if len(names) >= 2 and names[-2] != names[-1] else ("src", "tgt")
     try:
-        model = TransformerConfig(
+        model = MarianConfig(
             d_model=hf["d_model"], n_heads=_same(hf, "encoder_attention_heads", "decoder_attention_heads"),
             n_layers=_same(hf, "encoder_layers", "decoder_layers"),
             d_ff=_same(hf, "encoder_ffn_dim", "decoder_ffn_dim"),
             dropout=hf["dropout"], attention_dropout=hf["attention_dropout"],
             activation_dropout=hf["activation_dropout"], norm_first=False,
             tie_embeddings=hf["tie_word_embeddings"], max_positions=hf["max_position_embeddings"],
-            activation=ACTIVATIONS[act], positions="halves", output_bias=True, banned_ids=tuple(sorted(banned)))
+            activation=ACTIVATIONS[act], banned_ids=tuple(sorted(banned)))
         decode = DecodeConfig(beam_size=gen["num_beams"], alpha=gen["length_penalty"], length_norm="power")
         return ExperimentConfig(name=folder.resolve().name, model=model, decode=decode,
                                 tokenizer=TokenizerConfig(joint=tok.joint, vocab_size=max(16, tok.src_vocab_size)),
