@@ -16,7 +16,7 @@ import re
 import torch
 from torch import Tensor
 
-from attn_mt.config import DecodeConfig
+from attn_mt.config import DecodeConfig, TransformerConfig
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.attention_maps import translate_then_force
 from attn_mt.errors import InputError
@@ -73,7 +73,7 @@ def check(model: Seq2Seq, text: str, kind: str, layer: int, head: int) -> str:
     if kind not in KINDS and kind not in KINDS.values():
         raise ExplainError("kind", f"{kind!r} is not one of encoder, decoder, cross")
     cfg = getattr(model, "cfg", None)
-    if getattr(cfg, "kind", None) != "transformer":
+    if not isinstance(cfg, TransformerConfig):  # an imported Transformer (a subclass) too
         raise ExplainError("checkpoint", f"explain recomputes a Transformer's attention, not {cfg.kind}'s "
                                          "additive attention (its weights: `attn-mt serve`'s page)")
     if not 1 <= layer <= cfg.n_layers:

@@ -18,12 +18,13 @@ SMALL_BATCH = 32
 
 
 def each(fn: Callable, items: list) -> list:
-    """fn over a list: one call per item for a few (SMALL_BATCH), else SentencePiece's batch call."""
+    """fn over a list: one call per item for a few (SMALL_BATCH), else one batch call."""
     return [fn(x) for x in items] if len(items) < SMALL_BATCH else fn(items)
 
 
 def language_code(text: str) -> tuple[list[str], str]:
-    """A multilingual Marian model's target-language prefix apart: ">>fr<< Hi" -> ([">>fr<<"], " Hi")."""
+    """A multilingual Marian model's target-language prefix apart:
+    ">>fr<< Hi" -> ([">>fr<<"], " Hi")."""
     if text.startswith(">>") and (end := text.find("<<")) != -1:
         return [text[: end + 2]], text[end + 2 :]
     return [], text

@@ -1,4 +1,4 @@
-"""SentencePiece subwords: trained on (a sample of) the training split, joint or one model per language.
+"""SentencePiece subwords: trained on (a sample of) the training split, joint or one per language.
 
 The data cache trains them once per entry and keeps the model file(s) in it (`Tokenizer.files`);
 checkpoints carry the same bytes (`Tokenizer.state`). A model read from another toolkit brings a
@@ -32,11 +32,13 @@ class Tokenizer:
 
     pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
 
-    def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None, vocab: dict | None = None) -> None:
+    def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None,
+                 vocab: dict | None = None) -> None:
         self.src_proto, self.tgt_proto, self.vocab = src_proto, tgt_proto, vocab
         self._sampler = None  # data/sampling.py's Sampler of the source model, made on first use
         self.src = spm.SentencePieceProcessor(model_proto=src_proto)
-        self.tgt = self.src if tgt_proto is None else spm.SentencePieceProcessor(model_proto=tgt_proto)
+        self.tgt = self.src if tgt_proto is None else \
+            spm.SentencePieceProcessor(model_proto=tgt_proto)
         if vocab is not None:
             from attn_mt.data.pieces import mapped
 
@@ -58,18 +60,19 @@ class Tokenizer:
 
     def sizes(self) -> dict:
         """What a model needs to know of the vocabulary: `build_model(cfg.model, **tok.sizes())`."""
-        return {"src_vocab": self.src_vocab_size, "tgt_vocab": self.tgt_vocab_size, "pad_id": self.pad_id,
-                "shared_vocab": self.joint}
+        return {"src_vocab": self.src_vocab_size, "tgt_vocab": self.tgt_vocab_size,
+                "pad_id": self.pad_id, "shared_vocab": self.joint}
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         return each(self.src.encode, texts)
 
-    def resample_src(self, ids: list[list[int]], alpha: float, seed: int, limit: int) -> list[list[int]]:
-        """The source sentences `ids` split anew (data/sampling.py: BPE-dropout at rate `alpha`, or a unigram
-        model's sampling with smoothing `alpha`), drawn from `seed` alone: the same in every process; a sentence
-        whose sample is longer than `limit` pieces keeps its ids."""
+    def resample_src(self, ids: list[list[int]], alpha: float, seed: int,
+                     limit: int) -> list[list[int]]:
+        """The source sentences `ids` split anew (data/sampling.py: BPE-dropout at rate `alpha`, or
+        a unigram model's sampling with smoothing `alpha`), drawn from `seed` alone: the same in
+        every process; a sentence whose sample is longer than `limit` pieces keeps its ids."""
         if self._sampler is None:
-            from attn_mt.data.sampling import Sampler  # subword regularisation: loaded where a run asks for it
+            from attn_mt.data.sampling import Sampler  # loaded where a run asks for it
 
             self._sampler = Sampler(self.src)
         rnd = random.Random(seed)
@@ -98,8 +101,8 @@ class Tokenizer:
         return cls(state["src_proto"], state["tgt_proto"], state.get("vocab"))
 
     def files(self) -> dict[str, bytes]:
-        """The SentencePiece model file(s) by name: spm.model (joint), else spm.src.model and spm.tgt.model;
-        with a vocabulary, spm.src.model (spm.tgt.model) and vocab.json."""
+        """The SentencePiece model file(s) by name: spm.model (joint), else spm.src.model and
+        spm.tgt.model; with a vocabulary, spm.src.model (spm.tgt.model) and vocab.json."""
         if self.vocab is not None:
             tgt = {} if self.tgt_proto is None else {SEPARATE[1]: self.tgt_proto}
             return {SEPARATE[0]: self.src_proto, **tgt, VOCAB: json.dumps(self.vocab).encode()}
@@ -121,9 +124,9 @@ def _train_one(texts: Iterable[str], cfg: TokenizerConfig) -> bytes:
         _spm_train(texts, cfg, model)
     except RuntimeError as e:  # e.g. "Vocabulary size is smaller than required_chars. 16 vs 38."
         reason = str(e).split("]")[-1].strip().split(". Increase")[0]
-        raise ConfigError(f"tokenizer.vocab_size={cfg.vocab_size}: SentencePiece cannot train on this corpus "
-                          f"({reason[:200]}); raise tokenizer.vocab_size or lower tokenizer.character_coverage",
-                          "tokenizer.vocab_size") from None
+        raise ConfigError(f"tokenizer.vocab_size={cfg.vocab_size}: SentencePiece cannot train on "
+                          f"this corpus ({reason[:200]}); raise tokenizer.vocab_size or lower "
+                          "tokenizer.character_coverage", "tokenizer.vocab_size") from None
     return model.getvalue()
 
 
@@ -134,15 +137,16 @@ def _spm_train(texts: Iterable[str], cfg: TokenizerConfig, model: io.BytesIO) ->
         character_coverage=cfg.character_coverage,
         pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
         hard_vocab_limit=False,  # small corpora may not support the requested size
-        input_sentence_size=max(2_000_000, cfg.sample_sentences),  # recorded in the model: 2M as it always was;
-        shuffle_input_sentence=True,  # the data cache already passes at most sample_sentences
+        # recorded in the model: 2M as it always was; the data cache passes at most sample_sentences
+        input_sentence_size=max(2_000_000, cfg.sample_sentences), shuffle_input_sentence=True,
         num_threads=2, minloglevel=2,
     )
 
 
 def train_tokenizer(cfg: TokenizerConfig, src: Iterable[str], tgt: Iterable[str]) -> Tokenizer:
     """Train SentencePiece on the source and target sentences (streams: each is read once)."""
-    log.info("training %s tokenizer (%s, vocab %d)", "joint" if cfg.joint else "separate", cfg.type, cfg.vocab_size)
+    log.info("training %s tokenizer (%s, vocab %d)", "joint" if cfg.joint else "separate", cfg.type,
+             cfg.vocab_size)
     if cfg.joint:
         return Tokenizer(_train_one(itertools.chain(src, tgt), cfg))
     return Tokenizer(_train_one(src, cfg), _train_one(tgt, cfg))

@@ -61,26 +61,29 @@ def count_params(model: nn.Module) -> int:
 
 def token_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float, pad_id: int,
                z_loss: float = 0.0) -> torch.Tensor:
-    """Summed (label-smoothed) cross-entropy of `logits` (B, T, V) against the target ids (B, T), pads left out.
-    With `z_loss`, plus z_loss times each token's log Z^2 (Z the softmax's normaliser), which keeps the logits
-    from drifting (PaLM)."""
+    """Summed (label-smoothed) cross-entropy of `logits` (B, T, V) against the target ids (B, T),
+    pads left out. With `z_loss`, plus z_loss times each token's log Z^2 (Z the softmax's
+    normaliser), which keeps the logits from drifting (PaLM)."""
     logits, target = logits.flatten(0, 1).float(), target.flatten()  # (B*T, V), (B*T,)
-    loss = F.cross_entropy(logits, target, ignore_index=pad_id, label_smoothing=label_smoothing, reduction="sum")
+    loss = F.cross_entropy(logits, target, ignore_index=pad_id, label_smoothing=label_smoothing,
+                           reduction="sum")
     if z_loss:
         loss = loss + z_loss * (logits.logsumexp(-1).square() * (target != pad_id)).sum()
     return loss
 
 
-def loss_sum(model: nn.Module, batch, label_smoothing: float, pad_id: int, z_loss: float = 0.0) -> torch.Tensor:
-    """token_loss of the model's teacher-forced logits on a batch (the data package's Batch: src (B, S), tgt_in
-    and tgt_out (B, T) token ids)."""
-    return token_loss(model(batch.src, batch.tgt_in), batch.tgt_out, label_smoothing, pad_id, z_loss)
+def loss_sum(model: nn.Module, batch, label_smoothing: float, pad_id: int,
+             z_loss: float = 0.0) -> torch.Tensor:
+    """token_loss of the model's teacher-forced logits on a batch (the data package's Batch: src
+    (B, S), tgt_in and tgt_out (B, T) token ids)."""
+    logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+    return token_loss(logits, batch.tgt_out, label_smoothing, pad_id, z_loss)
 
 
 @torch.inference_mode()
 def mean_loss(model: nn.Module, batches: Iterable, pad_id: int, device: torch.device) -> float:
-    """Mean per-token cross-entropy (no label smoothing) over `batches` (the data package's Batch: src, tgt_in,
-    tgt_out and n_tokens), each moved to `device`, teacher-forced; summed on the device, read once."""
+    """Mean per-token cross-entropy (no label smoothing) over `batches` (Batch: src, tgt_in, tgt_out
+    and n_tokens), each moved to `device`, teacher-forced; summed on the device, read once."""
     total, n = torch.zeros((), device=device), 0
     for batch in batches:
         batch = batch.to(device)

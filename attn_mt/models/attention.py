@@ -77,7 +77,7 @@ class KV:
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """The keys and values so far, with these (B, H, T, d_k) after them."""
         if self.k is not None:
-            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)  # (B, H, L + T, d_k)
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)  # (B, H, L+T, d_k)
         self.k, self.v = k, v
         return k, v
 
@@ -102,11 +102,8 @@ class MultiHeadAttention(nn.Module):
 
     `impl`: "sdpa" takes fast.py's fused kernel where it is faster, "reference" always `attention`.
     `qk_norm` RMS-normalises each head's queries and keys before q . k, so the scores stay bounded
-    (QK-norm; Dehghani et al. 2023). `head_mask` (H,), None unless analysis/masking.py sets it,
-    multiplies each head's output: 0 removes the head.
+    (QK-norm; Dehghani et al. 2023).
     """
-
-    head_mask: Tensor | None = None  # a plain attribute, not a buffer: checkpoints never hold it
 
     def __init__(self, *, d_model: int, n_heads: int, p_drop: float = 0.0, impl: str = "sdpa",
                  qk_norm: bool = False) -> None:
@@ -153,8 +150,6 @@ class MultiHeadAttention(nn.Module):
         else:
             mask = causal_mask(t, s, q.device) if causal else mask
             y, weights = attention(q, k, v, mask, self.drop if p_drop else None)  # (B, H, T, d_k)
-        if self.head_mask is not None:
-            y = y * self.head_mask.to(y.dtype).view(1, -1, 1, 1)  # masked heads give 0
         return self.out_proj(self._merge_heads(y)), (weights.detach() if need_weights else None)
 
 
@@ -171,7 +166,7 @@ class SelfAttention(MultiHeadAttention):
                 rotation: Rotation | None) -> tuple[Tensor, Tensor, Tensor]:
         if context is not None:
             raise ValueError("self-attention attends to x itself: pass the mask by name, mask=...")
-        q, k, v = (self._split_heads(y) for y in self.qkv_proj(x).chunk(3, dim=-1))  # (B, H, T, d_k)
+        q, k, v = (self._split_heads(y) for y in self.qkv_proj(x).chunk(3, dim=-1))
         q, k = self.q_norm(q), self.k_norm(k)  # keys are cached normalised (and turned)
         if rotation is not None:
             q, k = rotation(q), rotation(k)

@@ -13,8 +13,8 @@ from torch import Tensor, nn
 
 
 def fused_is_faster(q: Tensor, training: bool) -> bool:
-    """Whether `fused_attention` beats `attention` here: everywhere but in CPU training, where SDPA
-    has no fused kernel with dropout, and its kernel without trained slower (docs/performance.md)."""
+    """Whether `fused_attention` beats `attention` here: everywhere but in CPU training, where
+    SDPA has no fused kernel with dropout, and without it trained slower (docs/performance.md)."""
     return not (training and q.device.type == "cpu")
 
 
@@ -30,8 +30,9 @@ class Dropout(nn.Dropout):
     """nn.Dropout with a cheaper random mask on CPU, where F.dropout draws one Bernoulli sample per
     element.
 
-    This draws 64 random bits per 8 elements and drops an element whose byte is below p * 256 (p rounded
-    to 1/256, the scale from the rounded p: the expectation is exact), writing the mask in x's dtype.
+    This draws 64 random bits per 8 elements and drops an element whose byte is below p * 256
+    (p rounded to 1/256, the scale from the rounded p: the expectation is exact), writing the mask
+    in x's dtype.
     Other devices, torch.compile and a p that rounds to 0 or 1 use F.dropout.
     """
 

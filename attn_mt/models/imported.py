@@ -18,7 +18,7 @@ from .transformer import Transformer
 
 class MarianSinusoidal(Sinusoidal):
     """Marian's sinusoids: all sines first, the cosines after them, the angles pos / 10000^(2i/D)
-    computed as Marian does (in float64, then cast), so that imported models translate as they did."""
+    computed as Marian does (in float64, then cast), so that imported models translate as theirs."""
 
     def fill(self, pe: Tensor, pos: Tensor) -> None:
         d_model = pe.size(1)

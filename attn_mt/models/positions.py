@@ -37,16 +37,6 @@ class Rotation:
         turned = [x1 * self.cos - x2 * self.sin, x1 * self.sin + x2 * self.cos]
         return torch.cat(turned, dim=-1).type_as(x)
 
-    def at(self, index: slice) -> Rotation:
-        """The rotation of positions `index` only (of a (T, d_k/2) rotation)."""
-        return Rotation(self.cos[..., index, :], self.sin[..., index, :])
-
-    @staticmethod
-    def cat(rotations: list[Rotation]) -> Rotation:
-        """Consecutive rotations (a decoder's steps) as one, joined along T."""
-        return Rotation(torch.cat([r.cos for r in rotations], dim=-2),
-                        torch.cat([r.sin for r in rotations], dim=-2))
-
 
 class Positions(nn.Module):
     """A scheme that does nothing; subclasses add a table, or turn queries and keys."""

@@ -1,6 +1,6 @@
-"""Whether a model fits in memory, known before it is built: the model as shapes only (`shapes_only`:
-on the meta device, nothing initialised), and `check_memory`, which compares what its weights and
-tables need with what this process can still allocate.
+"""Whether a model fits in memory, known before it is built: the model as shapes only
+(`shapes_only`: on the meta device, nothing initialised), and `check_memory`, which compares what
+its weights and tables need with what this process can still allocate.
 
 Tested in tests/models/test_size_check.py.
 """
@@ -25,8 +25,8 @@ class NoInit(TorchFunctionMode):
     initialised."""
 
     SKIP = frozenset({"normal_", "uniform_", "trunc_normal_", "xavier_uniform_", "xavier_normal_",
-                      "kaiming_uniform_", "kaiming_normal_", "zeros_", "ones_", "constant_", "zero_",
-                      "fill_"})
+                      "kaiming_uniform_", "kaiming_normal_", "zeros_", "ones_", "constant_",
+                      "zero_", "fill_"})
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if getattr(func, "__name__", "") in self.SKIP:
@@ -73,7 +73,8 @@ def memory_free() -> int:
     free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     try:
         with open("/proc/meminfo") as f:
-            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+            free = next(int(line.split()[1]) * 1024 for line in f
+                        if line.startswith("MemAvailable:"))
         with open("/proc/self/statm") as f:
             used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, StopIteration, ValueError):

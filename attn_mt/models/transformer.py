@@ -8,7 +8,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -55,7 +54,8 @@ class GatedFeedForward(nn.Module):
         return self.down(self.drop(F.silu(gate) * value))
 
 
-def feed_forward(cfg: TransformerConfig, p_drop: float) -> nn.Module:
+def feed_forward(cfg: TransformerConfig) -> nn.Module:
+    p_drop = cfg.dropouts[2]
     if cfg.activation == "swiglu":
         return GatedFeedForward(cfg.d_model, cfg.d_ff, p_drop)
     return FeedForward(cfg.d_model, cfg.d_ff, p_drop, cfg.activation)
@@ -95,7 +95,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.self_attn = attention_layer(SelfAttention, cfg)
-        self.ff = feed_forward(cfg, cfg.dropouts[2])
+        self.ff = feed_forward(cfg)
         self.sub = nn.ModuleList(Sublayer(cfg) for _ in range(2))
 
     def forward(self, x: Tensor, src_mask: Tensor, rotation: Rotation | None = None,
@@ -137,7 +137,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = attention_layer(SelfAttention, cfg)
         self.cross_attn = attention_layer(CrossAttention, cfg)
-        self.ff = feed_forward(cfg, cfg.dropouts[2])
+        self.ff = feed_forward(cfg)
         self.sub = nn.ModuleList(Sublayer(cfg) for _ in range(3))
 
     def forward(self, x: Tensor, memory: Tensor | None, src_mask: Tensor, self_kv: KV | None = None,
@@ -159,7 +159,7 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(Seq2Seq):
-    """Encoder-decoder Transformer: `encode(src)` once, `decode(tgt_in, memory)` per step or batch."""
+    """`encode(src)` once, then `decode(tgt_in, memory)` for a whole target or step by step."""
 
     def __init__(self, cfg: TransformerConfig, *, src_vocab: int, tgt_vocab: int, pad_id: int,
                  shared_vocab: bool) -> None:
@@ -202,10 +202,12 @@ class Transformer(Seq2Seq):
                     if isinstance(m, GatedFeedForward) else m[-1]
                 nn.init.zeros_(out.weight)
 
-    def _embed(self, emb: nn.Embedding, pos: Positions, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
+    def _embed(self, emb: nn.Embedding, pos: Positions, ids: Tensor,
+               offset: int | Tensor = 0) -> Tensor:
         return self.drop(pos(emb(ids) * math.sqrt(self.d_model), offset))  # section 3.4
 
-    def encode(self, src: Tensor, src_mask: Tensor, weights: AttentionWeights | None = None) -> Tensor:
+    def encode(self, src: Tensor, src_mask: Tensor,
+               weights: AttentionWeights | None = None) -> Tensor:
         """src: (B, S) ids -> memory (B, S, D)."""
         x = self._embed(self.src_embed, self.pos, src)
         rotation = self.pos.rotation(0, src.size(1), src.device)  # None unless rotary
@@ -220,7 +222,7 @@ class Transformer(Seq2Seq):
         that holds cross-attention's keys already needs no memory: None)."""
         offset, self_mask = (0, None) if cache is None else cache.advance(tgt_in.size(1))
         x = self._embed(self.tgt_embed, self.tgt_pos, tgt_in, offset)
-        rotation = self.tgt_pos.rotation(offset, tgt_in.size(1), tgt_in.device)  # None unless rotary
+        rotation = self.tgt_pos.rotation(offset, tgt_in.size(1), tgt_in.device)
         for i, layer in enumerate(self.decoder):
             kv = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])
             x = layer(x, memory, src_mask, *kv, weights, self_mask, rotation)
