@@ -16,8 +16,8 @@ from attn_mt.config.yamlconf import ConfigError
 
 @dataclass(frozen=True)
 class MarianConfig(TransformerConfig):
-    """A Transformer with Marian's sinusoid table (sin in the first half of the dimensions, cos in
-    the second), a fixed bias on the logits (final_logits_bias) and target ids it never generates."""
+    """A Transformer with Marian's sinusoid table (sin in the first half of the dimensions, cos
+    in the second), a fixed bias on the logits (final_logits_bias), target ids never generated."""
 
     kind: Literal["marian"] = "marian"
     positions: Literal["halves"] = "halves"

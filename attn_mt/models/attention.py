@@ -82,7 +82,7 @@ class KV:
         return k, v
 
     def select(self, index: Tensor) -> None:
-        """Keep rows `index` of the batch, in place (beam search)."""
+        """Keep the sentences `index` (B',) of the batch, in place (beam search)."""
         if self.k is not None:
             self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
 

@@ -52,7 +52,7 @@ class RNNCache:
     keys: Tensor | None = None
 
     def reorder(self, index: Tensor) -> None:
-        """Keep, reorder or repeat batch rows in place (beam search)."""
+        """Keep, reorder or repeat the batch's entries in place (beam search)."""
         if self.state is not None:
             self.state = self.state.index_select(0, index)
             self.keys = self.keys.index_select(0, index)

@@ -20,7 +20,7 @@ class Cache(Protocol):
     """What a decoder keeps between incremental calls (the Transformer's `DecoderCache`, the RNN's
     `RNNCache`); batch-first, so beam search can reorder it."""
 
-    def reorder(self, index: Tensor) -> None: ...  # keep rows `index` (B',) of the batch, in place
+    def reorder(self, index: Tensor) -> None: ...  # keep entries `index` (B',), in place
 
 
 class Seq2Seq(nn.Module):

@@ -126,8 +126,8 @@ class DecoderCache:
         return len(self), None
 
     def reorder(self, index: Tensor) -> None:
-        """Keep rows `index` (B',) of the self-attention caches, in place (beam search). The
-        cross-attention's stay: beam search moves rows only among a sentence's identical ones."""
+        """Keep the entries `index` (B',) of the self-attention caches, in place (beam search).
+        Cross-attention's stay: beam search moves entries only among one sentence's copies."""
         for kv in self.self_attn:
             kv.select(index)
 

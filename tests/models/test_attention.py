@@ -1,4 +1,3 @@
-import pytest
 import torch
 
 from attn_mt.config import TransformerConfig

@@ -10,8 +10,8 @@ from attn_mt.models.fast import Dropout, RMSNorm, fused_attention, fused_is_fast
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("cached", [False, True], ids=["whole", "cache"])
 def test_fused_kernel_is_the_reference_on_random_inputs(causal, cached):
-    """The fused kernel gives `attention`'s output (dropout off), with padding and causal masks, queries
-    as many as the keys or the last few of them (a cache)."""
+    """The fused kernel gives `attention`'s output (dropout off), with padding and causal masks,
+    queries as many as the keys or the last few of them (a cache)."""
     torch.manual_seed(0)
     for _ in range(5):
         b, h, dh, s = 3, 4, 8, int(torch.randint(2, 12, ()))
@@ -20,9 +20,10 @@ def test_fused_kernel_is_the_reference_on_random_inputs(causal, cached):
         keep = torch.rand(b, 1, 1, s) > 0.3
         keep[..., 0] = True  # every query keeps a key: the first, which the causal mask never hides
         for mask in (None, keep):
-            full = mask if not causal else (causal_mask(t, s) if mask is None else mask & causal_mask(t, s))
+            future = causal_mask(t, s)
+            full = mask if not causal else (future if mask is None else mask & future)
             ref, _ = attention(q, k, v, full)
-            plain = causal and mask is None and t == s  # SDPA's is_causal, no mask tensor (as the modules call it)
+            plain = causal and mask is None and t == s  # SDPA's is_causal, as the modules call it
             got = fused_attention(q, k, v, None if plain else full, plain, 0.0)
             torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
@@ -67,7 +68,7 @@ def test_fast_dropout_is_seeded_and_lanes_are_uniform():
     torch.manual_seed(3)
     assert torch.equal(a, drop(x))
     torch.manual_seed(0)
-    keep = (drop(torch.ones(100_000, 8)) != 0).float().mean(0)  # each of the 8 lanes of a 64-bit word
+    keep = (drop(torch.ones(100_000, 8)) != 0).float().mean(0)  # the 8 lanes of a 64-bit word
     assert torch.all((keep - 0.5).abs() < 0.01), keep
 
 

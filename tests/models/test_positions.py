@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from attn_mt.config import TransformerConfig
-from attn_mt.models import build_model
 from attn_mt.config.marian import MarianConfig
+from attn_mt.models import build_model
 from attn_mt.models.imported import MarianSinusoidal
 from attn_mt.models.positions import SCHEMES, Learned, Rotary, Sinusoidal
 
