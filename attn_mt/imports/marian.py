@@ -26,16 +26,12 @@ from attn_mt.config import ConfigError, DataConfig, DecodeConfig, ExperimentConf
 from attn_mt.config.marian import MarianConfig
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.files import mark_model
+from attn_mt.imports.folder_files import WEIGHTS, present, read_json, read_regular, read_weights
 from attn_mt.imports.marian_fields import (
-    WEIGHTS,
     check_embeddings,
     check_ids,
     check_pieces,
     config_fields,
-    present,
-    read_json,
-    read_regular,
-    read_weights,
     vocab_ids,
 )
 
@@ -73,8 +69,7 @@ def local_folder(path: Path | str) -> Path:
         from huggingface_hub.utils import EntryNotFoundError
     except ImportError:
         raise CheckpointError(f"{path}: not a local folder; to download it from the Hugging Face "
-                              "hub install "
-                              "huggingface_hub (pip install 'attn-mt[hf]')") from None
+                              "hub install huggingface_hub (pip install 'attn-mt[hf]')") from None
     got = None
     try:
         for name in FILES:
@@ -90,8 +85,7 @@ def local_folder(path: Path | str) -> Path:
                 continue
     except Exception as e:  # offline, unknown repository, no permission: one line
         raise CheckpointError(f"{path}: not a local folder, and the Hugging Face hub did not give "
-                              "it "
-                              f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+                              f"it ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
     if got is None:
         raise CheckpointError(f"{path}: the hub holds no MarianMT files under this name")
     return got
