@@ -210,7 +210,8 @@ def test_crafted_checkpoints_fail_in_one_line_naming_the_file(tiny_run, tmp_path
         "extra-key.pt": ({"model": {**weights, "extra.weight": torch.ones(1)}}, "unexpected: extra.weight"),
         "reshaped.pt": ({"model": {**weights, key: torch.ones(2, 2)}}, f"shapes differ: {key} (2, 2)"),
         "nan.pt": ({"model": {**weights, key: weights[key] * float("nan")}}, f"not finite ({key}"),
-        "banned.pt": ({"config": {**config, "model": {**config["model"], "banned_ids": [10**9]}}},
+        "banned.pt": ({"config": {**config, "model": {**config["model"], "kind": "marian", "positions": "halves",
+                                                      "banned_ids": [10**9]}}},
                       "model.banned_ids holds 1000000000, outside the target vocabulary"),  # was an IndexError
     }
     for name, (changes, message) in cases.items():

@@ -16,7 +16,7 @@ import re
 import torch
 from torch import Tensor
 
-from attn_mt.config import DecodeConfig
+from attn_mt.config import DecodeConfig, TransformerConfig
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.attention_maps import translate_then_force
 from attn_mt.errors import InputError
@@ -73,7 +73,7 @@ def check(model: Seq2Seq, text: str, kind: str, layer: int, head: int) -> str:
     if kind not in KINDS and kind not in KINDS.values():
         raise ExplainError("kind", f"{kind!r} is not one of encoder, decoder, cross")
     cfg = getattr(model, "cfg", None)
-    if getattr(cfg, "kind", None) != "transformer":
+    if not isinstance(cfg, TransformerConfig):  # an imported Transformer (a subclass) too
         raise ExplainError("checkpoint", f"explain recomputes a Transformer's attention, not {cfg.kind}'s "
                                          "additive attention (its weights: `attn-mt serve`'s page)")
     if not 1 <= layer <= cfg.n_layers:
@@ -109,7 +109,7 @@ def explain(model: Seq2Seq, tok: Tokenizer, text: str, *, kind: str = "cross", l
         kind=kind, layer=layer, head=head, source=text.strip(), translation=f.translation,
         source_tokens=src_tokens, target_tokens=predicted, query_index=i, query_token=queries[i],
         query_input=src_tokens[i] if kind == "encoder_self" else tgt_in[i],
-        d_model=attn.d_model, n_heads=attn.n_heads, d_k=attn.d_head, scale=1 / math.sqrt(attn.d_head),
+        d_model=attn.d_model, n_heads=attn.n_heads, d_k=attn.d_k, scale=1 / math.sqrt(attn.d_k),
         x=_floats(call.x[0, i]), q=_floats(r.q[h]), keys=rows, k=_floats(r.k[h]), v=_floats(r.v[h]),
         head_output=_floats(r.heads[h]), head_outputs=_floats(r.heads), output=_floats(r.output),
         model_output=_floats(model_output), max_abs_diff=float((r.output - model_output).abs().max()))

@@ -66,7 +66,9 @@ def gather(attn: MultiHeadAttention, calls: list[dict]) -> Call:
     if calls[0].get("causal"):  # with a cache the steps' queries are positions 0..T-1 of the keys
         allowed = allowed & causal_mask(t, s, x.device)
     rotations = [c["rotation"] for c in calls if c.get("rotation") is not None]
-    return Call(x, context, allowed, output, Rotation.cat(rotations) if rotations else None)
+    rotation = Rotation(torch.cat([r.cos for r in rotations], dim=-2),  # the steps' rotations as one
+                        torch.cat([r.sin for r in rotations], dim=-2)) if rotations else None
+    return Call(x, context, allowed, output, rotation)
 
 
 def projections(attn: MultiHeadAttention) -> list[tuple[Tensor, Tensor]]:
@@ -96,14 +98,15 @@ class Recomputed:
 
 def recompute(attn: MultiHeadAttention, call: Call, row: int, query: int) -> Recomputed:
     """Redo `attn` for query `query` of batch row `row` from its weights and the inputs in `call`."""
-    h, dh = attn.n_heads, attn.d_head
+    h, dh = attn.n_heads, attn.d_k
     (wq, bq), (wk, bk), (wv, bv) = projections(attn)
     x, context = call.x[row, query], call.context[row]  # (D,), (S, D)
     q = attn.q_norm((wq @ x + bq).view(h, dh))  # (H, Dh); q_norm, k_norm: identity unless model.qk_norm
     k = attn.k_norm((context @ wk.T + bk).view(-1, h, dh).transpose(0, 1))  # (H, S, Dh)
     v = (context @ wv.T + bv).view(-1, h, dh).transpose(0, 1)  # (H, S, Dh)
     if call.rotation is not None:  # self-attention turned by positions: the query at `query`, keys at 0..S-1
-        q = call.rotation.at(slice(query, query + 1))(q[:, None])[:, 0]
+        r = call.rotation
+        q = Rotation(r.cos[..., query : query + 1, :], r.sin[..., query : query + 1, :])(q[:, None])[:, 0]
         k = call.rotation(k)
     allowed = call.mask[row, query]  # (S,)
     steps: dict[str, Tensor] = {}

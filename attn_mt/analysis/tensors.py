@@ -151,7 +151,7 @@ def inside(model, texts: str | Sequence[str], *, kind: str = "encoder", layer: i
     if kind == "decoder":  # target padding sits after the real tokens: hide it from every query as well
         mask = mask & (tgt_in != tok.pad_id)[:, None, :]
     return Inside(
-        kind=kind, layer=layer, n_heads=attn.n_heads, d_k=attn.d_head,
+        kind=kind, layer=layer, n_heads=attn.n_heads, d_k=attn.d_k,
         source_tokens=[[tok.src.id_to_piece(i) for i in [*s, tok.eos_id]] for s in src_ids],
         target_inputs=[tok.tgt_pieces([tok.bos_id, *t]) for t in tgt_ids],
         x=call.x.detach().clone(), context=call.context.detach().clone(), mask=mask.clone(),

@@ -82,7 +82,7 @@ def transformer(model: Loaded, what: str, any_kind: bool = False) -> nn.Module:
     if t.model is None:
         raise ModelError(f"{t.path}: a CTranslate2 export keeps no PyTorch weights to {what}; give a "
                          "checkpoint file written by `attn-mt train`, e.g. RUN/checkpoint_best.pt", "path")
-    if t.cfg.model.kind != "transformer" and what == "heads" and not any_kind:
+    if t.cfg.model.kind == "rnn" and what == "heads" and not any_kind:
         raise ModelError(f"{t.path}: an {t.cfg.model.kind.upper()} model; {what} needs a Transformer "
                          "(the RNN has one additive attention, no heads)", "path")
     return t.model

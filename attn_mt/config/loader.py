@@ -19,6 +19,7 @@ import yaml
 
 from attn_mt.config.data import DataConfig
 from attn_mt.config.decode import DecodeConfig
+from attn_mt.config.marian import MarianConfig, upgrade
 from attn_mt.config.model import ModelConfig, TransformerConfig
 from attn_mt.config.tokenizer import TokenizerConfig
 from attn_mt.config.train import TrainConfig
@@ -31,7 +32,7 @@ class ExperimentConfig:
     name: str = "experiment"
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    model: ModelConfig = field(default_factory=TransformerConfig)
+    model: ModelConfig | MarianConfig = field(default_factory=TransformerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
@@ -62,7 +63,7 @@ def save_config(cfg: ExperimentConfig, path: Path) -> None:
 
 def from_dict(raw: dict[str, Any]) -> ExperimentConfig:
     """Build and validate a config from a nested dict (e.g. the one stored in a checkpoint)."""
-    return build(ExperimentConfig, raw, "")
+    return build(ExperimentConfig, upgrade(raw), "")
 
 
 def load_config(path: Path | str | None, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:

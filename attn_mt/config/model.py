@@ -11,8 +11,8 @@ from typing import Literal
 from attn_mt.config.yamlconf import ConfigError, check_limits
 
 # upper bounds far above any sensible value, of either kind (lower bounds: __post_init__)
-MOST = {"d_model": 16_384, "n_heads": 1024, "n_layers": 256, "d_ff": 131_072, "max_positions": 1_000_000,
-        "d_embed": 16_384, "d_hidden": 16_384, "d_attn": 16_384}
+MOST = {"d_model": 16_384, "n_heads": 1024, "n_layers": 256, "d_ff": 131_072,
+        "max_positions": 1_000_000, "d_embed": 16_384, "d_hidden": 16_384, "d_attn": 16_384}
 
 
 @dataclass(frozen=True)
@@ -29,21 +29,17 @@ class TransformerConfig:
     tie_embeddings: bool = True
     max_positions: int = 256
     attention: Literal["sdpa", "reference"] = "sdpa"
-    size: Literal["fixed", "auto"] = "fixed"  # auto: with train.max_minutes (else ignored), the run times a
-    #     ladder of shapes on this machine and trains the one the budget trains best (d_model, n_heads, n_layers,
-    #     d_ff, train.batch_tokens and warmup_steps are then chosen; attn_mt/training/autosize.py)
-    activation: Literal["relu", "swish", "gelu", "relu2", "swiglu"] = "relu"  # of the feed-forward layers (swish =
-    #     SiLU, relu2 = relu(x)^2, swiglu = a gated layer with 2/3 d_ff hidden features); MarianMT models use swish
-    zero_init: bool = False  # start the output projections of attention and feed-forward layers at zero
+    size: Literal["fixed", "auto"] = "fixed"  # auto: with train.max_minutes (else ignored), the
+    #     run times a ladder of shapes on this machine and trains the one the budget trains best
+    #     (d_model, n_heads, n_layers, d_ff, train.batch_tokens, warmup_steps; autosize.py)
+    activation: Literal["relu", "swish", "gelu", "relu2", "swiglu"] = "relu"  # the feed-forward's
+    #     (swish = SiLU, relu2 = relu(x)^2, swiglu = a gated layer with 2/3 d_ff hidden features)
+    zero_init: bool = False  # attention and feed-forward output projections start at zero
     qk_norm: bool = False  # RMS-normalise each head's queries and keys before q . k (QK-norm)
     norm: Literal["layer", "rms"] = "layer"  # LayerNorm or RMSNorm around the sublayers
-    # what MarianMT (opus-mt) models need (imports/marian.py sets them; the defaults are our own models):
-    positions: Literal["interleaved", "halves", "rotary", "learned"] = "interleaved"  # the sinusoid table: sin
-    #     and cos alternating dimensions (ours), or sin in the first half and cos in the second (Marian's); rotary:
-    #     no table, self-attention turns queries and keys by their positions (RoPE); learned: a trained table
-    #     per side (source, target), as in convolutional seq2seq and BERT
-    output_bias: bool = False  # a fixed bias added to the logits (Marian's final_logits_bias), not trained
-    banned_ids: tuple[int, ...] = ()  # target ids never generated (Marian's pad, its decoder start)
+    positions: Literal["interleaved", "rotary", "learned"] = "interleaved"  # interleaved:
+    #     sinusoids, sin and cos in alternating dimensions; rotary: no table, self-attention turns
+    #     queries and keys by their positions (RoPE); learned: a trained table per side, as in BERT
 
     def __post_init__(self) -> None:
         check_limits("model", self, MOST)
@@ -51,32 +47,27 @@ class TransformerConfig:
             if getattr(self, key) < 1:
                 raise ConfigError(f"model.{key}={getattr(self, key)}: must be >= 1", f"model.{key}")
         if self.d_model % self.n_heads:
-            raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}",
-                              "model.d_model")
+            raise ConfigError(f"model.d_model={self.d_model} is not divisible by "
+                              f"model.n_heads={self.n_heads}", "model.d_model")
         for key in ("dropout", "attention_dropout", "activation_dropout"):
             p = getattr(self, key)
             if p is not None and not 0.0 <= p < 1.0:
                 raise ConfigError(f"model.{key}={p}: must be in [0, 1)", f"model.{key}")
-        if self.positions == "halves" and self.d_model % 2:
-            raise ConfigError(f"model.d_model={self.d_model}: must be even with model.positions=halves",
-                              "model.d_model")
         if self.positions == "rotary" and (self.d_model // self.n_heads) % 2:
-            raise ConfigError(f"model.d_model / model.n_heads={self.d_model // self.n_heads}: must be even with "
-                              "model.positions=rotary", "model.d_model")
-        if any(i < 0 for i in self.banned_ids):
-            raise ConfigError(f"model.banned_ids={list(self.banned_ids)}: must be token ids >= 0",
-                              "model.banned_ids")
+            raise ConfigError(f"model.d_model / model.n_heads={self.d_model // self.n_heads}: must "
+                              "be even with model.positions=rotary", "model.d_model")
 
     @property
     def dropouts(self) -> tuple[float, float, float]:
         """(residual and embedding, attention weights, feed-forward activation) dropout rates."""
         attn, act = self.attention_dropout, self.activation_dropout
-        return self.dropout, self.dropout if attn is None else attn, self.dropout if act is None else act
+        p = self.dropout
+        return p, p if attn is None else attn, p if act is None else act
 
 
 @dataclass(frozen=True)
 class RNNConfig:
-    """Encoder-decoder RNN with additive attention (Bahdanau et al. 2015), the baseline of compare-rnn."""
+    """Encoder-decoder RNN with additive attention (Bahdanau et al. 2015): compare-rnn's."""
 
     kind: Literal["rnn"] = "rnn"
     d_embed: int = 256  # embeddings, and the pre-output layer (so the output can be tied)

@@ -1,8 +1,8 @@
-"""SentencePiece subwords: trained on (a sample of) the training split, joint or one model per language.
+"""SentencePiece subwords: trained on (a sample of) the training split, joint or one per language.
 
 The data cache trains them once per entry and keeps the model file(s) in it (`Tokenizer.files`);
-checkpoints carry the same bytes (`Tokenizer.state`). A MarianMT model's tokenizer (imports/marian.py) is
-SentencePiece models whose pieces a separate vocabulary numbers (`MappedPieces`), with its own special ids.
+checkpoints carry the same bytes (`Tokenizer.state`). A model read from another toolkit brings a
+vocabulary that numbers the pieces its own way, with its own special ids (data/pieces.py).
 """
 
 from __future__ import annotations
@@ -17,95 +17,33 @@ from collections.abc import Iterable
 import sentencepiece as spm
 
 from attn_mt.config import ConfigError, TokenizerConfig
+from attn_mt.data.pieces import each
 
 log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 JOINT, SEPARATE = "spm.model", ("spm.src.model", "spm.tgt.model")  # SentencePiece model file names
-VOCAB = "vocab.json"  # a mapped tokenizer's vocabulary (its files: spm.src.model, spm.tgt.model and this)
-# SentencePiece's list calls hand the work to a thread pool: 75 us for one sentence (against 5 us alone) and
-# threads woken on the core the model runs on (a server encodes one sentence per request). Under this many
-# texts, one call per text is faster (2-core AMD EPYC: 8 sentences 0.04 against 0.13 ms; 512: 5.5 against 3.4).
-SMALL_BATCH = 32
-
-
-def _each(fn, items: list) -> list:
-    """fn over a list: one call per item for a few (SMALL_BATCH), else SentencePiece's own batch call."""
-    return [fn(x) for x in items] if len(items) < SMALL_BATCH else fn(items)
-
-
-def language_code(text: str) -> tuple[list[str], str]:
-    """A multilingual Marian model's target-language prefix apart: ">>fr<< Hi" -> ([">>fr<<"], " Hi")."""
-    if text.startswith(">>") and (end := text.find("<<")) != -1:
-        return [text[: end + 2]], text[end + 2 :]
-    return [], text
-
-
-class MappedPieces:
-    """A SentencePiece model whose pieces are numbered by a vocabulary of its own (Marian's vocab.json), with
-    the processor calls the rest of attn-mt makes: `encode`, `decode`, `id_to_piece`, `piece_to_id`.
-
-    >>> MappedPieces(sp, ["</s>", "<unk>", "▁a", "<pad>"], unk_id=1).encode("a")  # [2]
-    """
-
-    def __init__(self, sp: spm.SentencePieceProcessor, pieces: list[str], unk_id: int, skip: set[int]) -> None:
-        self.sp, self.pieces, self.unk_id, self.skip = sp, pieces, unk_id, skip
-        self.ids = {p: i for i, p in enumerate(pieces)}
-
-    def get_piece_size(self) -> int:
-        return len(self.pieces)
-
-    def id_to_piece(self, i: int) -> str:
-        return self.pieces[i]
-
-    def piece_to_id(self, piece: str) -> int:
-        return self.ids.get(piece, self.unk_id)
-
-    def is_control(self, i: int) -> bool:
-        return i in self.skip
-
-    def is_unknown(self, i: int) -> bool:
-        return i == self.unk_id
-
-    def get_score(self, i: int) -> float:
-        """The SentencePiece model's score of piece `i` (0 for a piece it does not hold)."""
-        j = self.sp.piece_to_id(self.pieces[i])
-        return self.sp.get_score(j) if j != self.sp.unk_id() else 0.0
-
-    def encode(self, text: str | list[str], out_type: type = int, **sampling) -> list:
-        """Pieces (a `>>xx<<` prefix kept whole, as MarianTokenizer does) -> ids; unknown pieces -> unk.
-        `sampling`: SentencePiece's (enable_sampling, alpha, nbest_size)."""
-        if isinstance(text, list):
-            return [self.encode(t, out_type, **sampling) for t in text]
-        code, rest = language_code(text)
-        pieces = code + self.sp.encode(rest, out_type=str, **sampling)
-        return pieces if out_type is str else [self.ids.get(p, self.unk_id) for p in pieces]
-
-    def decode(self, ids: list) -> str | list[str]:
-        """Ids -> text, the special ones (eos, pad) left out."""
-        if ids and isinstance(ids[0], list):
-            return [self.decode(x) for x in ids]
-        return self.sp.decode_pieces([self.pieces[i] for i in ids if i not in self.skip])
+VOCAB = "vocab.json"  # a numbering vocabulary's file (beside spm.src.model and spm.tgt.model)
 
 
 class Tokenizer:
-    """Source and target SentencePiece models (the same one when the vocabulary is joint); with `vocab`
-    (a MarianMT model's: {"src": pieces by id, "tgt": pieces by id or None when joint, "specials": {"pad",
-    "unk", "bos", "eos": id}}) the models' pieces are numbered by it."""
+    """Source and target SentencePiece models (the same one when the vocabulary is joint); with
+    `vocab` the models' pieces are numbered by it (data/pieces.py's `mapped`)."""
 
     pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
 
-    def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None, vocab: dict | None = None) -> None:
+    def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None,
+                 vocab: dict | None = None) -> None:
         self.src_proto, self.tgt_proto, self.vocab = src_proto, tgt_proto, vocab
         self._sampler = None  # data/sampling.py's Sampler of the source model, made on first use
         self.src = spm.SentencePieceProcessor(model_proto=src_proto)
-        self.tgt = self.src if tgt_proto is None else spm.SentencePieceProcessor(model_proto=tgt_proto)
+        self.tgt = self.src if tgt_proto is None else \
+            spm.SentencePieceProcessor(model_proto=tgt_proto)
         if vocab is not None:
-            sp = vocab["specials"]
-            self.pad_id, self.unk_id, self.bos_id, self.eos_id = sp["pad"], sp["unk"], sp["bos"], sp["eos"]
-            skip = {self.pad_id, self.eos_id, self.bos_id}
-            self.src = MappedPieces(self.src, vocab["src"], self.unk_id, skip)
-            self.tgt = MappedPieces(self.tgt, vocab["tgt"] or vocab["src"], self.unk_id, skip)
+            from attn_mt.data.pieces import mapped
+
+            self.src, self.tgt, specials = mapped(self.src, self.tgt, vocab)
+            self.pad_id, self.unk_id, self.bos_id, self.eos_id = specials
 
     @property
     def joint(self) -> bool:
@@ -122,18 +60,19 @@ class Tokenizer:
 
     def sizes(self) -> dict:
         """What a model needs to know of the vocabulary: `build_model(cfg.model, **tok.sizes())`."""
-        return {"src_vocab": self.src_vocab_size, "tgt_vocab": self.tgt_vocab_size, "pad_id": self.pad_id,
-                "shared_vocab": self.joint}
+        return {"src_vocab": self.src_vocab_size, "tgt_vocab": self.tgt_vocab_size,
+                "pad_id": self.pad_id, "shared_vocab": self.joint}
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
-        return _each(self.src.encode, texts)
+        return each(self.src.encode, texts)
 
-    def resample_src(self, ids: list[list[int]], alpha: float, seed: int, limit: int) -> list[list[int]]:
-        """The source sentences `ids` split anew (data/sampling.py: BPE-dropout at rate `alpha`, or a unigram
-        model's sampling with smoothing `alpha`), drawn from `seed` alone: the same in every process; a sentence
-        whose sample is longer than `limit` pieces keeps its ids."""
+    def resample_src(self, ids: list[list[int]], alpha: float, seed: int,
+                     limit: int) -> list[list[int]]:
+        """The source sentences `ids` split anew (data/sampling.py: BPE-dropout at rate `alpha`, or
+        a unigram model's sampling with smoothing `alpha`), drawn from `seed` alone: the same in
+        every process; a sentence whose sample is longer than `limit` pieces keeps its ids."""
         if self._sampler is None:
-            from attn_mt.data.sampling import Sampler  # subword regularisation: loaded where a run asks for it
+            from attn_mt.data.sampling import Sampler  # loaded where a run asks for it
 
             self._sampler = Sampler(self.src)
         rnd = random.Random(seed)
@@ -141,10 +80,10 @@ class Tokenizer:
         return [n if len(n) <= limit else x for x, n in zip(ids, new, strict=True)]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
-        return _each(self.tgt.encode, texts)
+        return each(self.tgt.encode, texts)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        return _each(self.tgt.decode, ids)
+        return each(self.tgt.decode, ids)
 
     def src_pieces(self, text: str) -> list[str]:
         return self.src.encode(text, out_type=str)
@@ -162,8 +101,8 @@ class Tokenizer:
         return cls(state["src_proto"], state["tgt_proto"], state.get("vocab"))
 
     def files(self) -> dict[str, bytes]:
-        """The SentencePiece model file(s) by name: spm.model (joint), else spm.src.model and spm.tgt.model;
-        with a vocabulary, spm.src.model (spm.tgt.model) and vocab.json."""
+        """The SentencePiece model file(s) by name: spm.model (joint), else spm.src.model and
+        spm.tgt.model; with a vocabulary, spm.src.model (spm.tgt.model) and vocab.json."""
         if self.vocab is not None:
             tgt = {} if self.tgt_proto is None else {SEPARATE[1]: self.tgt_proto}
             return {SEPARATE[0]: self.src_proto, **tgt, VOCAB: json.dumps(self.vocab).encode()}
@@ -185,9 +124,9 @@ def _train_one(texts: Iterable[str], cfg: TokenizerConfig) -> bytes:
         _spm_train(texts, cfg, model)
     except RuntimeError as e:  # e.g. "Vocabulary size is smaller than required_chars. 16 vs 38."
         reason = str(e).split("]")[-1].strip().split(". Increase")[0]
-        raise ConfigError(f"tokenizer.vocab_size={cfg.vocab_size}: SentencePiece cannot train on this corpus "
-                          f"({reason[:200]}); raise tokenizer.vocab_size or lower tokenizer.character_coverage",
-                          "tokenizer.vocab_size") from None
+        raise ConfigError(f"tokenizer.vocab_size={cfg.vocab_size}: SentencePiece cannot train on "
+                          f"this corpus ({reason[:200]}); raise tokenizer.vocab_size or lower "
+                          "tokenizer.character_coverage", "tokenizer.vocab_size") from None
     return model.getvalue()
 
 
@@ -198,15 +137,16 @@ def _spm_train(texts: Iterable[str], cfg: TokenizerConfig, model: io.BytesIO) ->
         character_coverage=cfg.character_coverage,
         pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
         hard_vocab_limit=False,  # small corpora may not support the requested size
-        input_sentence_size=max(2_000_000, cfg.sample_sentences),  # recorded in the model: 2M as it always was;
-        shuffle_input_sentence=True,  # the data cache already passes at most sample_sentences
+        # recorded in the model: 2M as it always was; the data cache passes at most sample_sentences
+        input_sentence_size=max(2_000_000, cfg.sample_sentences), shuffle_input_sentence=True,
         num_threads=2, minloglevel=2,
     )
 
 
 def train_tokenizer(cfg: TokenizerConfig, src: Iterable[str], tgt: Iterable[str]) -> Tokenizer:
     """Train SentencePiece on the source and target sentences (streams: each is read once)."""
-    log.info("training %s tokenizer (%s, vocab %d)", "joint" if cfg.joint else "separate", cfg.type, cfg.vocab_size)
+    log.info("training %s tokenizer (%s, vocab %d)", "joint" if cfg.joint else "separate", cfg.type,
+             cfg.vocab_size)
     if cfg.joint:
         return Tokenizer(_train_one(itertools.chain(src, tgt), cfg))
     return Tokenizer(_train_one(src, cfg), _train_one(tgt, cfg))

@@ -18,15 +18,8 @@ from attn_mt.checkpoint import CheckpointError, model_state, tokenizer_from_prot
 from attn_mt.config import ConfigError, DataConfig, DecodeConfig, ExperimentConfig, TokenizerConfig, TransformerConfig
 from attn_mt.config.model import MOST
 from attn_mt.config.tokenizer import MOST as TOKENIZER_MOST
-from attn_mt.imports.marian_fields import (
-    GENERATION,
-    REQUIRED,
-    present,
-    read_fields,
-    read_json,
-    read_regular,
-    read_weights,
-)
+from attn_mt.imports.folder_files import present, read_json, read_regular, read_weights
+from attn_mt.imports.marian_fields import GENERATION, REQUIRED, read_fields
 
 VOCAB = (1, TOKENIZER_MOST["vocab_size"])
 CONFIG = {"model_type": (str, REQUIRED, None), "src_vocab_size": (int, REQUIRED, VOCAB),

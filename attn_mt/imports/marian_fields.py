@@ -1,19 +1,16 @@
-"""The fields of a MarianMT folder's files, read as a hostile user may have written them: each JSON file must
-hold an object, each field its type and a value in range, the vocabulary ids must be distinct and fit the
-weights' embeddings, and the pieces must be the SentencePiece models' own. A folder that fails is refused in
-one line (CheckpointError) naming the file and the field, before anything is sized by it.
+"""The fields of a MarianMT folder's files, read as a hostile user may have written them: each JSON
+file must hold an object, each field its type and a value in range, the vocabulary ids must be
+distinct and fit the weights' embeddings, and the pieces must be the SentencePiece models' own. A
+folder that fails is refused in one line (CheckpointError) naming the file and the field, before
+anything is sized by it.
 
-Used by imports/marian.py. Tested in tests/marian/test_marian_hostile.py (with a fuzz test over the fields).
-"""
+Used by imports/marian.py. Tested in tests/marian/test_marian_hostile.py (with a fuzz test over
+the fields)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import stat
 from pathlib import Path
-from typing import BinaryIO
 
 import sentencepiece as spm
 import torch
@@ -21,89 +18,39 @@ import torch
 from attn_mt.checkpoint import CheckpointError
 from attn_mt.config.model import MOST as MODEL_MOST
 from attn_mt.config.tokenizer import MOST as TOKENIZER_MOST
+from attn_mt.imports.folder_files import read_json
 
 REQUIRED = object()
-SIZE, ID = (1, None), (0, None)  # (least, most) of a size and of a token id; most None: the limits below
-# config.json's fields attn-mt reads: (type, default, (least, most)); decoder_* default to the encoder's
+SIZE, ID = (1, None), (0, None)  # (least, most) of a size and of a token id; None: the limits below
+# config.json's fields attn-mt reads: (type, default, (least, most)); decoder_*: the encoder's
 CONFIG: dict[str, tuple[type, object, tuple | None]] = {
-    "model_type": (str, REQUIRED, None), "vocab_size": (int, REQUIRED, SIZE), "decoder_vocab_size": (int, None, SIZE),
-    "d_model": (int, REQUIRED, SIZE), "encoder_layers": (int, REQUIRED, SIZE), "decoder_layers": (int, None, SIZE),
+    "model_type": (str, REQUIRED, None), "vocab_size": (int, REQUIRED, SIZE),
+    "decoder_vocab_size": (int, None, SIZE), "d_model": (int, REQUIRED, SIZE),
+    "encoder_layers": (int, REQUIRED, SIZE), "decoder_layers": (int, None, SIZE),
     "encoder_attention_heads": (int, REQUIRED, SIZE), "decoder_attention_heads": (int, None, SIZE),
     "encoder_ffn_dim": (int, REQUIRED, SIZE), "decoder_ffn_dim": (int, None, SIZE),
     "max_position_embeddings": (int, 512, SIZE), "dropout": (float, 0.1, (0.0, 1.0)),
     "attention_dropout": (float, 0.0, (0.0, 1.0)), "activation_dropout": (float, 0.0, (0.0, 1.0)),
-    "pad_token_id": (int, None, ID), "eos_token_id": (int, 0, ID), "decoder_start_token_id": (int, None, ID),
+    "pad_token_id": (int, None, ID), "eos_token_id": (int, 0, ID),
+    "decoder_start_token_id": (int, None, ID),
     "activation_function": (str, "swish", None), "scale_embedding": (bool, False, None),
     "normalize_before": (bool, False, None), "add_final_layer_norm": (bool, False, None),
-    "share_encoder_decoder_embeddings": (bool, True, None), "tie_word_embeddings": (bool, True, None),
+    "share_encoder_decoder_embeddings": (bool, True, None),
+    "tie_word_embeddings": (bool, True, None),
 }
 GENERATION = {"num_beams": (int, 1, (1, 1024)), "length_penalty": (float, 1.0, (-100.0, 100.0)),
               "bad_words_ids": (list, None, None)}
-MOST = {"vocab_size": TOKENIZER_MOST["vocab_size"], "decoder_vocab_size": TOKENIZER_MOST["vocab_size"],
+MOST = {"vocab_size": TOKENIZER_MOST["vocab_size"],
+        "decoder_vocab_size": TOKENIZER_MOST["vocab_size"],
         "d_model": MODEL_MOST["d_model"], "max_position_embeddings": MODEL_MOST["max_positions"],
-        **{f"{side}_{k}": MODEL_MOST[ours] for side in ("encoder", "decoder")
-           for k, ours in (("layers", "n_layers"), ("attention_heads", "n_heads"), ("ffn_dim", "d_ff"))}}
+        **{f"{side}_{k}": MODEL_MOST[ours] for side in ("encoder", "decoder") for k, ours in
+           (("layers", "n_layers"), ("attention_heads", "n_heads"), ("ffn_dim", "d_ff"))}}
 SPECIAL = ("</s>", "<unk>", "<s>", "<pad>")
-WEIGHTS = ("model.safetensors", "pytorch_model.bin")
-FILE_MOST = 256 << 20  # bytes of a JSON file or SentencePiece model read whole (opus-mt's: a few MB at most)
-
-
-def present(path: Path) -> bool:
-    """Whether the folder has an entry of this name, of any kind (a broken link included): a FIFO or a device
-    is then refused by `open_regular`, not taken as absent."""
-    return path.exists() or path.is_symlink()
-
-
-def open_regular(path: Path, most: int | None) -> BinaryIO:
-    """`path` open for reading when it is a regular file (or a link to one) of at most `most` bytes (None: any
-    size), else CheckpointError naming it. Opened without blocking, so a FIFO never waits for a writer, and
-    checked (fstat) before a byte is read, so a device such as /dev/zero is never read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot be opened ({e.strerror or e})") from None
-    info = os.fstat(fd)
-    problem = ("not a regular file" if not stat.S_ISREG(info.st_mode) else
-               f"{info.st_size} bytes, more than the {most} it may have" if most is not None and info.st_size > most
-               else None)
-    if problem:
-        os.close(fd)
-        raise CheckpointError(f"{path}: {problem}")
-    if hasattr(os, "O_NONBLOCK"):
-        os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
-
-
-def read_regular(path: Path, most: int | None = None) -> bytes:
-    """The bytes of a regular file of at most `most` bytes (None: FILE_MOST; `open_regular`), one that grows
-    while read refused too."""
-    most = FILE_MOST if most is None else most
-    with open_regular(path, most) as f:
-        data = f.read(os.fstat(f.fileno()).st_size + 1)  # its size, and a byte more to see it grow
-    if len(data) > most:
-        raise CheckpointError(f"{path}: more than the {most} bytes it may have")
-    return data
-
-
-def read_json(folder: Path, name: str, required: bool = True) -> dict:
-    """A JSON file of the folder as a dict ({} when absent and not `required`)."""
-    path = folder / name
-    if not present(path):
-        if required:
-            raise CheckpointError(f"{folder}: a MarianMT folder without {name}")
-        return {}
-    text = read_regular(path)
-    try:
-        data = json.loads(text.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({str(e)[:120]})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: holds a JSON {type(data).__name__}, not an object")
-    return data
 
 
 def read_fields(raw: dict, schema: dict, path: Path) -> dict:
-    """`raw`'s fields of `schema`, typed and in range (defaults filled in); CheckpointError names the field."""
+    """`raw`'s fields of `schema`, typed and in range (defaults filled in); CheckpointError names
+    the field."""
     out = {}
     for key, (kind, default, bounds) in schema.items():
         value = raw.get(key)
@@ -115,22 +62,25 @@ def read_fields(raw: dict, schema: dict, path: Path) -> dict:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise CheckpointError(f"{path}: {key}={value!r:.60}: expected {kind.__name__}, got {type(value).__name__}")
+            raise CheckpointError(f"{path}: {key}={value!r:.60}: expected {kind.__name__}, got "
+                                  f"{type(value).__name__}")
         if kind is float and not math.isfinite(value):
             raise CheckpointError(f"{path}: {key}={value}: must be a finite number")
         if bounds is not None:
             least, most = bounds[0], MOST.get(key, bounds[1])
-            if value < least or (most is not None and (value >= most if kind is float else value > most)):
-                limit = f"in [{least}, {most})" if kind is float else f">= {least}" + (f" and <= {most}" if most
-                                                                                      else "")
+            above = most is not None and (value >= most if kind is float else value > most)
+            if value < least or above:
+                limit = f"in [{least}, {most})" if kind is float else \
+                    f">= {least}" + (f" and <= {most}" if most else "")
                 raise CheckpointError(f"{path}: {key}={value}: must be {limit}")
         out[key] = value
     return out
 
 
 def config_fields(folder: Path, raw: dict) -> dict:
-    """config.json's fields (`raw`: the file as `read_json` gives it; decoder sizes default to the encoder's),
-    and generation_config.json's where it exists (else config.json's) under "generation"."""
+    """config.json's fields (`raw`: the file as `read_json` gives it; decoder sizes default to the
+    encoder's), and generation_config.json's where it exists (else config.json's) under
+    "generation"."""
     path = folder / "config.json"
     hf = read_fields(raw, CONFIG, path)
     for side in ("layers", "attention_heads", "ffn_dim"):
@@ -155,15 +105,15 @@ def check_ids(hf: dict, path: Path) -> None:
             raise CheckpointError(f"{path}: {key}={hf[key]}: outside the vocabulary of {size}")
     gen = hf["generation"]
     for words in gen["bad_words_ids"] or []:
-        if not isinstance(words, list) or not all(type(i) is int and 0 <= i < hf["decoder_vocab_size"]
-                                                  for i in words):
-            raise CheckpointError(f"{gen['path']}: bad_words_ids holds {words!r:.60}: expected lists of token ids "
-                                  f"below decoder_vocab_size={hf['decoder_vocab_size']}")
+        most = hf["decoder_vocab_size"]
+        if not isinstance(words, list) or not all(type(i) is int and 0 <= i < most for i in words):
+            raise CheckpointError(f"{gen['path']}: bad_words_ids holds {words!r:.60}: expected "
+                                  f"lists of token ids below decoder_vocab_size={most}")
 
 
 def check_embeddings(hf: dict, weights: dict[str, torch.Tensor], folder: Path) -> None:
-    """vocab_size, decoder_vocab_size and d_model equal to the weights' embedding tables (before anything is
-    sized by them)."""
+    """vocab_size, decoder_vocab_size and d_model equal to the weights' embedding tables (before
+    anything is sized by them)."""
     def table(*names: str) -> torch.Tensor:
         found = next((weights[n] for n in names if n in weights), None)
         if found is None or found.dim() != 2:
@@ -172,67 +122,52 @@ def check_embeddings(hf: dict, weights: dict[str, torch.Tensor], folder: Path) -
 
     src = table("model.encoder.embed_tokens.weight", "model.shared.weight")
     tgt = table("model.decoder.embed_tokens.weight", "model.shared.weight")
-    for key, rows in (("vocab_size", src.size(0)), ("decoder_vocab_size", tgt.size(0)), ("d_model", src.size(1))):
+    sizes = (("vocab_size", src.size(0)), ("decoder_vocab_size", tgt.size(0)),
+             ("d_model", src.size(1)))
+    for key, rows in sizes:
         if hf[key] != rows:
-            raise CheckpointError(f"{folder / 'config.json'}: {key}={hf[key]}, but the weights' embeddings have "
-                                  f"{rows} {'columns' if key == 'd_model' else 'rows'}")
+            what = "columns" if key == "d_model" else "rows"
+            raise CheckpointError(f"{folder / 'config.json'}: {key}={hf[key]}, but the weights' "
+                                  f"embeddings have {rows} {what}")
 
 
 def vocab_ids(vocab: dict, size: int, path: Path) -> list[str]:
-    """vocab.json's {piece: id} as pieces by id, `size` of them (an id without a piece gets a placeholder);
-    the ids distinct and below `size` (checked against the weights first: nothing is sized by the file)."""
+    """vocab.json's {piece: id} as pieces by id, `size` of them (an id without a piece gets a
+    placeholder); the ids distinct and below `size` (checked against the weights first: nothing
+    is sized by the file)."""
     pieces: list[str | None] = [None] * size
     for piece, i in vocab.items():
         if type(i) is not int or not 0 <= i < size:
-            raise CheckpointError(f"{path}: {piece!r:.40} has id {i!r:.20}, outside the model's {size} embeddings")
+            raise CheckpointError(f"{path}: {piece!r:.40} has id {i!r:.20}, outside the model's "
+                                  f"{size} embeddings")
         if pieces[i] is not None:
-            raise CheckpointError(f"{path}: id {i} is given to both {pieces[i]!r:.40} and {piece!r:.40}")
+            raise CheckpointError(f"{path}: id {i} is given to both {pieces[i]!r:.40} and "
+                                  f"{piece!r:.40}")
         pieces[i] = piece
     return [p if p is not None else f"<unused{i}>" for i, p in enumerate(pieces)]
 
 
 def check_pieces(pieces: list[str], protos: list[bytes], path: Path) -> None:
-    """Every piece of the SentencePiece models `protos` in the vocabulary, and every piece of the vocabulary
-    one of theirs (or a special, placeholder or `>>xx<<` language code): else their ids and pieces disagree."""
+    """Every piece of the SentencePiece models `protos` in the vocabulary, and every piece of the
+    vocabulary one of theirs (or a special, placeholder or `>>xx<<` language code): else their
+    ids and pieces disagree."""
     theirs: set[str] = set()
     for proto in protos:
         try:
             sp = spm.SentencePieceProcessor(model_proto=proto)
         except (RuntimeError, TypeError) as e:
-            raise CheckpointError(f"{path.parent}: not a SentencePiece model ({str(e)[:80]})") from None
+            raise CheckpointError(f"{path.parent}: not a SentencePiece model "
+                                  f"({str(e)[:80]})") from None
         theirs |= {sp.id_to_piece(i) for i in range(sp.get_piece_size())
                    if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i))}
     ours = set(pieces)
     missing = sorted(theirs - ours)
-    extra = sorted(p for p in ours - theirs if p not in SPECIAL and not (p.startswith("<") and p.endswith(">"))
+    extra = sorted(p for p in ours - theirs if p not in SPECIAL
+                   and not (p.startswith("<") and p.endswith(">"))
                    and not (p.startswith(">>") and p.endswith("<<")))
     if missing or extra:
-        what = (f"lacks {len(missing)} pieces of the SentencePiece models (e.g. {missing[0]!r:.30})" if missing else
-                f"holds {len(extra)} pieces the SentencePiece models do not (e.g. {extra[0]!r:.30})")
+        what = (f"lacks {len(missing)} pieces of the SentencePiece models (e.g. {missing[0]!r:.30})"
+                if missing else
+                f"holds {len(extra)} pieces the SentencePiece models do not "
+                f"(e.g. {extra[0]!r:.30})")
         raise CheckpointError(f"{path}: {what}: not the vocabulary of this folder's .spm files")
-
-
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The folder's weights by transformers' names (model.safetensors, else pytorch_model.bin): regular files,
-    of any size."""
-    if present(folder / WEIGHTS[0]):
-        from safetensors.torch import load_file
-
-        open_regular(folder / WEIGHTS[0], None).close()  # safetensors maps the file by its name
-        try:
-            return load_file(folder / WEIGHTS[0])
-        except Exception as e:  # SafetensorError: truncated (a half-finished download), damaged, not safetensors
-            raise CheckpointError(f"{folder / WEIGHTS[0]}: not readable weights (truncated or damaged: "
-                                  f"{str(e).splitlines()[0][:120] if str(e) else type(e).__name__})") from None
-    if present(folder / WEIGHTS[1]):
-        try:
-            with open_regular(folder / WEIGHTS[1], None) as f:
-                weights = torch.load(f, map_location="cpu", weights_only=True)
-        except CheckpointError:
-            raise
-        except Exception as e:
-            raise CheckpointError(f"{folder / WEIGHTS[1]}: not readable weights ({type(e).__name__})") from None
-        if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
-            raise CheckpointError(f"{folder / WEIGHTS[1]}: not a dict of tensors")
-        return weights
-    raise CheckpointError(f"{folder}: a MarianMT folder without weights ({' or '.join(WEIGHTS)})")

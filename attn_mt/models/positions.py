@@ -1,9 +1,10 @@
 """Position schemes: how a Transformer tells where each token stands, one small class per scheme.
 
-A scheme adds a table to the token embeddings (`forward`), or gives self-attention a `Rotation` to turn its
-queries and keys by (`rotation`), or both; the base class does neither. A new scheme is a class here and
-its name in `SCHEMES` (and in `TransformerConfig.positions`). Tables are `pe` (L, D): a buffer, not saved, for
-the sinusoids; a parameter, saved as `pos.pe` (and `tgt_pos.pe`), for learned tables.
+A scheme adds a table to the token embeddings (`forward`), or gives self-attention a `Rotation` to
+turn its queries and keys by (`rotation`), or both; the base class does neither. A new scheme is a
+class here and its name in `SCHEMES` (and in `TransformerConfig.positions`). Tables are `pe` (L, D):
+a buffer, not saved, for the sinusoids; a parameter, saved as `pos.pe` (and `tgt_pos.pe`), when
+learned.
 
 Tested in tests/models/test_positions.py.
 """
@@ -21,30 +22,24 @@ from attn_mt.config import TransformerConfig
 
 @dataclass(frozen=True)
 class Rotation:
-    """Rotary positions (RoPE, Su et al. 2021) of T positions: cos and sin of their angles, (T, Dh/2), or
-    (B, 1, T, Dh/2) for rows at different steps. Computed once per pass, used by every self-attention layer."""
+    """Rotary positions (RoPE, Su et al. 2021) of T positions: cos and sin of their angles,
+    (T, d_k/2), or (B, 1, T, d_k/2) with a first position per sentence. Computed once per pass,
+    used by every self-attention layer."""
 
     cos: Tensor
     sin: Tensor
 
     def __call__(self, x: Tensor) -> Tensor:
-        """Queries or keys x (B, H, T, Dh) turned: each pair (x_i, x_i+Dh/2) by its position's angle, in fp32."""
+        """Queries or keys x (B, H, T, d_k) turned: each pair (x_i, x_i+d_k/2) by its position's
+        angle, in fp32."""
         half = x.size(-1) // 2
         x1, x2 = x.float()[..., :half], x.float()[..., half:]
-        return torch.cat([x1 * self.cos - x2 * self.sin, x1 * self.sin + x2 * self.cos], dim=-1).type_as(x)
-
-    def at(self, index: slice) -> Rotation:
-        """The rotation of positions `index` only (of a (T, Dh/2) rotation)."""
-        return Rotation(self.cos[..., index, :], self.sin[..., index, :])
-
-    @staticmethod
-    def cat(rotations: list[Rotation]) -> Rotation:
-        """Consecutive rotations (a decoder's steps) as one, joined along T."""
-        return Rotation(torch.cat([r.cos for r in rotations], dim=-2), torch.cat([r.sin for r in rotations], dim=-2))
+        turned = [x1 * self.cos - x2 * self.sin, x1 * self.sin + x2 * self.cos]
+        return torch.cat(turned, dim=-1).type_as(x)
 
 
 class Positions(nn.Module):
-    """A position scheme that does nothing; subclasses add a table, or turn self-attention's queries and keys."""
+    """A scheme that does nothing; subclasses add a table, or turn queries and keys."""
 
     pe: Tensor  # (L, D) the table added to the embeddings; (L, 0) for none
 
@@ -53,7 +48,7 @@ class Positions(nn.Module):
         return cls(cfg.d_model, cfg.max_positions)
 
     def forward(self, x: Tensor, offset: int | Tensor = 0) -> Tensor:
-        """x: (B, T, D) embeddings of positions offset..offset+T-1; `offset` an int, or (B, 1) one per row."""
+        """x: (B, T, D) embeddings of positions offset..offset+T-1; `offset` an int, or (B, 1)."""
         if self.pe.size(1) == 0:
             return x
         if isinstance(offset, Tensor):
@@ -61,7 +56,7 @@ class Positions(nn.Module):
         return x + self.pe[offset : offset + x.size(1)]
 
     def rotation(self, offset: int | Tensor, t: int, device: torch.device) -> Rotation | None:
-        """What self-attention turns queries and keys of positions offset..offset+t-1 by: None, nothing."""
+        """What self-attention turns the queries and keys of positions offset..offset+t-1 by."""
         return None
 
     def for_target(self) -> Positions:
@@ -70,7 +65,7 @@ class Positions(nn.Module):
 
 
 class Sinusoidal(Positions):
-    """Sinusoids (Vaswani et al. 2017, section 3.5), sin and cos in alternating dimensions."""
+    """Sinusoids (section 3.5), sin and cos in alternating dimensions."""
 
     def __init__(self, d_model: int, max_positions: int) -> None:
         super().__init__()
@@ -86,48 +81,41 @@ class Sinusoidal(Positions):
         pe[:, 1::2] = torch.cos(pos * freq)
 
 
-class MarianSinusoidal(Sinusoidal):
-    """Marian's sinusoids: all sines first, the cosines after them, the angles pos / 10000^(2i/D) computed as
-    Marian does (in float64, then cast), so that imported Marian models translate as they did."""
-
-    def fill(self, pe: Tensor, pos: Tensor) -> None:
-        d_model = pe.size(1)
-        angle = pos.double() / torch.pow(10000.0, torch.arange(0, d_model, 2).double() / d_model)
-        pe[:, : d_model // 2], pe[:, d_model // 2 :] = torch.sin(angle), torch.cos(angle)
-
-
 class Learned(Positions):
-    """A trained table, N(0, 1/D) at first (as the token embeddings before their sqrt(D) scale), one per side."""
+    """A trained table, N(0, 1/D) at first (as the token embeddings before their sqrt(D) scale),
+    one per side."""
 
     def __init__(self, d_model: int, max_positions: int) -> None:
         super().__init__()
-        self.pe = nn.Parameter(torch.zeros(max_positions, d_model).normal_(std=d_model**-0.5))  # (L, D)
+        self.pe = nn.Parameter(torch.zeros(max_positions, d_model).normal_(std=d_model**-0.5))
 
     def for_target(self) -> Positions:
         return Learned(self.pe.size(1), self.pe.size(0))
 
 
 class Rotary(Positions):
-    """No table: self-attention turns each head's queries and keys by their positions (`Rotation`), so that
-    q . k depends on the positions' difference only; the angle of pair i is position / base^(2i/Dh)."""
+    """No table: self-attention turns each head's queries and keys by their positions
+    (`Rotation`), so that q . k depends on the positions' difference only; the angle of pair i is
+    position / base^(2i/d_k)."""
 
-    def __init__(self, d_head: int, max_positions: int, base: float = 10000.0) -> None:
+    def __init__(self, d_k: int, max_positions: int, base: float = 10000.0) -> None:
         super().__init__()
-        self.d_head, self.base = d_head, base
-        self.register_buffer("pe", torch.zeros(max_positions, 0), persistent=False)  # (L, 0): nothing added
+        self.d_k, self.base = d_k, base
+        self.register_buffer("pe", torch.zeros(max_positions, 0), persistent=False)  # (L, 0)
 
     @classmethod
     def from_config(cls, cfg: TransformerConfig) -> Positions:
         return cls(cfg.d_model // cfg.n_heads, cfg.max_positions)
 
     def rotation(self, offset: int | Tensor, t: int, device: torch.device) -> Rotation:
-        positions = offset + torch.arange(t, device=device)  # (T,), or (B, T) for an offset per row
+        positions = offset + torch.arange(t, device=device)  # (T,), or (B, T) for an offset each
         positions = positions[:, None] if positions.dim() == 2 else positions  # (T,) or (B, 1, T)
-        half = self.d_head // 2
-        freq = torch.pow(self.base, -torch.arange(half, device=device, dtype=torch.float32) / half)  # (Dh/2,)
-        angle = positions.to(torch.float32)[..., None] * freq  # (T, Dh/2) or (B, 1, T, Dh/2)
+        half = self.d_k // 2
+        exponent = -torch.arange(half, device=device, dtype=torch.float32) / half
+        freq = torch.pow(self.base, exponent)  # (d_k/2,)
+        angle = positions.to(torch.float32)[..., None] * freq  # (T, d_k/2) or (B, 1, T, d_k/2)
         return Rotation(angle.cos(), angle.sin())
 
 
-SCHEMES: dict[str, type[Positions]] = {"interleaved": Sinusoidal, "halves": MarianSinusoidal,
-                                       "learned": Learned, "rotary": Rotary}  # TransformerConfig.positions
+SCHEMES: dict[str, type[Positions]] = {"interleaved": Sinusoidal, "learned": Learned,
+                                       "rotary": Rotary}  # TransformerConfig.positions

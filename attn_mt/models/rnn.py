@@ -33,12 +33,13 @@ class AdditiveAttention(nn.Module):
         self.query_proj = nn.Linear(d_query, d_attn)  # W
         self.score = nn.Linear(d_attn, 1, bias=False)  # v
 
-    def forward(self, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor,
+                mask: Tensor) -> tuple[Tensor, Tensor]:
         """query (B, Dq), keys = key_proj(values) (B, S, A), values (B, S, Dk), mask (B, S).
 
         Returns the context (B, Dk) and the weights (B, S), zero at masked positions.
         """
-        scores = self.score(torch.tanh(keys + self.query_proj(query)[:, None])).squeeze(-1)  # (B, S)
+        scores = self.score(torch.tanh(keys + self.query_proj(query)[:, None]))[..., 0]  # (B, S)
         weights = scores.float().masked_fill(~mask, float("-inf")).softmax(-1).to(values.dtype)
         return (weights[:, None] @ values).squeeze(1), weights  # (B, Dk), (B, S)
 
@@ -51,9 +52,10 @@ class RNNCache:
     keys: Tensor | None = None
 
     def reorder(self, index: Tensor) -> None:
-        """Keep, reorder or repeat batch rows in place (beam search)."""
+        """Keep, reorder or repeat the batch's entries in place (beam search)."""
         if self.state is not None:
-            self.state, self.keys = self.state.index_select(0, index), self.keys.index_select(0, index)
+            self.state = self.state.index_select(0, index)
+            self.keys = self.keys.index_select(0, index)
 
 
 class RNNSeq2Seq(Seq2Seq):
@@ -68,8 +70,9 @@ class RNNSeq2Seq(Seq2Seq):
         super().__init__()
         self.cfg, self.pad_id, self.max_positions = cfg, pad_id, cfg.max_positions
         e, h, n = cfg.d_embed, cfg.d_hidden, cfg.n_layers
-        self.src_embed, self.tgt_embed = make_embeddings(src_vocab=src_vocab, tgt_vocab=tgt_vocab, dim=e,
-                                                         pad_id=pad_id, share=shared_vocab and cfg.tie_embeddings)
+        self.src_embed, self.tgt_embed = make_embeddings(
+            src_vocab=src_vocab, tgt_vocab=tgt_vocab, dim=e, pad_id=pad_id,
+            share=shared_vocab and cfg.tie_embeddings)
         rnn = nn.GRU if cfg.cell == "gru" else nn.LSTM
         self.encoder = rnn(e, h, num_layers=n, dropout=cfg.dropout if n > 1 else 0.0,
                            batch_first=True, bidirectional=True)
@@ -78,24 +81,25 @@ class RNNSeq2Seq(Seq2Seq):
         self.decoder = nn.ModuleList(nn.GRUCell(e + 2 * h if i == 0 else h, h) for i in range(n))
         self.pre_out = nn.Linear(h + 2 * h + e, e)  # deep output from [s_t; c_t; E y_{t-1}]
         self.out_proj = nn.Linear(e, tgt_vocab, bias=False)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.drop = nn.Dropout(cfg.dropout)
         init_embeddings(self.src_embed, self.tgt_embed, pad_id=pad_id)
         if cfg.tie_embeddings:
             self.out_proj.weight = self.tgt_embed.weight
 
-    def encode(self, src: Tensor, src_mask: Tensor, weights: AttentionWeights | None = None) -> Tensor:
+    def encode(self, src: Tensor, src_mask: Tensor,
+               weights: AttentionWeights | None = None) -> Tensor:
         """src: (B, S) ids -> memory (B, S, 2Hd); padded positions are zero and never read.
 
         The encoder has no attention: `weights` stays empty.
         """
-        x = self.dropout(self.src_embed(src))  # (B, S, E)
+        x = self.drop(self.src_embed(src))  # (B, S, E)
         lengths = src_mask.flatten(1).sum(1).cpu()
         # packing runs each sentence over its own length only, so padding cannot leak
         # into the backward direction
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         out, _ = self.encoder(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
-        return self.dropout(out)  # (B, S, 2Hd)
+        return self.drop(out)  # (B, S, 2Hd)
 
     def _start(self, memory: Tensor, mask: Tensor) -> RNNCache:
         """Decoder state s_0 (B, L, Hd) and the projected keys (B, S, A) of a batch of memories."""
@@ -104,8 +108,8 @@ class RNNSeq2Seq(Seq2Seq):
         state = torch.tanh(self.init_state(mean)).view(memory.size(0), self.cfg.n_layers, -1)
         return RNNCache(state, self.attn.key_proj(memory))
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: RNNCache | None = None,
-               weights: AttentionWeights | None = None) -> Tensor:
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor,
+               cache: RNNCache | None = None, weights: AttentionWeights | None = None) -> Tensor:
         """tgt_in: (B, T) ids -> logits (B, T, V); with `cache`, only the new positions.
 
         `weights.cross` gets the additive attention as one (B, 1, T, S) "layer" with one head.
@@ -116,14 +120,14 @@ class RNNSeq2Seq(Seq2Seq):
         # the values in the dtype attention computes in (bf16 under autocast): cast once here,
         # not at every step, which would also keep T copies of the memory for backward
         values = memory.to(keys.dtype)  # (B, S, 2Hd)
-        emb = self.dropout(self.tgt_embed(tgt_in))  # (B, T, E)
+        emb = self.drop(self.tgt_embed(tgt_in))  # (B, T, E)
         outs, attn = [], []
         for t in range(tgt_in.size(1)):  # the sequential part: step t needs s_{t-1}
             ctx, w = self.attn(state[-1], keys, values, mask)  # (B, 2Hd), (B, S)
             x = torch.cat([emb[:, t], ctx], dim=-1)  # (B, E + 2Hd)
             for i, cell in enumerate(self.decoder):
                 state[i] = cell(x, state[i])  # (B, Hd)
-                x = self.dropout(state[i])
+                x = self.drop(state[i])
             outs.append(torch.cat([state[-1], ctx], dim=-1))  # (B, 3Hd)
             attn.append(w)
         if weights is not None:
@@ -131,7 +135,7 @@ class RNNSeq2Seq(Seq2Seq):
         if cache is not None:
             cache.state, cache.keys = torch.stack(state, 1), keys
         out = torch.cat([torch.stack(outs, 1), emb], dim=-1)  # (B, T, 3Hd + E)
-        return self.out_proj(self.dropout(torch.tanh(self.pre_out(out))))  # (B, T, V)
+        return self.out_proj(self.drop(torch.tanh(self.pre_out(out))))  # (B, T, V)
 
     def new_cache(self) -> RNNCache:
         return RNNCache()

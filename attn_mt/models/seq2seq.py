@@ -1,8 +1,8 @@
-"""The interface every translation model implements, and the embeddings both models build the same way.
+"""The interface every translation model implements, and the embeddings both models build alike.
 
 A model is `encode(src)` once, then `decode(tgt_in, memory)`: for a whole teacher-forced target
-in training, or a few positions at a time with a `DecoderCache` in search (Annotated
-Transformer's split). Training, decoding, compare-rnn and bench see only this interface.
+in training, or a few positions at a time with a `DecoderCache` in search (Annotated Transformer's
+split). Training, decoding, compare-rnn and bench see only this interface.
 
 Tested in tests/models/test_transformer.py and tests/models/test_rnn.py (both models through it).
 """
@@ -17,9 +17,10 @@ from .attention import AttentionWeights, padding_mask
 
 
 class DecoderCache(Protocol):
-    """What a decoder keeps between incremental calls; batch-first, so beam search can move rows."""
+    """What a decoder keeps between incremental calls (the Transformer's `KVCache`, the RNN's
+    `RNNCache`); batch-first, so beam search can reorder it."""
 
-    def reorder(self, index: Tensor) -> None: ...  # keep rows `index` (B',) of the batch, in place
+    def reorder(self, index: Tensor) -> None: ...  # keep entries `index` (B',), in place
 
 
 class Seq2Seq(nn.Module):
@@ -34,14 +35,15 @@ class Seq2Seq(nn.Module):
     def src_mask(self, src: Tensor) -> Tensor:
         return padding_mask(src, self.pad_id)  # (B, 1, 1, S)
 
-    def encode(self, src: Tensor, src_mask: Tensor, weights: AttentionWeights | None = None) -> Tensor:
-        """src: (B, S) ids -> memory (B, S, D); `weights` collects attention weights for pictures."""
+    def encode(self, src: Tensor, src_mask: Tensor,
+               weights: AttentionWeights | None = None) -> Tensor:
+        """src: (B, S) ids -> memory (B, S, D); `weights` collects the attention weights."""
         raise NotImplementedError
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: DecoderCache | None = None,
                weights: AttentionWeights | None = None) -> Tensor:
-        """tgt_in: (B, T) ids -> logits (B, T, V). With `cache` (from new_cache()), `tgt_in` holds only
-        the new positions and the decoder continues from the cached state."""
+        """tgt_in: (B, T) ids -> logits (B, T, V). With `cache` (from new_cache()), `tgt_in` holds
+        only the new positions and the decoder continues from the cached state."""
         raise NotImplementedError
 
     def new_cache(self) -> DecoderCache:

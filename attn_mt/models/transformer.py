@@ -1,6 +1,5 @@
-"""The Transformer encoder-decoder ("Attention Is All You Need", Vaswani et al. 2017), from our layers.
-
-One job: the Transformer model; its attention layers are attention.py's, its position schemes positions.py's.
+"""The Transformer encoder-decoder ("Attention Is All You Need", Vaswani et al. 2017): its attention
+layers are attention.py's, its position schemes positions.py's.
 """
 
 from __future__ import annotations
@@ -9,13 +8,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn_mt.config import TransformerConfig
 
-from .attention import KV, AttentionWeights, CrossAttention, Dropout, MultiHeadAttention, RMSNorm, SelfAttention
+from .attention import KV, AttentionWeights, CrossAttention, MultiHeadAttention, SelfAttention
+from .fast import Dropout, RMSNorm
 from .positions import SCHEMES, Positions, Rotation
 from .seq2seq import Seq2Seq, init_embeddings, make_embeddings
 
@@ -27,36 +26,39 @@ class ReLUSquared(nn.Module):
         return F.relu(x).square()
 
 
-ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"relu": nn.ReLU, "swish": nn.SiLU, "gelu": nn.GELU,
-                                                   "relu2": ReLUSquared}
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU, "swish": nn.SiLU, "gelu": nn.GELU, "relu2": ReLUSquared}
 
 
 class FeedForward(nn.Sequential):
-    def __init__(self, d_model: int, d_ff: int, dropout: float, activation: str = "relu") -> None:
-        super().__init__(nn.Linear(d_model, d_ff), ACTIVATIONS[activation](), Dropout(dropout),
+    """W_2 act(x W_1) (section 3.3), dropout on the hidden features."""
+
+    def __init__(self, d_model: int, d_ff: int, p_drop: float, activation: str = "relu") -> None:
+        super().__init__(nn.Linear(d_model, d_ff), ACTIVATIONS[activation](), Dropout(p_drop),
                          nn.Linear(d_ff, d_model))
 
 
 class GatedFeedForward(nn.Module):
-    """SwiGLU (Shazeer 2020): W_2 (silu(x W_g) * x W_1), with 2/3 of d_ff hidden features so that its three
-    matrices hold as many weights as the plain layer's two."""
+    """SwiGLU (Shazeer 2020): W_2 (silu(x W_g) * x W_1), with 2/3 of d_ff hidden features so that
+    its three matrices hold as many weights as the plain layer's two."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+    def __init__(self, d_model: int, d_ff: int, p_drop: float) -> None:
         super().__init__()
         hidden = round(2 * d_ff / 3)
         self.up = nn.Linear(d_model, 2 * hidden)  # [W_g; W_1], fused
-        self.dropout = Dropout(dropout)
+        self.drop = Dropout(p_drop)
         self.down = nn.Linear(hidden, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, value = self.up(x).chunk(2, dim=-1)  # 2 x (B, T, hidden)
-        return self.down(self.dropout(F.silu(gate) * value))
+        return self.down(self.drop(F.silu(gate) * value))
 
 
-def feed_forward(cfg: TransformerConfig, dropout: float) -> nn.Module:
+def feed_forward(cfg: TransformerConfig) -> nn.Module:
+    p_drop = cfg.dropouts[2]
     if cfg.activation == "swiglu":
-        return GatedFeedForward(cfg.d_model, cfg.d_ff, dropout)
-    return FeedForward(cfg.d_model, cfg.d_ff, dropout, cfg.activation)
+        return GatedFeedForward(cfg.d_model, cfg.d_ff, p_drop)
+    return FeedForward(cfg.d_model, cfg.d_ff, p_drop, cfg.activation)
 
 
 def make_norm(cfg: TransformerConfig) -> nn.Module:
@@ -65,13 +67,13 @@ def make_norm(cfg: TransformerConfig) -> nn.Module:
 
 
 class Sublayer(nn.Module):
-    """The residual connection around a sublayer f, with the norm before f (pre-norm) or after the sum
-    (post-norm): x -> `post(x, f(pre(x)))`."""
+    """The residual connection around a sublayer f (section 5.4), with the norm before f (pre-norm)
+    or after the sum (post-norm, the paper's): x -> `post(x, f(pre(x)))`."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.norm = make_norm(cfg)
-        self.dropout = Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.norm_first = cfg.norm_first
 
     def pre(self, x: Tensor) -> Tensor:
@@ -79,22 +81,28 @@ class Sublayer(nn.Module):
 
     def post(self, x: Tensor, y: Tensor) -> Tensor:
         if self.norm_first:
-            return x + self.dropout(y)
-        return self.norm(x + self.dropout(y))
+            return x + self.drop(y)
+        return self.norm(x + self.drop(y))
+
+
+def attention_layer(kind: type[MultiHeadAttention], cfg: TransformerConfig) -> MultiHeadAttention:
+    """Self- or cross-attention, as the config shapes it."""
+    return kind(d_model=cfg.d_model, n_heads=cfg.n_heads, p_drop=cfg.dropouts[1],
+                impl=cfg.attention, qk_norm=cfg.qk_norm)
 
 
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        d, h, (_, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
-        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention, qk_norm=cfg.qk_norm)
-        self.ff = feed_forward(cfg, p_act)
+        self.self_attn = attention_layer(SelfAttention, cfg)
+        self.ff = feed_forward(cfg)
         self.sub = nn.ModuleList(Sublayer(cfg) for _ in range(2))
 
     def forward(self, x: Tensor, src_mask: Tensor, rotation: Rotation | None = None,
                 weights: AttentionWeights | None = None) -> Tensor:
         attn, ff = self.sub
-        y, w = self.self_attn(attn.pre(x), mask=src_mask, rotation=rotation, need_weights=weights is not None)
+        y, w = self.self_attn(attn.pre(x), mask=src_mask, rotation=rotation,
+                              need_weights=weights is not None)
         if weights is not None:
             weights.encoder_self.append(w)
         x = attn.post(x, y)
@@ -114,20 +122,17 @@ class KVCache:
     self_attn: list[KV]
     cross_attn: list[KV]
 
-    def __len__(self) -> int:  # positions decoded so far (self-attention columns)
+    def __len__(self) -> int:  # positions decoded so far
         return len(self.self_attn[0])
 
     def advance(self, t: int) -> tuple[int | Tensor, Tensor | None]:
-        """Before decoding t new positions: their position offset and the self-attention mask; here the
-        positions so far and None (the causal mask alone), a RunningCache's are (B, 1) and (B, 1, 1, L + t)."""
+        """Before decoding t new positions: their first position and a self-attention mask (None:
+        the causal mask alone). decoding/continuous.py's cache gives one per sentence instead."""
         return len(self), None
 
     def reorder(self, index: Tensor) -> None:
-        """Keep rows `index` (B',) of the self-attention caches, in place (beam search).
-
-        The cross-attention keys and values are left as they are: beam search moves rows only
-        within a sentence's block of identical rows, where they are equal.
-        """
+        """Keep the entries `index` (B',) of the self-attention caches, in place (beam search).
+        Cross-attention's stay: beam search moves entries only among one sentence's copies."""
         for kv in self.self_attn:
             kv.select(index)
 
@@ -135,23 +140,20 @@ class KVCache:
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        d, h, (_, p_attn, p_act) = cfg.d_model, cfg.n_heads, cfg.dropouts
-        self.self_attn = SelfAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention, qk_norm=cfg.qk_norm)
-        self.cross_attn = CrossAttention(d_model=d, n_heads=h, dropout=p_attn, impl=cfg.attention,
-                                         qk_norm=cfg.qk_norm)
-        self.ff = feed_forward(cfg, p_act)
+        self.self_attn = attention_layer(SelfAttention, cfg)
+        self.cross_attn = attention_layer(CrossAttention, cfg)
+        self.ff = feed_forward(cfg)
         self.sub = nn.ModuleList(Sublayer(cfg) for _ in range(3))
 
     def forward(self, x: Tensor, memory: Tensor | None, src_mask: Tensor, self_kv: KV | None = None,
                 cross_kv: KV | None = None, weights: AttentionWeights | None = None,
                 self_mask: Tensor | None = None, rotation: Rotation | None = None) -> Tensor:
-        # Target padding sits after every real token, so the causal mask alone keeps real
-        # queries off pad keys; outputs at pad positions are ignored by the loss. `self_mask`
-        # (B, 1, 1, L): the cached columns of each row, when rows are at different steps.
+        # Target padding follows every real token, so the causal mask alone keeps real queries
+        # off pad keys; the loss ignores the outputs at pads.
         want = weights is not None
         attn, cross, ff = self.sub
-        y, w = self.self_attn(attn.pre(x), mask=self_mask, causal=True, cache=self_kv, rotation=rotation,
-                              need_weights=want)
+        y, w = self.self_attn(attn.pre(x), mask=self_mask, causal=True, cache=self_kv,
+                              rotation=rotation, need_weights=want)
         x = attn.post(x, y)
         y, c = self.cross_attn(cross.pre(x), memory, src_mask, cache=cross_kv, need_weights=want)
         x = cross.post(x, y)
@@ -162,45 +164,55 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(Seq2Seq):
-    """Encoder-decoder Transformer: `encode(src)` once, `decode(tgt_in, memory)` per step or batch."""
+    """`encode(src)` once, then `decode(tgt_in, memory)` for a whole target or step by step."""
 
     def __init__(self, cfg: TransformerConfig, *, src_vocab: int, tgt_vocab: int, pad_id: int,
                  shared_vocab: bool) -> None:
         super().__init__()
         self.cfg, self.pad_id, self.d_model = cfg, pad_id, cfg.d_model
         self.max_positions = cfg.max_positions
-        self.src_embed, self.tgt_embed = make_embeddings(src_vocab=src_vocab, tgt_vocab=tgt_vocab, dim=cfg.d_model,
-                                                         pad_id=pad_id, share=shared_vocab and cfg.tie_embeddings)
-        self.pos = SCHEMES[cfg.positions].from_config(cfg)  # the source's positions (positions.py)
-        self.tgt_pos = self.pos.for_target()  # the same, unless each side trains a table of its own
-        self.dropout = Dropout(cfg.dropout)
+        self.src_embed, self.tgt_embed = make_embeddings(
+            src_vocab=src_vocab, tgt_vocab=tgt_vocab, dim=cfg.d_model, pad_id=pad_id,
+            share=shared_vocab and cfg.tie_embeddings)
+        self.pos = self.position_scheme(cfg)  # the source's positions (positions.py)
+        self.tgt_pos = self.pos.for_target()  # the same, unless each side learns a table
+        self.drop = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
-        # pre-norm stacks end with a LayerNorm; post-norm layers already end normalised
+        # pre-norm stacks end with a norm; post-norm layers already end normalised
         self.enc_norm = make_norm(cfg) if cfg.norm_first else nn.Identity()
         self.dec_norm = make_norm(cfg) if cfg.norm_first else nn.Identity()
         self.out_proj = nn.Linear(cfg.d_model, tgt_vocab, bias=False)
-        if cfg.output_bias:  # (V,) fixed, as Marian's final_logits_bias: a buffer, saved, not trained
-            self.register_buffer("out_bias", torch.zeros(tgt_vocab))
-        self.banned = list(cfg.banned_ids)  # target ids decoders never generate (decoding/rules.BanIds)
-        for name, p in self.named_parameters():
-            if p.dim() > 1 and not name.endswith("pos.pe"):  # learned position tables keep their own init
-                nn.init.xavier_uniform_(p)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
-        if cfg.zero_init:  # every sublayer starts by adding nothing to the residual stream
-            for m in self.modules():
-                if isinstance(m, MultiHeadAttention | FeedForward | GatedFeedForward):
-                    nn.init.zeros_((m.out_proj if isinstance(m, MultiHeadAttention) else m[-1]
-                                    if isinstance(m, FeedForward) else m.down).weight)
+        self.init_weights(cfg.zero_init)
         init_embeddings(self.src_embed, self.tgt_embed, pad_id=pad_id)
         if cfg.tie_embeddings:
             self.out_proj.weight = self.tgt_embed.weight
 
-    def _embed(self, emb: nn.Embedding, pos: Positions, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
-        return self.dropout(pos(emb(ids) * math.sqrt(self.d_model), offset))
+    def position_scheme(self, cfg: TransformerConfig) -> Positions:
+        return SCHEMES[cfg.positions].from_config(cfg)
 
-    def encode(self, src: Tensor, src_mask: Tensor, weights: AttentionWeights | None = None) -> Tensor:
+    def init_weights(self, zero_init: bool) -> None:
+        """Xavier-uniform matrices, zero biases; with `zero_init` every sublayer starts by adding
+        nothing to the residual stream (its output projection zero)."""
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and not name.endswith("pos.pe"):  # learned positions keep their init
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        if not zero_init:
+            return
+        for m in self.modules():
+            if isinstance(m, MultiHeadAttention | FeedForward | GatedFeedForward):
+                out = m.out_proj if isinstance(m, MultiHeadAttention) else m.down \
+                    if isinstance(m, GatedFeedForward) else m[-1]
+                nn.init.zeros_(out.weight)
+
+    def _embed(self, emb: nn.Embedding, pos: Positions, ids: Tensor,
+               offset: int | Tensor = 0) -> Tensor:
+        return self.drop(pos(emb(ids) * math.sqrt(self.d_model), offset))  # section 3.4
+
+    def encode(self, src: Tensor, src_mask: Tensor,
+               weights: AttentionWeights | None = None) -> Tensor:
         """src: (B, S) ids -> memory (B, S, D)."""
         x = self._embed(self.src_embed, self.pos, src)
         rotation = self.pos.rotation(0, src.size(1), src.device)  # None unless rotary
@@ -210,16 +222,15 @@ class Transformer(Seq2Seq):
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: KVCache | None = None,
                weights: AttentionWeights | None = None) -> Tensor:
-        """tgt_in: (B, T) ids -> logits (B, T, V); with `cache`, only the new positions (a cache that holds
-        its cross-attention keys already, as decoding/continuous.py's, needs no memory: None)."""
+        """tgt_in: (B, T) ids -> logits (B, T, V); with `cache`, only the new positions (a cache
+        that holds cross-attention's keys already needs no memory: None)."""
         offset, self_mask = (0, None) if cache is None else cache.advance(tgt_in.size(1))
         x = self._embed(self.tgt_embed, self.tgt_pos, tgt_in, offset)
-        rotation = self.tgt_pos.rotation(offset, tgt_in.size(1), tgt_in.device)  # None unless rotary
+        rotation = self.tgt_pos.rotation(offset, tgt_in.size(1), tgt_in.device)
         for i, layer in enumerate(self.decoder):
             kv = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])
             x = layer(x, memory, src_mask, *kv, weights, self_mask, rotation)
-        logits = self.out_proj(self.dec_norm(x))  # (B, T, V)
-        return logits + self.out_bias if self.cfg.output_bias else logits
+        return self.out_proj(self.dec_norm(x))  # (B, T, V)
 
     def new_cache(self) -> KVCache:
         return KVCache([KV() for _ in self.decoder], [KV() for _ in self.decoder])

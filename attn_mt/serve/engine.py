@@ -177,7 +177,7 @@ class Engine:
             "epoch": state.get("epoch"),
             "valid_bleu": round(bleu, 2) if bleu is not None and bleu >= 0 else None,
             "decode": {"beam": t.decode.beam_size, "alpha": t.decode.alpha},
-            "attention": [] if cfg is None else list(KINDS) if cfg.model.kind == "transformer" else ["cross"],
+            "attention": [] if cfg is None else ["cross"] if cfg.model.kind == "rnn" else list(KINDS),
             "device": t.device,
         }
 

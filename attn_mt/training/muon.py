@@ -117,7 +117,7 @@ def head_cuts(model: nn.Module) -> dict[str, tuple[str, int]]:
             for child, linear in m.named_children():
                 if isinstance(linear, nn.Linear):
                     cuts[f"{name}.{child}.weight"] = (("cols", m.n_heads) if child == "out_proj"
-                                                      else ("rows", linear.out_features // m.d_head))
+                                                      else ("rows", linear.out_features // m.d_k))
     return cuts
 
 

@@ -50,7 +50,7 @@ def test_masking_a_head_is_zeroing_its_columns_of_w_o(tiny_cfg, impl):
         m = {"encoder": zeroed.encoder, "decoder": zeroed.decoder, "cross": zeroed.decoder}[h.kind][h.layer - 1]
         m = m.cross_attn if h.kind == "cross" else m.self_attn
         with torch.no_grad():
-            m.out_proj.weight[:, (h.head - 1) * m.d_head : h.head * m.d_head] = 0
+            m.out_proj.weight[:, (h.head - 1) * m.d_k : h.head * m.d_k] = 0
         assert torch.equal(out, zeroed(src, tgt)), h
         assert not torch.allclose(out, full), h  # the head did something
         pruned = copy.deepcopy(model)

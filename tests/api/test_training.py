@@ -38,10 +38,10 @@ def test_configure_never_changes_the_callers_dict():
     was one level deep."""
     raw = _raw()
     raw["data"]["splits"] = {"test": "test"}
-    raw["model"]["banned_ids"] = [5]
+    raw["train"]["freeze"] = ["encoder"]
     before = copy.deepcopy(raw)
-    cfg = attn_mt.configure(raw, ["data.splits.test=valid", "model.banned_ids=[6]", "train.lr=1e-2"])
-    assert cfg.data.splits.test == "valid" and cfg.model.banned_ids == (6,) and cfg.train.lr == 1e-2
+    cfg = attn_mt.configure(raw, ["data.splits.test=valid", "train.freeze=[embeddings]", "train.lr=1e-2"])
+    assert cfg.data.splits.test == "valid" and cfg.train.freeze == ("embeddings",) and cfg.train.lr == 1e-2
     assert raw == before
 
 

@@ -1,7 +1,8 @@
 from conftest import cli, one_line_error, write_config
 
 from attn_mt.config import TokenizerConfig
-from attn_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SMALL_BATCH, UNK_ID, Tokenizer, train_tokenizer
+from attn_mt.data.pieces import SMALL_BATCH
+from attn_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
 from attn_mt.data.toy import make_toy_corpus
 
 PAIRS = make_toy_corpus(300)["train"]

@@ -230,9 +230,9 @@ def test_a_link_to_a_device_in_place_of_a_file_is_refused_unread(marian, tmp_pat
 
 
 def test_a_json_file_or_sentencepiece_model_above_its_size_limit_is_refused_unread(folder, monkeypatch):
-    from attn_mt.imports import marian_fields
+    from attn_mt.imports import folder_files
 
-    monkeypatch.setattr(marian_fields, "FILE_MOST", 1000)
+    monkeypatch.setattr(folder_files, "FILE_MOST", 1000)
     size = (folder / "vocab.json").stat().st_size
     with pytest.raises(attn_mt.AttnMTError, match=f"vocab.json: {size} bytes, more than the 1000 it may have$"):
         attn_mt.load(folder, device="cpu")

@@ -1,17 +1,8 @@
-import pytest
 import torch
 
 from attn_mt.config import TransformerConfig
 from attn_mt.models import build_model
-from attn_mt.models.attention import (
-    CrossAttention,
-    Dropout,
-    SelfAttention,
-    attention,
-    causal_mask,
-    fused_attention,
-    padding_mask,
-)
+from attn_mt.models.attention import CrossAttention, SelfAttention, attention, causal_mask, padding_mask
 
 
 def both_paths(mha, *args, **kwargs):
@@ -34,24 +25,6 @@ def test_reference_is_the_textbook_formula():
     torch.testing.assert_close(w, expected_w)
     torch.testing.assert_close(out, expected_w @ v)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 3, 4))
-
-
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("cached", [False, True], ids=["whole", "cache"])
-def test_fused_kernel_is_the_reference_on_random_inputs(causal, cached):
-    """The fast path's kernel gives `attention`'s output (dropout off), with padding and causal masks, queries
-    as many as the keys or the last few of them (a cache)."""
-    torch.manual_seed(0)
-    for _ in range(5):
-        b, h, dh, s = 3, 4, 8, int(torch.randint(2, 12, ()))
-        t = int(torch.randint(1, s + 1, ())) if cached else s
-        q, k, v = torch.randn(b, h, t, dh), torch.randn(b, h, s, dh), torch.randn(b, h, s, dh)
-        keep = torch.rand(b, 1, 1, s) > 0.3
-        keep[..., 0] = True  # every query keeps a key: the first, which the causal mask never hides
-        for mask in (None, keep):
-            full = mask if not causal else (causal_mask(t, s) if mask is None else mask & causal_mask(t, s))
-            ref, _ = attention(q, k, v, full)
-            torch.testing.assert_close(fused_attention(q, k, v, mask, causal, 0.0), ref, atol=1e-5, rtol=1e-5)
 
 
 def test_reference_hands_back_its_steps():
@@ -131,37 +104,3 @@ def test_no_torch_transformer_modules_in_model():
     banned = (torch.nn.Transformer, torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer,
               torch.nn.TransformerDecoderLayer)
     assert not any(isinstance(m, banned) for m in model.modules())
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fast_dropout_keeps_expectation(dtype):
-    torch.manual_seed(0)
-    x = torch.ones(1000, 1000, dtype=dtype, requires_grad=True)
-    y = Dropout(0.1).train()(x)
-    assert y.dtype == dtype and y.shape == x.shape
-    dropped = (y == 0).float().mean().item()
-    assert abs(dropped - 26 / 256) < 0.002  # p rounded to 1/256: 0.1 -> 26/256
-    assert abs(y.float().mean().item() - 1) < 0.01
-    y.sum().backward()
-    torch.testing.assert_close(x.grad, y.detach())  # gradient = mask x scale = y for x = 1
-    assert torch.equal(Dropout(0.1).eval()(x), x)
-
-
-def test_fast_dropout_is_seeded_and_lanes_are_uniform():
-    x = torch.ones(4, 1001)  # numel not a multiple of 8
-    drop = Dropout(0.5).train()
-    torch.manual_seed(3)
-    a = drop(x)
-    torch.manual_seed(3)
-    assert torch.equal(a, drop(x))
-    torch.manual_seed(0)
-    keep = (drop(torch.ones(100_000, 8)) != 0).float().mean(0)  # each of the 8 lanes of a 64-bit word
-    assert torch.all((keep - 0.5).abs() < 0.01), keep
-
-
-@pytest.mark.parametrize("p", [0.001, 0.999])
-def test_fast_dropout_leaves_rates_it_cannot_round_to_f_dropout(p):
-    torch.manual_seed(0)
-    y = Dropout(p).train()(torch.ones(100_000))  # p * 256 rounds to 0 or 256: F.dropout's exact p
-    assert torch.isfinite(y).all()
-    assert abs((y == 0).float().mean().item() - p) < 0.002

@@ -4,13 +4,16 @@ import pytest
 import torch
 
 from attn_mt.config import TransformerConfig
+from attn_mt.config.marian import MarianConfig
 from attn_mt.models import build_model
-from attn_mt.models.positions import SCHEMES, Learned, MarianSinusoidal, Rotary, Sinusoidal
+from attn_mt.models.imported import MarianSinusoidal
+from attn_mt.models.positions import SCHEMES, Learned, Rotary, Sinusoidal
 
 
 def make(**kw):
     torch.manual_seed(0)
-    cfg = TransformerConfig(**{"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64, "dropout": 0.0, **kw})
+    kind = MarianConfig if kw.get("positions") == "halves" else TransformerConfig  # Marian's table: its own kind
+    cfg = kind(**{"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64, "dropout": 0.0, **kw})
     return build_model(cfg, src_vocab=40, tgt_vocab=40, pad_id=0, shared_vocab=True)
 
 
@@ -57,7 +60,7 @@ def test_rotary_scores_depend_on_the_distance_only():
     assert not torch.allclose(score[0], (q * k).sum(-1))  # a distance of 3 is not 0
     model = make(positions="rotary")
     assert model.pos.pe.numel() == 0 and isinstance(model.pos, Rotary) and model.tgt_pos is model.pos
-    assert model.pos.d_head == 8
+    assert model.pos.d_k == 8
     x, memory = torch.randn(2, 3, 32), torch.randn(2, 4, 32)
     cross = model.decoder[0].cross_attn.eval()  # cross-attention is never turned
     torch.testing.assert_close(cross(x, memory, rotation=model.pos.rotation(5, 3, x.device))[0], cross(x, memory)[0])

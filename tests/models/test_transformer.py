@@ -74,10 +74,10 @@ def test_separate_attention_and_activation_dropout():
     assert not varies(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
     model = make(dropout=0.3, attention_dropout=0.0, activation_dropout=0.1)
     layer = model.decoder[0]
-    assert layer.self_attn.dropout == layer.cross_attn.dropout == 0.0
-    assert layer.ff[2].p == 0.1 and layer.sub[0].dropout.p == 0.3 and model.dropout.p == 0.3
+    assert layer.self_attn.p_drop == layer.cross_attn.p_drop == 0.0
+    assert layer.ff[2].p == 0.1 and layer.sub[0].drop.p == 0.3 and model.drop.p == 0.3
     inherit = make(dropout=0.2).encoder[0]  # unset: the general rate
-    assert inherit.self_attn.dropout == 0.2 and inherit.ff[2].p == 0.2
+    assert inherit.self_attn.p_drop == 0.2 and inherit.ff[2].p == 0.2
 
 
 @pytest.mark.parametrize("kw", [dict(qk_norm=True), dict(norm="rms"), dict(activation="relu2"),
