@@ -93,7 +93,7 @@ class TrainConfig:
     #     included, at most model.max_positions) that holds it, and to the most rows batch_tokens hold at that
     #     width: one static shape per bucket, compiled or captured once. The epoch's plan counts each batch at its
     #     bucket's width, so a padded batch stays within batch_tokens; the loss is that of the plan's batches
-    #     (added rows and columns predict nothing; dropout draws differ; attn_mt/data/batching.py's to_bucket)
+    #     (added rows and columns predict nothing; dropout draws differ; attn_mt/data/arrays.py's to_bucket)
     #     (): each batch as wide as its longest sentence
 
     def __post_init__(self) -> None:

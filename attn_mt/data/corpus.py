@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attn_mt.config import ExperimentConfig
-from attn_mt.data.batching import Batch, collate_ragged
+from attn_mt.data.arrays import collate_ragged
+from attn_mt.data.batching import Batch
 from attn_mt.data.cache import Entry, Resumed, open_entry
 from attn_mt.data.sources import DataError, read_pairs
 from attn_mt.data.tokenizer import Tokenizer
@@ -50,7 +51,7 @@ class Ragged:
         return [self.ids[self.offsets[r] : self.offsets[r + 1]].tolist() for r in rows]
 
     def spans(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(ids, starts, lengths) of these rows, for `batching.collate_ragged`: no list per sequence."""
+        """(ids, starts, lengths) of these rows, for `arrays.collate_ragged`: no list per sequence."""
         return self.ids, self.offsets[rows], self.lengths[rows]
 
 

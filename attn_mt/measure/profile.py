@@ -25,7 +25,8 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from attn_mt.config import ExperimentConfig
-from attn_mt.data.batching import to_bucket, token_batches
+from attn_mt.data.arrays import to_bucket
+from attn_mt.data.batching import token_batches
 from attn_mt.device import Stopwatch, machine
 from attn_mt.measure.prelude import prelude
 from attn_mt.models import build_model

@@ -3,7 +3,8 @@
 import numpy as np
 import torch
 
-from attn_mt.data.batching import collate, collate_ragged, token_batches
+from attn_mt.data.arrays import collate_ragged
+from attn_mt.data.batching import collate, token_batches
 from attn_mt.data.corpus import Ragged, load_corpus
 
 

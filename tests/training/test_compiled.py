@@ -11,7 +11,8 @@ import torch
 from conftest import BOS, EOS, PAD, TINY, V, sources
 
 from attn_mt.config import ConfigError, TrainConfig, TransformerConfig, load_config
-from attn_mt.data.batching import bucket_rows, collate, to_bucket, token_batches
+from attn_mt.data.arrays import bucket_rows, to_bucket
+from attn_mt.data.batching import collate, token_batches
 from attn_mt.data.corpus import load_corpus
 from attn_mt.models import build_model, loss_sum
 from attn_mt.training.compiled import compile_options
