@@ -88,8 +88,8 @@ def test_a_checkpoint_saved_on_the_gpu_loads_on_the_cpu(tmp_path, tiny_run):
 def test_a_graphed_compiled_step_equals_the_eager_one():
     """torch.compile in the reduce-overhead mode (CUDA graphs) on bucketed batches: the same losses and weights
     as the eager step within rounding, over steps on two shapes."""
-    from attn_mt.data.batching import to_bucket
-    from attn_mt.training.compiled import compiled
+    from attn_mt.data.arrays import to_bucket
+    from attn_mt.training.compiled import StepMarked, compiled
 
     cfg = TrainConfig(label_smoothing=0.1, compile=True, cuda_graphs=True, length_buckets=(8, 16, 32),
                       skip_check="host")  # the losses read
@@ -97,7 +97,7 @@ def test_a_graphed_compiled_step_equals_the_eager_one():
     graph_model = copy.deepcopy(eager_model)
     eager = TrainStep(eager_model, cfg, CUDA, "fp32")
     graph = TrainStep(graph_model, cfg, CUDA, "fp32", net=compiled(graph_model, cfg, CUDA))
-    assert graph.graphed and not eager.graphed
+    assert isinstance(graph.net, StepMarked) and eager.net is eager_model  # steps marked for replay
     batches = [to_bucket(a_batch(n, seed), cfg.length_buckets, PAD, BOS, EOS, batch_tokens=256)
                for n, seed in ((16, 3), (9, 4), (16, 5), (9, 6))]
     for batch in batches:
@@ -110,7 +110,7 @@ def test_a_graphed_compiled_step_equals_the_eager_one():
 def test_bucketed_shapes_compile_at_most_once_each():
     from torch._dynamo.utils import counters
 
-    from attn_mt.data.batching import to_bucket
+    from attn_mt.data.arrays import to_bucket
     from attn_mt.training.compiled import compiled
 
     buckets = (8, 16, 24, 32)
@@ -156,7 +156,7 @@ def test_a_deferred_step_reads_nothing_from_the_device(optimizer):
     """train.skip_check=device: backward, clip, the non-finite check, optimizer and counters without one host
     sync (torch's sync debug mode raises on any), after a first step that makes the optimizer's state; a
     poisoned step is undone, and the counters read afterwards say so."""
-    from attn_mt.training.trainer import TrainState
+    from attn_mt.training.schedule import TrainState
 
     model = tiny_model().to(CUDA).train()
     step = TrainStep(model, TrainConfig(optimizer=optimizer, ema_decay=0.9), CUDA, "fp32")
@@ -199,6 +199,6 @@ def test_a_deferred_trainer_step_reads_nothing_from_the_device():
             tr.step(lambda: 0.0)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    tr.prefetch.close()
+    tr.feed.close()
     tr.read()
     assert tr.state.step == 5 and tr.state.skipped_steps == 0 and tr.state.tokens > 0

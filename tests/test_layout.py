@@ -55,12 +55,15 @@ ALLOWED = {
 # chooses it.
 CORE_PARTS = {"config", "models"}
 CORE = {"attn_mt.errors", "attn_mt.files", "attn_mt.device", "attn_mt.checkpoint", "attn_mt.rundir",
-        "attn_mt.data", "attn_mt.data.tokenizer", "attn_mt.data.pieces", "attn_mt.data.batching", "attn_mt.data.corpus",
+        "attn_mt.data", "attn_mt.data.tokenizer", "attn_mt.data.pieces", "attn_mt.data.batching",
+        "attn_mt.data.corpus", "attn_mt.data.plan", "attn_mt.data.arrays",
         "attn_mt.data.build", "attn_mt.data.cache", "attn_mt.data.lock", "attn_mt.data.checks",
         "attn_mt.data.sources", "attn_mt.data.toy", "attn_mt.data.pronoun", "attn_mt.data.tidy",
         "attn_mt.training", "attn_mt.training.trainer", "attn_mt.training.run", "attn_mt.training.schedule",
         "attn_mt.training.validation", "attn_mt.training.progress", "attn_mt.training.resume",
-        "attn_mt.training.memory",
+        "attn_mt.training.memory", "attn_mt.training.variants", "attn_mt.training.checks",
+        "attn_mt.training.start", "attn_mt.training.evaluation", "attn_mt.training.finish",
+        "attn_mt.training.interrupt",
         "attn_mt.decoding", "attn_mt.decoding.rules", "attn_mt.decoding.search", "attn_mt.decoding.beam",
         "attn_mt.decoding.translator", "attn_mt.decoding.metrics", "attn_mt.decoding.scoring",
         "attn_mt.decoding.translate"}

@@ -117,7 +117,7 @@ def race(contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig) -> N
                                           for x in contestants if x.curve))
     bar.close()
     for c in contestants:
-        c.trainer.prefetch.close()  # no step follows: each trainer's batch thread ends
+        c.trainer.feed.close()  # no step follows: each trainer's batch thread ends
 
 
 def _check_sizes(params: dict[str, int], gap: float) -> None:

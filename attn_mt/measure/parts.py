@@ -144,7 +144,7 @@ def config_parts(cfg: ExperimentConfig, start: Prelude, steps: int = 10, warmup:
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, **start.corpus.tok.sizes()).to(start.device).train()
     trainer = Trainer(model, cfg, start.corpus, start.device, start.precision)
-    with trainer.prefetch:  # its thread, on CUDA, stops at the end
+    with trainer.feed:  # its thread, on CUDA, stops at the end
         return step_parts(trainer, steps, warmup)
 
 

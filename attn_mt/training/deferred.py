@@ -17,7 +17,7 @@ on the device, as a 0-dim `finite` tensor:
   `.tolist()` when the trainer logs, evaluates, checkpoints or stops (`Trainer.read`), or when the steps
   not read yet, counted as taken, reach train.max_steps or max_tokens (the run checks its limits on exact
   counts).
-- `DeviceChecks` is the trainer's `checks` (trainer.py's `make_checks` chooses it once) that uses both.
+- `DeviceChecks` is the trainer's `checks` (checks.py's `make_checks` chooses it once) that uses both.
 
 Counted on the host meanwhile, every attempt as a step: the learning rate's step (a skipped step keeps its
 place in the schedule) and the EMA's update count (set to the steps taken at each read). Under torchrun the

@@ -17,7 +17,7 @@ from attn_mt.checkpoint import CheckpointError, check_weights, tokenizer_from_st
 from attn_mt.config import ConfigError, ExperimentConfig, TransformerConfig, from_dict
 from attn_mt.config.yamlconf import show
 from attn_mt.data.tokenizer import Tokenizer
-from attn_mt.training.trainer import TrainError
+from attn_mt.errors import TrainError
 
 log = logging.getLogger(__name__)
 KEEP = ("dropout", "attention_dropout", "activation_dropout", "attention")  # the config's, not the model's

@@ -13,11 +13,16 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 from tqdm.auto import tqdm as auto_tqdm
 
 from attn_mt.rundir import RunDir
+from attn_mt.training.schedule import budget_spent
+
+if TYPE_CHECKING:
+    from attn_mt.training.start import Training
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +98,54 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Epochs:
+    """A run's epochs' bars in turn (rank 0 shows them): `bar`, the current epoch's, in optimizer
+    steps, opened before its first step; `close` at its end; the last one closed at the block's
+    end."""
+
+    def __init__(self, run: Training) -> None:
+        self.run, self.open = run, None
+
+    @property
+    def bar(self) -> Progress:
+        if self.open is None:
+            st, tc = self.run.state, self.run.cfg.train
+            steps = -(-len(self.run.trainer.epoch_batches()) // tc.accum_steps)
+            self.open = Progress(st.epoch + 1, steps, st.batch_in_epoch // tc.accum_steps,
+                                 self.run.world.main)
+        return self.open
+
+    def close(self) -> None:
+        if self.open is not None:
+            self.open.close()
+            self.open = None
+
+    def __enter__(self) -> Epochs:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def report_progress(run: Training, bar: Progress, lr: float) -> None:
+    """Mean loss and tokens/s over the steps since the last report, on the progress bar and
+    TensorBoard."""
+    run.trainer.read()
+    st, now = run.state, time.perf_counter()
+    if not st.window_tokens:  # deferred checks: every step since the last report was skipped
+        return
+    st.train_loss = st.window_loss / st.window_tokens
+    run.tokens_per_s = st.window_tokens / max(now - run.window_t0, 1e-9)
+    epochs = st.epoch + bar.done / max(bar.total, 1)
+    spent = budget_spent(run.cfg.train, st.step, run.elapsed(), epochs, st.tokens)
+    bar.report(st.step, st.train_loss, lr, run.tokens_per_s, time_left(run.elapsed(), spent))
+    if run.board is not None:
+        run.board.scalars(st.step, "train", {"loss": st.train_loss, "lr": lr,
+                                             "tokens_per_s": run.tokens_per_s,
+                                             "grad_norm": run.trainer.grad_norm})
+    st.window_loss, st.window_tokens, run.window_t0 = 0.0, 0, now
 
 
 def in_notebook() -> bool:

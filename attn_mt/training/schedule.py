@@ -1,5 +1,5 @@
-"""Where a run stands (`TrainState`), and its learning-rate schedule and budget: pure functions of the step
-and the clock."""
+"""Where a run stands (`TrainState`), and its learning-rate schedule and budget: pure functions of
+the step and the clock."""
 
 from __future__ import annotations
 
@@ -26,17 +26,18 @@ class TrainState:
     train_loss: float = math.nan  # mean loss per token over the last full window
     elapsed_s: float = 0.0  # training seconds, over all processes of the run
     tokens: int = 0  # target tokens trained on, in all
-    stopped: str = ""  # why the run ended itself at this point (a limit, early stopping); "" while it goes on
+    stopped: str = ""  # why the run ended itself (a limit, early stopping); "" while it goes on
 
 
 def lr_at(step: int, cfg: TrainConfig, progress: float = 0.0) -> float:
     """Linear warmup to cfg.lr over warmup_steps (step >= 1), then cfg.schedule: inverse-square-root
     decay; linear decay to 0 as `progress` (the spent fraction of the budget) goes from 0 to 1; or
-    warmup-stable-decay (wsd): the peak rate until the last train.decay_fraction of the budget, then
-    linear decay to 0 at its end.
+    warmup-stable-decay (wsd): the peak rate until the last train.decay_fraction of the budget,
+    then linear decay to 0 at its end.
 
-    With the budget-following schedules (linear, wsd) the warmup also follows the budget: it ends at the
-    latest when `progress` reaches train.warmup_fraction, so 5 minutes or 100 steps get warmup and decay too.
+    With the budget-following schedules (linear, wsd) the warmup also follows the budget: it ends
+    at the latest when `progress` reaches train.warmup_fraction, so 5 minutes or 100 steps get
+    warmup and decay too.
     """
     step = max(step, 1)
     warm = min(step / cfg.warmup_steps, 1.0) if cfg.warmup_steps else 1.0
@@ -46,12 +47,15 @@ def lr_at(step: int, cfg: TrainConfig, progress: float = 0.0) -> float:
         if cfg.schedule == "wsd":
             return cfg.lr * warm * min(1.0, max(0.0, 1.0 - progress) / cfg.decay_fraction)
         return cfg.lr * warm * max(0.0, 1.0 - progress)
-    decay = math.sqrt(cfg.warmup_steps / step) if cfg.warmup_steps and step > cfg.warmup_steps else 1.0
-    return cfg.lr * warm * decay
+    if cfg.warmup_steps and step > cfg.warmup_steps:
+        return cfg.lr * warm * math.sqrt(cfg.warmup_steps / step)
+    return cfg.lr * warm
 
 
-def budget_spent(cfg: TrainConfig, step: int, seconds: float, epochs: float, tokens: int = 0) -> float:
-    """The fraction of the training budget used: the largest of steps, target tokens, minutes and epochs."""
+def budget_spent(cfg: TrainConfig, step: int, seconds: float, epochs: float,
+                 tokens: int = 0) -> float:
+    """The fraction of the training budget used: the largest of steps, target tokens, minutes and
+    epochs."""
     parts = [epochs / cfg.max_epochs]
     if cfg.max_steps:
         parts.append(step / cfg.max_steps)
@@ -98,6 +102,6 @@ def limit_reached(cfg: TrainConfig, step: int, seconds: float, tokens: int = 0) 
 
 
 def too_many_bad(step: int, in_a_row: int) -> TrainError:
-    """The error that stops a run after train.max_bad_steps non-finite steps in a row (host or deferred checks)."""
-    return TrainError(f"stopped at step {step}: {in_a_row} non-finite losses in a row (train.max_bad_steps); "
-                      "try a lower train.lr or train.clip_norm")
+    """The error that stops a run after train.max_bad_steps non-finite steps in a row."""
+    return TrainError(f"stopped at step {step}: {in_a_row} non-finite losses in a row "
+                      "(train.max_bad_steps); try a lower train.lr or train.clip_norm")

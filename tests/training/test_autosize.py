@@ -230,21 +230,21 @@ def test_a_budget_run_killed_after_its_ladder_can_be_started_again(tiny_cfg, tmp
     folder, without --overwrite, trains (it was refused as 'an earlier run ... size.json')."""
     import json
 
-    from attn_mt.training import run
+    from attn_mt.training import run, variants
 
     monkeypatch.setattr(autosize, "LADDER", TINY_LADDER)
     monkeypatch.setitem(autosize.CURVES, "t32", ((1, 5.0), (2, 40.0)))
     monkeypatch.setitem(autosize.CURVES, "t16", ((1, 10.0), (2, 20.0)))
     cfg = tiny_cfg("model.size=auto", "train.max_minutes=1", "train.max_epochs=1")
-    real = run.build_model
+    real = variants.build_model
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(run, "build_model", killed)
+    monkeypatch.setattr(variants, "build_model", killed)
     with pytest.raises(KeyboardInterrupt):
         run.train(cfg, tmp_path)
     assert (tmp_path / "size.json").exists() and not list(tmp_path.glob("checkpoint_*.pt"))
-    monkeypatch.setattr(run, "build_model", real)
+    monkeypatch.setattr(variants, "build_model", real)
     run.train(cfg, tmp_path)
     assert (tmp_path / "checkpoint_last.pt").exists() and json.loads((tmp_path / "size.json").read_text())

@@ -26,8 +26,12 @@ from attn_mt.config import TrainConfig
 from attn_mt.device import rng_state
 from attn_mt.rundir import RunDir
 from attn_mt.training import trainer as trainer_mod
-from attn_mt.training.distributed import World
-from attn_mt.training.run import TrainError, checkpoint_state, restore, setup, train
+from attn_mt.training.variants import World
+from attn_mt.errors import TrainError
+from attn_mt.training.evaluation import checkpoint_state
+from attn_mt.training.resume import restore
+from attn_mt.training.run import train
+from attn_mt.training.start import setup
 from attn_mt.training.trainer import TrainStep
 
 ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command

@@ -10,7 +10,9 @@ from attn_mt.device import rng_state
 from attn_mt.models import build_model
 from attn_mt.rundir import RunDir
 from attn_mt.training import compiled
-from attn_mt.training.run import checkpoint_state, setup, train
+from attn_mt.training.evaluation import checkpoint_state
+from attn_mt.training.run import train
+from attn_mt.training.start import setup
 
 
 def test_run_directory_contents(tiny_run):
@@ -134,7 +136,7 @@ def test_setup_opens_the_data_cache_entry_once_and_records_it(tiny_cfg, tmp_path
     opened, reads, real_open, real_read = [], [], Entry.open, corpus.read_corpus
     monkeypatch.setattr(Entry, "open", classmethod(lambda cls, path: opened.append(path) or real_open(path)))
     monkeypatch.setattr(cache, "build", lambda *a: pytest.fail("the entry was built again"))
-    monkeypatch.setattr("attn_mt.training.run.read_corpus", lambda *a: reads.append(a[1]) or real_read(*a))
+    monkeypatch.setattr("attn_mt.training.start.read_corpus", lambda *a: reads.append(a[1]) or real_read(*a))
     run = setup(cfg, RunDir(tmp_path / "run"), resume=False)
     assert opened == [entry.path] and [e.path for e in reads] == [entry.path] and run.corpus.entry is reads[0]
     assert RunDir(tmp_path / "run").entry_key() == entry.key and (tmp_path / "run" / "config.yaml").is_file()

@@ -75,7 +75,7 @@ def test_limits_name_the_key_that_ended_the_run():
 def test_resume_reads_the_same_wording(tiny_cfg):
     """A finished run's stop reason comes from Stop, so resume and run agree on why it ended."""
     from attn_mt.training.resume import finished
-    from attn_mt.training.trainer import TrainState
+    from attn_mt.training.schedule import TrainState
 
     tc = tiny_cfg("train.max_epochs=2", "train.patience=3").train
     assert finished(TrainState(epoch=2, stopped="x"), tc) == Stop.max_epochs(tc)

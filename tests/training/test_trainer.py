@@ -98,7 +98,7 @@ def test_batches_built_ahead_in_a_thread_train_exactly_as_in_place(corpus, overr
     cfg, corpus = corpus
     cfg = replace(cfg, train=replace(cfg.train, **overrides))
     plain, ahead = (Trainer(model_for(cfg, corpus), cfg, corpus, CPU, "fp32") for _ in range(2))
-    ahead.prefetch = Prefetcher()
+    ahead.feed = Prefetcher()
     losses = []
     for tr in (plain, ahead):
         torch.manual_seed(5)
@@ -107,7 +107,7 @@ def test_batches_built_ahead_in_a_thread_train_exactly_as_in_place(corpus, overr
             while not tr.epoch_done:
                 losses[-1].append(tr.step(lambda: 0.0).loss)
             tr.next_epoch()
-    ahead.prefetch.close()
+    ahead.feed.close()
     assert losses[0] == losses[1] and len(losses[0]) > 4
     for a, b in zip(plain.model.parameters(), ahead.model.parameters(), strict=True):
         assert torch.equal(a, b)
