@@ -16,8 +16,8 @@ import pytest
 from conftest import SHORT, cli, one_line_error, snapshot, write_config
 
 from attn_mt import checkpoint, rundir
+from attn_mt.errors import TrainError
 from attn_mt.rundir import RunDir
-from attn_mt.training.trainer import TrainError
 
 ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
 

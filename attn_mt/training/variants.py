@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from attn_mt.config import ExperimentConfig, TrainConfig
+from attn_mt.data.arrays import to_bucket
 from attn_mt.data.batching import Batch
 from attn_mt.data.corpus import Corpus
 from attn_mt.models import build_model
@@ -178,8 +179,6 @@ def make_collate(cfg: ExperimentConfig, corpus: Corpus, device: torch.device,
     def collate(index: list[list[int]], draws: tuple[int, ...]) -> list[Batch]:
         made = list(corpus.batches(split, index, tc.subword_sampling, draws, pin=pin))
         if tc.length_buckets:
-            from attn_mt.data.arrays import to_bucket
-
             made = [to_bucket(b, tc.length_buckets, tok.pad_id, tok.bos_id, tok.eos_id, pin,
                               tc.batch_tokens, world.size) for b in made]
         return made

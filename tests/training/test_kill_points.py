@@ -18,7 +18,8 @@ from attn_mt.analysis.history import Recorder, load_history, to_arrays
 from attn_mt.config import load_config, loader
 from attn_mt.files import open_new
 from attn_mt.rundir import RunDir
-from attn_mt.training import evaluation, finish
+from attn_mt.training import evaluation as evaluation_module
+from attn_mt.training import finish as finish_module
 from attn_mt.training.run import train
 
 # three evaluations with two snapshots kept (one is deleted), averaging, the test texts; translations of at most
@@ -114,8 +115,9 @@ def final_files(run_dir: Path) -> dict:
 def test_a_run_killed_at_any_write_is_empty_resumable_or_finished_and_ends_as_if_never_killed(tmp_path,
                                                                                              monkeypatch):
     torch.set_num_threads(1)  # forked children: a single-threaded parent is safe to fork
-    real = evaluation.validate  # a tiny model's BLEU stays 0: a score that grows as the loss falls instead, so that
-    for module in (evaluation, finish):  # validation rounds and the average's test
+    # a tiny model's BLEU stays 0: a score that grows as the loss falls instead, so that
+    real = evaluation_module.validate
+    for module in (evaluation_module, finish_module):  # validation rounds and the average's test
         monkeypatch.setattr(module, "validate", lambda *a: (lambda m: {**m, "valid_bleu": 100 - 10 * m["valid_loss"]})(
             real(*a)))
     cfg = load_config(None, [*TINY, *OVERRIDES])  # every evaluation writes checkpoint_best.pt

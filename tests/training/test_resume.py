@@ -24,15 +24,15 @@ from attn_mt import checkpoint
 from attn_mt.cli import app
 from attn_mt.config import TrainConfig
 from attn_mt.device import rng_state
+from attn_mt.errors import TrainError
 from attn_mt.rundir import RunDir
 from attn_mt.training import trainer as trainer_mod
-from attn_mt.training.variants import World
-from attn_mt.errors import TrainError
 from attn_mt.training.evaluation import checkpoint_state
 from attn_mt.training.resume import restore
 from attn_mt.training.run import train
 from attn_mt.training.start import setup
 from attn_mt.training.trainer import TrainStep
+from attn_mt.training.variants import World
 
 ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
 SLOW = functools.partial(pytest.param, marks=pytest.mark.slow)  # a case `make test-fast` leaves out
