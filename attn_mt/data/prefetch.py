@@ -22,8 +22,9 @@ T = TypeVar("T")
 
 
 class Prefetcher(Generic[T]):
-    """At most one result built ahead, in one worker thread (on a CPU the trainer builds in place instead:
-    trainer.InPlace). As a context manager it stops the thread at the end of the block (the training loop's)."""
+    """At most one result built ahead, in one worker thread (on a CPU the trainer builds in place
+    instead: training/variants.py's InPlace). As a context manager it stops the thread at the end
+    of the block (the training loop's)."""
 
     def __init__(self) -> None:
         self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="attn-mt-batches")

@@ -3,7 +3,7 @@
 Averaging the last few checkpoints of a run smooths the noise of the final updates and usually gains BLEU
 at no training cost. Two callers, and only they load this module: `attn-mt average` (`attn_mt.average`:
 `average_files`), and a run that keeps its last snapshots (train.keep_last >= 2), which averages them at
-its end and tests the average where it wins on valid BLEU (training/run.py's `finish`: `average_snapshots`).
+its end and tests the average where it wins on valid BLEU (training/finish.py's `finish`: `average_snapshots`).
 Which config changes keep a run the same run is config/changes.py's.
 
 Tested in tests/test_average.py.
