@@ -1,9 +1,7 @@
 """The `attn-mt` command line: each verb parses, calls the public API (`attn_mt`, attn_mt/api/)
-and prints. Errors arrive as `attn_mt.AttnMTError`s naming an argument (`field`); here they become
-one line naming its flag (api/terminal.py's `error_line` words it).
+and prints; errors name an argument (`field`), shown as its flag (api/terminal.py's `error_line`).
 
-One job: the command line (option declarations, printing, exit codes); what a verb does is the
-API's.
+One job: the command line (option declarations, printing, exit codes); the rest is the API's.
 """
 
 import functools
@@ -23,8 +21,8 @@ from attn_mt.api.limits import Limits  # the served limits' defaults (no web ext
 from attn_mt.errors import AttnMTError
 
 # an API argument -> the CLI's flag, where they differ
-FLAGS = {"text": "TEXT", "texts": "TEXT", "path": "--checkpoint", "n": "--prune", "sources": "--src",
-         "refs": "--ref", "ref": "--ref", "src": "--src", "format": "--format", "json": "--json",
+FLAGS = {"text": "TEXT", "texts": "TEXT", "path": "--checkpoint", "n": "--prune", "src": "--src",
+         "sources": "--src", "refs": "--ref", "ref": "--ref", "format": "--format", "json": "--json",
          "overrides": "--set", "json_out": "--json", "out_dir": "--out"}
 
 
@@ -50,16 +48,25 @@ app = typer.Typer(cls=_GlobalOptionsAnywhere, add_completion=False, no_args_is_h
                   help="Train, run and measure Transformer translation models.")
 
 
+def _opt(kind, *names: str, help: str):
+    """An option's type with its help (and its flag names, where they are not the parameter's)."""
+    return Annotated[kind, Option(*names, help=help)]
+
+
+def _limit(help: str, kind=int):
+    """A positive number's option."""
+    return Annotated[kind, Option(min=0.1 if kind is float else 1, help=help)]
+
+
 @app.callback()
-def main(debug: Annotated[bool, Option(help="Show tracebacks on errors.")] = False,  # read by _Verb
-         quiet: Annotated[bool, Option(help="Only warnings and errors on stderr.")] = False) -> None:
+def main(debug: _opt(bool, help="Show tracebacks on errors.") = False,  # read by _Verb
+         quiet: _opt(bool, help="Only warnings and errors on stderr.") = False) -> None:
     level = logging.WARNING if quiet else logging.INFO
     logging.basicConfig(level=level, format="%(message)s", force=True)  # stderr
 
 
 class _Verb(TyperCommand):
-    """A verb: its known failures end in one line and an exit status (`error_line`), with --debug in
-    a traceback."""
+    """A verb: a known failure is one line and an exit status, or with --debug a traceback."""
 
     def invoke(self, ctx):
         from attn_mt.api.terminal import OptionError, RequestError, error_line, flags
@@ -80,13 +87,8 @@ class _Verb(TyperCommand):
 _verb = functools.partial(app.command, cls=_Verb)  # @_verb(): a subcommand of `attn-mt`
 
 
-def _opt(kind, *names: str, help: str):
-    """An option's type with its flag names and help, for the shared options below."""
-    return Annotated[kind, Option(*names, help=help)]
-
-
-OPTION = {o.key: o for o in attn_mt.DECODE_OPTIONS}  # the decode options, defined once (attn_mt/config)
-DECODE_FLAGS = {o.key: flag(o.arg) for o in attn_mt.DECODE_OPTIONS}  # the table's options as flags
+OPTION = {o.key: o for o in attn_mt.DECODE_OPTIONS}  # the decode options (attn_mt/config)
+DECODE_FLAGS = {o.key: flag(o.arg) for o in attn_mt.DECODE_OPTIONS}  # their flags
 
 
 def _decode_opt(kind, key: str, default: str = "default: the checkpoint's decode section"):
@@ -96,7 +98,7 @@ def _decode_opt(kind, key: str, default: str = "default: the checkpoint's decode
 ConfigOpt = _opt(Path, "--config", "-c", help="YAML experiment config.")
 SetOpt = _opt(list[str] | None, "--set", help="Override a key: section.key=value.")
 CkptOpt = _opt(Path, "--checkpoint", help="A checkpoint written by `attn-mt train`.")
-ModelOpt = _opt(Path, "--checkpoint", help="A checkpoint, or a folder written by `attn-mt export`.")
+ModelOpt = _opt(Path, "--checkpoint", help="A checkpoint, or a folder of `attn-mt export`.")
 DeviceOpt = _opt(str, help="cpu, cuda, mps or auto.")
 BeamOpt, AlphaOpt = _decode_opt(int, "beam_size"), _decode_opt(float, "alpha")
 BatchOpt, NbestOpt = _decode_opt(int, "batch_size"), _decode_opt(int, "nbest", "default 1")
@@ -110,12 +112,9 @@ JsonOpt = _opt(Path | None, "--json", help="Write every number to this file.")
 def train(config: ConfigOpt, overrides: SetOpt = None,
           out: _opt(Path | None, help="Run directory [default: runs/<name>].") = None,
           resume: _opt(bool, help="Continue from OUT/checkpoint_last.pt.") = False,
-          overwrite: _opt(bool,
-                          help="Delete the earlier run in OUT and start afresh.") = False) -> None:
+          overwrite: _opt(bool, help="Delete the earlier run in OUT, start afresh.") = False) -> None:
     """Train a model from a YAML config; writes checkpoints, metrics and results into the run
-    directory.
-
-    Under `torchrun --nproc-per-node N -m attn_mt train ...` it trains with DistributedDataParallel."""
+    directory. Under `torchrun --nproc-per-node N -m attn_mt train` it trains with DDP."""
     run = attn_mt.train(config, out, overrides=overrides or [], resume=resume, overwrite=overwrite)
     if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 reports
         typer.echo(run.summary())
@@ -127,14 +126,11 @@ def translate(checkpoint: ModelOpt,
               input: _opt(Path | None, "--input", "-i", help="Input file.") = None,
               beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None,
               device: DeviceOpt = "auto", nbest: NbestOpt = None,
-              fmt: _opt(Literal["text", "jsonl"], "--format",
-                        help="text, or jsonl with scores.") = "text",
-              stream: _opt(bool, help="Write each line's translation as soon as it is done "
-                                                  "(else large inputs go in pieces of 1000).") = False,
+              fmt: _opt(Literal["text", "jsonl"], "--format", help="text, or jsonl with scores.") = "text",
+              stream: _opt(bool, help="Each line as soon as it is done (else in 1000s).") = False,
               ) -> None:
-    """Translate text from arguments, --input FILE or stdin, in input order, one result per line (a
-    terminal on stdin gets a prompt, each line translated as it is entered; an export folder uses
-    CTranslate2)."""
+    """Translate arguments, --input FILE or stdin, one result a line in input order (a terminal
+    gets a prompt, each line translated as entered; an export folder uses CTranslate2)."""
     from attn_mt.api.terminal import input_lines, translate_lines
 
     model = attn_mt.load(checkpoint, device=device)
@@ -149,10 +145,9 @@ def translate(checkpoint: ModelOpt,
 @_verb()
 def evaluate(checkpoint: ModelOpt, src: SrcOpt, ref: RefOpt,
              beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None,
-             device: DeviceOpt = "auto",
-             as_json: _opt(bool, "--json", help="Print JSON.") = False) -> None:
-    """Translate --src and score it against --ref with sacrebleu BLEU and chrF (--checkpoint: file
-    or export)."""
+             device: DeviceOpt = "auto", as_json: _opt(bool, "--json", help="Print JSON.") = False,
+             ) -> None:
+    """Translate --src and score it against --ref with sacrebleu BLEU and chrF."""
     from attn_mt.api.terminal import evaluation_text
 
     model = attn_mt.load(checkpoint, device=device)
@@ -162,21 +157,18 @@ def evaluate(checkpoint: ModelOpt, src: SrcOpt, ref: RefOpt,
 
 
 @_verb()
-def average(checkpoints: Annotated[list[Path], Argument(
-                help="Checkpoints of one run, e.g. RUN/checkpoint_step*.pt.")],
+def average(checkpoints: Annotated[list[Path], Argument(help="e.g. RUN/checkpoint_step*.pt.")],
             out: _opt(Path, help="Where to write the averaged checkpoint."),
-            force: _opt(bool, help="Also average checkpoints of different runs.") = False,
-            ) -> None:
-    """Average the weights of several checkpoints of one run into one checkpoint for
-    translate/evaluate."""
+            force: _opt(bool, help="Also average checkpoints of different runs.") = False) -> None:
+    """Average the weights of several checkpoints of one run into one checkpoint."""
     attn_mt.average(checkpoints, out, force=force)
     typer.echo(f"averaged {len(checkpoints)} checkpoints into {out}")
 
 
 @_verb()
 def download(dataset: Annotated[str, Argument(help="Dataset name: multi30k.")] = "multi30k",
-             out: _opt(Path, help="Directory for {split}.{lang} files.") = Path(
-                 "data/multi30k")) -> None:
+             out: _opt(Path, help="Directory for {split}.{lang} files.") = Path("data/multi30k"),
+             ) -> None:
     """Fetch a corpus (its original URL, else the Hugging Face hub) into line-aligned text files."""
     typer.echo("\n".join(map(str, attn_mt.download(dataset, out))))
 
@@ -184,63 +176,43 @@ def download(dataset: Annotated[str, Argument(help="Dataset name: multi30k.")] =
 @_verb()
 def attention(checkpoint: CkptOpt, text: TextArg,
               out: _opt(Path, help="Directory for the PNG figures."),
-              html: _opt(Path | None,
-                         help="Also write the interactive head view as an HTML page.") = None,
+              html: _opt(Path | None, help="Also the interactive head view, an HTML page.") = None,
               beam: BeamOpt = None, device: DeviceOpt = "auto") -> None:
     """Translate one sentence and draw every attention head of every layer as PNGs in --out."""
-    from attn_mt.api.terminal import check_outputs
+    from attn_mt.api.terminal import attention_command
 
-    if not text.strip():
-        raise typer.BadParameter("the sentence is empty", param_hint="TEXT")
-    check_outputs([("--out", out, None), ("--html", html, (".html", ".htm"))], [checkpoint])
-    model = attn_mt.load(checkpoint, device=device)  # after the outputs are checked: before any work
-    att = model.attention(text, beam=beam)
-    paths = att.save_png(out) + ([att.save_html(html)] if html else [])
-    typer.echo("\n".join([att.translation, *map(str, paths)]))
+    typer.echo("\n".join(attention_command(checkpoint, text, out, html, beam, device)))
 
 
 @_verb()
 def explain(checkpoint: CkptOpt, text: TextArg,
             kind: _opt(str, help="encoder, decoder or cross (attention).") = "cross",
-            layer: _opt(int, help="Layer, from 1.") = 1,
-            head: _opt(int, help="Head, from 1.") = 1,
-            token: _opt(str, help="The query: its position (from 0) or its text; a decoder "
-                                             "or cross query is named by the token it predicts.") = "0",
+            layer: _opt(int, help="Layer, from 1.") = 1, head: _opt(int, help="Head, from 1.") = 1,
+            token: _opt(str, help="The query: its position (from 0) or its text; a decoder or "
+                                  "cross query is named by the token it predicts.") = "0",
             beam: _opt(int, help="Beam size of the translation; 1 is greedy.") = 1,
             json_out: JsonOpt = None, device: DeviceOpt = "auto") -> None:
     """One head's attention for one query token, step by step (Q, K, V; scores; scaled; mask and
-    softmax; values; W_o), recomputed from the model's weights and checked against its own output."""
-    from attn_mt.api.terminal import RequestError, check_outputs, explanation_text
+    softmax; values; W_o), recomputed from the weights and checked against the model's output."""
+    from attn_mt.api.terminal import explain_command
 
-    if not text.strip():  # before loading the model
-        raise RequestError("text", "the sentence is empty")
-    check_outputs([("--json", json_out, (".json",))], [checkpoint])
-    model = attn_mt.load(checkpoint, device=device)
-    result = model.explain(text, kind=kind, layer=layer, head=head, token=token, beam=beam)
-    if json_out:
-        result.save_json(json_out)
-    typer.echo(explanation_text(result))
-
-
-def _limit(help: str, kind=int):
-    return Annotated[kind, Option(min=0.1 if kind is float else 1, help=help)]
+    typer.echo(explain_command(checkpoint, text, json_out, device, kind=kind, layer=layer,
+                               head=head, token=token, beam=beam))
 
 
 @_verb()
 def serve(checkpoint: ModelOpt,
-          host: _opt(str, help="Interface to bind; any other than 127.0.0.1 exposes the "
-                                         "server to the network.") = "127.0.0.1",
+          host: _opt(str, help="Interface to bind; not 127.0.0.1: open to the network.") = "127.0.0.1",
           port: Annotated[int, Option(min=1, max=65535)] = 8000, device: DeviceOpt = "auto",
-          allow_host: _opt(list[str] | None, help="Also answer this Host header "
-                           "(repeatable); loopback names and --host always are answered.") = None,
+          allow_host: _opt(list[str] | None, help="Also answer this Host header (repeatable; "
+                           "loopback names and --host always).") = None,
           max_texts: _limit("Most sentences per request.") = Limits.max_texts,
           max_chars: _limit("Most characters per request.") = Limits.max_chars,
           max_work: _limit("Most source subwords x beam per request.") = Limits.max_work,
           max_queue: _limit("Most requests waiting; more get 503.") = Limits.max_queue,
-          read_timeout: _limit("Seconds a client has to send its headers, and then "
-                               "its body.", float) = Limits.header_timeout_s) -> None:
-    """Serve a checkpoint: a web page (translations, attention of every head) and a JSON API (docs at
-    /docs)."""
+          read_timeout: _limit("Seconds to send the headers, then the body.",
+                               float) = Limits.header_timeout_s) -> None:
+    """Serve a checkpoint: a web page (translations, every head's attention), a JSON API (/docs)."""
     from attn_mt.serve import serve
 
     limits = Limits(max_texts=max_texts, max_chars=max_chars, max_work=max_work,
@@ -251,13 +223,11 @@ def serve(checkpoint: ModelOpt,
 
 @_verb()
 def export(checkpoint: CkptOpt,
-           out: _opt(Path, help="Directory for the exported model (replaced if an export)."),
-           quantization: _opt(str,
-                              help="float32, int8, int8_float32 or bfloat16.") = "float32",
+           out: _opt(Path, help="Directory for the model (an earlier export is replaced)."),
+           quantization: _opt(str, help="float32, int8, int8_float32 or bfloat16.") = "float32",
            fmt: _opt(str, "--format", help="ctranslate2 or transformers.") = "ctranslate2") -> None:
-    """Write a Transformer checkpoint as a CTranslate2 model (--checkpoint of `translate` and
-    `evaluate`; the export extra) or, with --format transformers, a Hugging Face model folder with a
-    card, ready for the hub (hf extra)."""
+    """A Transformer checkpoint as a CTranslate2 model (the export extra), or with --format
+    transformers a Hugging Face model folder with a card, ready for the hub (the hf extra)."""
     written = attn_mt.export_model(checkpoint, out, format=fmt, quantization=quantization)
     typer.echo("\n".join(map(str, written)))
 
@@ -266,10 +236,9 @@ def export(checkpoint: CkptOpt,
 def prepare(config: ConfigOpt, overrides: SetOpt = None,
             list_: _opt(bool, "--list", help="Only list the cache: entries, leftovers.") = False,
             clean: _opt(bool, "--clean", help="Only remove damaged entries, leftovers of stopped "
-                                              "builds and lock files no process holds.") = False,
-            ) -> None:
-    """Train the tokenizer and tokenize the training split into the data cache (data.cache_dir),
-    ahead of `train`: a cluster job, its ranks and later runs of the same data then start from it."""
+                        "builds and lock files no process holds.") = False) -> None:
+    """Train the tokenizer and tokenize the training split into the data cache (data.cache_dir)
+    ahead of `train`, for a cluster job, its ranks and later runs of the same data."""
     from attn_mt.api.commands import cache_survey
 
     if list_ or clean:
@@ -281,8 +250,7 @@ def prepare(config: ConfigOpt, overrides: SetOpt = None,
 def compare_rnn(config: ConfigOpt, overrides: SetOpt = None,
                 out: _opt(Path | None, help="Report directory (runs/compare).") = None,
                 quick: _opt(bool, help="Toy corpus, small models.") = False) -> None:
-    """Train the Transformer and the RNN on the same data and clock; report speed, BLEU, length
-    scaling."""
+    """Train the Transformer and the RNN on the same data and clock: speed, BLEU, length scaling."""
     from attn_mt.api.terminal import compare_text
 
     out = out or Path("runs") / ("compare_quick" if quick else "compare")
@@ -292,15 +260,12 @@ def compare_rnn(config: ConfigOpt, overrides: SetOpt = None,
 
 @_verb()
 def bench(config: ConfigOpt, overrides: SetOpt = None, json_out: JsonOpt = None,
-          checkpoint: _opt(Path | None, "--checkpoint",
-                           help="Also time greedy and beam-5 translation.") = None,
+          checkpoint: _opt(Path | None, help="Also time greedy and beam-5 translation.") = None,
           repeats: _limit("Timed rounds after the warm-up; medians.") = 5,
           steps: _limit("Training batches per round.") = 2,
           sentences: _limit("Test sentences to translate.") = 100,
-          compiled: _opt(bool, "--compile", help="Also time ours under torch.compile.") = False,
-          ) -> None:
-    """Training tokens/s against torch.nn.Transformer, MFU against the matmul peak, translation
-    speed."""
+          compiled: _opt(bool, "--compile", help="Also time ours compiled.") = False) -> None:
+    """Training tokens/s against torch.nn.Transformer, MFU, translation speed."""
     from attn_mt.api.terminal import bench_text
 
     report = attn_mt.bench(config, overrides or [], checkpoint=checkpoint, repeats=repeats,
@@ -309,59 +274,37 @@ def bench(config: ConfigOpt, overrides: SetOpt = None, json_out: JsonOpt = None,
 
 
 @_verb()
-def heads(checkpoint: CkptOpt = None,
-          src: _opt(Path | None, help="Source sentences, one a line.") = None,
-          history: _opt(Path | None,
-                        help="A run: draw how its heads learned (--html, --png).") = None,
+def heads(checkpoint: CkptOpt = None, src: _opt(Path | None, help="Source sentences.") = None,
+          history: _opt(Path | None, help="A run: how its heads learned (--html, --png).") = None,
           ref: _opt(Path | None, help="Their references, line-aligned with --src.") = None,
           contrastive: _opt(Path | None, help="A contrastive set with word positions "
                             "(RUN/test.contrastive.jsonl): which heads resolve the pronoun.") = None,
           json_out: JsonOpt = None, device: DeviceOpt = "auto",
           sentences: _limit("Use the first N lines.") = 200,
-          png: _opt(Path | None,
-                    help="Draw every head's importance and role in one PNG.") = None,
+          png: _opt(Path | None, help="Every head's importance and role in one PNG.") = None,
           html: _opt(Path | None, help="The table and the picture as an HTML page.") = None,
-          prune: Annotated[int, Option(min=0, help="Remove the N least important heads (with "
-                                                   "--out).")] = 0,
+          prune: Annotated[int, Option(min=0, help="Remove the N least important heads.")] = 0,
           out: _opt(Path | None, help="Where --prune writes the pruned checkpoint.") = None,
           ) -> None:
-    """Mask each attention head in turn: the BLEU and loss it costs, where its attention goes, and
-    with --contrastive which heads link the pronoun to its antecedent; with --history RUN, no model:
-    how the run's heads learned it."""
-    from attn_mt.api.terminal import check_heads_command, draw_history, heads_table, save_heads_report
+    """Mask each attention head in turn: the BLEU and loss it costs, where it attends, and with
+    --contrastive which heads link the pronoun; with --history RUN: how the heads learned it."""
+    from attn_mt.api.terminal import heads_command
 
-    if history is not None:  # the attention the run recorded at each evaluation, drawn: no model
-        return typer.echo("\n".join(map(str, draw_history(history, html=html, png=png))))
-    check_heads_command(checkpoint, src, ref, contrastive, prune, out, json_out, png, html)
-    model = attn_mt.load(checkpoint, device=device)  # after the request is checked: before any work
-    if prune:
-        report = model.prune(prune, src, ref, sentences=sentences, out=out).report
-    else:
-        report = model.heads(src, ref, sentences=sentences, contrastive=contrastive)
-    written = save_heads_report(report, json_out, png) + ([report.save_html(html)] if html else [])
-    typer.echo("\n".join([heads_table(report), *map(str, written)]))
+    typer.echo("\n".join(heads_command(
+        checkpoint, src, ref, contrastive, history=history, prune=prune, out=out,
+        json_out=json_out, png=png, html=html, sentences=sentences, device=device)))
 
 
 @_verb()
-def score(checkpoint: ModelOpt,
-          src: _opt(Path | None, help="Source sentences, one a line.") = None,
-          ref: _opt(Path | None,
-                    help="Translations to score, line-aligned with --src.") = None,
+def score(checkpoint: ModelOpt, src: _opt(Path | None, help="Source sentences.") = None,
+          ref: _opt(Path | None, help="Translations to score, line-aligned with --src.") = None,
           contrastive: _opt(Path | None, help="A contrastive set: ours (JSONL, e.g. "
                             "RUN/test.contrastive.jsonl) or ContraPro's JSON.") = None,
-          json_out: JsonOpt = None,
-          batch_size: _limit("Sentences per batch.") = 64,
+          json_out: JsonOpt = None, batch_size: _limit("Sentences per batch.") = 64,
           device: DeviceOpt = "auto") -> None:
-    """log P of given translations under a model (forced decoding; one a line, per token in --json),
-    and with --contrastive the accuracy: the reference scored above every variant, by pronoun and
-    antecedent distance."""
-    from attn_mt.api.terminal import (check_outputs, check_score_request, format_scores,
-                                      score_files, write_scores)
+    """log P of given translations under a model (forced decoding; one a line, per token in
+    --json), and with --contrastive the accuracy: the reference scored above every variant."""
+    from attn_mt.api.terminal import score_command
 
-    check_score_request(src, ref, contrastive)  # before the model loads
-    check_outputs([("--json", json_out, (".json",))], [checkpoint, src, ref, contrastive])
-    result = score_files(attn_mt.load(checkpoint, device=device), src, ref, contrastive,
-                         batch_size=batch_size)
-    typer.echo(format_scores(result))
-    if json_out is not None:
-        typer.echo(str(write_scores(result, json_out)))
+    typer.echo("\n".join(score_command(checkpoint, src, ref, contrastive, json_out, batch_size,
+                                       device)))

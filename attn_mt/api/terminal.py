@@ -6,6 +6,7 @@ Tested in tests/test_cli.py and tests/decoding/test_translate_stream.py (what ea
 """
 
 from collections.abc import Callable
+from pathlib import Path
 
 from attn_mt.analysis.explain import ExplainError as RequestError  # a value only the model can check
 from attn_mt.analysis.explanation import render as explanation_text
@@ -25,9 +26,11 @@ from attn_mt.measure.bench import format_report as bench_text
 from attn_mt.measure.report import summary as compare_text
 
 from .history_pages import draw_history
+from .model import load
 
 __all__ = ["OptionError", "OutputError", "RequestError", "bench_text", "check_heads_command",
            "check_outputs", "check_score_request", "draw_history", "error_line", "flags",
+           "attention_command", "explain_command", "heads_command", "score_command",
            "compare_text", "evaluation_text", "explanation_text", "format_scores", "heads_table", "input_lines",
            "save_heads_report", "score_files", "translate_lines", "write_scores"]
 
@@ -77,3 +80,53 @@ def error_line(e: Failure, flag: Callable[[str], str], request: type | tuple = (
     if isinstance(e, OutputError) and what.startswith(f"{e.option} "):  # "out x.pt: ..." -> its flag
         what = flag(e.option) + what[len(e.option):]
     return flags(f"{kind}: {what}", flag), status  # `resume` -> its flag
+
+
+# The verbs whose work is more than one call of the API: each returns the lines the CLI prints.
+
+def attention_command(path: Path, text: str, out: Path, html: Path | None, beam: int | None,
+                      device: str) -> list[str]:
+    """`attn-mt attention`: every head of every layer drawn (PNGs in `out`, the page to `html`);
+    the translation and the files written."""
+    if not text.strip():
+        raise OptionError("the sentence is empty", "text")
+    check_outputs([("out", out, None), ("html", html, (".html", ".htm"))], [path])  # before work
+    att = load(path, device=device).attention(text, beam=beam)
+    return [att.translation, *map(str, att.save_png(out) + ([att.save_html(html)] if html else []))]
+
+
+def explain_command(path: Path, text: str, json_out: Path | None, device: str, **request) -> str:
+    """`attn-mt explain`: one head's steps for one query as text (and to `json_out`)."""
+    if not text.strip():  # before loading the model
+        raise RequestError("text", "the sentence is empty")
+    check_outputs([("json_out", json_out, (".json",))], [path])
+    result = load(path, device=device).explain(text, **request)
+    if json_out:
+        result.save_json(json_out)
+    return explanation_text(result)
+
+
+def heads_command(path: Path | None, src: Path | None, ref: Path | None, contrastive: Path | None,
+                  *, history: Path | None, prune: int, out: Path | None, json_out: Path | None,
+                  png: Path | None, html: Path | None, sentences: int, device: str) -> list[str]:
+    """`attn-mt heads`: with `history`, the run's recorded attention drawn (no model); else each
+    head's cost measured (or the `prune` least important removed): the table and files written."""
+    if history is not None:
+        return list(map(str, draw_history(history, html=html, png=png)))
+    check_heads_command(path, src, ref, contrastive, prune, out, json_out, png, html)  # first
+    model = load(path, device=device)
+    if prune:
+        report = model.prune(prune, src, ref, sentences=sentences, out=out).report
+    else:
+        report = model.heads(src, ref, sentences=sentences, contrastive=contrastive)
+    written = save_heads_report(report, json_out, png) + ([report.save_html(html)] if html else [])
+    return [heads_table(report), *map(str, written)]
+
+
+def score_command(path: Path, src: Path | None, ref: Path | None, contrastive: Path | None,
+                  json_out: Path | None, batch_size: int, device: str) -> list[str]:
+    """`attn-mt score`: log P of each translation, the contrastive accuracy; the JSON written."""
+    check_score_request(src, ref, contrastive)  # before the model loads
+    check_outputs([("json_out", json_out, (".json",))], [path, src, ref, contrastive])
+    result = score_files(load(path, device=device), src, ref, contrastive, batch_size=batch_size)
+    return [format_scores(result), *([str(write_scores(result, json_out))] if json_out else [])]
