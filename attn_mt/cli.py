@@ -5,10 +5,8 @@ One job: the command line (option declarations, printing, exit codes); the rest 
 """
 
 import functools
-import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -22,8 +20,8 @@ from attn_mt.errors import AttnMTError
 
 # an API argument -> the CLI's flag, where they differ
 FLAGS = {"text": "TEXT", "texts": "TEXT", "path": "--checkpoint", "n": "--prune", "src": "--src",
-         "sources": "--src", "refs": "--ref", "ref": "--ref", "format": "--format", "json": "--json",
-         "overrides": "--set", "json_out": "--json", "out_dir": "--out"}
+         "sources": "--src", "refs": "--ref", "ref": "--ref", "format": "--format",
+         "json": "--json", "overrides": "--set", "json_out": "--json", "out_dir": "--out"}
 
 
 def flag(field: str) -> str:
@@ -112,7 +110,8 @@ JsonOpt = _opt(Path | None, "--json", help="Write every number to this file.")
 def train(config: ConfigOpt, overrides: SetOpt = None,
           out: _opt(Path | None, help="Run directory [default: runs/<name>].") = None,
           resume: _opt(bool, help="Continue from OUT/checkpoint_last.pt.") = False,
-          overwrite: _opt(bool, help="Delete the earlier run in OUT, start afresh.") = False) -> None:
+          overwrite: _opt(bool, help="Delete the earlier run in OUT, start afresh.") = False,
+          ) -> None:
     """Train a model from a YAML config; writes checkpoints, metrics and results into the run
     directory. Under `torchrun --nproc-per-node N -m attn_mt train` it trains with DDP."""
     run = attn_mt.train(config, out, overrides=overrides or [], resume=resume, overwrite=overwrite)
@@ -126,19 +125,17 @@ def translate(checkpoint: ModelOpt,
               input: _opt(Path | None, "--input", "-i", help="Input file.") = None,
               beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None,
               device: DeviceOpt = "auto", nbest: NbestOpt = None,
-              fmt: _opt(Literal["text", "jsonl"], "--format", help="text, or jsonl with scores.") = "text",
+              fmt: _opt(Literal["text", "jsonl"], "--format", help="text, or jsonl with scores.")
+              = "text",
               stream: _opt(bool, help="Each line as soon as it is done (else in 1000s).") = False,
               ) -> None:
     """Translate arguments, --input FILE or stdin, one result a line in input order (a terminal
     gets a prompt, each line translated as entered; an export folder uses CTranslate2)."""
-    from attn_mt.api.terminal import input_lines, translate_lines
+    from attn_mt.api.terminal import translate_command
 
-    model = attn_mt.load(checkpoint, device=device)
-    dcfg = model.options(beam=beam, alpha=alpha, nbest=nbest, batch_size=batch_size,
-                         names=DECODE_FLAGS)
-    interactive = not texts and input is None and sys.stdin.isatty()
-    lines = input_lines(texts, input, "> " if interactive else "")
-    for out in translate_lines(model.translator, lines, dcfg, fmt, stream=stream or interactive):
+    for out in translate_command(checkpoint, texts, input, fmt=fmt, stream=stream, device=device,
+                                 names=DECODE_FLAGS, beam=beam, alpha=alpha, nbest=nbest,
+                                 batch_size=batch_size):
         typer.echo(out)  # click.echo flushes
 
 
@@ -148,12 +145,10 @@ def evaluate(checkpoint: ModelOpt, src: SrcOpt, ref: RefOpt,
              device: DeviceOpt = "auto", as_json: _opt(bool, "--json", help="Print JSON.") = False,
              ) -> None:
     """Translate --src and score it against --ref with sacrebleu BLEU and chrF."""
-    from attn_mt.api.terminal import evaluation_text
+    from attn_mt.api.terminal import evaluate_command
 
-    model = attn_mt.load(checkpoint, device=device)
-    model.options(beam=beam, alpha=alpha, batch_size=batch_size, names=DECODE_FLAGS)  # flags first
-    result = model.evaluate(src, ref, beam=beam, alpha=alpha, batch_size=batch_size)
-    typer.echo(json.dumps(result, indent=2) if as_json else evaluation_text(result))
+    typer.echo(evaluate_command(checkpoint, src, ref, as_json=as_json, device=device,
+                                names=DECODE_FLAGS, beam=beam, alpha=alpha, batch_size=batch_size))
 
 
 @_verb()
@@ -202,7 +197,8 @@ def explain(checkpoint: CkptOpt, text: TextArg,
 
 @_verb()
 def serve(checkpoint: ModelOpt,
-          host: _opt(str, help="Interface to bind; not 127.0.0.1: open to the network.") = "127.0.0.1",
+          host: _opt(str, help="Interface to bind; not 127.0.0.1: open to the network.")
+          = "127.0.0.1",
           port: Annotated[int, Option(min=1, max=65535)] = 8000, device: DeviceOpt = "auto",
           allow_host: _opt(list[str] | None, help="Also answer this Host header (repeatable; "
                            "loopback names and --host always).") = None,
@@ -278,7 +274,8 @@ def heads(checkpoint: CkptOpt = None, src: _opt(Path | None, help="Source senten
           history: _opt(Path | None, help="A run: how its heads learned (--html, --png).") = None,
           ref: _opt(Path | None, help="Their references, line-aligned with --src.") = None,
           contrastive: _opt(Path | None, help="A contrastive set with word positions "
-                            "(RUN/test.contrastive.jsonl): which heads resolve the pronoun.") = None,
+                            "(RUN/test.contrastive.jsonl): which heads resolve the pronoun.")
+          = None,
           json_out: JsonOpt = None, device: DeviceOpt = "auto",
           sentences: _limit("Use the first N lines.") = 200,
           png: _opt(Path | None, help="Every head's importance and role in one PNG.") = None,

@@ -5,7 +5,9 @@ each argument (`flag`).
 Tested in tests/test_cli.py and tests/decoding/test_translate_stream.py (what each verb prints).
 """
 
-from collections.abc import Callable
+import json
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from attn_mt.analysis.explain import ExplainError as RequestError  # a value only the model can check
@@ -30,7 +32,8 @@ from .model import load
 
 __all__ = ["OptionError", "OutputError", "RequestError", "bench_text", "check_heads_command",
            "check_outputs", "check_score_request", "draw_history", "error_line", "flags",
-           "attention_command", "explain_command", "heads_command", "score_command",
+           "attention_command", "evaluate_command", "explain_command", "heads_command",
+           "score_command", "translate_command",
            "compare_text", "evaluation_text", "explanation_text", "format_scores", "heads_table", "input_lines",
            "save_heads_report", "score_files", "translate_lines", "write_scores"]
 
@@ -130,3 +133,24 @@ def score_command(path: Path, src: Path | None, ref: Path | None, contrastive: P
     check_outputs([("json_out", json_out, (".json",))], [path, src, ref, contrastive])
     result = score_files(load(path, device=device), src, ref, contrastive, batch_size=batch_size)
     return [format_scores(result), *([str(write_scores(result, json_out))] if json_out else [])]
+
+
+def translate_command(path: Path, texts: list[str] | None, input: Path | None, *, fmt: str,
+                      stream: bool, device: str, names: dict[str, str],
+                      **options) -> Iterator[str]:
+    """`attn-mt translate`: arguments, the `input` file or stdin, one result a line in input order
+    (a terminal gets a prompt and each line as it is entered); `names`: the options' flags."""
+    model = load(path, device=device)
+    dcfg = model.options(names=names, **options)
+    interactive = not texts and input is None and sys.stdin.isatty()
+    lines = input_lines(texts, input, "> " if interactive else "")
+    yield from translate_lines(model.translator, lines, dcfg, fmt, stream=stream or interactive)
+
+
+def evaluate_command(path: Path, src: Path, ref: Path, *, as_json: bool, device: str,
+                     names: dict[str, str], **options) -> str:
+    """`attn-mt evaluate`: BLEU and chrF of the translation of `src` against `ref`."""
+    model = load(path, device=device)
+    model.options(names=names, **options)  # the options' errors before any work
+    result = model.evaluate(src, ref, **options)
+    return json.dumps(result, indent=2) if as_json else evaluation_text(result)
