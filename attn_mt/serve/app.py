@@ -1,6 +1,7 @@
 """The web app: the page, the JSON API, and error answers that name the field.
 
-One job: HTTP (routes, error answers, streaming); model work is engine.py's, queuing batcher.py's and scheduler.py's.
+One job: HTTP (routes, error answers); how a worker's result is answered (held, streamed) is
+responses.py's, model work engine.py's, queuing batcher.py's and scheduler.py's.
 
 Tested in tests/serve/test_serve.py, test_streaming.py, test_explain_api.py and test_hostile_http.py (and /history
 in tests/analysis/test_history_view.py).
@@ -8,20 +9,18 @@ in tests/analysis/test_history_view.py).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import logging
 import os
 import re
-from concurrent.futures import Future
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic_core import to_json
 from starlette.exceptions import HTTPException
@@ -44,8 +43,9 @@ from .api import (
     error_body,
 )
 from .batcher import Batcher, QueueFull, Stopping
-from .engine import Detokenizer, Engine
+from .engine import Engine
 from .guards import LOOPBACK, BodyLimit, HostCheck
+from .responses import Answer, ClientGone, answer, failure, releasing, stream_answer
 from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ def _history_page(app: FastAPI, engine: Engine, batcher: Batcher | Scheduler) ->
         path = history_file(engine.translator)
         if path is None:
             raise HTTPException(404, "no attention history: the checkpoint's run recorded none")
-        page = await _answer(request, batcher.submit(None, [("history", path)]))
+        page = await answer(request, batcher.submit(None, [("history", path)]))
         if page is None:  # cut short or damaged (Engine.history logged why)
             raise HTTPException(500, "the run's attention history cannot be read")
         return Response(page, media_type="text/html; charset=utf-8",
@@ -158,10 +158,10 @@ def _translation_routes(app: FastAPI, engine: Engine, batcher: Batcher | Schedul
         costs = engine.work(body.texts, dcfg.beam_size)
         check_work("texts", costs, limits)
         if body.stream:
-            return _stream(batcher, engine, dcfg, body.texts, costs)
+            return stream_answer(batcher, engine, dcfg, body.texts, costs)
         future = batcher.submit(*engine.job(dcfg, body.texts), costs, hold=True)
-        with _releasing(batcher, future):
-            return Answer(to_json({"results": await _answer(request, future)}), lambda: batcher.release(future))
+        with releasing(batcher, future):
+            return Answer(to_json({"results": await answer(request, future)}), lambda: batcher.release(future))
 
     @app.post("/api/attention", response_model=AttentionResponse, responses=_ERRORS)
     async def attention(body: AttentionRequest, request: Request):
@@ -171,8 +171,8 @@ def _translation_routes(app: FastAPI, engine: Engine, batcher: Batcher | Schedul
         dcfg = engine.decode_config(body.beam)
         check_work("text", engine.work([body.text], dcfg.beam_size), limits)
         future = batcher.submit(None, [("attention", (body.text, dcfg))], hold=True)
-        with _releasing(batcher, future):  # encoded by the model worker: a big answer does not stall the loop
-            return Answer(await _answer(request, future), lambda: batcher.release(future))
+        with releasing(batcher, future):  # encoded by the model worker: a big answer does not stall the loop
+            return Answer(await answer(request, future), lambda: batcher.release(future))
 
     @app.post("/api/explain", response_model=ExplainResponse, responses=_ERRORS)
     async def explain(body: ExplainRequest, request: Request):
@@ -182,130 +182,10 @@ def _translation_routes(app: FastAPI, engine: Engine, batcher: Batcher | Schedul
         engine.check_explain(body)
         dcfg = engine.decode_config(body.beam)
         check_work("text", engine.work([body.text], dcfg.beam_size), limits)
-        result = await _answer(request, batcher.submit(None, [("explain", (body, dcfg))]))
+        result = await answer(request, batcher.submit(None, [("explain", (body, dcfg))]))
         if isinstance(result, ApiError):  # a token the sentence or its translation does not have
             raise result
         return result
-
-
-class Answer(Response):
-    """A JSON answer (bytes) that keeps its request's place in the queue until the client has taken it:
-    `release` runs once all but the socket buffer's last 64 KB are sent, or the client is gone (server.py
-    disconnects one that takes none of it within the read timeout). So answers waiting to be sent count
-    against max_queue."""
-
-    media_type = "application/json"
-
-    def __init__(self, body: bytes, release) -> None:
-        super().__init__(body)
-        self.release = release
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            await send({"type": "http.response.body", "body": self.body, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})  # waits while the client has not read it
-        finally:
-            self.release()
-
-
-def _stream(batcher: Batcher | Scheduler, engine: Engine, dcfg, texts: list[str], costs: list[int],
-            ) -> StreamingResponse:
-    """A translation answered as server-sent events while it is decoded (`"stream": true`): what the worker
-    reports (engine.progress: `token`, `hypothesis`, `result`, each with the sentence's `index`), then `done`
-    with the answer a plain request gets, or `error`. The job holds its place in the queue until the stream
-    ends; a client that leaves cancels it (its rows leave the running batch at the next step)."""
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue = asyncio.Queue()
-
-    detok: dict[int, Detokenizer] = {}
-
-    def watch(i: int, kind: str, value) -> None:  # in the worker thread, in order: handed over as it is
-        loop.call_soon_threadsafe(events.put_nowait, (i, kind, value))
-
-    future = batcher.submit(*engine.job(dcfg, texts), costs, hold=True, watch=watch)
-    future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, None))
-
-    async def lines():
-        try:
-            while (item := await events.get()) is not None:  # decoded to text here, not in the worker
-                i, kind, value = item
-                name, payload = engine.progress(kind, value, detok.setdefault(i, Detokenizer(engine.tok)))
-                yield _event(name, {"index": i, **payload})
-            if future.cancelled():
-                return
-            error = future.exception()
-            if error is not None and not isinstance(error, QueueFull | Stopping):
-                log.error("POST /api/translate (streamed) failed: %r", error)
-            yield _event("error", failure(error)) if error else _event("done", {"results": future.result()})
-        finally:
-            future.cancel()  # the client left: the job leaves the queue or the running batch
-            batcher.release(future)
-
-    return Stream(lines(), future.cancel, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
-
-
-class Stream(StreamingResponse):
-    """A streamed answer that watches for the client's disconnect itself while it streams, whatever ASGI spec
-    the server announces: Starlette stops listening under spec 2.4, and uvicorn 0.29-0.32 announce it but do
-    not raise when a send finds the client gone, so the job would decode on to its end. `gone` (the job's
-    cancel) runs at the disconnect; the events then end."""
-
-    def __init__(self, content, gone, **kwargs) -> None:
-        super().__init__(content, **kwargs)
-        self.gone = gone
-
-    async def __call__(self, scope, receive, send) -> None:
-        async def watch() -> None:
-            await self.listen_for_disconnect(receive)  # the body has been read: next comes the disconnect
-            self.gone()
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await self.stream_response(send)
-        except OSError:  # spec 2.4: a send to a client that left
-            self.gone()
-        finally:
-            watcher.cancel()
-
-
-def _event(name: str, data: dict) -> bytes:
-    return b"event: %s\ndata: %s\n\n" % (name.encode(), to_json(data))
-
-
-@contextmanager
-def _releasing(batcher: Batcher, future: Future):
-    """Free a held job's place if no Answer takes it over (the request failed or was cancelled)."""
-    try:
-        yield
-    except BaseException:
-        batcher.release(future)
-        raise
-
-
-class ClientGone(Exception):
-    """The client disconnected before its answer was ready."""
-
-
-async def _answer(request: Request, future: Future):
-    """The worker's result, or ClientGone, after cancelling the job, if the client leaves first."""
-    result = asyncio.wrap_future(future)
-    gone = asyncio.ensure_future(_disconnect(request))
-    try:
-        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:  # also when the server stops and cancels this request
-        gone.cancel()
-        if not result.done():
-            result.cancel()  # the job: dropped if queued; a call whose clients all left stops at its next step
-    if result.cancelled():
-        raise ClientGone
-    return result.result()
-
-
-async def _disconnect(request: Request) -> None:
-    # the body has been read, so the next ASGI message is the disconnect (or the end of the response)
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 _ERRORS = {code: {"description": why, "content": {"application/json": {"example": error_body(field, msg)}}}
@@ -353,11 +233,3 @@ def _error_handlers(app: FastAPI) -> None:
     async def failed(request: Request, e: Exception) -> JSONResponse:
         log.error("%s %s failed: %r", request.method, request.url.path, e)
         return JSONResponse(failure(e), status_code=500)
-
-
-def failure(e: BaseException) -> dict:
-    """The answer to a request that failed: the queue's reason (full, stopping), else only the kind of error,
-    the same in a stream as in a plain answer (the details, paths included, go to the log)."""
-    if isinstance(e, QueueFull | Stopping):
-        return error_body("queue", str(e))
-    return {"error": f"internal error: {type(e).__name__}", "field": None}
