@@ -10,7 +10,7 @@ decodes with CTranslate2 and translates and scores only. Every method takes text
 or any iterable of strings (a list of results, in input order); `sources`/`refs` may also be a `Path` to a
 file with one sentence per line. Each method has one return type per kind of input: `translate` gives
 strings, `translate_nbest` `Translation`s, `score` `Score`s. A Model may be shared by threads
-(sharing.py). The analyses' work (attention, explain, heads, prune) is analyses.py's, and decoding steered
+(sharing.py). The analyses (attention, explain, heads, prune) are inspection.py's methods, and decoding steered
 by the caller (a target prefix, sampling, the stream) and placement (`to`, `dtype`) steering.py's: each is
 imported by the method that needs it, so a plain `translate` loads neither.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self, Unpack, overload
+from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
 
 from attn_mt.config import ARGS, DECODE_OPTIONS, DecodeConfig
 from attn_mt.config.decode import Decoding, OneBest
@@ -31,17 +31,17 @@ from attn_mt.decoding.translate import Translation
 from attn_mt.decoding.translator import decode_options, evaluate_texts
 from attn_mt.errors import AttnMTError, InputError, ModelError
 
+from .inspection import Inspection
 from .opening import open_translator
 from .sharing import Shared
 
 if TYPE_CHECKING:
-    from attn_mt.analysis.explanation import Explanation
     from attn_mt.analysis.overview import HeadsReport
     from attn_mt.decoding.contrastive import ContrastiveReport, Item
     from attn_mt.decoding.scoring import Score
     from attn_mt.decoding.translator import Translator
 
-    from .analyses import Items, Lines
+    from .analyses import Lines
     from .attention import Attention
     from .steering import Steer
 
@@ -92,7 +92,7 @@ def load(path: str | os.PathLike, *, device: str = "auto", threads: int | None =
     return model.to(dtype=dtype) if dtype is not None else model
 
 
-class Model:
+class Model(Inspection):
     """A loaded translation model (`attn_mt.load`): translate, score, attention, explain, heads, prune, evaluate.
 
     `decode` holds the model's decode defaults; `config` its experiment config (None for an export);
@@ -318,68 +318,6 @@ class Model:
             weights = {k: (v.float() if v.is_floating_point() else v).cpu() for k, v in module.state_dict().items()}
         checkpoint.save({**analyses.checkpoint_state(self), "model": weights}, Path(path))
         return Path(path)
-
-    def attention(self, text: str, *, target: str | None = None, beam: int | None = None) -> Attention:
-        """Translate `text` (or, with `target`, take that as its translation, teacher-forced) and return every
-        attention map (an `Attention`: tokens and each layer's weights, (heads, queries, keys), for encoder,
-        decoder and cross attention); shows itself in a notebook.
-
-        >>> att = model.attention("the old man sees a small dog.")
-        >>> att.weights("cross", layer=1, head=2)  # (target tokens, source tokens), rows sum to 1
-        >>> model.attention("the old man sees a small dog.", target="der alte Mann sieht einen kleinen Hund.")
-        """
-        text = checks.text(text, "text")
-        if target is not None:
-            target = checks.text(target, "target", empty=True)
-        from . import analyses
-
-        dcfg = self.options(beam=beam, nbest=1)
-        return analyses.attentions(self, [text], dcfg, None, target)[0]
-
-    def explain(self, text: str, *, kind: str = "cross", layer: int = 1, head: int = 1, token: int | str = 0,
-                beam: int = 1) -> Explanation:
-        """One head's attention for one query token, step by step, recomputed from the weights (an
-        `Explanation`: q, k, v, scores, scaled, weights, the head's output, W_o and the check against the
-        model's own output); layers and heads count from 1. `token` is the query: its position (from 0) or its
-        text. A decoder or cross query is named by the token it predicts (its input is the token before), as the
-        attention maps' rows are: `token="Hund"` and `token=k`, where `target_tokens[k]` is "▁Hund", pick the same.
-
-        >>> e = model.explain("the old man sees a small dog.", kind="encoder", layer=1, head=2, token="dog")
-        >>> e.max_abs_diff < 1e-4
-        """
-        from . import analyses
-
-        return analyses.explain(self, text, kind, layer, head, token, beam)
-
-    def heads(self, sources: Lines | None = None, refs: Lines | None = None, *, sentences: int = 200,
-              contrastive: Items | None = None) -> HeadsReport:
-        """Mask each attention head in turn on the first `sentences` pairs: the BLEU (greedy) and loss it
-        costs and where its attention goes (a `HeadsReport`; `.table()` prints it, a notebook draws it). With a
-        `contrastive` set (a file or `Item`s, as `contrastive` takes) also which heads resolve the pronoun
-        (analysis/coref.py) and the contrastive accuracy each one's masking costs; its sources and references
-        are the sentences when `sources` and `refs` are not given. Measured on a copy of the module.
-
-        >>> report = model.heads(Path("runs/toy/test.en"), Path("runs/toy/test.de"), sentences=50)
-        >>> report = model.heads(contrastive="runs/pronoun/test.contrastive.jsonl")
-        """
-        from . import analyses
-
-        return analyses.heads(self, sources, refs, sentences, 0, contrastive)[0]
-
-    def prune(self, n: int, sources: Lines, refs: Lines, *, sentences: int = 200,
-              out: str | os.PathLike | None = None) -> Self:
-        """A new model without the `n` heads that matter least (each removal re-measured on the first
-        `sentences` pairs), its `.report` the HeadsReport; with `out`, also written there as a checkpoint
-        every command takes. This model is left as it was.
-
-        >>> smaller = model.prune(2, Path("runs/toy/test.en"), Path("runs/toy/test.de"), out="pruned.pt")
-        """
-        from . import analyses
-
-        translator, report = analyses.prune(self, n, sources, refs, sentences, out)
-        pruned = type(self)(translator)
-        pruned.report = report
-        return pruned
 
     def _transformer(self, what: str, any_kind: bool = False):
         """The PyTorch module, or ModelError saying why `what` cannot run on this model (analysis/tensors.py)."""

@@ -127,14 +127,16 @@ def test_dtype_and_to_cast_and_move_in_place(tiny_run):
 
 
 def test_a_prefix_with_a_piece_the_model_never_generates_is_refused_in_one_line(tiny_run, tmp_path):
-    """A checkpoint with model.banned_ids (every MarianMT folder bans its pad): a prefix holding a banned piece
+    """A Marian checkpoint with model.banned_ids (every MarianMT folder bans its pad): a prefix holding a banned piece
     made beam search raise IndexError, n-best return [], sampling raise on NaN and greedy emit pad."""
     from attn_mt import checkpoint
 
     state = checkpoint.load(tiny_run / "checkpoint_best.pt")
     plain = attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu")
     banned = _ids(plain, "Hund")[-1]
-    state["config"]["model"]["banned_ids"] = [banned]
+    state["config"]["model"].update(kind="marian", positions="halves", banned_ids=[banned])  # Marian's
+    vocab = state["model"]["out_proj.weight"].size(0)
+    state["model"]["out_bias"] = torch.zeros(vocab)  # the kind's logit bias, zero
     checkpoint.save(state, tmp_path / "banned.pt")
     model = attn_mt.load(tmp_path / "banned.pt", device="cpu")
     calls = [lambda: model.translate(TEXTS[0], target_prefix="ein Hund"),
