@@ -22,7 +22,7 @@ from attn_mt.analysis import overview
 from attn_mt.analysis.explanation import NAMES, render
 from attn_mt.analysis.overview import HeadsReport
 from attn_mt.checkpoint import load
-from attn_mt.data.sources import read_lines
+from attn_mt.data.lines import read_lines
 from attn_mt.device import describe, pick_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from attn_mt.checkpoint import load_model
-from attn_mt.data.sources import read_lines
+from attn_mt.data.lines import read_lines
 from attn_mt.decoding.metrics import score
 from attn_mt.decoding.translate import translate
 from attn_mt.measure.timing import alternate, timed

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from attn_mt.checkpoint import load_model
-from attn_mt.data.sources import read_lines
+from attn_mt.data.lines import read_lines
 from attn_mt.decoding.metrics import bleu
 from attn_mt.decoding.translate import translate
 from attn_mt.device import autocast, describe, machine

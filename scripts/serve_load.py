@@ -37,7 +37,7 @@ import httpx
 import torch
 
 from attn_mt.checkpoint import load_model
-from attn_mt.data.sources import read_lines
+from attn_mt.data.lines import read_lines
 from attn_mt.decoding.translate import translate_nbest
 from attn_mt.device import machine
 from attn_mt.measure.timing import alternate

@@ -58,7 +58,7 @@ CORE = {"attn_mt.errors", "attn_mt.files", "attn_mt.device", "attn_mt.checkpoint
         "attn_mt.data", "attn_mt.data.tokenizer", "attn_mt.data.pieces", "attn_mt.data.batching",
         "attn_mt.data.corpus", "attn_mt.data.plan", "attn_mt.data.arrays",
         "attn_mt.data.build", "attn_mt.data.cache", "attn_mt.data.lock", "attn_mt.data.checks",
-        "attn_mt.data.sources", "attn_mt.data.toy", "attn_mt.data.pronoun", "attn_mt.data.tidy",
+        "attn_mt.data.sources", "attn_mt.data.lines", "attn_mt.data.toy", "attn_mt.data.pronoun", "attn_mt.data.tidy",
         "attn_mt.training", "attn_mt.training.trainer", "attn_mt.training.run", "attn_mt.training.schedule",
         "attn_mt.training.validation", "attn_mt.training.progress", "attn_mt.training.resume",
         "attn_mt.training.memory", "attn_mt.training.variants", "attn_mt.training.checks",

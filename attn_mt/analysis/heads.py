@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from attn_mt.config import DecodeConfig
 from attn_mt.data.batching import Batch, collate
-from attn_mt.data.sources import DataError
+from attn_mt.data.lines import DataError
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.contrastive import Item
 from attn_mt.decoding.metrics import bleu

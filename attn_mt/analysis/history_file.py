@@ -54,7 +54,7 @@ from typing import Protocol
 import numpy as np
 import numpy.lib.format as npy
 
-from attn_mt.data.sources import DataError
+from attn_mt.data.lines import DataError
 from attn_mt.decoding.contrastive import items_from_records
 from attn_mt.errors import InputError
 

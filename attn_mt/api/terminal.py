@@ -16,7 +16,7 @@ from attn_mt.analysis.heads import check_request as check_heads_request
 from attn_mt.analysis.overview import save as save_heads_report
 from attn_mt.analysis.overview import table as heads_table
 from attn_mt.config.yamlconf import OptionError  # a flag's value
-from attn_mt.data.sources import input_lines
+from attn_mt.data.lines import input_lines
 from attn_mt.decoding.metrics import text as evaluation_text
 from attn_mt.decoding.scoring import check_request as check_score_request
 from attn_mt.decoding.scoring import format_scores, score_files

@@ -37,8 +37,9 @@ import numpy as np
 
 from attn_mt.config import DataConfig, ExperimentConfig
 from attn_mt.data.build import KINDS, SIDES, build
+from attn_mt.data.lines import DataError
 from attn_mt.data.lock import exclusive
-from attn_mt.data.sources import DataError, iter_pairs, source
+from attn_mt.data.sources import iter_pairs, source
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.files import replace_folder, sync_folder, write_atomic
 

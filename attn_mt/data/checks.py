@@ -99,7 +99,7 @@ def texts(value: object, field: str, *, files: bool = True) -> tuple[list[str], 
     if isinstance(value, str):
         return [clean(value)], True
     if isinstance(value, os.PathLike) and files:
-        from attn_mt.data.sources import read_lines
+        from attn_mt.data.lines import read_lines
 
         try:
             return [clean(line) for line in read_lines(Path(value))], False

@@ -19,7 +19,8 @@ from attn_mt.config import ExperimentConfig
 from attn_mt.data.arrays import collate_ragged
 from attn_mt.data.batching import Batch
 from attn_mt.data.cache import Entry, Resumed, open_entry
-from attn_mt.data.sources import DataError, read_pairs
+from attn_mt.data.lines import DataError
+from attn_mt.data.sources import read_pairs
 from attn_mt.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from attn_mt.data.sources import DataError
+from attn_mt.data.lines import DataError
 
 
 @dataclass(frozen=True)

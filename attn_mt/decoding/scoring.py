@@ -76,7 +76,7 @@ def score_files(translator, src: Path | None = None, ref: Path | None = None, co
                 *, batch_size: int = 64) -> dict:
     """`attn-mt score`: the scores of `ref` given `src` (a `Translator` of either kind), and/or the accuracy on
     a contrastive set (contrastive.py); {"scores": [Score as a dict, ...], "contrastive": report}."""
-    from attn_mt.data.sources import read_aligned
+    from attn_mt.data.lines import read_aligned
     from attn_mt.decoding.contrastive import evaluate_contrastive, read_items
 
     check_request(src, ref, contrastive)

@@ -12,7 +12,7 @@ import torch
 from attn_mt.config import ExperimentConfig
 from attn_mt.data.corpus import Corpus, load_corpus
 from attn_mt.data.download import missing_data_hint
-from attn_mt.data.sources import DataError
+from attn_mt.data.lines import DataError
 from attn_mt.device import pick_device, pick_precision
 
 

@@ -16,7 +16,7 @@ from attn_mt.data import cache
 from attn_mt.data.batching import token_batches
 from attn_mt.data.cache import Resumed, fingerprint, open_entry, prepare
 from attn_mt.data.corpus import load_corpus
-from attn_mt.data.sources import DataError
+from attn_mt.data.lines import DataError
 from attn_mt.rundir import RunDir
 
 

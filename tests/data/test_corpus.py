@@ -13,7 +13,7 @@ from conftest import TINY, cfg_for, toy_files
 
 from attn_mt.data.batching import collate, token_batches
 from attn_mt.data.corpus import load_corpus
-from attn_mt.data.sources import read_lines
+from attn_mt.data.lines import read_lines
 from attn_mt.data.tokenizer import train_tokenizer
 from attn_mt.models import build_model
 from attn_mt.training.trainer import Trainer

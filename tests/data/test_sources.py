@@ -4,7 +4,8 @@ import pytest
 from conftest import cli, one_line_error, write_config
 
 from attn_mt.config import load_config
-from attn_mt.data.sources import DataError, line_chunks, read_pairs
+from attn_mt.data.lines import DataError, line_chunks
+from attn_mt.data.sources import read_pairs
 
 
 def write_files(d, split, src, tgt):

@@ -8,8 +8,8 @@ import torch
 from conftest import cli, toy_test_files
 
 from attn_mt import checkpoint
+from attn_mt.data.lines import DataError
 from attn_mt.data.pronoun import classic, contrastive_records, make_pronoun_corpus
-from attn_mt.data.sources import DataError
 from attn_mt.data.toy import make_toy_corpus
 from attn_mt.decoding.contrastive import evaluate_contrastive, items_from_records, read_items, subject_rule
 from attn_mt.decoding.scoring import score_texts
