@@ -128,15 +128,34 @@ def translate(checkpoint: ModelOpt,
               fmt: _opt(Literal["text", "jsonl"], "--format", help="text, or jsonl with scores.")
               = "text",
               stream: _opt(bool, help="Each line as soon as it is done (else in 1000s).") = False,
+              align: _opt(bool, help="End each line with ' ||| ' and its word links.") = False,
               ) -> None:
     """Translate arguments, --input FILE or stdin, one result a line in input order (a terminal
     gets a prompt, each line translated as entered; an export folder uses CTranslate2)."""
     from attn_mt.api.terminal import translate_command
 
-    for out in translate_command(checkpoint, texts, input, fmt=fmt, stream=stream, device=device,
-                                 names=DECODE_FLAGS, beam=beam, alpha=alpha, nbest=nbest,
-                                 batch_size=batch_size):
+    for out in translate_command(checkpoint, texts, input, fmt=fmt, stream=stream, align=align,
+                                 device=device, names=DECODE_FLAGS, beam=beam, alpha=alpha,
+                                 nbest=nbest, batch_size=batch_size):
         typer.echo(out)  # click.echo flushes
+
+
+@_verb()
+def align(checkpoint: CkptOpt, src: SrcOpt,
+          tgt: _opt(Path, help="Translations of --src, one a line."),
+          gold: _opt(Path | None, help="Gold links (i-j sure, ipj possible): print AER.") = None,
+          method: _opt(str | None, help="layerL, headL.H, shift-..., union:, gdf:...") = None,
+          by_head: _opt(bool, help="With --gold: score every layer, head and method.") = False,
+          reverse: _opt(Path | None, help="A target -> source checkpoint (union:, gdf:).") = None,
+          one_indexed: _opt(bool, help="--gold counts words from 1.") = False,
+          batch_size: _opt(int, help="Pairs per batch.") = 64, device: DeviceOpt = "auto") -> None:
+    """Word alignment of given translations from cross-attention (forced decoding): Pharaoh lines
+    (source word i - target word j), or with --gold AER, precision and recall."""
+    from attn_mt.api.aligning import align_command
+
+    typer.echo(align_command(attn_mt.load(checkpoint, device=device), src, tgt, gold, method=method,
+                             by_head=by_head, reverse=reverse, one_indexed=one_indexed,
+                             batch_size=batch_size))
 
 
 @_verb()

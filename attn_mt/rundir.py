@@ -9,6 +9,7 @@ names; disk checks before training. Checkpoints themselves are written atomicall
     size.json                                  model.size: auto: what was measured and chosen (autosize.py)
     {test split}.{lang}                        the test sources and references, line-aligned with test_hyps.txt
     {test split}.contrastive.jsonl             the test split's contrastive set, where the data has one
+    {test split}.align                         its gold word alignment (Pharaoh), where the data knows it
     attention_history.npz                      the attention on a few fixed sentences at step 0 and each
                                                evaluation (train.record_attention; analysis/history.py)
     tensorboard/                               TensorBoard events (train.tensorboard)
@@ -255,6 +256,14 @@ class RunDir:
     def write_contrastive(self, split: str, records: list[dict]) -> None:
         """The contrastive set (data.pronoun.contrastive_records), one JSON object a line."""
         _write_atomic(self.contrastive(split), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+
+    def gold_links(self, split: str) -> Path:
+        """Where the test split's gold word alignment lies (align's `gold` file)."""
+        return self.path / f"{split}.align"
+
+    def write_gold_links(self, split: str, lines: list[str]) -> None:
+        """The gold word alignment (data.toy's), one Pharaoh line per test pair."""
+        _write_atomic(self.gold_links(split), "".join(f"{line}\n" for line in lines))
 
     def snapshots(self) -> list[Path]:
         """The kept evaluation checkpoints, oldest first: by the step in the name (a name of 8 digits or more

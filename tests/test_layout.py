@@ -264,7 +264,7 @@ def test_the_docstring_rule_is_read_as_written(doc, may, never):
 
 # the names of a run directory's files (training/rundir.py) and what joins a path inside one
 RUN_DIR_NAMES = re.compile(r"(config\.yaml|results\.json|metrics\.jsonl|tokenizer\.json|test_hyps\.txt|tensorboard"
-                           r"|size\.json|.*\.contrastive\.jsonl|checkpoint_.*|spm\..*|attention_history\.npz)")
+                           r"|size\.json|.*\.contrastive\.jsonl|.*\.align|checkpoint_.*|spm\..*|attention_history\.npz)")
 RUN_DIR_PATHS = re.compile(r"\brun_dir\b|\bfiles\.path\b|\brun_path\b")
 
 

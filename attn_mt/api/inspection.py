@@ -1,6 +1,7 @@
 """The `Model`'s methods that look inside it (model.py's `Model` inherits them): every attention map of a
-sentence (`attention`), one head's steps recomputed (`explain`), what each head costs (`heads`), and a model
-without the heads that matter least (`prune`). analyses.py does their work, under the model's locks.
+sentence (`attention`), one head's steps recomputed (`explain`), what each head costs (`heads`), a model
+without the heads that matter least (`prune`), and cross-attention read as word alignment (`align`,
+`align_report`; aligning.py). analyses.py does their work, under the model's locks.
 
 Tested in tests/api/test_model.py, tests/api/test_arguments.py and tests/api/test_threads.py.
 """
@@ -8,21 +9,27 @@ Tested in tests/api/test_model.py, tests/api/test_arguments.py and tests/api/tes
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Self
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self, overload
 
 from attn_mt.data import checks
+from attn_mt.errors import AttnMTError, InputError, ModelError
 
 if TYPE_CHECKING:
+    from attn_mt.analysis.aer import AlignmentReport
     from attn_mt.analysis.explanation import Explanation
     from attn_mt.analysis.overview import HeadsReport
+
+    from attn_mt.decoding.alignment import Alignment
 
     from .analyses import Items, Lines
     from .attention import Attention
 
 
 class Inspection:
-    """Attention, explain, heads and prune for a `Model` (which gives `options`, `_transformer` and
-    its translator)."""
+    """Attention, explain, heads, prune and align for a `Model` (which gives `options`, `_transformer`,
+    its translator and device)."""
 
     def attention(self, text: str, *, target: str | None = None, beam: int | None = None) -> Attention:
         """Translate `text` (or, with `target`, take that as its translation, teacher-forced) and return every
@@ -85,3 +92,62 @@ class Inspection:
         pruned = type(self)(translator)
         pruned.report = report
         return pruned
+
+    @overload
+    def align(self, sources: str, targets: str, *, method: str | None = ...,  # type: ignore[overload-overlap]
+              reverse: Self | str | os.PathLike | None = ..., batch_size: int = ...) -> Alignment: ...
+    @overload
+    def align(self, sources: Iterable[str], targets: Iterable[str], *, method: str | None = ...,
+              reverse: Self | str | os.PathLike | None = ..., batch_size: int = ...) -> list[Alignment]: ...
+
+    def align(self, sources: str | Iterable[str], targets: str | Iterable[str], *, method: str | None = None,
+              reverse: Self | str | os.PathLike | None = None, batch_size: int = 64) -> Any:
+        """Word alignment of given translations from cross-attention (forced decoding): an `Alignment` (the
+        words of each side and the links (source word, target word), from 0; `.pharaoh` as text) for one
+        pair, a list for two iterables. `method`: layerL, headL.H, shift-..., and with a `reverse` model
+        (target -> source) union:, intersect: or gdf: of both directions (docs/alignment.md).
+
+        >>> model.align("the old man sees a small dog.", "der alte Mann sieht einen kleinen Hund.").pharaoh
+        """
+        from . import aligning
+
+        srcs, one = checks.texts(sources, "sources")
+        tgts, one_target = checks.texts(targets, "targets")
+        if one != one_target or len(srcs) != len(tgts):
+            raise InputError(f"{len(tgts)} targets for {len(srcs)} sources: give one target per source",
+                             "targets")
+        if method is not None and not isinstance(method, str):
+            raise InputError(f"expected a method's name, not {method!r}", "method")
+        checks.integer(batch_size, "batch_size")
+        out = aligning.aligned(self, srcs, tgts, method, self._reverse(reverse), batch_size)
+        return out[0] if one else out
+
+    def align_report(self, sources: Lines, targets: Lines, gold: str | os.PathLike, *,
+                     method: str | None = None, by_head: bool = False,
+                     reverse: Self | str | os.PathLike | None = None, one_indexed: bool = False,
+                     batch_size: int = 64) -> AlignmentReport:
+        """AER, precision and recall of `method` (or, `by_head`, of every layer, head and method) against a
+        gold file of Pharaoh lines (`i-j` sure, `ipj` possible; `one_indexed` for files counted from 1),
+        line-aligned with `sources` and `targets` (an `AlignmentReport`; `.table()` prints it, `.best`).
+
+        >>> model.align_report(Path("runs/toy/test.en"), Path("runs/toy/test.de"), "runs/toy/test.align")
+        """
+        from . import aligning
+
+        return aligning.report(self, sources, targets, gold, method=method, by_head=by_head,
+                               reverse=self._reverse(reverse), one_indexed=one_indexed,
+                               batch_size=batch_size)
+
+    def _reverse(self, reverse: Self | str | os.PathLike | None) -> Self | None:
+        """The reverse-direction model: given, or opened from a path onto this model's device."""
+        if reverse is None or isinstance(reverse, type(self)):
+            return reverse
+        from .opening import open_translator
+
+        if not isinstance(reverse, str | os.PathLike):
+            raise InputError(f"expected a Model or a checkpoint's path, not {type(reverse).__name__}", "reverse")
+        try:
+            return type(self)(open_translator(reverse if isinstance(reverse, str) else Path(reverse),
+                                              str(self.device), None))
+        except AttnMTError as e:
+            raise ModelError(e.message, "reverse", named=e.named) from None

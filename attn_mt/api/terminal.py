@@ -136,15 +136,17 @@ def score_command(path: Path, src: Path | None, ref: Path | None, contrastive: P
 
 
 def translate_command(path: Path, texts: list[str] | None, input: Path | None, *, fmt: str,
-                      stream: bool, device: str, names: dict[str, str],
+                      stream: bool, device: str, names: dict[str, str], align: bool = False,
                       **options) -> Iterator[str]:
     """`attn-mt translate`: arguments, the `input` file or stdin, one result a line in input order
-    (a terminal gets a prompt and each line as it is entered); `names`: the options' flags."""
+    (a terminal gets a prompt and each line as it is entered); `names`: the options' flags; `align`:
+    each hypothesis with its word links."""
     model = load(path, device=device)
     dcfg = model.options(names=names, **options)
     interactive = not texts and input is None and sys.stdin.isatty()
     lines = input_lines(texts, input, "> " if interactive else "")
-    yield from translate_lines(model.translator, lines, dcfg, fmt, stream=stream or interactive)
+    yield from translate_lines(model.translator, lines, dcfg, fmt, stream=stream or interactive,
+                               align=align)
 
 
 def evaluate_command(path: Path, src: Path, ref: Path, *, as_json: bool, device: str,

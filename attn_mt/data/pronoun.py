@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .toy import DEF, INDEF, MIXED, WEAK
+from .toy import DEF, INDEF, MIXED, WEAK, Src, Tgt, attach
 
 # noun: (singular, plural, gender, German singular, German plural)
 ANIMATE = [  # animals, not people: English "it" must not give the antecedent away as "he" or "she" would
@@ -55,20 +55,22 @@ INANIMATE_SUBJECT = [("stop", "stopped", "stoppte", "stoppten"), ("block", "bloc
                      ("scare", "scared", "erschreckte", "erschreckten"),
                      ("impress", "impressed", "beeindruckte", "beeindruckten"),
                      ("hurt", "hurt", "verletzte", "verletzten"), ("tire", "tired", "ermüdete", "ermüdeten")]
-# relative clauses: (English, German with {rel} for the accusative relative pronoun)
-RELATIVES = [("that we saw", "{rel} wir sahen"), ("that everyone knew", "{rel} jeder kannte"),
-             ("that we had seen before", "{rel} wir vorher gesehen hatten"),
-             ("that nobody had noticed", "{rel} niemand bemerkt hatte"),
-             ("that my friends liked so much", "{rel} meine Freunde so sehr mochten")]
+# relative clauses: (English, German with {rel} for the accusative relative pronoun, the word links between them)
+RELATIVES = [("that we saw", "{rel} wir sahen", "0-0 1-1 2-2"),
+             ("that everyone knew", "{rel} jeder kannte", "0-0 1-1 2-2"),
+             ("that we had seen before", "{rel} wir vorher gesehen hatten", "0-0 1-1 2-4 3-3 4-2"),
+             ("that nobody had noticed", "{rel} niemand bemerkt hatte", "0-0 1-1 2-3 3-2"),
+             ("that my friends liked so much", "{rel} meine Freunde so sehr mochten", "0-0 1-1 2-2 3-5 4-3 5-4")]
 ADVERBIALS = {"yesterday": "gestern", "this morning": "heute morgen", "again": "wieder",
               "in the end": "am Ende", "after a while": "nach einer Weile"}
+ADVERBIAL_LINKS = {"in the end": "0-0 1-0 2-1"}  # the others word for word
 PRONOUNS = {"m": "er", "f": "sie", "n": "es", "pl": "sie"}  # German pronoun by gender or plural
 SWAPS = ("er", "sie", "es")  # a variant replaces the pronoun with each other one (ContraPro's errors)
 
 
 @dataclass(frozen=True)
 class Phrase:
-    """A noun phrase: its words on each side, the index of its noun among them, and its pronoun."""
+    """A noun phrase: its words on each side (word k translates word k), and its pronoun."""
 
     en: list[str]
     de: list[str]
@@ -92,13 +94,21 @@ def _noun_phrase(rng: random.Random, nouns: list, case: str) -> Phrase:
                   PRONOUNS["pl" if plural else gender], plural)
 
 
-def _relative(rng: random.Random, np: Phrase) -> tuple[list[str], list[str]]:
-    """An optional relative clause after a noun phrase: (English words, German words with commas)."""
+def _relative(rng: random.Random, np: Phrase) -> tuple[list[Src], list[Tgt]]:
+    """An optional relative clause after a noun phrase: (English, German tokens with commas)."""
     if rng.random() < 0.6:
         return [], []
-    en, de = rng.choice(RELATIVES)
+    en, de, links = rng.choice(RELATIVES)
     rel = "die" if np.plural else {"er": "den", "sie": "die", "es": "das"}[np.pronoun]
-    return en.split(), [",", *de.format(rel=rel).split(), ","]
+    en_t, de_t = _linked(en.split(), de.format(rel=rel).split(), links)
+    return en_t, [Tgt(","), *de_t, Tgt(",")]
+
+
+def _linked(en: list[str], de: list[str], links: str = "") -> tuple[list[Src], list[Tgt]]:
+    """Tokens of a phrase and its translation, linked as Pharaoh `links` say (none: word k to word k)."""
+    src = [Src(w) for w in en]
+    pairs = [tuple(map(int, link.split("-"))) for link in links.split()] or [(k, k) for k in range(len(de))]
+    return src, [Tgt(w, tuple(src[i] for i, j in pairs if j == k)) for k, w in enumerate(de)]
 
 
 @dataclass(frozen=True)
@@ -114,19 +124,7 @@ class Example:
     role: str  # the antecedent's: subject or object
     src_positions: dict[str, int]  # pronoun, antecedent, other
     tgt_positions: dict[str, int]
-
-
-def _attach(words: list[tuple[str, str]]) -> tuple[str, dict[str, int]]:
-    """(word, mark) pairs -> the text with "," and "." attached to the word before, and each mark's index."""
-    out, marks = [], {}
-    for word, mark in words:
-        if word in (",", ".") and out:
-            out[-1] += word
-            continue
-        if mark:
-            marks[mark] = len(out)
-        out.append(word)
-    return " ".join(out), marks
+    links: str = ""  # the gold word alignment, a Pharaoh line (toy.Aligned.pharaoh)
 
 
 def pronoun_example(rng: random.Random) -> Example:
@@ -151,33 +149,38 @@ def classic(predicate: str = "tired") -> Example:
 
 
 def compose(subj: Phrase, obj: Phrase, verb: tuple[str, str, str, str], negated: bool, pred: str, degree: str,
-            rel_s: tuple[list[str], list[str]] = ([], []), rel_o: tuple[list[str], list[str]] = ([], []),
+            rel_s: tuple[list[Src], list[Tgt]] = ([], []), rel_o: tuple[list[Src], list[Tgt]] = ([], []),
             adverbial: str | None = None) -> Example:
-    """The sentence pair of these choices; "it" refers to the noun phrase the predicate fits."""
+    """The sentence pair of these choices and its word alignment; "it" refers to the noun phrase the predicate
+    fits."""
     animate_subject = verb in ANIMATE_SUBJECT
     ante, role = ((subj, "subject") if (pred in ANIMATE_PREDICATES) == animate_subject else (obj, "object"))
     other = obj if ante is subj else subj
     present, past, de_sg, de_pl = verb
     de_pred = (ANIMATE_PREDICATES | INANIMATE_PREDICATES)[pred]
 
-    def marked(words: list[str], np: Phrase) -> list[tuple[str, str]]:  # the noun (last word) marked
-        return [(w, "") for w in words[:-1]] + [(words[-1], "antecedent" if np is ante else "other")]
+    def phrase(np: Phrase) -> tuple[list[Src], list[Tgt]]:  # the noun (last word) marked
+        en, de = _linked(np.en, np.de)
+        en[-1].mark = de[-1].mark = "antecedent" if np is ante else "other"
+        return en, de
 
-    en = [*marked(subj.en, subj), *((w, "") for w in [*rel_s[0], *(["didn't", present] if negated else [past])])]
-    en += [*marked(obj.en, obj), *((w, "") for w in rel_o[0])]
-    en += [(w, "") for w in (adverbial.split() if adverbial else [])]
-    en += [("because", ""), ("they" if ante.plural else "it", "pronoun"),
-           ("were" if ante.plural else "was", ""), (degree, ""), (pred, ""), (".", "")]
-    de = [*marked(subj.de, subj), *((w, "") for w in rel_s[1]), (de_pl if subj.plural else de_sg, "")]
-    de += [*marked(obj.de, obj), *((w, "") for w in rel_o[1])]
-    de += [(w, "") for w in (ADVERBIALS[adverbial].split() if adverbial else [])]
-    de += [("nicht", "")] if negated else []
-    de += [(",", ""), ("weil", ""), (ante.pronoun, "pronoun"), (DEGREES[degree], ""), (de_pred, ""),
-           ("waren" if ante.plural else "war", ""), (".", "")]
-    en_text, src_pos = _attach(en)
-    de_text, tgt_pos = _attach(de)
-    return Example(en_text, de_text, ante.pronoun, other.pronoun, "they" if ante.plural else "it", role,
-                   src_pos, tgt_pos)
+    (s_en, s_de), (o_en, o_de) = phrase(subj), phrase(obj)
+    verbs = [Src("didn't"), Src(present)] if negated else [Src(past)]
+    adv_en, adv_de = _linked(*(([], []) if adverbial is None else (adverbial.split(), ADVERBIALS[adverbial].split())),
+                             ADVERBIAL_LINKS.get(adverbial or "", ""))
+    tail = [Src(w) for w in ("because", "they" if ante.plural else "it", "were" if ante.plural else "was", degree,
+                             pred, ".")]
+    tail[1].mark = "pronoun"
+    en = [*s_en, *rel_s[0], *verbs, *o_en, *rel_o[0], *adv_en, *tail]
+    de = [*s_de, *rel_s[1], Tgt(de_pl if subj.plural else de_sg, (verbs[-1],)), *o_de, *rel_o[1], *adv_de]
+    de += [Tgt("nicht", (verbs[0],))] if negated else []
+    de += [Tgt(","), Tgt("weil", (tail[0],)), Tgt(ante.pronoun, (tail[1],), "pronoun"),
+           Tgt(DEGREES[degree], (tail[3],)), Tgt(de_pred, (tail[4],)),
+           Tgt("waren" if ante.plural else "war", (tail[2],)), Tgt(".", (tail[5],))]
+    pair = attach(en, de)
+    return Example(pair.en, pair.de, ante.pronoun, other.pronoun, "they" if ante.plural else "it", role,
+                   {m: i for m, (i, _) in pair.marks.items()}, {m: j for m, (_, j) in pair.marks.items()},
+                   pair.pharaoh())
 
 
 def make_pronoun_corpus(n_train: int, seed: int = 0) -> dict[str, list[Example]]:

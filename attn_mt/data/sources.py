@@ -56,6 +56,10 @@ class Source:
         """A contrastive test set written with the split (decoding/contrastive.py's records), if it has one."""
         return None
 
+    def gold_links(self, split: str) -> list[str] | None:
+        """The split's gold word alignment, a Pharaoh line per pair, if the source knows it."""
+        return None
+
 
 class Files(Source):
     """`{dir}/{split}.{lang}`: one sentence per line, line i of one language translating line i of the other."""
@@ -183,6 +187,16 @@ class Toy(Source):
         from attn_mt.data.pronoun import contrastive_records, make_pronoun_corpus
 
         return contrastive_records(make_pronoun_corpus(self.cfg.toy_size, self.cfg.toy_seed)[split])
+
+    def gold_links(self, split: str) -> list[str] | None:
+        """The links the generator's rules make (toy.Aligned, pronoun.Example.links)."""
+        if self.cfg.toy_variant == "pronoun":
+            from attn_mt.data.pronoun import make_pronoun_corpus
+
+            return [ex.links for ex in make_pronoun_corpus(self.cfg.toy_size, self.cfg.toy_seed)[split]]
+        from attn_mt.data.toy import make_aligned_corpus
+
+        return [p.pharaoh() for p in make_aligned_corpus(self.cfg.toy_size, self.cfg.toy_seed)[split]]
 
     def chunks(self, split: str) -> Chunks:
         if self.cfg.toy_variant == "pronoun":

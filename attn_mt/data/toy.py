@@ -8,11 +8,15 @@ Every source sentence has exactly one correct translation, which the rules below
   fronted adverb moves the verb before the subject (verb second: "gestern sieht der Hund ...");
 - one word becoming several: some adverbs are phrases ("tomorrow" -> "am nächsten Tag").
 Train, valid and test sets are disjoint: sentences are deduplicated across splits.
+
+The rules know which source word gives each target word: `make_aligned_corpus` gives every pair with
+its gold word alignment (`Aligned`; the run writes the test split's as `test.align`, Pharaoh lines).
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 # noun: (singular, plural, gender, German singular, German plural)
 NOUNS = [
@@ -57,75 +61,152 @@ MIXED = {("nom", "m"): "er", ("nom", "f"): "e", ("nom", "n"): "es", ("nom", "pl"
          ("acc", "m"): "en", ("acc", "f"): "e", ("acc", "n"): "es", ("acc", "pl"): "e"}
 
 
-def _noun_phrase(rng: random.Random, case: str) -> tuple[str, str, bool]:
-    """(English, German, plural?) for a random noun phrase in the given German case."""
+@dataclass(eq=False)
+class Src:
+    """A source token: links point at it by identity, so two equal words stay two."""
+
+    text: str
+    mark: str = ""  # a word the pronoun variant locates (pronoun.py)
+
+
+@dataclass(eq=False)
+class Tgt:
+    """A target token and the source tokens it translates (none: a word with no counterpart)."""
+
+    text: str
+    of: tuple[Src, ...] = ()
+    mark: str = ""
+
+
+@dataclass(frozen=True)
+class Aligned:
+    """A sentence pair, punctuation attached to the word before as in real text, with its word alignment:
+    (source word, target word, sure) links; a link made by punctuation alone is possible, not sure."""
+
+    en: str
+    de: str
+    links: tuple[tuple[int, int, bool], ...]
+    marks: dict[str, tuple[int, int]]  # mark -> (source word, target word) index; -1 where a side has none
+
+    def pharaoh(self) -> str:
+        """The links as one Pharaoh line: `i-j` sure, `ipj` possible, 0-indexed."""
+        return " ".join(f"{i}{'-' if sure else 'p'}{j}" for i, j, sure in self.links)
+
+
+PUNCT = (",", ".")
+
+
+def _words(tokens: list) -> tuple[list[str], list[int]]:
+    """Tokens -> words ("," and "." attached to the word before) and each token's word index."""
+    out: list[str] = []
+    at = []
+    for t in tokens:
+        if t.text in PUNCT and out:
+            out[-1] += t.text
+        else:
+            out.append(t.text)
+        at.append(len(out) - 1)
+    return out, at
+
+
+def attach(en: list[Src], de: list[Tgt]) -> Aligned:
+    """The pair as text and word links, from tokens that know their sources."""
+    en_words, en_at = _words(en)
+    de_words, de_at = _words(de)
+    where = {id(s): en_at[k] for k, s in enumerate(en)}
+    links: dict[tuple[int, int], bool] = {}
+    for k, t in enumerate(de):
+        for s in t.of:
+            pair = (where[id(s)], de_at[k])
+            links[pair] = links.get(pair, False) or t.text not in PUNCT
+    marks: dict[str, list[int]] = {}
+    for side, tokens, at in ((0, en, en_at), (1, de, de_at)):
+        for k, t in enumerate(tokens):
+            if t.mark:
+                marks.setdefault(t.mark, [-1, -1])[side] = at[k]
+    return Aligned(" ".join(en_words), " ".join(de_words), tuple((i, j, s) for (i, j), s in sorted(links.items())),
+                   {m: (i, j) for m, (i, j) in marks.items()})
+
+
+def _noun_phrase(rng: random.Random, case: str) -> tuple[list[Src], list[Tgt], bool]:
+    """(English, German, plural?) tokens of a random noun phrase in the given German case."""
     en_sg, en_pl, gender, de_sg, de_pl = rng.choice(NOUNS)
     plural = rng.random() < 0.4
     definite = rng.random() < 0.6
     slot = (case, "pl" if plural else gender)
-    en = [("the" if definite else ("some" if plural else "a"))]
-    de = [(DEF if definite else INDEF)[slot]]
+    det = Src("the" if definite else ("some" if plural else "a"))
+    en, de = [det], [Tgt((DEF if definite else INDEF)[slot], (det,))]
     if rng.random() < 0.5:
-        adj = rng.choice(list(ADJECTIVES))
+        adj = Src(rng.choice(list(ADJECTIVES)))
         en.append(adj)
-        stem, ending = ADJECTIVES[adj], (WEAK if definite else MIXED)[slot]
-        de.append(stem + (ending[1:] if stem.endswith("e") else ending))  # leise + e = leise
-    en.append(en_pl if plural else en_sg)
-    if en[0] == "a" and en[1][0] in "aeiou":
-        en[0] = "an"
-    de.append(de_pl if plural else de_sg)
-    return " ".join(en), " ".join(de), plural
+        stem, ending = ADJECTIVES[adj.text], (WEAK if definite else MIXED)[slot]
+        de.append(Tgt(stem + (ending[1:] if stem.endswith("e") else ending), (adj,)))  # leise + e = leise
+    noun = Src(en_pl if plural else en_sg)
+    en.append(noun)
+    if det.text == "a" and en[1].text[0] in "aeiou":
+        det.text = "an"
+    de.append(Tgt(de_pl if plural else de_sg, (noun,)))
+    return en, de, plural
 
 
-def _clause(rng: random.Random, verbs=VERBS) -> tuple[str, str, str, str]:
+def _clause(rng: random.Random, verbs=VERBS) -> tuple[list[Src], list[Tgt], list[Tgt], list[Tgt]]:
     """Subject, verb and object of one clause: (en subject+verb+object, de subject, de verb, de object)."""
     subj_en, subj_de, plural = _noun_phrase(rng, "nom")
     obj_en, obj_de, _ = _noun_phrase(rng, "acc")
     v_sg, v_pl, dv_sg, dv_pl = rng.choice(verbs)
-    en = f"{subj_en} {v_pl if plural else v_sg} {obj_en}"
-    return en, subj_de, (dv_pl if plural else dv_sg), obj_de
+    verb = Src(v_pl if plural else v_sg)
+    return [*subj_en, verb, *obj_en], subj_de, [Tgt(dv_pl if plural else dv_sg, (verb,))], obj_de
 
 
 def sentence_pair(rng: random.Random) -> tuple[str, str]:
     """One (English, German-like) sentence pair, punctuation attached as in real text."""
-    en, de = _sentence_pair(rng)
-    return (en.replace(" .", ".").replace(" ,", ","), de.replace(" .", ".").replace(" ,", ","))
+    pair = aligned_pair(rng)
+    return pair.en, pair.de
 
 
-def _sentence_pair(rng: random.Random) -> tuple[str, str]:
+def aligned_pair(rng: random.Random) -> Aligned:
+    """One sentence pair with the word alignment its rules make."""
     kind = rng.random()
     if kind < 0.35:  # say-verb with a "that" clause: verb-final subordinate clause
         subj_en, subj_de, plural = _noun_phrase(rng, "nom")
         v_sg, v_pl, dv_sg, dv_pl = rng.choice(SAY_VERBS)
         en_c, s, v, o = _clause(rng)
-        return (f"{subj_en} {v_pl if plural else v_sg} that {en_c} .",
-                f"{subj_de} {dv_pl if plural else dv_sg} , dass {s} {o} {v} .")
+        say, that, stop = Src(v_pl if plural else v_sg), Src("that"), Src(".")
+        return attach([*subj_en, say, that, *en_c, stop],
+                      [*subj_de, Tgt(dv_pl if plural else dv_sg, (say,)), Tgt(","), Tgt("dass", (that,)),
+                       *s, *o, *v, Tgt(".", (stop,))])
     en_main, s, v, o = _clause(rng)
-    en, de = en_main, f"{s} {v} {o}"
+    en, de = en_main, [*s, *v, *o]
     if kind < 0.6:  # fronted adverb: verb second
-        adv = rng.choice(list(ADVERBS))
-        en, de = f"{adv} {en_main}", f"{ADVERBS[adv]} {v} {s} {o}"
+        adv = Src(rng.choice(list(ADVERBS)))
+        en, de = [adv, *en_main], [*(Tgt(w, (adv,)) for w in ADVERBS[adv.text].split()), *v, *s, *o]
     if rng.random() < 0.4:  # adverbial subordinate clause
-        conj = rng.choice(list(CONJUNCTIONS))
+        conj = Src(rng.choice(list(CONJUNCTIONS)))
         en_c, s2, v2, o2 = _clause(rng)
-        en, de = f"{en} {conj} {en_c}", f"{de} , {CONJUNCTIONS[conj]} {s2} {o2} {v2}"
-    return f"{en} .", f"{de} ."
+        en, de = [*en, conj, *en_c], [*de, Tgt(","), Tgt(CONJUNCTIONS[conj.text], (conj,)), *s2, *o2, *v2]
+    stop = Src(".")
+    return attach([*en, stop], [*de, Tgt(".", (stop,))])
 
 
 def make_toy_corpus(n_train: int, seed: int = 0) -> dict[str, list[tuple[str, str]]]:
     """Disjoint train/valid/test splits of (English, German-like) pairs; valid and test
     each hold max(100, n_train // 20) pairs (the pronoun variant: pronoun.pronoun_pairs)."""
+    return {k: [(p.en, p.de) for p in v] for k, v in make_aligned_corpus(n_train, seed).items()}
+
+
+def make_aligned_corpus(n_train: int, seed: int = 0) -> dict[str, list[Aligned]]:
+    """make_toy_corpus's splits with each pair's gold word alignment."""
     rng = random.Random(seed)
     n_eval = max(100, n_train // 20)
     sizes = {"valid": n_eval, "test": n_eval, "train": n_train}
     seen: set[str] = set()
-    out: dict[str, list[tuple[str, str]]] = {}
+    out: dict[str, list[Aligned]] = {}
     for split, size in sizes.items():
-        pairs: list[tuple[str, str]] = []
+        pairs: list[Aligned] = []
         while len(pairs) < size:
-            src, tgt = sentence_pair(rng)
-            if src not in seen:
-                seen.add(src)
-                pairs.append((src, tgt))
+            pair = aligned_pair(rng)
+            if pair.en not in seen:
+                seen.add(pair.en)
+                pairs.append(pair)
         out[split] = pairs
     return out

@@ -124,27 +124,54 @@ def evaluate_texts(translator: Translator, sources: list[str], refs: list[str], 
     return {**result, "decode": {"beam_size": dcfg.beam_size, "alpha": dcfg.alpha}}
 
 
-def hypotheses_json(nbest: list[Translation]) -> list[dict]:
-    """One n-best list as the objects of `attn-mt translate`'s jsonl format and of `/api/translate`."""
-    return [{"text": h.text, "score": round(h.score, 4), "log_prob": round(h.log_prob, 4)} for h in nbest]
+def hypotheses_json(nbest: list[Translation], links: list[str] | None = None) -> list[dict]:
+    """One n-best list as the objects of `attn-mt translate`'s jsonl format and of `/api/translate`; with
+    `links`, each hypothesis's word alignment (Pharaoh) as "alignment"."""
+    return [{"text": h.text, "score": round(h.score, 4), "log_prob": round(h.log_prob, 4),
+             **({"alignment": links[k]} if links is not None else {})} for k, h in enumerate(nbest)]
 
 
-def format_nbest(sources: list[str], nbests: list[list[Translation]], fmt: str, first: int) -> str:
+def format_nbest(sources: list[str], nbests: list[list[Translation]], fmt: str, first: int,
+                 links: list[list[str]] | None = None) -> str:
     """`attn-mt translate`'s output lines: the best translations, Moses-style n-best lines
-    (`i ||| text ||| score`, i counted from `first`), or (fmt "jsonl") one JSON object per source."""
+    (`i ||| text ||| score`, i counted from `first`), or (fmt "jsonl") one JSON object per source; with
+    `links` (Pharaoh, one per hypothesis) each line ends in ` ||| links` and each JSON hypothesis has them."""
+    tails = links or [[None] * len(n) for n in nbests]
     if fmt == "jsonl":
-        return "\n".join(json.dumps({"source": s, "hypotheses": hypotheses_json(n)}, ensure_ascii=False)
-                         for s, n in zip(sources, nbests, strict=True))
+        return "\n".join(json.dumps({"source": s, "hypotheses": hypotheses_json(n, t if links else None)},
+                                    ensure_ascii=False) for s, n, t in zip(sources, nbests, tails, strict=True))
+    end = [[f" ||| {a}" if links else "" for a in t] for t in tails]
     if max(map(len, nbests)) == 1:
-        return "\n".join(n[0].text for n in nbests)
-    return "\n".join(f"{first + i} ||| {h.text} ||| {h.score:.4f}" for i, n in enumerate(nbests) for h in n)
+        return "\n".join(n[0].text + e[0] for n, e in zip(nbests, end, strict=True))
+    return "\n".join(f"{first + i} ||| {h.text} ||| {h.score:.4f}{e[k]}"
+                     for i, (n, e) in enumerate(zip(nbests, end, strict=True)) for k, h in enumerate(n))
+
+
+def hypothesis_links(translator: Translator, sources: list[str], nbests: list[list[Translation]],
+                     batch_size: int) -> list[list[str]]:
+    """Each hypothesis's word alignment with its source (Pharaoh), by the default method of
+    decoding/alignment.py, teacher-forced on the hypothesis's text."""
+    from attn_mt.decoding.alignment import align_texts
+
+    if translator.model is None:
+        raise CheckpointError(f"{translator.path}: a CTranslate2 export keeps no attention to align; give a "
+                              "checkpoint file written by `attn-mt train`")
+    srcs = [s for s, n in zip(sources, nbests, strict=True) for _ in n]
+    found = iter(align_texts(translator.model, translator.tok, srcs, [h.text for n in nbests for h in n], None,
+                             translator.device, batch_size))
+    return [[next(found).pharaoh for _ in n] for n in nbests]
 
 
 def translate_lines(translator: Translator, lines: Iterable[str], dcfg: DecodeConfig, fmt: str,
-                    stream: bool = False) -> Iterator[str]:
+                    stream: bool = False, align: bool = False) -> Iterator[str]:
     """`attn-mt translate`'s output for `lines`, in order: each line's as soon as it is read with `stream`
-    (a terminal, or when asked), else pieces of 1000 lines or more (batches of dcfg.batch_size inside)."""
+    (a terminal, or when asked), else pieces of 1000 lines or more (batches of dcfg.batch_size inside);
+    with `align`, each hypothesis with its word alignment (hypothesis_links)."""
+    if align and translator.model is None:  # before any work
+        hypothesis_links(translator, [], [], 1)
     lines, done, chunk = iter(lines), 0, 1 if stream else max(1000, dcfg.batch_size)
     while piece := list(itertools.islice(lines, chunk)):
-        yield format_nbest(piece, translator.translate_nbest(piece, dcfg), fmt, done)
+        nbests = translator.translate_nbest(piece, dcfg)
+        links = hypothesis_links(translator, piece, nbests, dcfg.batch_size) if align else None
+        yield format_nbest(piece, nbests, fmt, done, links)
         done += len(piece)
