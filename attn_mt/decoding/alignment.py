@@ -237,7 +237,7 @@ def cross_shape(model: Seq2Seq) -> tuple[int, int]:
 
 def default_method(n_layers: int) -> str:
     """The method used where none is named: see docs/alignment.md for the measurements behind it."""
-    return f"layer{max(1, n_layers - 1)}"
+    return f"layer{n_layers}"
 
 
 def align_texts(model: Seq2Seq, tok: Tokenizer, sources: list[str], targets: list[str], method: str | None,

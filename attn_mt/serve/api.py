@@ -106,7 +106,10 @@ TranslateRequest = create_model(  # texts, each served option (DECODE_OPTIONS' `
     **{o.field: served(o) for o in DECODE_OPTIONS if o.field},
     stream=(bool, Field(False, description="Answer as server-sent events while decoding: `token` (greedy: the "
                                            "translation so far), `hypothesis` (beam: one finished), `result` (a "
-                                           "sentence done), then `done` with the whole answer, or `error`.")))
+                                           "sentence done), then `done` with the whole answer, or `error`.")),
+    align=(bool, Field(False, description="Give each hypothesis its word alignment with the source, `alignment`: "
+                                          "Pharaoh links i-j (source word i, target word j, from 0; words split "
+                                          "at spaces), from cross-attention (docs/alignment.md). Not with stream.")))
 
 
 def check_work(field: str, costs: list[int], limits: Limits) -> None:
@@ -143,6 +146,7 @@ class Hypothesis(BaseModel):
     text: str
     score: float = Field(description="log P / length penalty: what ranks the n-best list.")
     log_prob: float = Field(description="log P(translation | source).")
+    alignment: str | None = Field(None, description="With `align`: the word links, Pharaoh i-j.")
 
 
 class Result(BaseModel):

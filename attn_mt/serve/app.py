@@ -157,11 +157,16 @@ def _translation_routes(app: FastAPI, engine: Engine, batcher: Batcher | Schedul
         dcfg = engine.decode_config(body.beam, body.alpha, body.nbest)
         costs = engine.work(body.texts, dcfg.beam_size)
         check_work("texts", costs, limits)
+        if body.align:
+            engine.check_align(body.stream)
         if body.stream:
             return stream_answer(batcher, engine, dcfg, body.texts, costs)
         future = batcher.submit(*engine.job(dcfg, body.texts), costs, hold=True)
         with releasing(batcher, future):
-            return Answer(to_json({"results": await answer(request, future)}), lambda: batcher.release(future))
+            results = await answer(request, future)
+            if body.align:  # the links, computed by the worker like every model call
+                results = await answer(request, batcher.submit(None, [("align", results)]))
+            return Answer(to_json({"results": results}), lambda: batcher.release(future))
 
     @app.post("/api/attention", response_model=AttentionResponse, responses=_ERRORS)
     async def attention(body: AttentionRequest, request: Request):

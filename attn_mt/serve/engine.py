@@ -1,5 +1,5 @@
 """What the model worker does: translate batches, draw attention maps and the run's history page,
-and describe the model it serves.
+align translations with their sources, and describe the model it serves.
 
 One job: the model worker's work (what the queue runs). Tested in tests/serve/test_serve.py and
 tests/serve/test_streaming.py.
@@ -24,7 +24,7 @@ from attn_mt.config.yamlconf import OptionError
 from attn_mt.decoding.attention_maps import attention_maps
 from attn_mt.decoding.continuous import Event, RunningBatch, supports
 from attn_mt.decoding.translate import Translation, prepare_sources, translations
-from attn_mt.decoding.translator import decode_options, hypotheses_json
+from attn_mt.decoding.translator import decode_options, hypotheses_json, hypothesis_links
 from attn_mt.errors import AttnMTError
 from attn_mt.models import count_params
 
@@ -122,9 +122,11 @@ class Engine:
 
     def run_one(self, job: tuple[str, object]):
         """A job that runs alone: ("attention", (text, dcfg)) -> the encoded answer (`attention_json`),
-        ("explain", (request, dcfg)) -> `explain`'s dict or ApiError, or ("history", path) -> the page or None."""
+        ("explain", (request, dcfg)) -> `explain`'s dict or ApiError, ("history", path) -> the page or None,
+        or ("align", translate's results) -> them with word links."""
         name, item = job
-        return {"attention": self.attention_json, "explain": self.explain, "history": self.history}[name](item)
+        return {"attention": self.attention_json, "explain": self.explain, "history": self.history,
+                "align": self.align}[name](item)
 
     def history(self, path: Path) -> str | None:
         """The page of the run's attention history at `path` (drawn once per version of the file); None, logged,
@@ -134,6 +136,20 @@ class Engine:
         except (AttnMTError, OSError) as e:
             log.error("GET /history: %s", e)
             return None
+
+    def check_align(self, stream: bool) -> None:
+        """Refuse (ApiError) `align` on an export or with `stream`."""
+        self.require_weights("word alignment")
+        if stream:
+            raise ApiError(422, "align", "word alignment comes with the whole answer, not with `stream`")
+
+    def align(self, results: list[dict]) -> list[dict]:
+        """`translate`'s results with each hypothesis's word alignment (`alignment`, Pharaoh links)."""
+        sources = [r["source"] for r in results]
+        nbests = [[Translation(h["text"], h["log_prob"], h["score"]) for h in r["hypotheses"]] for r in results]
+        links = hypothesis_links(self.translator, sources, nbests, self.decode.batch_size)
+        return [{"source": s, "hypotheses": hypotheses_json(n, k)} for s, n, k in zip(sources, nbests, links,
+                                                                                     strict=True)]
 
     def require_weights(self, what: str) -> None:
         """Refuse (ApiError 404) `what` (attention maps, explain) on an export, which keeps no attention weights."""
