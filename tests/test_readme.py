@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # README and the linked docs whose examples run offline or are marked (the others' blocks are commands
 # of an hour's training on Multi30k, or need internet, or are run by their own tests)
 DOCS = ("README.md", "docs/compare-rnn.md", "docs/performance.md", "docs/results.md", "docs/api.md",
-        "docs/speedrun.md", "docs/history.md")
+        "docs/speedrun.md", "docs/history.md", "docs/alignment.md")
 BIN = Path(sys.executable).parent
 MARK = re.compile(r"<!--\s*example:\s*(needs multi30k|needs gpu|not run\b[^>]*?)\s*-->")
 

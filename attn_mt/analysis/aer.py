@@ -1,8 +1,9 @@
-"""Scoring word alignments against gold: alignment error rate, precision and recall (Och and Ney 2003), for
-one method or for every layer, head and method of a model (which attention aligns best).
+"""Scoring word alignments against gold: alignment error rate, precision and recall (Och and Ney
+2003), for one method or for every layer, head and method of a model (which attention aligns best).
 
-With A the predicted links, S the sure and P the possible gold links (P holds S), summed over the corpus:
-precision |A & P| / |A|, recall |A & S| / |S|, AER 1 - (|A & S| + |A & P|) / (|A| + |S|). Lower AER is better.
+With A the predicted links, S the sure and P the possible gold links (P holds S), summed over the
+corpus: precision |A & P| / |A|, recall |A & S| / |S|, AER 1 - (|A & S| + |A & P|) / (|A| + |S|).
+Lower AER is better.
 
 Tested in tests/decoding/test_alignment.py.
 """
@@ -26,7 +27,8 @@ class AlignmentScore:
 
 
 def score(predicted: list[set[Link]], gold: list[Gold]) -> AlignmentScore:
-    """AER, precision and recall of `predicted` against `gold`, line by line, summed over the corpus."""
+    """AER, precision and recall of `predicted` against `gold`, line by line, summed over the
+    corpus."""
     a = s = a_s = a_p = 0
     for found, g in zip(predicted, gold, strict=True):
         a, s = a + len(found), s + len(g.sure)
@@ -53,8 +55,10 @@ class AlignmentReport:
         lines = [f"{'method':<{width}}  {'AER':>6}  {'prec':>6}  {'recall':>6}  {'links':>6}"]
         for name, r in self.rows.items():
             mark = "  <- best" if name == self.best and len(self.rows) > 1 else ""
-            lines.append(f"{name:<{width}}  {r.aer:6.2f}  {r.precision:6.2f}  {r.recall:6.2f}  {r.links:6d}{mark}")
-        return "\n".join([*lines, f"({self.sentences} sentence pairs; AER, precision and recall in %)"])
+            lines.append(f"{name:<{width}}  {r.aer:6.2f}  {r.precision:6.2f}  {r.recall:6.2f}  "
+                         f"{r.links:6d}{mark}")
+        end = f"({self.sentences} sentence pairs; AER, precision and recall in %)"
+        return "\n".join([*lines, end])
 
     def to_dict(self) -> dict:
         return {"sentences": self.sentences, "best": self.best,
@@ -64,4 +68,5 @@ class AlignmentReport:
 def report(pairs: list[Attended], gold: list[Gold], methods: list[Method],
            reverse: list[Attended] | None = None) -> AlignmentReport:
     """Every method scored on the same pairs (their attention computed once)."""
-    return AlignmentReport({m.name: score(align(pairs, m, reverse), gold) for m in methods}, len(pairs))
+    rows = {m.name: score(align(pairs, m, reverse), gold) for m in methods}
+    return AlignmentReport(rows, len(pairs))

@@ -1,6 +1,6 @@
-"""Word alignment from a loaded model: `Model.align` (words and links), `Model.align_report` (AER against a
-gold file, one method or every layer, head and method). decoding/alignment.py does the work (and gives the
-links that `attn-mt translate --align` and the server add to translations).
+"""Word alignment from a loaded model: `Model.align` (words and links), `Model.align_report` (AER
+against a gold file, one method or every layer, head and method). decoding/alignment.py does the
+work (and gives the links that `attn-mt translate --align` and the server add to translations).
 
 Tested in tests/decoding/test_alignment.py and tests/api/test_aligning.py.
 """
@@ -12,8 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from attn_mt.data import checks
-from attn_mt.decoding.alignment import (Alignment, Attended, align_texts, all_methods, attend, cross_shape,
-                                        default_method, parse_method)
+from attn_mt.decoding.alignment import (
+    Alignment,
+    Attended,
+    align_texts,
+    all_methods,
+    attend,
+    cross_shape,
+    default_method,
+    parse_method,
+)
 from attn_mt.errors import InputError
 
 from .analyses import Lines, Loaded, pairs, transformer
@@ -22,28 +30,33 @@ if TYPE_CHECKING:
     from attn_mt.analysis.aer import AlignmentReport
 
 
-def attention_of(model: Loaded, sources: list[str], targets: list[str], batch_size: int) -> list[Attended]:
+def attention_of(model: Loaded, sources: list[str], targets: list[str], batch_size: int,
+                 ) -> list[Attended]:
     """The pairs' cross-attention, teacher-forced, read as translation reads the module."""
     net = transformer(model, "align", any_kind=True)
     with model.shared.reading():
-        return attend(net, model.translator.tok, sources, targets, model.translator.device, batch_size)
+        t = model.translator
+        return attend(net, t.tok, sources, targets, t.device, batch_size)
 
 
 def aligned(model: Loaded, sources: list[str], targets: list[str], method: str | None = None,
             reverse: Loaded | None = None, batch_size: int = 64) -> list[Alignment]:
-    """Each pair's words and links by `method` (reverse: a target -> source model for the combinations)."""
+    """Each pair's words and links by `method` (reverse: a target -> source model for the
+    combinations)."""
     net = transformer(model, "align", any_kind=True)
-    back = None if reverse is None else (transformer(reverse, "align", any_kind=True), reverse.translator.tok)
+    back = None if reverse is None else (transformer(reverse, "align", any_kind=True),
+                                         reverse.translator.tok)
+    t = model.translator
     with model.shared.reading():
-        return align_texts(net, model.translator.tok, sources, targets, method, model.translator.device,
-                           batch_size, back)
+        return align_texts(net, t.tok, sources, targets, method, t.device, batch_size, back)
 
 
-def report(model: Loaded, sources: Lines, targets: Lines, gold: str | os.PathLike, *, method: str | None = None,
-           by_head: bool = False, reverse: Loaded | None = None, one_indexed: bool = False,
-           batch_size: int = 64) -> AlignmentReport:
-    """AER, precision and recall against `gold` (a Pharaoh file, line-aligned with the pairs): of `method`, or
-    with `by_head` of every layer, head and method (and their combinations, given `reverse`)."""
+def report(model: Loaded, sources: Lines, targets: Lines, gold: str | os.PathLike, *,
+           method: str | None = None, by_head: bool = False, reverse: Loaded | None = None,
+           one_indexed: bool = False, batch_size: int = 64) -> AlignmentReport:
+    """AER, precision and recall against `gold` (a Pharaoh file, line-aligned with the pairs): of
+    `method`, or with `by_head` of every layer, head and method (and their combinations, given
+    `reverse`)."""
     from attn_mt.analysis.aer import report as scored
     from attn_mt.decoding.pharaoh import read_gold
 
@@ -52,14 +65,16 @@ def report(model: Loaded, sources: Lines, targets: Lines, gold: str | os.PathLik
     checks.boolean(one_indexed, "one_indexed")
     golden = read_gold(Path(checks.path(gold)), srcs, tgts, one_indexed)
     layers, heads = cross_shape(transformer(model, "align", any_kind=True))
-    back_shape = None if reverse is None else cross_shape(transformer(reverse, "align", any_kind=True))
+    back_shape = None if reverse is None else cross_shape(transformer(reverse, "align", True))
     if by_head:
         if back_shape not in (None, (layers, heads)):
-            raise InputError("`by_head` pairs each layer and head with the reverse model's: give a reverse model "
-                             "of the same layers and heads, or name one `method`", "reverse")
+            raise InputError("`by_head` pairs each layer and head with the reverse model's: give a "
+                             "reverse model of the same layers and heads, or name one `method`",
+                             "reverse")
         methods = all_methods(layers, heads, combined=reverse is not None)
     else:
-        methods = [parse_method(default_method(layers) if method is None else method, layers, heads)]
+        name = default_method(layers) if method is None else method
+        methods = [parse_method(name, layers, heads)]
         if back_shape is not None and methods[0].combine:
             parse_method(methods[0].base.name, *back_shape)
     found = attention_of(model, srcs, tgts, batch_size)
@@ -70,13 +85,14 @@ def report(model: Loaded, sources: Lines, targets: Lines, gold: str | os.PathLik
 
 
 
-def align_command(model, src: Path, tgt: Path, gold: Path | None, *, method: str | None, by_head: bool,
-                  reverse: str | os.PathLike | None, one_indexed: bool, batch_size: int) -> str:
+def align_command(model, src: Path, tgt: Path, gold: Path | None, *, method: str | None,
+                  by_head: bool, reverse: str | os.PathLike | None, one_indexed: bool,
+                  batch_size: int) -> str:
     """`attn-mt align`'s output: a Pharaoh line per pair, or with `gold` the AER table."""
     if gold is None:
         if by_head or one_indexed:
-            raise InputError(f"`{'by_head' if by_head else 'one_indexed'}` scores against a gold file: give "
-                             "`gold`", "gold")
+            flag = "by_head" if by_head else "one_indexed"
+            raise InputError(f"`{flag}` scores against a gold file: give `gold`", "gold")
         return "\n".join(a.pharaoh for a in model.align(src, tgt, method=method, reverse=reverse,
                                                         batch_size=batch_size))
     return model.align_report(src, tgt, gold, method=method, by_head=by_head, reverse=reverse,

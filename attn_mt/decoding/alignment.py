@@ -1,19 +1,20 @@
-"""Word alignment from cross-attention: which source word each target word came from, as Pharaoh links.
+"""Word alignment from cross-attention: which source word gave each target word (Pharaoh links).
 
-A sentence pair is run through the model teacher-forced (forced decoding on the given target), keeping every
-layer's cross-attention, (L, H, T + 1, S): row t is the query that *predicts* target piece t (it reads piece
-t - 1). A `Method` names which weights to read:
+A sentence pair is run through the model teacher-forced (forced decoding on the given target),
+keeping every layer's cross-attention, (L, H, T + 1, S): row t is the query that *predicts* target
+piece t (it reads piece t - 1). A `Method` names which weights to read:
 
     layer2          the head average of layer 2, read at the row that predicts each target piece
     head2.1         layer 2's head 1 alone (heads named as `attn-mt heads` names them: cross 2.1)
-    shift-layer2    Shift-Att (Chen et al. 2020): the row where the piece is the decoder's *input* (t + 1)
-    gdf:layer2      with a reverse-direction model (target -> source): grow-diag-final of both directions'
-                    links (Koehn et al. 2003); also union: and intersect:
+    shift-layer2    Shift-Att (Chen et al. 2020): the row where the piece is the decoder's *input*
+                    (row t + 1)
+    gdf:layer2      with a reverse-direction model (target -> source): grow-diag-final of both
+                    directions' links (Koehn et al. 2003); also union: and intersect:
 
-Pieces to words: the source pieces of a word add their weights (the attention mass the word gets; the
-attention on </s> is left out), the target pieces of a word average theirs, then each target word links to
-the source word with the most mass: one link per target word, as Garg et al. (2019) and Chen et al. (2020)
-score attention. A word starts at a piece that begins with SentencePiece's "▁".
+Pieces to words: the source pieces of a word add their weights (the attention mass the word gets;
+the attention on </s> is left out), the target pieces of a word average theirs, then each target
+word links to the source word with the most mass: one link per target word, as Garg et al. (2019)
+and Chen et al. (2020) score attention. A word starts at a piece that begins with "▁".
 
 Tested in tests/decoding/test_alignment.py.
 """
@@ -61,24 +62,27 @@ class Method:
 
 
 def parse_method(name: str, n_layers: int, n_heads: int) -> Method:
-    """A method by name (see the module's docstring), checked against the model's layers and heads."""
+    """A method by name (see the module's docstring), checked against the model's layers and
+    heads."""
     found = METHOD.fullmatch(name.strip()) if isinstance(name, str) else None
     if found is None:
-        raise InputError(f"{name!r} is not a method: expected layerL, headL.H, shift-layerL, shift-headL.H, or "
-                         "one of them after union:, intersect: or gdf: (e.g. layer2, gdf:shift-head2.1)", "method")
+        raise InputError(f"{name!r} is not a method: expected layerL, headL.H, shift-layerL, "
+                         "shift-headL.H, or one of them after union:, intersect: or gdf: (e.g. "
+                         "layer2, gdf:shift-head2.1)", "method")
     combine, shift, layer, head_layer, head = found.groups()
     m = Method(int(layer or head_layer), int(head) if head else None, bool(shift), combine)
     if not 1 <= m.layer <= n_layers or not 1 <= (m.head or 1) <= n_heads:
-        raise InputError(f"{name}: the model has {n_layers} layer(s) of {n_heads} cross-attention head(s), "
+        raise InputError(f"{name}: the model has {n_layers} layer(s) of {n_heads} cross-attention "
+                         "head(s), "
                          "counted from 1", "method")
     return m
 
 
 def all_methods(n_layers: int, n_heads: int, combined: bool = False) -> list[Method]:
-    """Every layer's average and every head, each at the predicting row and shifted; with `combined`, each
-    also joined with the reverse model's links in every way."""
-    bases = [Method(layer, head, shift) for shift in (False, True) for layer in range(1, n_layers + 1)
-             for head in (None, *range(1, n_heads + 1))]
+    """Every layer's average and every head, each at the predicting row and shifted; with
+    `combined`, each also joined with the reverse model's links in every way."""
+    bases = [Method(layer, head, shift) for shift in (False, True)
+             for layer in range(1, n_layers + 1) for head in (None, *range(1, n_heads + 1))]
     return bases + [Method(m.layer, m.head, m.shift, c) for c in COMBINE for m in bases] * combined
 
 
@@ -86,7 +90,7 @@ def all_methods(n_layers: int, n_heads: int, combined: bool = False) -> list[Met
 class Attended:
     """One sentence pair's cross-attention and the word of each piece."""
 
-    weights: Tensor  # (L, H, T + 1, S) float32 on the CPU; row t predicts target piece t, the last </s>
+    weights: Tensor  # (L, H, T + 1, S) float32 on the CPU; row t predicts piece t, the last </s>
     src_words: Tensor  # (S,) the word of each source piece; -1 for </s>
     tgt_words: Tensor  # (T,) the word of each target piece
     n_src: int  # words in the source text
@@ -107,7 +111,8 @@ class Alignment:
 
 
 def word_of_pieces(pieces: list[str], n_words: int) -> list[int]:
-    """The word each piece belongs to: a new word at each piece that starts with "▁" (within `n_words`)."""
+    """The word each piece belongs to: a new word at each piece that starts with "▁" (within
+    `n_words`)."""
     out, word = [], -1
     for piece in pieces:
         if piece.startswith("▁") or word < 0:
@@ -118,7 +123,8 @@ def word_of_pieces(pieces: list[str], n_words: int) -> list[int]:
 
 @torch.inference_mode()
 def cross_attention(model: Seq2Seq, src: Tensor, tgt_in: Tensor) -> Tensor:
-    """Every layer's cross-attention of a teacher-forced batch, (B, L, H, T, S) float32 on the CPU."""
+    """Every layer's cross-attention of a teacher-forced batch, (B, L, H, T, S) float32 on the
+    CPU."""
     weights = AttentionWeights()
     src_mask = model.src_mask(src)
     model.decode(tgt_in, model.encode(src, src_mask), src_mask, weights=weights)
@@ -126,10 +132,10 @@ def cross_attention(model: Seq2Seq, src: Tensor, tgt_in: Tensor) -> Tensor:
 
 
 @torch.inference_mode()
-def attend(model: Seq2Seq, tok: Tokenizer, sources: list[str], targets: list[str], device: torch.device | str,
-           batch_size: int = 64) -> list[Attended]:
-    """Each pair's cross-attention, teacher-forced on the given target, in input order; pieces past the
-    model's positions are cut (their words get no links)."""
+def attend(model: Seq2Seq, tok: Tokenizer, sources: list[str], targets: list[str],
+           device: torch.device | str, batch_size: int = 64) -> list[Attended]:
+    """Each pair's cross-attention, teacher-forced on the given target, in input order; pieces past
+    the model's positions are cut (their words get no links)."""
     limit = model.max_positions - 1
     src_ids = [ids[:limit] for ids in tok.encode_src([clean(s) for s in sources])]
     tgt_ids = [ids[:limit] for ids in tok.encode_tgt([clean(t) for t in targets])]
@@ -152,14 +158,16 @@ def attend(model: Seq2Seq, tok: Tokenizer, sources: list[str], targets: list[str
 
 
 def word_weights(pair: Attended, method: Method) -> Tensor:
-    """(target words, source words): the attention `method` reads, summed over each source word's pieces and
-    averaged over each target word's."""
+    """(target words, source words): the attention `method` reads, summed over each source word's
+    pieces and averaged over each target word's."""
     w = pair.weights[method.layer - 1]  # (H, T + 1, S)
     w = w.mean(0) if method.head is None else w[method.head - 1]  # (T + 1, S)
     w = w[1:] if method.shift else w[:-1]  # (T, S): the row of each target piece
     keep = pair.src_words >= 0  # </s> gets no link
-    by_src = torch.zeros(w.shape[0], pair.n_src).index_add_(1, pair.src_words[keep], w[:, keep])  # (T, n_src)
-    sums = torch.zeros(pair.n_tgt, pair.n_src).index_add_(0, pair.tgt_words, by_src)  # (n_tgt, n_src)
+    by_src = torch.zeros(w.shape[0], pair.n_src)  # (T, n_src)
+    by_src.index_add_(1, pair.src_words[keep], w[:, keep])
+    sums = torch.zeros(pair.n_tgt, pair.n_src)  # (n_tgt, n_src)
+    sums.index_add_(0, pair.tgt_words, by_src)
     counts = torch.zeros(pair.n_tgt).index_add_(0, pair.tgt_words, torch.ones(len(pair.tgt_words)))
     return sums / counts.clamp(min=1)[:, None]
 
@@ -173,7 +181,8 @@ def links(pair: Attended, method: Method) -> set[Link]:
 
 
 def combine(forward: set[Link], backward: set[Link], how: str) -> set[Link]:
-    """Two directions' links (both as (source, target)) joined: union, intersect or gdf (grow-diag-final)."""
+    """Two directions' links (both as (source, target)) joined: union, intersect or gdf
+    (grow-diag-final)."""
     if how == "union":
         return forward | backward
     if how == "intersect":
@@ -182,9 +191,9 @@ def combine(forward: set[Link], backward: set[Link], how: str) -> set[Link]:
 
 
 def grow_diag_final(forward: set[Link], backward: set[Link]) -> set[Link]:
-    """Koehn et al. (2003): start from the intersection, add neighbouring links of the union (diagonals too)
-    that align a word not yet aligned, until none is added; then each direction's links of a word still
-    unaligned (final)."""
+    """Koehn et al. (2003): start from the intersection, add neighbouring links of the union
+    (diagonals too) that align a word not yet aligned, until none is added; then each direction's
+    links of a word still unaligned (final)."""
     union, out = forward | backward, forward & backward
     src_done, tgt_done = {i for i, _ in out}, {j for _, j in out}
 
@@ -208,26 +217,29 @@ def grow_diag_final(forward: set[Link], backward: set[Link]) -> set[Link]:
     return out
 
 
-def align(pairs: list[Attended], method: Method, reverse: list[Attended] | None = None) -> list[set[Link]]:
-    """Each pair's links by `method`; a combined method joins them with the links of `reverse` (the same
-    pairs' attention in a target -> source model, whose links are turned around)."""
+def align(pairs: list[Attended], method: Method, reverse: list[Attended] | None = None,
+          ) -> list[set[Link]]:
+    """Each pair's links by `method`; a combined method joins them with the links of `reverse` (the
+    same pairs' attention in a target -> source model, whose links are turned around)."""
     forward = [links(p, method.base) for p in pairs]
     if method.combine is None:
         return forward
     if reverse is None:
-        raise InputError(f"{method.name}: {method.combine} joins two directions: give `reverse` too",
-                         "method")
+        raise InputError(f"{method.name}: {method.combine} joins two directions: give `reverse` "
+                         "too", "method")
     backward = [{(i, j) for j, i in links(p, method.base)} for p in reverse]
     return [combine(f, b, method.combine) for f, b in zip(forward, backward, strict=True)]
 
 
 def alignments(sources: list[str], targets: list[str], found: list[set[Link]]) -> list[Alignment]:
     """The links with their pairs' words, as `Model.align` gives them."""
-    return [Alignment(s.split(), t.split(), sorted(f)) for s, t, f in zip(sources, targets, found, strict=True)]
+    return [Alignment(s.split(), t.split(), sorted(f))
+            for s, t, f in zip(sources, targets, found, strict=True)]
 
 
 def cross_shape(model: Seq2Seq) -> tuple[int, int]:
-    """(layers, heads) of a model's cross-attention: the RNN's additive attention is one layer of one head."""
+    """(layers, heads) of a model's cross-attention: the RNN's additive attention is one layer of
+    one head."""
     from attn_mt.models.transformer import Transformer
 
     if isinstance(model, Transformer):
@@ -240,15 +252,16 @@ def default_method(n_layers: int) -> str:
     return f"layer{n_layers}"
 
 
-def align_texts(model: Seq2Seq, tok: Tokenizer, sources: list[str], targets: list[str], method: str | None,
-                device: torch.device | str, batch_size: int = 64,
+def align_texts(model: Seq2Seq, tok: Tokenizer, sources: list[str], targets: list[str],
+                method: str | None, device: torch.device | str, batch_size: int = 64,
                 reverse: tuple[Seq2Seq, Tokenizer] | None = None) -> list[Alignment]:
-    """Each pair's words and links by the method named (None: `default_method`); `reverse` (a target -> source
-    model and its tokenizer) for a combined method."""
+    """Each pair's words and links by the method named (None: `default_method`); `reverse` (a target
+    -> source model and its tokenizer) for a combined method."""
     layers, heads = cross_shape(model)
     m = parse_method(default_method(layers) if method is None else method, layers, heads)
     back = None
     if m.combine and reverse is not None:
-        parse_method(m.base.name, *cross_shape(reverse[0]))  # the reverse model has this layer and head too
+        parse_method(m.base.name, *cross_shape(reverse[0]))  # the reverse model has it too
         back = attend(*reverse, targets, sources, device, batch_size)
-    return alignments(sources, targets, align(attend(model, tok, sources, targets, device, batch_size), m, back))
+    found = attend(model, tok, sources, targets, device, batch_size)
+    return alignments(sources, targets, align(found, m, back))

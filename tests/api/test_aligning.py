@@ -1,5 +1,6 @@
-"""Word alignment through the front doors: Model.align and align_report (api/aligning.py), `attn-mt align`,
-`attn-mt translate --align` (text, n-best, JSONL) and the server's `align` field, on the tiny trained run."""
+"""Word alignment through the front doors: Model.align and align_report (api/aligning.py), `attn-mt
+align`, `attn-mt translate --align` (text, n-best, JSONL) and the server's `align` field, on the
+tiny trained run."""
 
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def test_the_runs_gold_scores_zero_against_itself(tiny_run):
 
 
 def test_the_rnn_aligns_the_same_way(tiny_run, tmp_path):
-    """An untrained RNN checkpoint with the tiny run's tokenizer: its additive attention is layer 1, head 1."""
+    """An untrained RNN checkpoint with the tiny run's tokenizer: its additive attention is layer 1,
+    head 1."""
     import torch
 
     from attn_mt import checkpoint

@@ -11,8 +11,18 @@ from attn_mt.analysis.aer import report, score
 from attn_mt.data.batching import pad
 from attn_mt.data.pronoun import make_pronoun_corpus
 from attn_mt.data.toy import VERBS, make_aligned_corpus, make_toy_corpus
-from attn_mt.decoding.alignment import (Attended, Method, align, all_methods, combine, cross_attention,
-                                        grow_diag_final, links, parse_method, word_of_pieces)
+from attn_mt.decoding.alignment import (
+    Attended,
+    Method,
+    align,
+    all_methods,
+    combine,
+    cross_attention,
+    grow_diag_final,
+    links,
+    parse_method,
+    word_of_pieces,
+)
 from attn_mt.decoding.pharaoh import Gold, format_links, parse_line, read_gold
 from attn_mt.errors import InputError
 
@@ -78,7 +88,8 @@ def test_a_reverse_model_is_needed_to_combine():
 
 
 def test_a_trained_reverser_aligns_each_output_with_the_mirrored_input():
-    """The reverser's target is its source reversed: the gold link of target word j is source word n-1-j."""
+    """The reverser's target is its source reversed: the gold link of target word j is source word
+    n-1-j."""
     model = train_reverser()
     xs = [s[:-1] for s in sources(40, 7)]
     src, tgt_in = pad([x + [EOS] for x in xs], PAD), pad([[BOS, *x[::-1]] for x in xs], PAD)
