@@ -16,7 +16,8 @@ the attention on </s> is left out), the target pieces of a word average theirs, 
 word links to the source word with the most mass: one link per target word, as Garg et al. (2019)
 and Chen et al. (2020) score attention. A word starts at a piece that begins with "▁".
 
-Tested in tests/decoding/test_alignment.py.
+One job: attention to word links (methods, pieces to words, two directions joined); pharaoh.py reads
+and writes them, analysis/aer.py scores them. Tested in tests/decoding/test_alignment.py.
 """
 
 from __future__ import annotations
