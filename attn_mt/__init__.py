@@ -10,6 +10,7 @@ The public API (docs/api.md); importing `attn_mt` loads nothing else until a nam
     >>> model.attention("a dog runs.")                                    # every head; a view in a notebook
     >>> model.explain("a dog runs.", kind="encoder", layer=1, head=2, token="dog")   # the five steps
     >>> model.heads(sources, refs), model.prune(2, sources, refs), model.evaluate(sources, refs)
+    >>> model.align("a dog runs.", "ein Hund rennt.").pharaoh                # word links from attention
 
 Tested in tests/api/test_model.py (every public name resolves; no torch at import) and tests/test_readme.py.
 """
@@ -34,12 +35,13 @@ _HOMES = {
     "Entry": "attn_mt.data.cache",
     "Translation": "attn_mt.decoding.translate", "Score": "attn_mt.decoding.scoring",
     "Explanation": "attn_mt.analysis.explanation", "HeadsReport": "attn_mt.analysis.overview",
+    "Alignment": "attn_mt.decoding.alignment", "AlignmentReport": "attn_mt.analysis.aer",
     "ExperimentConfig": "attn_mt.config", "DecodeConfig": "attn_mt.config", "DECODE_OPTIONS": "attn_mt.config",
     "AttnMTError": "attn_mt.errors", "ConfigError": "attn_mt.errors", "InputError": "attn_mt.errors",
     "ModelError": "attn_mt.errors", "RunError": "attn_mt.errors", "TrainError": "attn_mt.errors",
     "Interrupted": "attn_mt.errors",
 }
-__all__ = ["DECODE_OPTIONS", "Attention", "AttnMTError", "ConfigError", "ContrastiveReport", "DecodeConfig", "Entry",
+__all__ = ["DECODE_OPTIONS", "Alignment", "AlignmentReport", "Attention", "AttnMTError", "ConfigError", "ContrastiveReport", "DecodeConfig", "Entry",
            "ExperimentConfig", "Explanation", "HeadsReport", "InputError", "Interrupted", "Item", "Limits", "Model",
            "ModelError", "Run", "RunError", "Score", "TrainError", "Translation", "__version__", "average", "bench",
            "compare_rnn", "configure", "create_app", "download", "export_model", "history", "load", "prepare",
@@ -59,6 +61,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for editors and type checkers; at run time __getattr__ imports on first use
+    from attn_mt.analysis.aer import AlignmentReport
     from attn_mt.analysis.explanation import Explanation
     from attn_mt.analysis.overview import HeadsReport
     from attn_mt.api.attention import Attention
@@ -68,6 +71,7 @@ if TYPE_CHECKING:  # for editors and type checkers; at run time __getattr__ impo
     from attn_mt.api.training import Run, configure, history, train
     from attn_mt.config import DecodeConfig, ExperimentConfig
     from attn_mt.data.cache import Entry
+    from attn_mt.decoding.alignment import Alignment
     from attn_mt.decoding.contrastive import ContrastiveReport, Item
     from attn_mt.decoding.scoring import Score
     from attn_mt.decoding.translate import Translation

@@ -16,6 +16,7 @@ from typing import assert_type
 
 import attn_mt
 from attn_mt.api.attention import Attention
+from attn_mt.decoding.alignment import Alignment
 from attn_mt.decoding.scoring import Score
 from attn_mt.decoding.translate import Translation
 
@@ -31,6 +32,8 @@ assert_type(model.score("a dog.", "ein Hund."), Score)
 assert_type(model.score(["a dog."], ["ein Hund."]), list[Score])
 assert_type(model.attention("a dog.", target="ein Hund."), Attention)
 assert_type(model.to("cpu"), attn_mt.Model)
+assert_type(model.align("a dog.", "ein Hund."), Alignment)
+assert_type(model.align(["a dog."], ["ein Hund."]), list[Alignment])
 '''
 
 
