@@ -55,17 +55,19 @@ INANIMATE_SUBJECT = [("stop", "stopped", "stoppte", "stoppten"), ("block", "bloc
                      ("scare", "scared", "erschreckte", "erschreckten"),
                      ("impress", "impressed", "beeindruckte", "beeindruckten"),
                      ("hurt", "hurt", "verletzte", "verletzten"), ("tire", "tired", "ermüdete", "ermüdeten")]
-# relative clauses: (English, German with {rel} for the accusative relative pronoun, the word links between them)
+# relative clauses: (English, German with {rel} for the accusative relative pronoun, their word links)
 RELATIVES = [("that we saw", "{rel} wir sahen", "0-0 1-1 2-2"),
              ("that everyone knew", "{rel} jeder kannte", "0-0 1-1 2-2"),
              ("that we had seen before", "{rel} wir vorher gesehen hatten", "0-0 1-1 2-4 3-3 4-2"),
              ("that nobody had noticed", "{rel} niemand bemerkt hatte", "0-0 1-1 2-3 3-2"),
-             ("that my friends liked so much", "{rel} meine Freunde so sehr mochten", "0-0 1-1 2-2 3-5 4-3 5-4")]
+             ("that my friends liked so much", "{rel} meine Freunde so sehr mochten",
+              "0-0 1-1 2-2 3-5 4-3 5-4")]
 ADVERBIALS = {"yesterday": "gestern", "this morning": "heute morgen", "again": "wieder",
               "in the end": "am Ende", "after a while": "nach einer Weile"}
 ADVERBIAL_LINKS = {"in the end": "0-0 1-0 2-1"}  # the others word for word
 PRONOUNS = {"m": "er", "f": "sie", "n": "es", "pl": "sie"}  # German pronoun by gender or plural
 SWAPS = ("er", "sie", "es")  # a variant replaces the pronoun with each other one (ContraPro's errors)
+Tokens = tuple[list[Src], list[Tgt]]  # a phrase's source and target tokens (toy.attach joins them)
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ def _noun_phrase(rng: random.Random, nouns: list, case: str) -> Phrase:
                   PRONOUNS["pl" if plural else gender], plural)
 
 
-def _relative(rng: random.Random, np: Phrase) -> tuple[list[Src], list[Tgt]]:
+def _relative(rng: random.Random, np: Phrase) -> Tokens:
     """An optional relative clause after a noun phrase: (English, German tokens with commas)."""
     if rng.random() < 0.6:
         return [], []
@@ -104,10 +106,11 @@ def _relative(rng: random.Random, np: Phrase) -> tuple[list[Src], list[Tgt]]:
     return en_t, [Tgt(","), *de_t, Tgt(",")]
 
 
-def _linked(en: list[str], de: list[str], links: str = "") -> tuple[list[Src], list[Tgt]]:
-    """Tokens of a phrase and its translation, linked as Pharaoh `links` say (none: word k to word k)."""
+def _linked(en: list[str], de: list[str], links: str = "") -> Tokens:
+    """Tokens of a phrase and its translation, linked as Pharaoh `links` say (none: word k to k)."""
     src = [Src(w) for w in en]
-    pairs = [tuple(map(int, link.split("-"))) for link in links.split()] or [(k, k) for k in range(len(de))]
+    pairs = [tuple(map(int, link.split("-"))) for link in links.split()]
+    pairs = pairs or [(k, k) for k in range(len(de))]
     return src, [Tgt(w, tuple(src[i] for i, j in pairs if j == k)) for k, w in enumerate(de)]
 
 
@@ -148,39 +151,40 @@ def classic(predicate: str = "tired") -> Example:
     return compose(animal, street, ANIMATE_SUBJECT[0], True, predicate, "too")
 
 
-def compose(subj: Phrase, obj: Phrase, verb: tuple[str, str, str, str], negated: bool, pred: str, degree: str,
-            rel_s: tuple[list[Src], list[Tgt]] = ([], []), rel_o: tuple[list[Src], list[Tgt]] = ([], []),
+def compose(subj: Phrase, obj: Phrase, verb: tuple[str, str, str, str], negated: bool, pred: str,
+            degree: str, rel_s: Tokens = ([], []), rel_o: Tokens = ([], []),
             adverbial: str | None = None) -> Example:
-    """The sentence pair of these choices and its word alignment; "it" refers to the noun phrase the predicate
-    fits."""
+    """The sentence pair of these choices and its word alignment; "it" refers to the noun phrase the
+    predicate fits."""
     animate_subject = verb in ANIMATE_SUBJECT
     ante, role = ((subj, "subject") if (pred in ANIMATE_PREDICATES) == animate_subject else (obj, "object"))
     other = obj if ante is subj else subj
     present, past, de_sg, de_pl = verb
     de_pred = (ANIMATE_PREDICATES | INANIMATE_PREDICATES)[pred]
 
-    def phrase(np: Phrase) -> tuple[list[Src], list[Tgt]]:  # the noun (last word) marked
+    def phrase(np: Phrase) -> Tokens:  # the noun (last word) marked
         en, de = _linked(np.en, np.de)
         en[-1].mark = de[-1].mark = "antecedent" if np is ante else "other"
         return en, de
 
     (s_en, s_de), (o_en, o_de) = phrase(subj), phrase(obj)
     verbs = [Src("didn't"), Src(present)] if negated else [Src(past)]
-    adv_en, adv_de = _linked(*(([], []) if adverbial is None else (adverbial.split(), ADVERBIALS[adverbial].split())),
-                             ADVERBIAL_LINKS.get(adverbial or "", ""))
-    tail = [Src(w) for w in ("because", "they" if ante.plural else "it", "were" if ante.plural else "was", degree,
-                             pred, ".")]
+    adverb = (adverbial.split(), ADVERBIALS[adverbial].split()) if adverbial else ([], [])
+    adv_en, adv_de = _linked(*adverb, ADVERBIAL_LINKS.get(adverbial or "", ""))
+    tail = [Src(w) for w in ("because", "they" if ante.plural else "it",
+                             "were" if ante.plural else "was", degree, pred, ".")]
     tail[1].mark = "pronoun"
     en = [*s_en, *rel_s[0], *verbs, *o_en, *rel_o[0], *adv_en, *tail]
-    de = [*s_de, *rel_s[1], Tgt(de_pl if subj.plural else de_sg, (verbs[-1],)), *o_de, *rel_o[1], *adv_de]
+    de = [*s_de, *rel_s[1], Tgt(de_pl if subj.plural else de_sg, (verbs[-1],)), *o_de, *rel_o[1],
+          *adv_de]
     de += [Tgt("nicht", (verbs[0],))] if negated else []
     de += [Tgt(","), Tgt("weil", (tail[0],)), Tgt(ante.pronoun, (tail[1],), "pronoun"),
            Tgt(DEGREES[degree], (tail[3],)), Tgt(de_pred, (tail[4],)),
            Tgt("waren" if ante.plural else "war", (tail[2],)), Tgt(".", (tail[5],))]
     pair = attach(en, de)
-    return Example(pair.en, pair.de, ante.pronoun, other.pronoun, "they" if ante.plural else "it", role,
-                   {m: i for m, (i, _) in pair.marks.items()}, {m: j for m, (_, j) in pair.marks.items()},
-                   pair.pharaoh())
+    return Example(pair.en, pair.de, ante.pronoun, other.pronoun, "they" if ante.plural else "it",
+                   role, {m: i for m, (i, _) in pair.marks.items()},
+                   {m: j for m, (_, j) in pair.marks.items()}, pair.pharaoh())
 
 
 def make_pronoun_corpus(n_train: int, seed: int = 0) -> dict[str, list[Example]]:

@@ -193,10 +193,12 @@ class Toy(Source):
         if self.cfg.toy_variant == "pronoun":
             from attn_mt.data.pronoun import make_pronoun_corpus
 
-            return [ex.links for ex in make_pronoun_corpus(self.cfg.toy_size, self.cfg.toy_seed)[split]]
+            examples = make_pronoun_corpus(self.cfg.toy_size, self.cfg.toy_seed)[split]
+            return [ex.links for ex in examples]
         from attn_mt.data.toy import make_aligned_corpus
 
-        return [p.pharaoh() for p in make_aligned_corpus(self.cfg.toy_size, self.cfg.toy_seed)[split]]
+        pairs = make_aligned_corpus(self.cfg.toy_size, self.cfg.toy_seed)[split]
+        return [p.pharaoh() for p in pairs]
 
     def chunks(self, split: str) -> Chunks:
         if self.cfg.toy_variant == "pronoun":

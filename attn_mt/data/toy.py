@@ -80,13 +80,13 @@ class Tgt:
 
 @dataclass(frozen=True)
 class Aligned:
-    """A sentence pair, punctuation attached to the word before as in real text, with its word alignment:
-    (source word, target word, sure) links; a link made by punctuation alone is possible, not sure."""
+    """A sentence pair, punctuation attached to the word before as in real text, with its word
+    alignment: (source word, target word, sure) links; a link made by punctuation alone is possible."""
 
     en: str
     de: str
     links: tuple[tuple[int, int, bool], ...]
-    marks: dict[str, tuple[int, int]]  # mark -> (source word, target word) index; -1 where a side has none
+    marks: dict[str, tuple[int, int]]  # mark -> (source word, target word); -1: a side has none
 
     def pharaoh(self) -> str:
         """The links as one Pharaoh line: `i-j` sure, `ipj` possible, 0-indexed."""
@@ -124,7 +124,8 @@ def attach(en: list[Src], de: list[Tgt]) -> Aligned:
         for k, t in enumerate(tokens):
             if t.mark:
                 marks.setdefault(t.mark, [-1, -1])[side] = at[k]
-    return Aligned(" ".join(en_words), " ".join(de_words), tuple((i, j, s) for (i, j), s in sorted(links.items())),
+    found = tuple((i, j, sure) for (i, j), sure in sorted(links.items()))
+    return Aligned(" ".join(en_words), " ".join(de_words), found,
                    {m: (i, j) for m, (i, j) in marks.items()})
 
 
@@ -140,7 +141,8 @@ def _noun_phrase(rng: random.Random, case: str) -> tuple[list[Src], list[Tgt], b
         adj = Src(rng.choice(list(ADJECTIVES)))
         en.append(adj)
         stem, ending = ADJECTIVES[adj.text], (WEAK if definite else MIXED)[slot]
-        de.append(Tgt(stem + (ending[1:] if stem.endswith("e") else ending), (adj,)))  # leise + e = leise
+        word = stem + (ending[1:] if stem.endswith("e") else ending)  # leise + e = leise
+        de.append(Tgt(word, (adj,)))
     noun = Src(en_pl if plural else en_sg)
     en.append(noun)
     if det.text == "a" and en[1].text[0] in "aeiou":
@@ -173,8 +175,8 @@ def aligned_pair(rng: random.Random) -> Aligned:
         en_c, s, v, o = _clause(rng)
         say, that, stop = Src(v_pl if plural else v_sg), Src("that"), Src(".")
         return attach([*subj_en, say, that, *en_c, stop],
-                      [*subj_de, Tgt(dv_pl if plural else dv_sg, (say,)), Tgt(","), Tgt("dass", (that,)),
-                       *s, *o, *v, Tgt(".", (stop,))])
+                      [*subj_de, Tgt(dv_pl if plural else dv_sg, (say,)), Tgt(","),
+                       Tgt("dass", (that,)), *s, *o, *v, Tgt(".", (stop,))])
     en_main, s, v, o = _clause(rng)
     en, de = en_main, [*s, *v, *o]
     if kind < 0.6:  # fronted adverb: verb second
@@ -183,7 +185,8 @@ def aligned_pair(rng: random.Random) -> Aligned:
     if rng.random() < 0.4:  # adverbial subordinate clause
         conj = Src(rng.choice(list(CONJUNCTIONS)))
         en_c, s2, v2, o2 = _clause(rng)
-        en, de = [*en, conj, *en_c], [*de, Tgt(","), Tgt(CONJUNCTIONS[conj.text], (conj,)), *s2, *o2, *v2]
+        en = [*en, conj, *en_c]
+        de = [*de, Tgt(","), Tgt(CONJUNCTIONS[conj.text], (conj,)), *s2, *o2, *v2]
     stop = Src(".")
     return attach([*en, stop], [*de, Tgt(".", (stop,))])
 
