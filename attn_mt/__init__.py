@@ -41,11 +41,11 @@ _HOMES = {
     "ModelError": "attn_mt.errors", "RunError": "attn_mt.errors", "TrainError": "attn_mt.errors",
     "Interrupted": "attn_mt.errors",
 }
-__all__ = ["DECODE_OPTIONS", "Alignment", "AlignmentReport", "Attention", "AttnMTError", "ConfigError", "ContrastiveReport", "DecodeConfig", "Entry",
-           "ExperimentConfig", "Explanation", "HeadsReport", "InputError", "Interrupted", "Item", "Limits", "Model",
-           "ModelError", "Run", "RunError", "Score", "TrainError", "Translation", "__version__", "average", "bench",
-           "compare_rnn", "configure", "create_app", "download", "export_model", "history", "load", "prepare",
-           "train"]
+__all__ = ["DECODE_OPTIONS", "Alignment", "AlignmentReport", "Attention", "AttnMTError", "ConfigError",
+           "ContrastiveReport", "DecodeConfig", "Entry", "ExperimentConfig", "Explanation", "HeadsReport",
+           "InputError", "Interrupted", "Item", "Limits", "Model", "ModelError", "Run", "RunError", "Score",
+           "TrainError", "Translation", "__version__", "average", "bench", "compare_rnn", "configure",
+           "create_app", "download", "export_model", "history", "load", "prepare", "train"]
 
 
 def __getattr__(name: str) -> Any:
