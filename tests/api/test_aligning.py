@@ -144,3 +144,8 @@ def test_the_server_gives_links_when_asked(client, model):
     r = client.post("/api/translate", json={"texts": [SRC], "align": True, "stream": True})
     assert r.status_code == 422 and "stream" in r.text
 
+
+
+def test_an_export_has_no_attention_to_align(tiny_ct2):
+    r = cli("translate", "--checkpoint", str(tiny_ct2), "--align", "--device", "cpu", SRC)
+    one_line_error(r, 1, "a CTranslate2 export keeps no attention to align")
