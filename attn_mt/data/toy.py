@@ -81,7 +81,7 @@ class Tgt:
 @dataclass(frozen=True)
 class Aligned:
     """A sentence pair, punctuation attached to the word before as in real text, with its word
-    alignment: (source word, target word, sure) links; a link made by punctuation alone is possible."""
+    alignment: (source word, target word, sure) links; a link of punctuation alone is possible."""
 
     en: str
     de: str
