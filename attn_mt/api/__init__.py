@@ -1,6 +1,7 @@
 """The public Python API (`import attn_mt`; docs/api.md): what the CLI and the server call.
 
     model.py      `load` and `Model`: translate, translate_nbest, stream, score, evaluate, contrastive, to, save
+    aligning.py   word alignment from cross-attention: links, the AER report against gold, `attn-mt align`
     analyses.py   the work of the Model's analyses: attention maps (of its translation or a given target),
                   explain, heads, prune
     steering.py   decoding steered by the caller (target prefix, sampling, the token stream); device and dtype
