@@ -63,6 +63,7 @@ def report(model: Loaded, sources: Lines, targets: Lines, gold: str | os.PathLik
     srcs, tgts = pairs(sources, targets)
     checks.boolean(by_head, "by_head")
     checks.boolean(one_indexed, "one_indexed")
+    checks.integer(batch_size, "batch_size")
     golden = read_gold(Path(checks.path(gold)), srcs, tgts, one_indexed)
     layers, heads = cross_shape(transformer(model, "align", any_kind=True))
     back_shape = None if reverse is None else cross_shape(transformer(reverse, "align", True))

@@ -39,6 +39,8 @@ def test_align_refuses_what_it_cannot_do(model):
         model.align(SRC, TGT, method="gdf:layer1")
     with pytest.raises(InputError, match="method"):
         model.align(SRC, TGT, method="head1.9")
+    with pytest.raises(InputError, match="batch_size"):
+        model.align(SRC, TGT, batch_size=0)
 
 
 def test_the_report_scores_the_run_against_its_gold(model, tiny_run):
