@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from attn_mt.analysis.aer import AlignmentReport
     from attn_mt.analysis.explanation import Explanation
     from attn_mt.analysis.overview import HeadsReport
-
     from attn_mt.decoding.alignment import Alignment
 
     from .analyses import Items, Lines
