@@ -1,8 +1,6 @@
-"""The `attn-mt` command line: each verb parses, calls the public API (`attn_mt`, attn_mt/api/)
-and prints; errors name an argument (`field`), shown as its flag (api/terminal.py's `error_line`).
-
-One job: the command line (option declarations, printing, exit codes); the rest is the API's.
-"""
+"""The `attn-mt` command line.
+One job: each verb parses its options, calls the public API (attn_mt/api/) and prints; an error's
+argument (`field`) is shown as its flag (api/terminal.py's `error_line`), with an exit status."""
 
 import functools
 import logging
@@ -18,14 +16,13 @@ import attn_mt
 from attn_mt.api.limits import Limits  # the served limits' defaults (no web extra needed)
 from attn_mt.errors import AttnMTError
 
-# an API argument -> the CLI's flag, where they differ
 FLAGS = {"text": "TEXT", "texts": "TEXT", "path": "--checkpoint", "n": "--prune", "src": "--src",
          "sources": "--src", "refs": "--ref", "ref": "--ref", "format": "--format",
          "json": "--json", "overrides": "--set", "json_out": "--json", "out_dir": "--out"}
 
 
 def flag(field: str) -> str:
-    """The CLI's name of an API argument: "beam" -> "--beam", "batch_size" -> "--batch-size"."""
+    """The CLI's name of an API argument (FLAGS where they differ): "n" -> "--prune"."""
     return field if field.startswith("-") else FLAGS.get(field, "--" + field.replace("_", "-"))
 
 
@@ -36,9 +33,8 @@ class _GlobalOptionsAnywhere(TyperGroup):
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)
-        options = [a for a in args[:end] if a in self.GLOBAL]
-        rest = [a for a in args[:end] if a not in self.GLOBAL]
-        return super().parse_args(ctx, options + rest + args[end:])
+        head = sorted(args[:end], key=lambda a: a not in self.GLOBAL)  # stable: global ones first
+        return super().parse_args(ctx, head + args[end:])
 
 
 app = typer.Typer(cls=_GlobalOptionsAnywhere, add_completion=False, no_args_is_help=True,
@@ -46,21 +42,19 @@ app = typer.Typer(cls=_GlobalOptionsAnywhere, add_completion=False, no_args_is_h
                   help="Train, run and measure Transformer translation models.")
 
 
-def _opt(kind, *names: str, help: str):
-    """An option's type with its help (and its flag names, where they are not the parameter's)."""
+def _opt(kind, *names: str, help: str):  # an option's type, help (and flags, where not its name)
     return Annotated[kind, Option(*names, help=help)]
 
 
-def _limit(help: str, kind=int):
-    """A positive number's option."""
+def _limit(help: str, kind=int):  # a positive number's option
     return Annotated[kind, Option(min=0.1 if kind is float else 1, help=help)]
 
 
 @app.callback()
 def main(debug: _opt(bool, help="Show tracebacks on errors.") = False,  # read by _Verb
          quiet: _opt(bool, help="Only warnings and errors on stderr.") = False) -> None:
-    level = logging.WARNING if quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(message)s", force=True)  # stderr
+    logging.basicConfig(level=logging.WARNING if quiet else logging.INFO, format="%(message)s",
+                        force=True)  # stderr
 
 
 class _Verb(TyperCommand):
@@ -92,7 +86,6 @@ DECODE_FLAGS = {o.key: flag(o.arg) for o in attn_mt.DECODE_OPTIONS}  # their fla
 def _decode_opt(kind, key: str, default: str = "default: the checkpoint's decode section"):
     return _opt(kind | None, DECODE_FLAGS[key], help=f"{OPTION[key].help} ({default}).")
 
-
 ConfigOpt = _opt(Path, "--config", "-c", help="YAML experiment config.")
 SetOpt = _opt(list[str] | None, "--set", help="Override a key: section.key=value.")
 CkptOpt = _opt(Path, "--checkpoint", help="A checkpoint written by `attn-mt train`.")
@@ -110,10 +103,8 @@ JsonOpt = _opt(Path | None, "--json", help="Write every number to this file.")
 def train(config: ConfigOpt, overrides: SetOpt = None,
           out: _opt(Path | None, help="Run directory [default: runs/<name>].") = None,
           resume: _opt(bool, help="Continue from OUT/checkpoint_last.pt.") = False,
-          overwrite: _opt(bool, help="Delete the earlier run in OUT, start afresh.") = False,
-          ) -> None:
-    """Train a model from a YAML config; writes checkpoints, metrics and results into the run
-    directory. Under `torchrun --nproc-per-node N -m attn_mt train` it trains with DDP."""
+          overwrite: _opt(bool, help="Delete OUT's earlier run, start afresh.") = False) -> None:
+    """Train from a YAML config into a run directory (under `torchrun -m attn_mt train`: DDP)."""
     run = attn_mt.train(config, out, overrides=overrides or [], resume=resume, overwrite=overwrite)
     if os.environ.get("RANK", "0") == "0":  # torchrun: rank 0 reports
         typer.echo(run.summary())
@@ -125,13 +116,10 @@ def translate(checkpoint: ModelOpt,
               input: _opt(Path | None, "--input", "-i", help="Input file.") = None,
               beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None,
               device: DeviceOpt = "auto", nbest: NbestOpt = None,
-              fmt: _opt(Literal["text", "jsonl"], "--format", help="text, or jsonl with scores.")
-              = "text",
+              fmt: _opt(Literal["text", "jsonl"], "--format", help="text or jsonl.") = "text",
               stream: _opt(bool, help="Each line as soon as it is done (else in 1000s).") = False,
-              align: _opt(bool, help="End each line with ' ||| ' and its word links.") = False,
-              ) -> None:
-    """Translate arguments, --input FILE or stdin, one result a line in input order (a terminal
-    gets a prompt, each line translated as entered; an export folder uses CTranslate2)."""
+              align: _opt(bool, help="Add ' ||| ' and the word links.") = False) -> None:
+    """Translate arguments, --input FILE or stdin (a prompt on a terminal), a line per result."""
     from attn_mt.api.terminal import translate_command
 
     for out in translate_command(checkpoint, texts, input, fmt=fmt, stream=stream, align=align,
@@ -149,20 +137,18 @@ def align(checkpoint: CkptOpt, src: SrcOpt,
           reverse: _opt(Path | None, help="A target -> source checkpoint (union:, gdf:).") = None,
           one_indexed: _opt(bool, help="--gold counts words from 1.") = False,
           batch_size: _opt(int, help="Pairs per batch.") = 64, device: DeviceOpt = "auto") -> None:
-    """Word alignment of given translations from cross-attention (forced decoding): Pharaoh lines
-    (source word i - target word j), or with --gold AER, precision and recall."""
+    """Word links of given translations from cross-attention (Pharaoh i-j), or with --gold AER."""
     from attn_mt.api.aligning import align_command
 
-    typer.echo(align_command(attn_mt.load(checkpoint, device=device), src, tgt, gold, method=method,
-                             by_head=by_head, reverse=reverse, one_indexed=one_indexed,
-                             batch_size=batch_size))
+    model = attn_mt.load(checkpoint, device=device)
+    typer.echo(align_command(model, src, tgt, gold, method=method, by_head=by_head,
+                             reverse=reverse, one_indexed=one_indexed, batch_size=batch_size))
 
 
 @_verb()
-def evaluate(checkpoint: ModelOpt, src: SrcOpt, ref: RefOpt,
+def evaluate(checkpoint: ModelOpt, src: SrcOpt, ref: RefOpt, device: DeviceOpt = "auto",
              beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None,
-             device: DeviceOpt = "auto", as_json: _opt(bool, "--json", help="Print JSON.") = False,
-             ) -> None:
+             as_json: _opt(bool, "--json", help="Print JSON.") = False) -> None:
     """Translate --src and score it against --ref with sacrebleu BLEU and chrF."""
     from attn_mt.api.terminal import evaluate_command
 
@@ -181,8 +167,7 @@ def average(checkpoints: Annotated[list[Path], Argument(help="e.g. RUN/checkpoin
 
 @_verb()
 def download(dataset: Annotated[str, Argument(help="Dataset name: multi30k.")] = "multi30k",
-             out: _opt(Path, help="Directory for {split}.{lang} files.") = Path("data/multi30k"),
-             ) -> None:
+             out: _opt(Path, help="For {split}.{lang} files.") = Path("data/multi30k")) -> None:
     """Fetch a corpus (its original URL, else the Hugging Face hub) into line-aligned text files."""
     typer.echo("\n".join(map(str, attn_mt.download(dataset, out))))
 
@@ -202,12 +187,11 @@ def attention(checkpoint: CkptOpt, text: TextArg,
 def explain(checkpoint: CkptOpt, text: TextArg,
             kind: _opt(str, help="encoder, decoder or cross (attention).") = "cross",
             layer: _opt(int, help="Layer, from 1.") = 1, head: _opt(int, help="Head, from 1.") = 1,
-            token: _opt(str, help="The query: its position (from 0) or its text; a decoder or "
-                                  "cross query is named by the token it predicts.") = "0",
+            token: _opt(str, help="The query: position (from 0) or text (a target's: predicted).")
+            = "0",
             beam: _opt(int, help="Beam size of the translation; 1 is greedy.") = 1,
             json_out: JsonOpt = None, device: DeviceOpt = "auto") -> None:
-    """One head's attention for one query token, step by step (Q, K, V; scores; scaled; mask and
-    softmax; values; W_o), recomputed from the weights and checked against the model's output."""
+    """One head's attention for one query, step by step, recomputed from the model's weights."""
     from attn_mt.api.terminal import explain_command
 
     typer.echo(explain_command(checkpoint, text, json_out, device, kind=kind, layer=layer,
@@ -216,11 +200,9 @@ def explain(checkpoint: CkptOpt, text: TextArg,
 
 @_verb()
 def serve(checkpoint: ModelOpt,
-          host: _opt(str, help="Interface to bind; not 127.0.0.1: open to the network.")
-          = "127.0.0.1",
+          host: _opt(str, help="Interface to bind; any other is public.") = "127.0.0.1",
           port: Annotated[int, Option(min=1, max=65535)] = 8000, device: DeviceOpt = "auto",
-          allow_host: _opt(list[str] | None, help="Also answer this Host header (repeatable; "
-                           "loopback names and --host always).") = None,
+          allow_host: _opt(list[str] | None, help="Also answer this Host header.") = None,
           max_texts: _limit("Most sentences per request.") = Limits.max_texts,
           max_chars: _limit("Most characters per request.") = Limits.max_chars,
           max_work: _limit("Most source subwords x beam per request.") = Limits.max_work,
@@ -241,8 +223,7 @@ def export(checkpoint: CkptOpt,
            out: _opt(Path, help="Directory for the model (an earlier export is replaced)."),
            quantization: _opt(str, help="float32, int8, int8_float32 or bfloat16.") = "float32",
            fmt: _opt(str, "--format", help="ctranslate2 or transformers.") = "ctranslate2") -> None:
-    """A Transformer checkpoint as a CTranslate2 model (the export extra), or with --format
-    transformers a Hugging Face model folder with a card, ready for the hub (the hf extra)."""
+    """A checkpoint as a CTranslate2 model, or (--format transformers) a Hugging Face folder."""
     written = attn_mt.export_model(checkpoint, out, format=fmt, quantization=quantization)
     typer.echo("\n".join(map(str, written)))
 
@@ -250,10 +231,9 @@ def export(checkpoint: CkptOpt,
 @_verb()
 def prepare(config: ConfigOpt, overrides: SetOpt = None,
             list_: _opt(bool, "--list", help="Only list the cache: entries, leftovers.") = False,
-            clean: _opt(bool, "--clean", help="Only remove damaged entries, leftovers of stopped "
-                        "builds and lock files no process holds.") = False) -> None:
-    """Train the tokenizer and tokenize the training split into the data cache (data.cache_dir)
-    ahead of `train`, for a cluster job, its ranks and later runs of the same data."""
+            clean: _opt(bool, "--clean", help="Only remove damaged entries, leftovers.") = False,
+            ) -> None:
+    """Tokenize the training split into the data cache (data.cache_dir) ahead of `train`."""
     from attn_mt.api.commands import cache_survey
 
     if list_ or clean:
@@ -292,35 +272,29 @@ def bench(config: ConfigOpt, overrides: SetOpt = None, json_out: JsonOpt = None,
 def heads(checkpoint: CkptOpt = None, src: _opt(Path | None, help="Source sentences.") = None,
           history: _opt(Path | None, help="A run: how its heads learned (--html, --png).") = None,
           ref: _opt(Path | None, help="Their references, line-aligned with --src.") = None,
-          contrastive: _opt(Path | None, help="A contrastive set with word positions "
-                            "(RUN/test.contrastive.jsonl): which heads resolve the pronoun.")
-          = None,
+          contrastive: _opt(Path | None, help="RUN/test.contrastive.jsonl: pronoun heads.") = None,
           json_out: JsonOpt = None, device: DeviceOpt = "auto",
           sentences: _limit("Use the first N lines.") = 200,
           png: _opt(Path | None, help="Every head's importance and role in one PNG.") = None,
           html: _opt(Path | None, help="The table and the picture as an HTML page.") = None,
           prune: Annotated[int, Option(min=0, help="Remove the N least important heads.")] = 0,
-          out: _opt(Path | None, help="Where --prune writes the pruned checkpoint.") = None,
-          ) -> None:
-    """Mask each attention head in turn: the BLEU and loss it costs, where it attends, and with
-    --contrastive which heads link the pronoun; with --history RUN: how the heads learned it."""
+          out: _opt(Path | None, help="Where --prune writes its checkpoint.") = None) -> None:
+    """What masking each head costs, where it attends; with --history RUN: how the heads learned."""
     from attn_mt.api.terminal import heads_command
 
-    typer.echo("\n".join(heads_command(
-        checkpoint, src, ref, contrastive, history=history, prune=prune, out=out,
-        json_out=json_out, png=png, html=html, sentences=sentences, device=device)))
+    lines = heads_command(checkpoint, src, ref, contrastive, history=history, prune=prune, out=out,
+                          json_out=json_out, png=png, html=html, sentences=sentences, device=device)
+    typer.echo("\n".join(lines))
 
 
 @_verb()
 def score(checkpoint: ModelOpt, src: _opt(Path | None, help="Source sentences.") = None,
           ref: _opt(Path | None, help="Translations to score, line-aligned with --src.") = None,
-          contrastive: _opt(Path | None, help="A contrastive set: ours (JSONL, e.g. "
-                            "RUN/test.contrastive.jsonl) or ContraPro's JSON.") = None,
+          contrastive: _opt(Path | None, help="A contrastive set (ours, or ContraPro's).") = None,
           json_out: JsonOpt = None, batch_size: _limit("Sentences per batch.") = 64,
           device: DeviceOpt = "auto") -> None:
-    """log P of given translations under a model (forced decoding; one a line, per token in
-    --json), and with --contrastive the accuracy: the reference scored above every variant."""
+    """log P of given translations (forced decoding), or a contrastive set's accuracy."""
     from attn_mt.api.terminal import score_command
 
-    typer.echo("\n".join(score_command(checkpoint, src, ref, contrastive, json_out, batch_size,
-                                       device)))
+    lines = score_command(checkpoint, src, ref, contrastive, json_out, batch_size, device)
+    typer.echo("\n".join(lines))
