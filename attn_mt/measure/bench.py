@@ -121,9 +121,8 @@ def build(kind: str, cfg: ExperimentConfig, tok, device: torch.device) -> nn.Mod
     torch.manual_seed(cfg.train.seed)
     if kind == "torch":
         return TorchTransformer(cfg.model, **tok.sizes()).to(device)
-    model = build_model(cfg.model, **tok.sizes()).to(device)
-    model.set_attention_impl("reference" if kind == "ours_refattn" else "sdpa")
-    return model
+    impl = "reference" if kind == "ours_refattn" else "sdpa"  # the explicit softmax path, or SDPA
+    return build_model(replace(cfg.model, attention=impl), **tok.sizes()).to(device)
 
 
 class Variant:

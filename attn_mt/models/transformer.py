@@ -5,29 +5,17 @@ layers are attention.py's, its position schemes positions.py's.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn_mt.config import TransformerConfig
 
 from .attention import KV, AttentionWeights, CrossAttention, MultiHeadAttention, SelfAttention
-from .fast import Dropout, RMSNorm
+from .fast import Dropout
 from .positions import SCHEMES, Positions, Rotation
 from .seq2seq import Seq2Seq, init_embeddings, make_embeddings
-
-
-class ReLUSquared(nn.Module):
-    """relu(x)^2 (So et al. 2021, "Primer")."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.relu(x).square()
-
-
-ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
-    "relu": nn.ReLU, "swish": nn.SiLU, "gelu": nn.GELU, "relu2": ReLUSquared}
+from .variants import ACTIVATIONS, GatedFeedForward, make_norm, zero_init
 
 
 class FeedForward(nn.Sequential):
@@ -38,32 +26,12 @@ class FeedForward(nn.Sequential):
                          nn.Linear(d_ff, d_model))
 
 
-class GatedFeedForward(nn.Module):
-    """SwiGLU (Shazeer 2020): W_2 (silu(x W_g) * x W_1), with 2/3 of d_ff hidden features so that
-    its three matrices hold as many weights as the plain layer's two."""
-
-    def __init__(self, d_model: int, d_ff: int, p_drop: float) -> None:
-        super().__init__()
-        hidden = round(2 * d_ff / 3)
-        self.up = nn.Linear(d_model, 2 * hidden)  # [W_g; W_1], fused
-        self.drop = Dropout(p_drop)
-        self.down = nn.Linear(hidden, d_model)
-
-    def forward(self, x: Tensor) -> Tensor:
-        gate, value = self.up(x).chunk(2, dim=-1)  # 2 x (B, T, hidden)
-        return self.down(self.drop(F.silu(gate) * value))
-
-
 def feed_forward(cfg: TransformerConfig) -> nn.Module:
+    """The paper's FeedForward with cfg.activation (ReLU, or a variant's), or SwiGLU's gated one."""
     p_drop = cfg.dropouts[2]
     if cfg.activation == "swiglu":
         return GatedFeedForward(cfg.d_model, cfg.d_ff, p_drop)
     return FeedForward(cfg.d_model, cfg.d_ff, p_drop, cfg.activation)
-
-
-def make_norm(cfg: TransformerConfig) -> nn.Module:
-    """The layer normalisation of the residual stream: LayerNorm, or RMSNorm (no mean, no bias)."""
-    return RMSNorm(cfg.d_model) if cfg.norm == "rms" else nn.LayerNorm(cfg.d_model)
 
 
 class Sublayer(nn.Module):
@@ -183,7 +151,9 @@ class Transformer(Seq2Seq):
         self.enc_norm = make_norm(cfg) if cfg.norm_first else nn.Identity()
         self.dec_norm = make_norm(cfg) if cfg.norm_first else nn.Identity()
         self.out_proj = nn.Linear(cfg.d_model, tgt_vocab, bias=False)
-        self.init_weights(cfg.zero_init)
+        self.init_weights()
+        if cfg.zero_init:
+            zero_init(self)  # variants.py
         init_embeddings(self.src_embed, self.tgt_embed, pad_id=pad_id)
         if cfg.tie_embeddings:
             self.out_proj.weight = self.tgt_embed.weight
@@ -191,21 +161,13 @@ class Transformer(Seq2Seq):
     def position_scheme(self, cfg: TransformerConfig) -> Positions:
         return SCHEMES[cfg.positions].from_config(cfg)
 
-    def init_weights(self, zero_init: bool) -> None:
-        """Xavier-uniform matrices, zero biases; with `zero_init` every sublayer starts by adding
-        nothing to the residual stream (its output projection zero)."""
+    def init_weights(self) -> None:
+        """Xavier-uniform matrices, zero biases."""
         for name, p in self.named_parameters():
             if p.dim() > 1 and not name.endswith("pos.pe"):  # learned positions keep their init
                 nn.init.xavier_uniform_(p)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
-        if not zero_init:
-            return
-        for m in self.modules():
-            if isinstance(m, MultiHeadAttention | FeedForward | GatedFeedForward):
-                out = m.out_proj if isinstance(m, MultiHeadAttention) else m.down \
-                    if isinstance(m, GatedFeedForward) else m[-1]
-                nn.init.zeros_(out.weight)
 
     def _embed(self, emb: nn.Embedding, pos: Positions, ids: Tensor,
                offset: int | Tensor = 0) -> Tensor:
@@ -234,9 +196,3 @@ class Transformer(Seq2Seq):
 
     def new_cache(self) -> KVCache:
         return KVCache([KV() for _ in self.decoder], [KV() for _ in self.decoder])
-
-    def set_attention_impl(self, impl: str) -> None:
-        """Switch every attention module between "sdpa" and "reference"."""
-        for m in self.modules():
-            if isinstance(m, MultiHeadAttention):
-                m.impl = impl
