@@ -97,15 +97,17 @@ class Corpus:
                 seed: tuple[int, ...] = (), pin: bool = False) -> Iterator[Batch]:
         """Collated `Batch`es of the pairs in each index batch, gathered from the id arrays in one pass
         (`collate_ragged`; into pinned memory with `pin`); with `sampling` > 0 the sources split anew
-        (`Tokenizer.resample_src`, one list per sentence), the i-th batch's draw seeded by (*seed, i)."""
+        (sampling.py's `resample_src`, one list per sentence), the i-th batch's draw seeded by (*seed, i)."""
         rows, (src, tgt) = self.rows.get(split), self.ids[split]
         special = self.tok.pad_id, self.tok.bos_id, self.tok.eos_id
         for i, b in enumerate(index):
             b = np.asarray(b, dtype=np.int64) if rows is None else rows[np.asarray(b, dtype=np.int64)]
             sources = src.spans(b)
             if sampling:
+                from attn_mt.data.sampling import resample_src  # loaded where a run asks for it
+
                 draw = int(np.random.SeedSequence([*seed, i]).generate_state(1)[0])
-                drawn = Ragged.from_lists(self.tok.resample_src(src.get(b), sampling, draw, self.limit))
+                drawn = Ragged.from_lists(resample_src(self.tok, src.get(b), sampling, draw, self.limit))
                 sources = drawn.spans(np.arange(len(drawn)))
             yield collate_ragged(sources, tgt.spans(b), *special, pin=pin)
 

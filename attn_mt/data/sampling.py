@@ -5,8 +5,9 @@ model a segmentation drawn from the lattice with probability proportional to pro
 2018, SentencePiece's sampling with nbest_size=-1). SentencePiece's own sampling (0.2.x) draws from a
 generator its seed call does not reset, so its draws differed from process to process and broke exact resume.
 
-    >>> sampler = Sampler(tok.src)  # a SentencePieceProcessor, or data/tokenizer.py's MappedPieces
+    >>> sampler = Sampler(tok.src)  # a SentencePieceProcessor, or data/pieces.py's MappedPieces
     >>> sampler.resample(ids, 0.1, random.Random(seed))  # new ids, the same text
+    >>> resample_src(tok, batch_ids, 0.1, seed, limit)  # a Tokenizer's source sentences, as corpus.py asks
 
 Tested in tests/data/test_sampling.py (two processes draw the same).
 """
@@ -17,7 +18,12 @@ import bisect
 import itertools
 import math
 import random
+import weakref
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from attn_mt.data.tokenizer import Tokenizer
 
 
 class Sampler:
@@ -64,6 +70,23 @@ class Sampler:
         else:
             pieces = unigram_sample(word, self.scores, alpha, rnd, self.longest, self.unk_score, self.lattices)
         return [self.ids[p] if p in self.ids else self.model.piece_to_id(p) for p in pieces]
+
+
+_samplers: weakref.WeakKeyDictionary[Tokenizer, Sampler] = weakref.WeakKeyDictionary()
+
+
+def resample_src(tok: Tokenizer, ids: list[list[int]], alpha: float, seed: int,
+                 limit: int) -> list[list[int]]:
+    """The source sentences `ids` split anew (BPE-dropout at rate `alpha`, or a unigram model's
+    sampling with smoothing `alpha`), drawn from `seed` alone: the same in every process; a sentence
+    whose sample is longer than `limit` pieces keeps its ids. The tokenizer's `Sampler` is made on
+    first use and kept while the tokenizer lives."""
+    sampler = _samplers.get(tok)
+    if sampler is None:
+        sampler = _samplers[tok] = Sampler(tok.src)
+    rnd = random.Random(seed)
+    new = [sampler.resample(x, alpha, rnd) for x in ids]
+    return [n if len(n) <= limit else x for x, n in zip(ids, new, strict=True)]
 
 
 def _is_bpe(sp) -> bool:

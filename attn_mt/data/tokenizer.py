@@ -11,7 +11,6 @@ import io
 import itertools
 import json
 import logging
-import random
 from collections.abc import Iterable
 
 import sentencepiece as spm
@@ -35,7 +34,6 @@ class Tokenizer:
     def __init__(self, src_proto: bytes, tgt_proto: bytes | None = None,
                  vocab: dict | None = None) -> None:
         self.src_proto, self.tgt_proto, self.vocab = src_proto, tgt_proto, vocab
-        self._sampler = None  # data/sampling.py's Sampler of the source model, made on first use
         self.src = spm.SentencePieceProcessor(model_proto=src_proto)
         self.tgt = self.src if tgt_proto is None else \
             spm.SentencePieceProcessor(model_proto=tgt_proto)
@@ -65,19 +63,6 @@ class Tokenizer:
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         return each(self.src.encode, texts)
-
-    def resample_src(self, ids: list[list[int]], alpha: float, seed: int,
-                     limit: int) -> list[list[int]]:
-        """The source sentences `ids` split anew (data/sampling.py: BPE-dropout at rate `alpha`, or
-        a unigram model's sampling with smoothing `alpha`), drawn from `seed` alone: the same in
-        every process; a sentence whose sample is longer than `limit` pieces keeps its ids."""
-        if self._sampler is None:
-            from attn_mt.data.sampling import Sampler  # loaded where a run asks for it
-
-            self._sampler = Sampler(self.src)
-        rnd = random.Random(seed)
-        new = [self._sampler.resample(x, alpha, rnd) for x in ids]
-        return [n if len(n) <= limit else x for x, n in zip(ids, new, strict=True)]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         return each(self.tgt.encode, texts)

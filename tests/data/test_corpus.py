@@ -14,6 +14,7 @@ from conftest import TINY, cfg_for, toy_files
 from attn_mt.data.batching import collate, token_batches
 from attn_mt.data.corpus import load_corpus
 from attn_mt.data.lines import read_lines
+from attn_mt.data.sampling import resample_src
 from attn_mt.data.tokenizer import train_tokenizer
 from attn_mt.models import build_model
 from attn_mt.training.trainer import Trainer
@@ -86,7 +87,7 @@ def test_subword_sampling_splits_sources_anew_and_keeps_targets(files, tmp_path)
     again, other = draw(0.3), draw(0.3, (1, 0, 1))
     assert not differ(sampled, again) and differ(sampled, other)  # seeded by (seed, epoch, batch): resumable
     ids = corpus.ids["train"][0].get(range(20))
-    kept = tok.resample_src(ids, 0.5, seed=5, limit=max(map(len, ids)))  # none may grow past the longest
+    kept = resample_src(tok, ids, 0.5, seed=5, limit=max(map(len, ids)))  # none may grow past the longest
     assert max(map(len, kept)) <= max(map(len, ids)) and kept != ids
 
 

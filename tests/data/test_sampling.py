@@ -16,6 +16,7 @@ import sentencepiece as spm
 import torch
 from conftest import write_config
 
+from attn_mt.data.sampling import resample_src
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.data.toy import make_toy_corpus
 
@@ -37,12 +38,13 @@ def tok(request, tmp_path_factory):
 DRAW = """
 import json, sys
 from pathlib import Path
+from attn_mt.data.sampling import resample_src
 from attn_mt.data.tokenizer import Tokenizer
 tok = Tokenizer(Path(sys.argv[1]).read_bytes())
 ids = json.loads(sys.argv[2])
 if sys.argv[3] == "busy":  # other draws first: a draw must not depend on what was drawn before it
-    tok.resample_src(ids, 0.3, 99, 10**6)
-print(json.dumps(tok.resample_src(ids, 0.3, 12345, 10**6)))
+    resample_src(tok, ids, 0.3, 99, 10**6)
+print(json.dumps(resample_src(tok, ids, 0.3, 12345, 10**6)))
 """
 
 
@@ -53,14 +55,14 @@ def test_a_draw_depends_on_its_seed_alone_in_any_process(tok, tmp_path):
     draws = [json.loads(subprocess.run([sys.executable, "-c", DRAW, str(tmp_path / "spm.model"), json.dumps(ids),
                                         how], capture_output=True, text=True, env=env, check=True).stdout)
              for how in ("fresh", "busy")]
-    here = tok.resample_src(ids, 0.3, 12345, 10**6)
+    here = resample_src(tok, ids, 0.3, 12345, 10**6)
     assert draws[0] == draws[1] == here
-    assert here != ids and here != tok.resample_src(ids, 0.3, 12346, 10**6)  # it samples, by its seed
+    assert here != ids and here != resample_src(tok, ids, 0.3, 12346, 10**6)  # it samples, by its seed
 
 
 def test_a_sample_keeps_the_text_and_uses_the_models_pieces(tok):
     ids = tok.encode_src(TEXTS[:200])
-    new = tok.resample_src(ids, 0.5, 7, 10**6)
+    new = resample_src(tok, ids, 0.5, 7, 10**6)
     assert [tok.src.decode(x) for x in new] == [tok.src.decode(x) for x in ids]
     assert sum(map(len, new)) > sum(map(len, ids))  # finer on the whole
     assert all(0 <= i < tok.src_vocab_size for x in new for i in x)
