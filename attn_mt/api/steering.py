@@ -28,7 +28,7 @@ from attn_mt.config import DecodeConfig
 from attn_mt.data import checks
 from attn_mt.data.batching import pad
 from attn_mt.decoding.beam import Hypothesis
-from attn_mt.decoding.rules import Prefix, Rule, Sample
+from attn_mt.decoding.rules import Rule, only
 from attn_mt.decoding.search import Greedy, steps
 from attn_mt.decoding.translate import Translation, max_lengths, prepare_sources, search, translate_batches
 from attn_mt.decoding.translator import Translator, model_translator
@@ -38,6 +38,38 @@ from .sharing import Shared
 
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_TEMPERATURE = 1e6  # above it every token is as likely already; a float32 inf made softmax NaN
+
+
+class Prefix:
+    """A target prefix per sentence (each of its k hypotheses): inside it, its next token only."""
+
+    def __init__(self, prefixes: list[list[int]], device: torch.device | str) -> None:
+        self.width = max((len(p) for p in prefixes), default=0)
+        padded = [p + [-1] * (self.width - len(p)) for p in prefixes]  # -1 past each prefix
+        self.table = torch.tensor(padded, dtype=torch.long, device=device)
+        self.table = self.table.view(len(prefixes), self.width)  # (B, P), also for P = 0
+
+    def apply(self, step: int, logp: Tensor, predicted: Tensor) -> Tensor:
+        if step >= self.width:
+            return logp
+        k = logp.size(0) // self.table.size(0)
+        return only(logp, self.table[:, step].repeat_interleave(k))
+
+
+class Sample:
+    """Sampling: only a token drawn from softmax(log P / temperature), each sentence from its own
+    generator (one hypothesis per sentence). Where another rule left one token, it is drawn."""
+
+    def __init__(self, temperature: float, seeds: list[int], device: torch.device | str) -> None:
+        self.temperature = max(temperature, 1e-30)  # a float32 divisor (below: greedy all the same)
+        self.draw = [torch.Generator(device=device).manual_seed(s) for s in seeds]  # (B,)
+
+    def apply(self, step: int, logp: Tensor, predicted: Tensor) -> Tensor:
+        top = logp.max(-1, keepdim=True).values  # the best token at 0: no overflow
+        probs = ((logp - top) / self.temperature).softmax(-1)  # (B, V)
+        drawn = [torch.multinomial(p, 1, generator=g)
+                 for p, g in zip(probs, self.draw, strict=True)]
+        return only(logp, torch.cat(drawn))
 
 
 def dtype_name(module: torch.nn.Module) -> str:

@@ -7,8 +7,8 @@ A batch holds one hypothesis per sentence (greedy) or k consecutive ones (beam s
     rule            rules out
     BanIds          the model's banned ids (model.banned), always
     MaxLength       everything but eos at an output's last position
-    Prefix          everything but the prefix's next token, inside the target prefix
-    Sample          everything but a token drawn from softmax(log P / temperature)
+
+A caller adds its own: api/steering.py's forced target prefix and sampling.
 
 Tested in tests/decoding/test_rules.py.
 """
@@ -64,38 +64,6 @@ class MaxLength:
         if step + 1 < self.first:
             return logp
         return only(logp, torch.where(self.forced(step), self.eos_id, -1))
-
-
-class Prefix:
-    """A target prefix per sentence (each of its k hypotheses): inside it, its next token only."""
-
-    def __init__(self, prefixes: list[list[int]], device: torch.device | str) -> None:
-        self.width = max((len(p) for p in prefixes), default=0)
-        padded = [p + [-1] * (self.width - len(p)) for p in prefixes]  # -1 past each prefix
-        self.table = torch.tensor(padded, dtype=torch.long, device=device)
-        self.table = self.table.view(len(prefixes), self.width)  # (B, P), also for P = 0
-
-    def apply(self, step: int, logp: Tensor, predicted: Tensor) -> Tensor:
-        if step >= self.width:
-            return logp
-        k = logp.size(0) // self.table.size(0)
-        return only(logp, self.table[:, step].repeat_interleave(k))
-
-
-class Sample:
-    """Sampling: only a token drawn from softmax(log P / temperature), each sentence from its own
-    generator (one hypothesis per sentence). Where another rule left one token, it is drawn."""
-
-    def __init__(self, temperature: float, seeds: list[int], device: torch.device | str) -> None:
-        self.temperature = max(temperature, 1e-30)  # a float32 divisor (below: greedy all the same)
-        self.draw = [torch.Generator(device=device).manual_seed(s) for s in seeds]  # (B,)
-
-    def apply(self, step: int, logp: Tensor, predicted: Tensor) -> Tensor:
-        top = logp.max(-1, keepdim=True).values  # the best token at 0: no overflow
-        probs = ((logp - top) / self.temperature).softmax(-1)  # (B, V)
-        drawn = [torch.multinomial(p, 1, generator=g)
-                 for p, g in zip(probs, self.draw, strict=True)]
-        return only(logp, torch.cat(drawn))
 
 
 def step_rules(model: Seq2Seq, rules: Sequence[Rule], limit: MaxLength) -> list[Rule]:

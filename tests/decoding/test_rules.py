@@ -9,7 +9,8 @@ import torch
 from conftest import BOS, EOS, batch, sources, train_reverser
 from torch import Tensor
 
-from attn_mt.decoding.rules import BanIds, MaxLength, Prefix, Sample, only
+from attn_mt.api.steering import Prefix, Sample
+from attn_mt.decoding.rules import BanIds, MaxLength, only
 from attn_mt.decoding.search import beam_search, greedy_search
 
 
