@@ -60,6 +60,7 @@ CORE = {"attn_mt.errors", "attn_mt.files", "attn_mt.device", "attn_mt.checkpoint
         "attn_mt.data.build", "attn_mt.data.cache", "attn_mt.data.lock", "attn_mt.data.checks",
         "attn_mt.data.sources", "attn_mt.data.lines", "attn_mt.data.toy", "attn_mt.data.pronoun", "attn_mt.data.tidy",
         "attn_mt.training", "attn_mt.training.trainer", "attn_mt.training.run", "attn_mt.training.schedule",
+        "attn_mt.training.stops",
         "attn_mt.training.validation", "attn_mt.training.progress", "attn_mt.training.resume",
         "attn_mt.training.memory", "attn_mt.training.variants", "attn_mt.training.checks",
         "attn_mt.training.start", "attn_mt.training.evaluation", "attn_mt.training.finish",

@@ -13,7 +13,8 @@ import math
 import torch
 
 from attn_mt.config import TrainConfig
-from attn_mt.training.schedule import TrainState, too_many_bad
+from attn_mt.training.schedule import TrainState
+from attn_mt.training.stops import too_many_bad
 
 log = logging.getLogger(__name__)
 

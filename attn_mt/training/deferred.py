@@ -37,7 +37,8 @@ import torch
 from torch import Tensor
 
 from attn_mt.config import TrainConfig
-from attn_mt.training.schedule import TrainState, limit_reached, too_many_bad
+from attn_mt.training.schedule import TrainState, limit_reached
+from attn_mt.training.stops import too_many_bad
 
 if TYPE_CHECKING:
     from attn_mt.training.ema import WeightEMA

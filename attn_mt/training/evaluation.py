@@ -19,7 +19,7 @@ from attn_mt import checkpoint
 from attn_mt.device import rng_state
 from attn_mt.training.progress import write
 from attn_mt.training.resume import optimizer_state
-from attn_mt.training.schedule import Stop
+from attn_mt.training.stops import Stop
 from attn_mt.training.validation import SHOWN, validate
 
 if TYPE_CHECKING:

@@ -24,7 +24,8 @@ from attn_mt.config.yamlconf import show
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.device import set_rng_state
 from attn_mt.errors import TrainError
-from attn_mt.training.schedule import Stop, TrainState, limit_reached
+from attn_mt.training.schedule import TrainState, limit_reached
+from attn_mt.training.stops import Stop
 from attn_mt.training.trainer import Trainer
 from attn_mt.training.variants import World
 

@@ -25,8 +25,9 @@ from attn_mt.training.evaluation import save_last, validation_round
 from attn_mt.training.finish import wind_up
 from attn_mt.training.interrupt import StopOnInterrupt, TrainInterrupted
 from attn_mt.training.progress import Epochs, Progress, report_progress
-from attn_mt.training.schedule import Stop, limit_reached
+from attn_mt.training.schedule import limit_reached
 from attn_mt.training.start import Training, setup
+from attn_mt.training.stops import Stop
 from attn_mt.training.trainer import Step
 from attn_mt.training.validation import Observer
 

@@ -1,5 +1,5 @@
 """Where a run stands (`TrainState`), and its learning-rate schedule and budget: pure functions of
-the step and the clock."""
+the step and the clock. The words a run stops with are stops.py's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from attn_mt.config import TrainConfig
-from attn_mt.errors import TrainError
+from attn_mt.training.stops import Stop
 
 
 @dataclass
@@ -19,7 +19,7 @@ class TrainState:
     batch_in_epoch: int = 0  # batches of the current epoch already used
     best_bleu: float = -1.0
     bad_evals: int = 0  # evaluations since BLEU last improved
-    bad_steps: int = 0  # non-finite losses in a row
+    bad_steps: int = 0  # consecutive non-finite losses
     skipped_steps: int = 0  # steps skipped for a non-finite loss, in all
     window_loss: float = 0.0  # summed loss and target tokens since the last progress update
     window_tokens: int = 0
@@ -66,30 +66,6 @@ def budget_spent(cfg: TrainConfig, step: int, seconds: float, epochs: float,
     return min(1.0, max(parts))
 
 
-class Stop:
-    """Why a run stops, worded once: logged, and kept in checkpoints as `TrainState.stopped`."""
-
-    @staticmethod
-    def max_epochs(cfg: TrainConfig) -> str:
-        return f"reached train.max_epochs={cfg.max_epochs}"
-
-    @staticmethod
-    def max_steps(cfg: TrainConfig) -> str:
-        return f"reached train.max_steps={cfg.max_steps}"
-
-    @staticmethod
-    def max_tokens(cfg: TrainConfig) -> str:
-        return f"reached train.max_tokens={cfg.max_tokens}"
-
-    @staticmethod
-    def max_minutes(cfg: TrainConfig) -> str:
-        return f"reached train.max_minutes={cfg.max_minutes}"
-
-    @staticmethod
-    def patience(cfg: TrainConfig) -> str:
-        return f"no BLEU improvement in {cfg.patience} evaluations"
-
-
 def limit_reached(cfg: TrainConfig, step: int, seconds: float, tokens: int = 0) -> str | None:
     """Why training must stop now (train.max_steps, max_tokens or max_minutes reached), or None."""
     if cfg.max_steps and step >= cfg.max_steps:
@@ -99,9 +75,3 @@ def limit_reached(cfg: TrainConfig, step: int, seconds: float, tokens: int = 0) 
     if cfg.max_minutes and seconds >= cfg.max_minutes * 60:
         return Stop.max_minutes(cfg)
     return None
-
-
-def too_many_bad(step: int, in_a_row: int) -> TrainError:
-    """The error that stops a run after train.max_bad_steps non-finite steps in a row."""
-    return TrainError(f"stopped at step {step}: {in_a_row} non-finite losses in a row "
-                      "(train.max_bad_steps); try a lower train.lr or train.clip_norm")

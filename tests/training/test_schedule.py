@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from attn_mt.config import TrainConfig
-from attn_mt.training.schedule import Stop, budget_spent, limit_reached, lr_at
+from attn_mt.training.schedule import budget_spent, limit_reached, lr_at
+from attn_mt.training.stops import Stop
 
 
 def test_lr_warmup_then_inverse_sqrt():
