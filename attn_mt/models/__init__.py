@@ -19,7 +19,7 @@ from attn_mt.config import ModelConfig
 
 from .attention import AttentionWeights
 from .seq2seq import DecoderCache, Seq2Seq
-from .sizing import check_memory, shapes_only
+from .sizing import check_memory, count_params, shapes_only
 from .transformer import Transformer
 
 __all__ = ["AttentionWeights", "DecoderCache", "Seq2Seq", "build_model", "count_params", "empty_model",
@@ -53,10 +53,6 @@ def _construct(cfg: ModelConfig, sizes: dict) -> Seq2Seq:
     from .imported import LAYOUTS  # a Transformer in another toolkit's layout
 
     return LAYOUTS[cfg.kind](cfg, **sizes)
-
-
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
 
 
 def token_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float, pad_id: int,

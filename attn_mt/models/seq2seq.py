@@ -63,7 +63,7 @@ def make_embeddings(*, src_vocab: int, tgt_vocab: int, dim: int, pad_id: int,
 
 
 def init_embeddings(*embeddings: nn.Embedding, pad_id: int) -> None:
-    """N(0, dim^-1/2), as for tied output layers; the pad row zero."""
+    """N(0, dim^-1/2), as for tied output layers; the pad id's vector zero."""
     for emb in dict.fromkeys(embeddings):
         nn.init.normal_(emb.weight, std=emb.embedding_dim**-0.5)
         emb.weight.data[pad_id].zero_()

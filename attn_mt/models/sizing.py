@@ -1,6 +1,7 @@
-"""Whether a model fits in memory, known before it is built: the model as shapes only
-(`shapes_only`: on the meta device, nothing initialised), and `check_memory`, which compares what
-its weights and tables need with what this process can still allocate.
+"""A model's size: its weights (`count_params`), and whether it fits in memory, known before it is
+built: the model as shapes only (`shapes_only`: on the meta device, nothing initialised), and
+`check_memory`, which compares what its weights and tables need with what this process can still
+allocate.
 
 Tested in tests/models/test_size_check.py.
 """
@@ -17,6 +18,10 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from attn_mt.config import ConfigError, ModelConfig
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
 
 
 class NoInit(TorchFunctionMode):

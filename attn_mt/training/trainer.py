@@ -126,7 +126,7 @@ class Trainer(TrainStep):
 
     def read(self) -> None:
         """The counters into `state`, exact. Raises TrainError when train.max_bad_steps
-        non-finite steps came in a row."""
+        consecutive steps were not finite."""
         self.checks.read(self.state)
 
     def epoch_batches(self) -> Sequence[list[int]]:
