@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -474,3 +477,49 @@ def test_the_reading_path_lists_at_most_twelve_core_files_and_the_names_they_def
             assert name in defined(ROOT / other), f"{other}: {name} is not defined there"
         quoted = set(re.findall(r"`([A-Za-z_][\w.]*)`", text)) - {name for _, name in elsewhere}
         assert quoted <= defined(ROOT / path), f"{path}: {sorted(quoted - defined(ROOT / path))} not defined there"
+
+
+# What the reading path may not talk about: serving, interop and machine speed live outside it
+NOT_THE_IDEA = re.compile(r"marian|running batch|\brows?\b|graphs?\b|prefetch|meminfo|rlimit|gloo", re.I)
+CALLED = ["attn_mt/models/seq2seq.py", "attn_mt/decoding/beam.py"]  # the path calls them to train and decode
+
+
+def reading_files() -> list[Path]:
+    """docs/reading.md's files and the files they call to train and decode."""
+    listed = [p for p, _ in ENTRY.findall(READING.read_text(encoding="utf-8"))]
+    return [ROOT / p for p in dict.fromkeys(listed + CALLED)]
+
+
+def test_the_reading_path_is_an_afternoon_of_the_idea_only():
+    """<= 1,600 lines in all, no file over 250, and not a word of serving, interop or machine speed."""
+    sizes = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8").count("\n") for p in reading_files()}
+    assert sum(sizes.values()) <= 1600, sizes
+    assert max(sizes.values()) <= 250, sizes
+    found = [f"{p.relative_to(ROOT)}:{n}: {m.group(0)}" for p in reading_files()
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             for m in [NOT_THE_IDEA.search(line)] if m]
+    assert found == []
+
+
+@pytest.mark.parametrize("line", ["# the running batch's rows", "import gloo", "MarianSinusoidal",
+                                  "x = graphs[0]", "read /proc/meminfo"])
+def test_a_word_off_the_path_is_caught(line):
+    assert NOT_THE_IDEA.search(line)
+
+
+def test_modules_stay_within_their_limits():
+    """A module a reader holds in mind at once: <= 350 lines; the CLI, which only parses and prints, <= 300."""
+    sizes = {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8").count("\n")
+             for p in PACKAGE.rglob("*.py")}
+    assert {p: n for p, n in sizes.items() if n > 350} == {}
+    assert sizes["attn_mt/cli.py"] <= 300
+
+
+def test_the_code_passes_ruff():
+    """ruff check (pyproject.toml: line length 100, pycodestyle, pyflakes, isort, bugbear, pyupgrade)."""
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    if not Path(ruff).exists():
+        pytest.skip("ruff is not installed (the dev extra)")
+    done = subprocess.run([ruff, "check", "--no-cache", "attn_mt", "tests", "scripts"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:]
