@@ -1,12 +1,12 @@
-"""Checkpoint files: their format, atomic saves (through attn_mt.files), safe loads, and rebuilding a model
-from what a checkpoint holds (averaging checkpoints is training/averaging.py's).
+"""Checkpoint files: their format, atomic saves (through attn_mt.files), safe loads, and rebuilding
+a model from what a checkpoint holds (averaging checkpoints is training/averaging.py's).
 
 A checkpoint is a dict of tensors and plain data only (it loads with
 `torch.load(..., weights_only=True)`, so a crafted file cannot run code):
     format_version, attn_mt_version (the writer's), model (state_dict), optimizer, step, epoch,
     batch_in_epoch, config (nested dict), tokenizer (SentencePiece model bytes), rng, best_bleu, ...
-Format 2 (this one) names the optimizer's parameters (`param_groups[i]["param_names"]`); format 1 did
-not, and its files still load (translate, evaluate, and resume through training/resume.py).
+Format 2 (this one) names the optimizer's parameters (`param_groups[i]["param_names"]`); format 1
+did not, and its files still load (translate, evaluate, and resume through training/resume.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from attn_mt.models import Seq2Seq, build_model, empty_model
 
 FORMAT_VERSION = 2
 READABLE = (1, 2)  # formats this attn-mt loads
-WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what a model's weights are saved as
+# what a model's weights are saved as
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 log = logging.getLogger(__name__)
 try:  # attn_mt.__version__, from the install (this module may not import the package)
     VERSION = metadata.version("attn-mt")
@@ -41,9 +42,9 @@ class CheckpointError(ModelError):
 
 
 def save(state: dict, path: Path) -> None:
-    """Write `state` to `path` atomically (files.write_atomic: a temporary file in the same directory,
-    fsync, rename). A crash or SIGKILL at any moment leaves either the old file or the new one, never a mix.
-    Raises CheckpointError when the file cannot be written (e.g. a full disk).
+    """Write `state` to `path` atomically (files.write_atomic: a temporary file in the same
+    directory, fsync, rename). A crash or SIGKILL at any moment leaves either the old file or the
+    new one, never a mix. Raises CheckpointError when the file cannot be written (e.g. a full disk).
     """
     path = Path(path)
     try:
@@ -63,8 +64,8 @@ def load(path: Path | str, map_location: str | torch.device = "cpu") -> dict:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         if "GLOBAL" in str(e):  # weights_only met a class or function: a pickle that could run code
-            raise CheckpointError(f"{path}: refused: holds objects other than tensors and plain data "
-                                  "(loading it could run code)") from None
+            raise CheckpointError(f"{path}: refused: holds objects other than tensors and plain "
+                                  "data (loading it could run code)") from None
         raise CheckpointError(f"{path}: not a readable checkpoint (corrupt pickle data)") from None
     except Exception as e:  # truncated or damaged files fail in many ways (zip, pickle, utf-8, ...)
         raise CheckpointError(f"{path}: not a readable checkpoint (truncated or corrupt: "
@@ -73,13 +74,14 @@ def load(path: Path | str, map_location: str | torch.device = "cpu") -> dict:
         raise CheckpointError(f"{path}: not an attn-mt checkpoint")
     version = state.get("format_version")
     if version not in READABLE:
-        raise CheckpointError(f"{path}: written by checkpoint format {version}, this attn-mt reads formats "
-                              f"{', '.join(map(str, READABLE))}")
+        raise CheckpointError(f"{path}: written by checkpoint format {version}, this attn-mt reads "
+                              f"formats {', '.join(map(str, READABLE))}")
     return state
 
 
 def model_state(weights: dict, cfg: ExperimentConfig, tok: Tokenizer) -> dict:
-    """What rebuilds a model (`model_from_state`): its weights, its config as plain data and its tokenizer."""
+    """What rebuilds a model (`model_from_state`): its weights, its config as plain data and its
+    tokenizer."""
     return {"model": weights, "config": to_dict(cfg), "tokenizer": tok.state()}
 
 
@@ -93,18 +95,20 @@ def model_from_state(state: dict, device: torch.device | str = "cpu",
 
 
 def checked_state(state: dict) -> tuple[ExperimentConfig, Tokenizer, dict]:
-    """(config, tokenizer, weights) of a loaded checkpoint dict, each checked as `model_from_state` needs them
-    (CheckpointError saying what is wrong), without building the model."""
+    """(config, tokenizer, weights) of a loaded checkpoint dict, each checked as `model_from_state`
+    needs them (CheckpointError saying what is wrong), without building the model."""
     cfg = config_from_state(state)
     tok = tokenizer_from_state(state.get("tokenizer"))
     banned = [i for i in getattr(cfg.model, "banned_ids", ()) if i >= tok.tgt_vocab_size]
     if banned:
-        raise CheckpointError(f"checkpoint config: model.banned_ids holds {banned[0]}, outside the target "
-                              f"vocabulary of {tok.tgt_vocab_size}")
-    shapes = empty_model(cfg.model, **tok.sizes())  # nothing allocated: a crafted config may ask for terabytes
+        raise CheckpointError(f"checkpoint config: model.banned_ids holds {banned[0]}, outside the "
+                              f"target vocabulary of {tok.tgt_vocab_size}")
+    # nothing allocated: a crafted config may ask for terabytes
+    shapes = empty_model(cfg.model, **tok.sizes())
     weights = check_weights(state["model"], shapes.state_dict())
     _check_size(shapes, weights, cfg.model.max_positions)
-    broken = next((k for k, v in weights.items() if v.is_floating_point() and not torch.isfinite(v).all()), None)
+    broken = next((k for k, v in weights.items() if v.is_floating_point()
+                   and not torch.isfinite(v).all()), None)
     if broken:
         raise CheckpointError(f"checkpoint weights are not finite ({broken} holds NaN or inf)")
     return cfg, tok, weights
@@ -131,29 +135,34 @@ def config_from_state(state: dict) -> ExperimentConfig:
 
 
 def tokenizer_from_state(tok: object) -> Tokenizer:
-    """The checkpoint's SentencePiece model(s), or CheckpointError saying what is wrong with them."""
+    """The checkpoint's SentencePiece model(s), or CheckpointError saying what is wrong with
+    them."""
     if not isinstance(tok, dict):
         raise CheckpointError("checkpoint holds no tokenizer" if tok is None else
-                              f"checkpoint tokenizer is a {type(tok).__name__}, not SentencePiece models")
+                              f"checkpoint tokenizer is a {type(tok).__name__}, not SentencePiece "
+                              "models")
     protos = tok.get("src_proto"), tok.get("tgt_proto")
     if not isinstance(protos[0], bytes) or not isinstance(protos[1], bytes | None):
         raise CheckpointError("checkpoint tokenizer lacks its SentencePiece model bytes")
     return tokenizer_from_protos(*protos, what="checkpoint tokenizer", vocab=tok.get("vocab"))
 
 
-def tokenizer_from_protos(src: bytes, tgt: bytes | None, what: str, vocab: object = None) -> Tokenizer:
-    """A Tokenizer of SentencePiece model bytes (and a vocabulary numbering their pieces: MarianMT's), or
-    CheckpointError naming `what` holds damaged ones."""
+def tokenizer_from_protos(src: bytes, tgt: bytes | None, what: str,
+                          vocab: object = None) -> Tokenizer:
+    """A Tokenizer of SentencePiece model bytes (and a vocabulary numbering their pieces:
+    MarianMT's), or CheckpointError naming `what` holds damaged ones."""
     if not src or tgt == b"":
         raise CheckpointError(f"{what}: empty SentencePiece model")
     if vocab is not None and not _vocab_ok(vocab):
-        raise CheckpointError(f"{what}: its vocabulary is not lists of pieces with the special ids among them")
+        raise CheckpointError(f"{what}: its vocabulary is not lists of pieces with the special ids "
+                              "among them")
     try:
         tok = Tokenizer(src, tgt, vocab)
     except (RuntimeError, TypeError) as e:
         raise CheckpointError(f"{what}: not a SentencePiece model ({first_line(e)[:80]})") from None
     if vocab is None and min(tok.src_vocab_size, tok.tgt_vocab_size) <= tok.eos_id:
-        raise CheckpointError(f"{what}: SentencePiece model without the special pieces (pad, unk, bos, eos)")
+        raise CheckpointError(f"{what}: SentencePiece model without the special pieces (pad, unk, "
+                              "bos, eos)")
     return tok
 
 
@@ -162,7 +171,8 @@ def _vocab_ok(vocab: object) -> bool:
     if not isinstance(vocab, dict) or not isinstance(vocab.get("specials"), dict):
         return False
     sides = [v for v in (vocab.get("src"), vocab.get("tgt")) if v is not None]
-    if not sides or not all(isinstance(v, list) and v and all(isinstance(p, str) for p in v) for v in sides):
+    if not sides or not all(isinstance(v, list) and v and all(isinstance(p, str) for p in v)
+                            for v in sides):
         return False
     size = min(map(len, sides))
     return all(isinstance(vocab["specials"].get(k), int) and 0 <= vocab["specials"][k] < size
@@ -170,15 +180,18 @@ def _vocab_ok(vocab: object) -> bool:
 
 
 def check_weights(weights: object, expected: dict | None = None) -> dict:
-    """`weights` when it is a dict of dense floating-point tensors (of the dtypes attn-mt saves, in memory)
-    that fits `expected` (a model's state_dict), else CheckpointError naming the first odd weight, or the
-    missing, unexpected or misshapen ones."""
-    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
-        raise CheckpointError(f"checkpoint weights are a {type(weights).__name__}, not a dict of tensors")
+    """`weights` when it is a dict of dense floating-point tensors (of the dtypes attn-mt saves, in
+    memory) that fits `expected` (a model's state_dict), else CheckpointError naming the first odd
+    weight, or the missing, unexpected or misshapen ones."""
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor)
+                                                for v in weights.values()):
+        raise CheckpointError(f"checkpoint weights are a {type(weights).__name__}, not a dict of "
+                              "tensors")
     for key, v in weights.items():
-        odd = (f"has the {str(v.layout).removeprefix('torch.')} layout, not a dense one" if v.layout != torch.strided
-               else "is on the meta device (a shape without values)" if v.is_meta
-               else f"is {v.dtype}, not float32, bfloat16 or float16" if v.dtype not in WEIGHT_DTYPES else None)
+        odd = (f"has the {str(v.layout).removeprefix('torch.')} layout, not a dense one"
+               if v.layout != torch.strided else "is on the meta device (a shape without values)"
+               if v.is_meta else f"is {v.dtype}, not float32, bfloat16 or float16"
+               if v.dtype not in WEIGHT_DTYPES else None)
         if odd:
             raise CheckpointError(f"checkpoint weight {show(key)} {odd}")
     if expected is None:
@@ -187,7 +200,8 @@ def check_weights(weights: object, expected: dict | None = None) -> dict:
     misshapen = [f"{k} {tuple(weights[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
                  if k in weights and weights[k].shape != v.shape]
     problems = [f"{label}: {', '.join(sorted(keys)[:4])}{' ...' if len(keys) > 4 else ''}"
-                for label, keys in (("missing", missing), ("unexpected", unexpected), ("shapes differ", misshapen))
+                for label, keys in (("missing", missing), ("unexpected", unexpected),
+                                    ("shapes differ", misshapen))
                 if keys]
     if problems:
         raise CheckpointError(f"checkpoint weights do not fit the model ({'; '.join(problems)})")
@@ -195,13 +209,16 @@ def check_weights(weights: object, expected: dict | None = None) -> dict:
 
 
 def _check_size(shapes: Seq2Seq, weights: dict, max_positions: int) -> None:
-    """Refuse a config whose model needs far more memory than its weights hold: with the shapes checked, only
-    buffers outside the weights (positions: model.max_positions x d_model) can make up the difference."""
-    need = sum(t.numel() * 4 for t in [*shapes.parameters(), *shapes.buffers()])  # float32 once built
+    """Refuse a config whose model needs far more memory than its weights hold: with the shapes
+    checked, only buffers outside the weights (positions: model.max_positions x d_model) can make up
+    the difference."""
+    # float32 once built
+    need = sum(t.numel() * 4 for t in [*shapes.parameters(), *shapes.buffers()])
     have = sum(v.numel() * v.element_size() for v in weights.values())
     if need > 4 * have + (1 << 30):
-        raise CheckpointError(f"checkpoint config asks for a model of {need / 2**30:.1f} GiB, its weights hold "
-                              f"{have / 2**20:.1f} MiB (model.max_positions={max_positions}?)")
+        raise CheckpointError(f"checkpoint config asks for a model of {need / 2**30:.1f} GiB, its "
+                              f"weights hold {have / 2**20:.1f} MiB "
+                              f"(model.max_positions={max_positions}?)")
 
 
 def load_model(path: Path | str, device: torch.device | str = "cpu",

@@ -1,5 +1,6 @@
-"""Where a model runs and in what precision: choose the device, choose the precision, autocast,
-time device work (`Stopwatch`, the package's one timer), and describe the machine once for every report."""
+"""Where a model runs and in what precision: choose the device, choose the precision, autocast, time
+device work (`Stopwatch`, the package's one timer), and describe the machine once for every
+report."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
 class DeviceError(RunError):
-    """A device or precision this machine does not have; the message says which (`field`: "device")."""
+    """A device or precision this machine does not have; the message says which (`field`:
+    "device")."""
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message, "device", named=True)
@@ -36,11 +38,13 @@ def pick_device(name: str) -> torch.device:
         if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    if isinstance(name, str) and name.startswith("cuda:") and name[5:].isdigit():  # one GPU of several
+    # one GPU of several
+    if isinstance(name, str) and name.startswith("cuda:") and name[5:].isdigit():
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if int(name[5:]) >= count:
-            raise DeviceError(f"device {name}: this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1})"
-                              if count else f"device {name}: no CUDA device is available")
+            raise DeviceError(f"device {name}: this machine has {count} CUDA device(s) (cuda:0 to "
+                              f"cuda:{count - 1})" if count
+                              else f"device {name}: no CUDA device is available")
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         return torch.device(name)
     if name not in DEVICES:
@@ -54,7 +58,8 @@ def pick_device(name: str) -> torch.device:
 
 def cpu_has_bf16() -> bool:
     """True when this CPU runs bf16 matmuls natively (AVX-512 BF16 / AMX)."""
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return bool(torch.backends.mkldnn.is_available()
+                and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def pick_precision(name: str, device: torch.device) -> str:
@@ -70,7 +75,8 @@ def pick_precision(name: str, device: torch.device) -> str:
 
 def precisions_for(device: torch.device) -> list[str]:
     """The precisions worth measuring here: fp32, and bf16 where the hardware runs it natively."""
-    bf16 = cpu_has_bf16() if device.type == "cpu" else device.type == "cuda" and torch.cuda.is_bf16_supported()
+    bf16 = (cpu_has_bf16() if device.type == "cpu" else device.type == "cuda"
+            and torch.cuda.is_bf16_supported())
     return ["fp32", "bf16"] if bf16 else ["fp32"]
 
 
@@ -78,18 +84,20 @@ def autocast(device: torch.device, precision: str):
     """Mixed precision for the block (bf16 or fp16), or nothing for fp32."""
     if precision == "fp32":
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16"
+                          else torch.float16)
 
 
 def sync(device: torch.device | None) -> None:
-    """Wait for queued device work, so host timers measure it (a no-op on CPU or without a device)."""
+    """Wait for queued device work, so host timers measure it (a no-op on CPU or without a
+    device)."""
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 class Stopwatch:
-    """Wall-clock seconds of a block's device work: the device is synchronised before the clock starts and
-    again before it stops (queued GPU kernels are counted, not left running).
+    """Wall-clock seconds of a block's device work: the device is synchronised before the clock
+    starts and again before it stops (queued GPU kernels are counted, not left running).
 
         with Stopwatch(device) as watch:
             step()
@@ -115,16 +123,19 @@ def device_name(device: torch.device) -> str:
         return torch.cuda.get_device_name(device)
     try:
         with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            return next(line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
 
 
 def machine(device: torch.device, precision: str | None = None) -> dict:
-    """Where the numbers come from: device, its name, threads, cores, torch, CUDA and Python versions."""
-    return {"device": str(device), "device_name": device_name(device), "threads": torch.get_num_threads(),
-            "cpu_count": os.cpu_count(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "precision": precision, "python": platform.python_version()}
+    """Where the numbers come from: device, its name, threads, cores, torch, CUDA and Python
+    versions."""
+    return {"device": str(device), "device_name": device_name(device),
+            "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "precision": precision,
+            "python": platform.python_version()}
 
 
 def describe(device: torch.device) -> str:
@@ -140,7 +151,8 @@ def rng_state(device: torch.device) -> dict:
 
 
 def set_rng_state(rng: dict, device: torch.device) -> None:
-    """Restore `rng_state`'s result; CUDA states only for the GPUs this machine has (it may have fewer)."""
+    """Restore `rng_state`'s result; CUDA states only for the GPUs this machine has (it may have
+    fewer)."""
     torch.set_rng_state(rng["torch"])
     if device.type == "cuda" and rng.get("cuda"):
         for i, state in enumerate(rng["cuda"][: torch.cuda.device_count()]):

@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> dict:
         cached = name.replace("no cache", "cache")
         s = score(outputs[name], refs)
         rows[name] = {"sentences_per_s": round(len(sources) / med, 2), "median_s": round(med, 2),
-                      "seconds": [round(x, 2) for x in seconds[name]], "bleu": s["bleu"], "chrf": s["chrf"],
-                      "same_output_as_cached": outputs[name] == outputs[cached]}
+                      "seconds": [round(x, 2) for x in seconds[name]], "bleu": s["bleu"],
+                      "chrf": s["chrf"], "same_output_as_cached": outputs[name] == outputs[cached]}
     report = {
         "checkpoint": str(args.checkpoint), "src": str(args.src), "sentences": len(sources),
         "batch_size": args.batch_size, "alpha": cfg.decode.alpha, "repeats": args.repeats,
@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> dict:
                                      / rows["beam 5, no cache"]["sentences_per_s"], 2),
         "speedup_cache_greedy": round(rows["greedy, cache"]["sentences_per_s"]
                                       / rows["greedy, no cache"]["sentences_per_s"], 2),
-        "bleu_beam5_minus_greedy": round(rows["beam 5, cache"]["bleu"] - rows["greedy, cache"]["bleu"], 2),
+        "bleu_beam5_minus_greedy": round(rows["beam 5, cache"]["bleu"]
+                                         - rows["greedy, cache"]["bleu"], 2),
         "bleu_signature": score(outputs["greedy, cache"], refs)["bleu_signature"],
         "loadavg_1min": {"min": min(loads), "max": max(loads), "all": loads},
         "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "torch": torch.__version__,
@@ -92,12 +93,13 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def markdown(r: dict) -> str:
-    lines = [f"{r['sentences']} sentences of `{r['src']}`, batch {r['batch_size']}, alpha {r['alpha']}, "
-             f"{r['threads']} CPU threads, median of {r['repeats']} rounds; "
+    lines = [f"{r['sentences']} sentences of `{r['src']}`, batch {r['batch_size']}, alpha "
+             f"{r['alpha']}, {r['threads']} CPU threads, median of {r['repeats']} rounds; "
              f"load average (1 min) {r['loadavg_1min']['min']}-{r['loadavg_1min']['max']}.",
              "", "| decoding | sentences/s | BLEU | chrF |", "| --- | ---: | ---: | ---: |"]
     for name, row in r["rows"].items():
-        lines.append(f"| {name} | {row['sentences_per_s']:.1f} | {row['bleu']:.2f} | {row['chrf']:.2f} |")
+        lines.append(f"| {name} | {row['sentences_per_s']:.1f} | {row['bleu']:.2f} | "
+                     f"{row['chrf']:.2f} |")
     lines += ["", f"Cache speed-up: beam 5 {r['speedup_cache_beam5']:.1f}x, "
               f"greedy {r['speedup_cache_greedy']:.1f}x; beam 5 minus greedy BLEU: "
               f"{r['bleu_beam5_minus_greedy']:+.2f} ({r['bleu_signature']})."]
@@ -108,7 +110,8 @@ def markdown(r: dict) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path, required=True)
     p.add_argument("--src", type=Path, required=True)
     p.add_argument("--ref", type=Path, required=True)
@@ -116,7 +119,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--limit", type=int, default=0, help="only the first N sentences (0: all)")
-    p.add_argument("--check-batch1", action="store_true", help="also compare beam 5 in batches of 1")
+    p.add_argument("--check-batch1", action="store_true",
+                   help="also compare beam 5 in batches of 1")
     p.add_argument("--out-json", type=Path)
     p.add_argument("--out-md", type=Path)
     args = p.parse_args()

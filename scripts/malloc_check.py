@@ -4,7 +4,8 @@ Runs the same 25 bf16 training steps on the first Multi30k batches in fresh proc
 glibc's default allocator settings (ATTN_MT_MALLOC=system) with attn-mt's, and prints tokens/s and
 page faults per step of each round, then the medians:
 
-    python scripts/malloc_check.py --config configs/multi30k.yaml --set data.dir=/path/to/multi30k --rounds 2
+    python scripts/malloc_check.py --config configs/multi30k.yaml --set data.dir=/path/to/multi30k
+    --rounds 2
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def child(args) -> None:
     precision = pick_precision(tc.precision, device)
     corpus = load_corpus(cfg, cfg.model.max_positions)
     torch.manual_seed(tc.seed)
-    trainer = Trainer(build_model(cfg.model, **corpus.tok.sizes()).train(), cfg, corpus, device, precision)
+    trainer = Trainer(build_model(cfg.model, **corpus.tok.sizes()).train(), cfg, corpus, device,
+                      precision)
     seconds, tokens = 0.0, 0
     for i in range(args.warmup + args.steps):
         if i == args.warmup:
@@ -52,8 +54,9 @@ def child(args) -> None:
         if i >= args.warmup:
             seconds, tokens = seconds + time.perf_counter() - t0, tokens + step.n_tokens
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-    print(json.dumps({"heap_reuse": applied, "precision": precision, "threads": torch.get_num_threads(),
-                      "tokens_per_s": tokens / seconds, "faults_per_step": faults / args.steps}))
+    print(json.dumps({"heap_reuse": applied, "precision": precision,
+                      "threads": torch.get_num_threads(), "tokens_per_s": tokens / seconds,
+                      "faults_per_step": faults / args.steps}))
 
 
 def main() -> None:
@@ -83,7 +86,8 @@ def main() -> None:
               f"{row['faults_per_step']:9.0f} page faults/step", flush=True)
 
     # the two settings take turns in fresh processes, so background load hits both alike
-    alternate({name: timed(functools.partial(one_round, name)) for name in results}, args.rounds, after=show)
+    alternate({name: timed(functools.partial(one_round, name)) for name in results}, args.rounds,
+              after=show)
     med = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in results.items()}
     print(f"median tokens/s: system {med['system']:.0f}, attn-mt {med['attn-mt']:.0f} "
           f"({med['attn-mt'] / med['system']:.2f}x); load average {os.getloadavg()[0]:.2f}")

@@ -23,34 +23,39 @@ if TYPE_CHECKING:
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# Tiny test models are many small ops: one thread is as fast on a quiet machine and ~10x faster
-# than two when the 2 cores are shared (measured 2.7 s vs 36 s for the decoding tests' model).
-# The commands tests start get one thread too (torch reads OMP_NUM_THREADS when it loads): two pytest
+# Tiny test models are many small ops: one thread is as fast on a quiet machine and ~10x faster than
+# two when the 2 cores are shared (measured 2.7 s vs 36 s for the decoding tests' model). The
+# commands tests start get one thread too (torch reads OMP_NUM_THREADS when it loads): two pytest
 # workers each running a 2-thread command is 4 threads on 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(items):
-    """Files with slow tests first (the most first), then the others (the largest first). pytest-xdist hands
-    out whole files in this order (the Makefile's --dist loadfile --no-loadscope-reorder), so the long files
-    start early and the short ones fill the end: by number of tests alone, a 30-second one-test file ran
-    last on one worker while the other stood idle."""
+    """Files with slow tests first (the most first), then the others (the largest first).
+    pytest-xdist hands out whole files in this order (the Makefile's --dist loadfile
+    --no-loadscope-reorder), so the long files start early and the short ones fill the end: by
+    number of tests alone, a 30-second one-test file ran last on one worker while the other stood
+    idle."""
     def file(item) -> str:
         return item.nodeid.split("::")[0]
 
-    size, slow = Counter(map(file, items)), Counter(file(i) for i in items if i.get_closest_marker("slow"))
-    items.sort(key=lambda item: (-slow[file(item)], -size[file(item)], file(item)))  # stable within a file
+    size, slow = Counter(map(file, items)), Counter(file(i) for i in items
+                                                    if i.get_closest_marker("slow"))
+    # stable within a file
+    items.sort(key=lambda item: (-slow[file(item)], -size[file(item)], file(item)))
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread():
-    # a fixture, not an import here: pytest-xdist's controller loads this file too, and needs no torch (2 s)
+    # a fixture, not an import here: pytest-xdist's controller loads this file too, and needs no
+    # torch (2 s)
     import torch
 
     torch.set_num_threads(1)
 
 
-MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
+MULTI30K = Path(os.environ.get("MULTI30K_DIR", Path(__file__).resolve().parents[2]
+                               / "shared/data/multi30k"))
 
 TINY = [
     "data.source=toy", "data.src_lang=en", "data.tgt_lang=de", "data.toy_size=300",
@@ -64,7 +69,8 @@ SHORT = ("train.max_epochs=1", "train.bleu_sentences=5")  # one epoch and a quic
 
 @pytest.fixture(scope="session", autouse=True)
 def data_cache(tmp_path_factory):
-    """Tests keep the data cache (attn_mt/data/cache.py) in a temporary directory, not ~/.cache/attn_mt."""
+    """Tests keep the data cache (attn_mt/data/cache.py) in a temporary directory, not
+    ~/.cache/attn_mt."""
     before = os.environ.get("ATTN_MT_CACHE")
     os.environ["ATTN_MT_CACHE"] = str(tmp_path_factory.mktemp("data_cache"))
     yield
@@ -96,8 +102,8 @@ def tiny_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_ct2(tiny_run, tmp_path_factory) -> Path:
-    """tiny_run's best checkpoint exported for CTranslate2, once per session (tests read it; one that damages an
-    export damages a copy); skipped where ctranslate2 is not installed."""
+    """tiny_run's best checkpoint exported for CTranslate2, once per session (tests read it; one
+    that damages an export damages a copy); skipped where ctranslate2 is not installed."""
     pytest.importorskip("ctranslate2")
     from attn_mt.export.ctranslate2 import export_ct2
 
@@ -115,8 +121,8 @@ def multi30k() -> Path:
 
 
 def cli(*args, input: str | bytes | None = None, quiet: bool = True):
-    """Run the CLI in this process (no 2-second start), with --quiet first unless `quiet` is False: click's
-    Result, stderr only the error line."""
+    """Run the CLI in this process (no 2-second start), with --quiet first unless `quiet` is False:
+    click's Result, stderr only the error line."""
     import logging
 
     from typer.testing import CliRunner
@@ -125,7 +131,8 @@ def cli(*args, input: str | bytes | None = None, quiet: bool = True):
 
     handlers = logging.getLogger().handlers[:]
     try:
-        return CliRunner().invoke(app, [*(["--quiet"] if quiet else []), *map(str, args)], input=input)
+        return CliRunner().invoke(app, [*(["--quiet"] if quiet else []), *map(str, args)],
+                                  input=input)
     finally:
         logging.getLogger().handlers[:] = handlers  # the CLI pointed logging at the runner's stream
 
@@ -169,7 +176,8 @@ class Evil:
 
 def random_checkpoint(tiny_cfg, tiny_run: Path, path: Path, *overrides: str):
     """(model, tokenizer) of an untrained 2-layer model with noisy weights (every LayerNorm and bias
-    matters), saved as a checkpoint at `path`: what the exporters' equality tests compare against."""
+    matters), saved as a checkpoint at `path`: what the exporters' equality tests compare
+    against."""
     import torch
 
     from attn_mt import checkpoint
@@ -186,7 +194,8 @@ def random_checkpoint(tiny_cfg, tiny_run: Path, path: Path, *overrides: str):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    checkpoint.save({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tok.state()}, path)
+    checkpoint.save({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tok.state()},
+                    path)
     return model.eval(), tok
 
 
@@ -216,8 +225,8 @@ def toy_test_files(tmp_path: Path, n: int = 12) -> tuple[Path, Path]:
 
 def cfg_for(files: Path, tmp_path: Path, *extra: str):
     """The tiny config reading `files` (from toy_files), with its data cache in tmp_path/cache."""
-    return load_config(None, [*TINY, "data.source=files", f"data.dir={files}", f"data.cache_dir={tmp_path / 'cache'}",
-                              *extra])
+    return load_config(None, [*TINY, "data.source=files", f"data.dir={files}",
+                              f"data.cache_dir={tmp_path / 'cache'}", *extra])
 
 
 # ---- a toy reverser: a real Transformer on a tiny search space (decoding and GPU tests) ----
@@ -237,7 +246,8 @@ def sources(n: int, seed: int, vocab: int = V) -> list[list[int]]:
 @functools.cache  # one training per session, shared by the decoding tests
 def train_reverser(vocab: int = V, steps: int = 100, **layers) -> torch.nn.Module:
     """A small Transformer half-trained to reverse its input: confident enough to end with eos,
-    unsure enough that beam search and greedy often disagree. `layers`: TransformerConfig options."""
+    unsure enough that beam search and greedy often disagree. `layers`: TransformerConfig
+    options."""
     import torch
     import torch.nn.functional as F
 
@@ -246,14 +256,17 @@ def train_reverser(vocab: int = V, steps: int = 100, **layers) -> torch.nn.Modul
     from attn_mt.models import build_model
 
     torch.manual_seed(0)
-    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_positions=64, **layers)
+    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0,
+                            max_positions=64, **layers)
     model = build_model(cfg, src_vocab=vocab, tgt_vocab=vocab, pad_id=PAD, shared_vocab=True)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for step in range(steps):
         xs = [s[:-1] for s in sources(32, 1000 + step, vocab)]
         src = pad([x + [EOS] for x in xs], PAD)
-        tgt_in, tgt_out = pad([[BOS] + x[::-1] for x in xs], PAD), pad([x[::-1] + [EOS] for x in xs], PAD)
-        loss = F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten(), ignore_index=PAD)
+        tgt_in, tgt_out = pad([[BOS] + x[::-1]
+                               for x in xs], PAD), pad([x[::-1] + [EOS] for x in xs], PAD)
+        loss = F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten(),
+                               ignore_index=PAD)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -273,8 +286,9 @@ def batch(srcs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 # ---- waiting for another thread or process ----
 
 def wait_until(pred, timeout: float = 30.0, interval: float = 0.01, what: str = "the condition"):
-    """Poll `pred()` until it is truthy and return its value; fail after `timeout` seconds. The deadline is
-    generous (a loaded machine), the interval short (a quiet one does not wait): `wait_until(lambda: x.done)`."""
+    """Poll `pred()` until it is truthy and return its value; fail after `timeout` seconds. The
+    deadline is generous (a loaded machine), the interval short (a quiet one does not wait):
+    `wait_until(lambda: x.done)`."""
     deadline = time.monotonic() + timeout
     while not (value := pred()):
         assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
@@ -283,15 +297,17 @@ def wait_until(pred, timeout: float = 30.0, interval: float = 0.01, what: str = 
 
 
 def ctrl_c_able() -> None:
-    """A subprocess's `preexec_fn` for tests that Ctrl-C it: SIGINT as a terminal gives it (a runner started
-    in the background, e.g. `nohup make test &`, passes SIGINT on ignored, and a child keeps ignoring it)."""
+    """A subprocess's `preexec_fn` for tests that Ctrl-C it: SIGINT as a terminal gives it (a runner
+    started in the background, e.g. `nohup make test &`, passes SIGINT on ignored, and a child keeps
+    ignoring it)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 # ---- the serve app in-process (tests/serve) ----
 
 LOCAL = "http://localhost"  # the Host the server allows (TestClient sends "testserver" by default)
-SERVE_LIMITS = {"max_texts": 4, "max_chars": 200, "max_attention_chars": 100, "max_beam": 6}  # of `client`
+# of `client`
+SERVE_LIMITS = {"max_texts": 4, "max_chars": 200, "max_attention_chars": 100, "max_beam": 6}
 
 
 @pytest.fixture(scope="module")
@@ -302,7 +318,8 @@ def ckpt(tiny_run) -> Path:
 
 @pytest.fixture(scope="module")
 def client(ckpt):
-    """The serve app on `ckpt` with SERVE_LIMITS, through fastapi's TestClient (skipped without the serve extra)."""
+    """The serve app on `ckpt` with SERVE_LIMITS, through fastapi's TestClient (skipped without the
+    serve extra)."""
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
@@ -323,7 +340,8 @@ def serving(app, header_timeout_s: float = 10.0):
 
     sock = listen("127.0.0.1", 0)
     server = app.state.server = make_server(app, header_timeout_s)
-    thread = app.state.thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread = app.state.thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                                                 daemon=True)
     thread.start()
     wait_until(lambda: server.started or not thread.is_alive(), what="the server to start")
     try:
@@ -336,14 +354,16 @@ def serving(app, header_timeout_s: float = 10.0):
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage"]
 
 
 @contextmanager
 def chromium(*flags: str):
-    """Debian's headless Chromium through chromedriver (selenium), its console log kept, with `flags` too (a window
-    size, a dead proxy: no network); the test skips where either is missing."""
+    """Debian's headless Chromium through chromedriver (selenium), its console log kept, with
+    `flags` too (a window size, a dead proxy: no network); the test skips where either is
+    missing."""
     webdriver = pytest.importorskip("selenium.webdriver")
     if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
         pytest.skip("no Chromium and chromedriver")

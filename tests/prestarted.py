@@ -1,12 +1,14 @@
-"""A pre-started `attn-mt` for tests that run many commands (README's examples): one process imports torch and
-attn-mt once, and forks a child per command; the command's `attn-mt` on PATH is a small client that hands
-the child its arguments, folder, environment and standard streams, forwards SIGINT/SIGTERM/SIGHUP to it
-and exits with its status. A command then starts in milliseconds, not the 2-3 s of importing torch (and,
-for training, torch._dynamo, which the optimizers import). `python/python SCRIPT ARGS` runs a script so.
+"""A pre-started `attn-mt` for tests that run many commands (README's examples): one process imports
+torch and attn-mt once, and forks a child per command; the command's `attn-mt` on PATH is a small
+client that hands the child its arguments, folder, environment and standard streams, forwards
+SIGINT/SIGTERM/SIGHUP to it and exits with its status. A command then starts in milliseconds, not
+the 2-3 s of importing torch (and, for training, torch._dynamo, which the optimizers import).
+`python/python SCRIPT ARGS` runs a script so.
 
-The child runs what the installed `attn-mt` runs (`attn_mt.cli:app`, as `python -m attn_mt` does), or the
-script as `__main__`, in a fresh fork of a process that ran no torch operation: no thread pools were
-started before the fork. Where the server is gone, the client runs the real command instead.
+The child runs what the installed `attn-mt` runs (`attn_mt.cli:app`, as `python -m attn_mt` does),
+or the script as `__main__`, in a fresh fork of a process that ran no torch operation: no thread
+pools were started before the fork. Where the server is gone, the client runs the real command
+instead.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-# imported once, before any fork: what the documented commands need (optional extras where installed)
+# imported once, before any fork: what the documented commands need (optional extras where
+# installed)
 PRELOAD = ("torch", "torch._dynamo", "attn_mt.cli", "attn_mt.api.commands", "attn_mt.api.terminal",
-           "attn_mt.training.run", "attn_mt.data.build", "attn_mt.decoding.translator", "attn_mt.measure.bench",
-           "attn_mt.measure.compare", "sacrebleu", "sentencepiece", "datasets", "ctranslate2", "transformers",
-           "fastapi", "uvicorn", "matplotlib.pyplot")
+           "attn_mt.training.run", "attn_mt.data.build", "attn_mt.decoding.translator",
+           "attn_mt.measure.bench", "attn_mt.measure.compare", "sacrebleu", "sentencepiece",
+           "datasets", "ctranslate2", "transformers", "fastapi", "uvicorn", "matplotlib.pyplot")
 
 CLIENT = '''#!{python}
 """{name} through the pre-started server at {socket} (tests/prestarted.py)."""
@@ -38,7 +41,8 @@ try:
     s.connect({socket!r})
 except OSError:  # the server is gone: the real command
     os.execv({real!r}, [{real!r}, *sys.argv[1:]])
-msg = json.dumps({{"program": {name!r}, "argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+msg = json.dumps({{"program": {name!r}, "argv": sys.argv[1:], "cwd": os.getcwd(),
+                  "env": dict(os.environ)}}).encode()
 socket.send_fds(s, [struct.pack("!I", len(msg))], [0, 1, 2])
 s.sendall(msg)
 answers = s.makefile("rb")
@@ -59,7 +63,8 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
 
 
 def _run(conn: socket.socket, request: dict, fds: list[int]) -> None:
-    """In the child: become the command (streams, folder, environment, argv), run it, report, exit."""
+    """In the child: become the command (streams, folder, environment, argv), run it, report,
+    exit."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the command may wait for its own children
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -73,7 +78,8 @@ def _run(conn: socket.socket, request: dict, fds: list[int]) -> None:
     status = 0
     try:
         if script:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # as `python SCRIPT` has it
+            # as `python SCRIPT` has it
+            sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
             runpy.run_path(sys.argv[0], run_name="__main__")
         else:
             from attn_mt.cli import app
@@ -126,19 +132,21 @@ def serve(path: str) -> None:
 
 @contextmanager
 def prestarted(folder: Path):
-    """A folder with the client as `attn-mt` (put it first on PATH), and as `python/python`, while the server
-    runs."""
+    """A folder with the client as `attn-mt` (put it first on PATH), and as `python/python`, while
+    the server runs."""
     folder.mkdir(parents=True, exist_ok=True)
     path = str(folder / "attn-mt.sock")
     attn_mt = str(Path(sys.executable).parent / "attn-mt")
-    proc = subprocess.Popen([sys.executable, __file__, path], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, __file__, path], stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
     try:
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError("the pre-started attn-mt did not start")
         (folder / "python").mkdir(exist_ok=True)
-        for client, real in ((folder / "attn-mt", attn_mt), (folder / "python" / "python", sys.executable)):
-            client.write_text(CLIENT.format(python=sys.executable, socket=path, real=real, name=client.name),
+        for client, real in ((folder / "attn-mt", attn_mt),
+                             (folder / "python" / "python", sys.executable)):
+            client.write_text(CLIENT.format(python=sys.executable, socket=path, real=real,
+                                            name=client.name),
                               encoding="utf-8")
             client.chmod(0o755)
         yield folder

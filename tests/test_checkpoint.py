@@ -1,4 +1,5 @@
-"""Checkpoints: round trip, atomic saves, formats 1 and 2 (optimizer state by name), crafted files refused."""
+"""Checkpoints: round trip, atomic saves, formats 1 and 2 (optimizer state by name), crafted files
+refused."""
 
 import itertools
 import json
@@ -42,7 +43,8 @@ def test_atomic_save_replaces_and_leaves_no_temp(tmp_path):
 def test_bad_checkpoints_raise_one_line_errors(tmp_path, tiny_run):
     for name, make in {
         "missing.pt": lambda p: None,
-        "truncated.pt": lambda p: p.write_bytes((tiny_run / "checkpoint_best.pt").read_bytes()[:5000]),
+        "truncated.pt": lambda p: p.write_bytes(
+            (tiny_run / "checkpoint_best.pt").read_bytes()[:5000]),
         "garbage.pt": lambda p: p.write_bytes(b"not a checkpoint"),
     }.items():
         path = tmp_path / name
@@ -78,7 +80,8 @@ def test_a_newer_config_key_is_named_with_the_version_that_wrote_it(tiny_run, tm
     with pytest.raises(CheckpointError) as e:
         load_model(tmp_path / "newer.pt")
     assert "\n" not in str(e.value)
-    assert all(t in str(e.value) for t in ("model.sparse_heads", "attn-mt 9.0.0", attn_mt.__version__))
+    assert all(t in str(e.value) for t in ("model.sparse_heads", "attn-mt 9.0.0",
+                                           attn_mt.__version__))
     del state["config"]["model"]["sparse_heads"]
     state["config"]["decode"]["typical_p"] = 0.9
     torch.save(state, tmp_path / "decode.pt")
@@ -101,7 +104,8 @@ def test_checkpoints_are_plain_data_and_crafted_ones_are_refused(tiny_run, tmp_p
 
     for name in ("checkpoint_last.pt", "checkpoint_best.pt"):
         walk(torch.load(tiny_run / name, weights_only=True))
-    torch.save({"model": Evil(tmp_path / "PWNED"), "config": {}, "format_version": 1}, tmp_path / "evil.pt")
+    torch.save({"model": Evil(tmp_path / "PWNED"), "config": {}, "format_version": 1},
+               tmp_path / "evil.pt")
     with pytest.raises(checkpoint.CheckpointError, match="refused"):
         checkpoint.load(tmp_path / "evil.pt")
     assert not (tmp_path / "PWNED").exists()
@@ -111,7 +115,8 @@ def _pre_redesign_order(names):
     """Registration order before the attention redesign: an attention module's input projections
     (qkv_proj, or q_proj and kv_proj) before its out_proj."""
     out = []
-    for prefix, block in itertools.groupby(names, key=lambda n: n.rsplit(".", 2)[0] if "_attn." in n else None):
+    for prefix, block in itertools.groupby(names, key=lambda n: n.rsplit(".", 2)[0] if "_attn." in n
+                                           else None):
         block = list(block)
         out += sorted(block, key=lambda n: ".out_proj." in n) if prefix else block
     return out
@@ -119,18 +124,22 @@ def _pre_redesign_order(names):
 
 def format_1(path) -> dict:
     """The checkpoint at `path` as a run written before the redesign saved it: weights in the old
-    registration order, optimizer moments by position in that order, no parameter names, format 1."""
+    registration order, optimizer moments by position in that order, no parameter names, format
+    1."""
     state = load(path)
     model = {k: state["model"][k] for k in _pre_redesign_order(list(state["model"]))}
     old = {**state, "model": model, "format_version": 1}
     if "optimizer" in state:
         (group,) = state["optimizer"]["param_groups"]
-        now = [n for n, _ in load_model(path)[0].named_parameters()]  # the order the run saved them in
+        # the order the run saved them in
+        now = [n for n, _ in load_model(path)[0].named_parameters()]
         ids = dict(zip(now, group["params"], strict=True))
         names = _pre_redesign_order(now)
         assert names != now  # the orders do differ
-        old["optimizer"] = {"state": {j: state["optimizer"]["state"][ids[n]] for j, n in enumerate(names)},
-                            "param_groups": [{**{k: v for k, v in group.items() if k != "param_names"},
+        old["optimizer"] = {"state": {j: state["optimizer"]["state"][ids[n]] for j,
+                                      n in enumerate(names)},
+                            "param_groups": [{**{k: v for k, v in group.items()
+                                                 if k != "param_names"},
                                               "params": list(range(len(names)))}]}
     return old
 
@@ -143,8 +152,10 @@ def test_format_1_checkpoints_translate_and_evaluate(tiny_run, tmp_path):
     (tmp_path / "ref.txt").write_text("der Hund sieht eine Katze.\nein Mann geht.\n")
     for command in (["translate", "--beam", "2"], ["evaluate", "--src", tmp_path / "src.txt",
                                                    "--ref", tmp_path / "ref.txt"]):
-        ours, old = (cli(*command, "--checkpoint", path, input=src) for path in (new, tmp_path / "old.pt"))
-        assert old.exit_code == 0 and old.stdout == ours.stdout and old.stdout.count("\n") >= 2, old.output
+        ours, old = (cli(*command, "--checkpoint", path, input=src)
+                     for path in (new, tmp_path / "old.pt"))
+        assert (old.exit_code == 0 and old.stdout == ours.stdout
+                and old.stdout.count("\n") >= 2), old.output
 
 
 def test_resuming_a_format_1_run_restores_the_moments_by_name(tiny_run, tiny_cfg, tmp_path):
@@ -155,32 +166,41 @@ def test_resuming_a_format_1_run_restores_the_moments_by_name(tiny_run, tiny_cfg
     torch.save(format_1(tiny_run / "checkpoint_last.pt"), runs["old"] / "checkpoint_last.pt")
     for run_dir in runs.values():
         train(cfg, run_dir, resume=True)  # before format 2: a size mismatch inside Adam
-    records = [[{k: v for k, v in json.loads(line).items() if k not in ("tokens_per_s", "elapsed_s")}
+    records = [[{k: v for k, v in json.loads(line).items()
+                 if k not in ("tokens_per_s", "elapsed_s")}
                 for line in (r / "metrics.jsonl").read_text().splitlines()] for r in runs.values()]
-    assert records[0] == records[1] and len(records[0]) == 3  # the same losses and BLEU, step for step
-    assert checkpoint.load(runs["old"] / "checkpoint_last.pt")["format_version"] == checkpoint.FORMAT_VERSION
+    # the same losses and BLEU, step for step
+    assert records[0] == records[1] and len(records[0]) == 3
+    assert (checkpoint.load(runs["old"] / "checkpoint_last.pt")["format_version"]
+            == checkpoint.FORMAT_VERSION)
 
 
-def test_optimizer_state_that_fits_no_parameter_is_refused_in_one_line(tiny_run, tiny_cfg, tmp_path):
+def test_optimizer_state_that_fits_no_parameter_is_refused_in_one_line(tiny_run, tiny_cfg,
+                                                                       tmp_path):
     state = load(tiny_run / "checkpoint_last.pt")
     group = state["optimizer"]["param_groups"][0]
     group["param_names"] = [n.replace("qkv_proj", "qkv") for n in group["param_names"]]
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     save(state, run_dir / "checkpoint_last.pt")
-    with pytest.raises(TrainError, match=r"checkpoint format 2\): .*names the model does not have: .*\.qkv\."):
+    with pytest.raises(TrainError, match=r"checkpoint format 2\): .*names the model does not have: "
+                       r".*\.qkv\."):
         train(tiny_cfg("train.max_epochs=3"), run_dir, resume=True)
     torch.save({**state, "format_version": 3}, run_dir / "checkpoint_last.pt")
-    with pytest.raises(CheckpointError, match="written by checkpoint format 3, this attn-mt reads formats 1, 2"):
+    with pytest.raises(CheckpointError, match="written by checkpoint format 3, this attn-mt reads "
+                       "formats 1, 2"):
         train(tiny_cfg("train.max_epochs=3"), run_dir, resume=True)
 
 
 def test_resume_from_weights_only_says_so(tiny_run, tmp_path):
     run_dir = shutil.copytree(tiny_run, tmp_path / "run")
     config = write_config(tmp_path / "c.yaml", "train.max_epochs=3")
-    assert cli("average", tiny_run / "checkpoint_best.pt", "--out", tmp_path / "avg.pt").exit_code == 0
-    shutil.copy(tmp_path / "avg.pt", run_dir / "checkpoint_last.pt")  # `average` refuses to write it there itself
+    assert (cli("average", tiny_run / "checkpoint_best.pt", "--out", tmp_path / "avg.pt").exit_code
+            == 0)
+    # `average` refuses to write it there itself
+    shutil.copy(tmp_path / "avg.pt", run_dir / "checkpoint_last.pt")
     one_line_error(cli("train", "-c", config, "--out", run_dir, "--resume"), 1,
-                   f"--resume: {run_dir / 'checkpoint_last.pt'}: holds weights only", "attn-mt average")
+                   f"--resume: {run_dir / 'checkpoint_last.pt'}: holds weights only",
+                   "attn-mt average")
 
 
 def _crafted(tiny_run, tmp_path, name, **changes):
@@ -206,33 +226,43 @@ def test_crafted_checkpoints_fail_in_one_line_naming_the_file(tiny_run, tmp_path
                                  "not a SentencePiece model"),
         "string-tokenizer.pt": ({"tokenizer": "spm"}, "tokenizer is a str"),
         "list-model.pt": ({"model": [1, 2]}, "weights are a list"),
-        "missing-key.pt": ({"model": {k: v for k, v in weights.items() if k != key}}, f"missing: {key}"),
-        "extra-key.pt": ({"model": {**weights, "extra.weight": torch.ones(1)}}, "unexpected: extra.weight"),
-        "reshaped.pt": ({"model": {**weights, key: torch.ones(2, 2)}}, f"shapes differ: {key} (2, 2)"),
+        "missing-key.pt": ({"model": {k: v for k, v in weights.items() if k != key}},
+                           f"missing: {key}"),
+        "extra-key.pt": ({"model": {**weights, "extra.weight": torch.ones(1)}},
+                         "unexpected: extra.weight"),
+        "reshaped.pt": ({"model": {**weights, key: torch.ones(2, 2)}},
+                        f"shapes differ: {key} (2, 2)"),
         "nan.pt": ({"model": {**weights, key: weights[key] * float("nan")}}, f"not finite ({key}"),
-        "banned.pt": ({"config": {**config, "model": {**config["model"], "kind": "marian", "positions": "halves",
+        "banned.pt": ({"config": {**config, "model": {**config["model"], "kind": "marian",
+                                                      "positions": "halves",
                                                       "banned_ids": [10**9]}}},
-                      "model.banned_ids holds 1000000000, outside the target vocabulary"),  # was an IndexError
+                      # was an IndexError
+                      "model.banned_ids holds 1000000000, outside the target vocabulary"),
     }
     for name, (changes, message) in cases.items():
         path = _crafted(tiny_run, tmp_path, name, **changes)
-        one_line_error(cli("translate", "--checkpoint", path, "hello"), 1, f"error: {path}: ", message)
+        one_line_error(cli("translate", "--checkpoint", path, "hello"), 1, f"error: {path}: ",
+                       message)
 
 
 def test_a_weight_of_another_layout_device_or_dtype_is_refused_in_one_line(tiny_run, tmp_path):
-    """Sparse and meta weights ended in a traceback (`Tensor.item() cannot be called on meta tensors`);
-    complex, integer and float64 ones loaded silently. Weights are strided floats of the dtypes attn-mt saves."""
+    """Sparse and meta weights ended in a traceback (`Tensor.item() cannot be called on meta
+    tensors`); complex, integer and float64 ones loaded silently. Weights are strided floats of the
+    dtypes attn-mt saves."""
     weights = load(tiny_run / "checkpoint_best.pt")["model"]
     key = "src_embed.weight"
     w = weights[key]
-    cases = {"sparse": (w.to_sparse(), "the sparse_coo layout"), "meta": (w.to("meta"), "on the meta device"),
-             "complex": (w.to(torch.complex64), "torch.complex64"), "int64": (w.long(), "torch.int64"),
+    cases = {"sparse": (w.to_sparse(), "the sparse_coo layout"),
+             "meta": (w.to("meta"), "on the meta device"), "complex": (
+                 w.to(torch.complex64), "torch.complex64"), "int64": (w.long(), "torch.int64"),
              "float64": (w.double(), "torch.float64"), "bool": (w > 0, "torch.bool")}
     for name, (tensor, message) in cases.items():
         path = _crafted(tiny_run, tmp_path, f"{name}.pt", model={**weights, key: tensor})
-        one_line_error(cli("translate", "--checkpoint", path, "hello"), 1, f"error: {path}: ", f"'{key}' ", message)
+        one_line_error(cli("translate", "--checkpoint", path, "hello"), 1, f"error: {path}: ",
+                       f"'{key}' ", message)
     for dtype in (torch.bfloat16, torch.float16):  # what a bf16 or fp16 model saves loads
-        path = _crafted(tiny_run, tmp_path, f"{dtype}.pt", model={k: v.to(dtype) for k, v in weights.items()})
+        path = _crafted(tiny_run, tmp_path, f"{dtype}.pt",
+                        model={k: v.to(dtype) for k, v in weights.items()})
         assert load_model(path)[1].model.d_model == 32
 
 
@@ -240,21 +270,25 @@ def test_save_removes_only_temp_files_whose_writer_is_gone(tmp_path):
     path = tmp_path / "c.pt"
     host = files.HOST
     live = tmp_path / f".c.pt.{host}.{os.getppid()}.tmp"  # a process that is writing (our parent)
-    other_host = tmp_path / f".c.pt.elsewhere.{2**22 + 7}.tmp"  # another machine's writer on a shared disk
+    # another machine's writer on a shared disk
+    other_host = tmp_path / f".c.pt.elsewhere.{2**22 + 7}.tmp"
     dead = subprocess.Popen(["true"])
     dead.wait()
     gone = tmp_path / f".c.pt.{host}.{dead.pid}.tmp"
     for tmp in (live, other_host, gone):
         tmp.write_bytes(b"half a checkpoint")
     save({"model": {}, "config": {}}, path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["c.pt", live.name, other_host.name])
+    assert (sorted(p.name for p in tmp_path.iterdir())
+            == sorted(["c.pt", live.name, other_host.name]))
 
 
 def test_save_never_follows_a_link_planted_under_a_temp_name(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("mine")
-    (tmp_path / f".c.pt.{files.HOST}.{os.getpid()}.tmp").symlink_to(victim)  # the name save used to take
+    # the name save used to take
+    (tmp_path / f".c.pt.{files.HOST}.{os.getpid()}.tmp").symlink_to(victim)
     save({"model": {}, "config": {}, "step": 3}, tmp_path / "c.pt")
     assert victim.read_text() == "mine" and load(tmp_path / "c.pt")["step"] == 3
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".c.pt")) == [
-        f".c.pt.{files.HOST}.{os.getpid()}.tmp"]  # its own temp file is gone, the planted link left alone
+        # its own temp file is gone, the planted link left alone
+        f".c.pt.{files.HOST}.{os.getpid()}.tmp"]

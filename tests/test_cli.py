@@ -1,5 +1,6 @@
-"""The `attn-mt` command end to end: train, translate, evaluate on a tiny config; bad input of every kind
-(config, data, checkpoint, run directory) ends in one clear line on stderr, a non-zero status and no traceback."""
+"""The `attn-mt` command end to end: train, translate, evaluate on a tiny config; bad input of every
+kind (config, data, checkpoint, run directory) ends in one clear line on stderr, a non-zero status
+and no traceback."""
 
 import json
 import shutil
@@ -22,7 +23,8 @@ ATTN_MT = (str(_VENV_CMD) if _VENV_CMD.exists() else shutil.which("attn-mt")) or
 
 
 def run(*args, stdin=None):
-    return subprocess.run([ATTN_MT, *args], input=stdin, capture_output=True, text=True, timeout=600)
+    return subprocess.run([ATTN_MT, *args], input=stdin, capture_output=True, text=True,
+                          timeout=600)
 
 
 def test_help_lists_commands():
@@ -30,20 +32,23 @@ def test_help_lists_commands():
     assert out.returncode == 0
     for command in ("train", "translate", "evaluate", "download"):
         assert command in out.stdout
-    module = subprocess.run([sys.executable, "-m", "attn_mt", "--help"], capture_output=True, text=True)
+    module = subprocess.run([sys.executable, "-m", "attn_mt", "--help"], capture_output=True,
+                            text=True)
     assert module.returncode == 0 and "translate" in module.stdout
 
 
 @pytest.mark.slow
 def test_train_translate_evaluate(tmp_path):
-    """The installed command trains; the run's checkpoint translates and evaluates (in this process: their own
-    installed-command tests are test_stdin_lines_end_at_newline_only and the interactive prompt's)."""
+    """The installed command trains; the run's checkpoint translates and evaluates (in this process:
+    their own installed-command tests are test_stdin_lines_end_at_newline_only and the interactive
+    prompt's)."""
     cfg = write_config(tmp_path / "tiny.yaml")
     out = tmp_path / "run"
     result = run("train", "--config", str(cfg), "--out", str(out), "--set", "train.max_epochs=1")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("test BLEU") == 1 and "test BLEU" not in result.stderr  # one summary
-    assert (out / "test.en").read_text().count("\n") == (out / "test_hyps.txt").read_text().count("\n")
+    assert ((out / "test.en").read_text().count("\n")
+            == (out / "test_hyps.txt").read_text().count("\n"))
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert saved["train"]["max_epochs"] == 1 and saved["model"]["d_model"] == 32
     ckpt = out / "checkpoint_best.pt"
@@ -63,37 +68,46 @@ def test_train_translate_evaluate(tmp_path):
     result = cli("evaluate", "--checkpoint", ckpt, "--src", src, "--ref", ref, "--json")
     assert result.exit_code == 0, result.output
     scores = json.loads(result.stdout)
-    refs = ref.read_text().splitlines()  # evaluate scores what translate writes, against the references
+    # evaluate scores what translate writes, against the references
+    refs = ref.read_text().splitlines()
     assert scores["bleu"] == round(BLEU().corpus_score(hyps, [refs]).score, 2)
     assert scores["chrf"] == round(CHRF().corpus_score(hyps, [refs]).score, 2)
     assert scores["bleu_signature"].startswith("nrefs:1")
 
 
 def test_config_error_exit_code_and_one_line(tmp_path):
-    one_line_error(cli("train", "--config", write_config(tmp_path / "tiny.yaml"), "--set", "model.n_heads=3"), 2,
+    one_line_error(cli("train", "--config", write_config(tmp_path / "tiny.yaml"), "--set",
+                       "model.n_heads=3"), 2,
                    "config error: ", "n_heads=3")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("quiet", [True, False])
 def test_download_offline_fails_fast_with_each_line_once(tmp_path, quiet):
-    proxy = ["https_proxy=http://127.0.0.1:9", "HTTPS_PROXY=http://127.0.0.1:9"]  # nothing answers there
-    env_cmd = ["env", "HF_HUB_OFFLINE=0", "HF_DATASETS_OFFLINE=0", *proxy, ATTN_MT, *(["--quiet"] if quiet else []),
-               "download", "multi30k", "--out", str(tmp_path / "m30k")]
+    # nothing answers there
+    proxy = ["https_proxy=http://127.0.0.1:9", "HTTPS_PROXY=http://127.0.0.1:9"]
+    env_cmd = ["env", "HF_HUB_OFFLINE=0", "HF_DATASETS_OFFLINE=0", *proxy, ATTN_MT,
+               *(["--quiet"] if quiet else []), "download", "multi30k", "--out",
+               str(tmp_path / "m30k")]
     result = subprocess.run(env_cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
-    assert lines[-1].startswith("error: cannot download multi30k") and len(lines) == (1 if quiet else 3), lines
+    assert (lines[-1].startswith("error: cannot download multi30k")
+            and len(lines) == (1 if quiet else 3)), lines
     assert len(set(lines)) == len(lines) and not any("Retry" in line for line in lines)
     assert not (tmp_path / "m30k").exists()  # no empty folder left behind
 
 
 def test_nbest_without_beam_names_the_flags(tiny_run):
-    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "--nbest", "3", "a dog.")
+    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "--nbest", "3",
+                 "a dog.")
     assert result.exit_code == 2
-    assert "--nbest" in result.output and "--beam 3" in result.output and "decode.nbest" not in result.output
-    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "--beam", "0", "a dog.")
-    assert result.exit_code == 2 and "--beam 0" in result.output and "decode.beam_size" not in result.output
+    assert ("--nbest" in result.output and "--beam 3" in result.output
+            and "decode.nbest" not in result.output)
+    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "--beam", "0",
+                 "a dog.")
+    assert (result.exit_code == 2 and "--beam 0" in result.output
+            and "decode.beam_size" not in result.output)
 
 
 def test_global_options_after_the_command(tmp_path):
@@ -101,34 +115,41 @@ def test_global_options_after_the_command(tmp_path):
     result = cli("translate", "--checkpoint", missing, "a dog.", "--quiet", quiet=False)
     assert result.exit_code == 1 and result.stderr == f"error: {missing}: checkpoint not found\n"
     result = cli("translate", "--checkpoint", missing, "a dog.", "--debug", quiet=False)
-    assert type(result.exception).__name__ == "CheckpointError"  # --debug lets the exception through
+    # --debug lets the exception through
+    assert type(result.exception).__name__ == "CheckpointError"
 
 
 def test_attention_on_a_folder_says_what_it_needs(tmp_path):
-    one_line_error(cli("attention", "--checkpoint", tmp_path, "a dog.", "--out", tmp_path / "figs"), 1,
-                   "a folder (an export?)")
+    one_line_error(cli("attention", "--checkpoint", tmp_path, "a dog.", "--out", tmp_path / "figs"),
+                   1, "a folder (an export?)")
 
 
 def test_average_without_snapshots_hints_at_keep_last(tiny_run, tmp_path):
-    one_line_error(cli("average", tiny_run / "checkpoint_step*.pt", "--out", tmp_path / "avg.pt"), 1,
-                   "checkpoint not found", "train.keep_last")
+    one_line_error(cli("average", tiny_run / "checkpoint_step*.pt", "--out", tmp_path / "avg.pt"),
+                   1, "checkpoint not found", "train.keep_last")
 
 
-@pytest.mark.parametrize(("command", "offline"), [("compare-rnn", "--quick"), ("bench", "configs/toy.yaml")])
+@pytest.mark.parametrize(("command", "offline"), [("compare-rnn", "--quick"),
+                                                  ("bench", "configs/toy.yaml")])
 def test_missing_multi30k_says_how_to_get_it(command, offline, tmp_path):
-    config = Path(__file__).resolve().parents[1] / "configs" / ("compare.yaml" if command == "compare-rnn"
-                                                               else "multi30k.yaml")
+    config = (Path(__file__).resolve().parents[1] / "configs"
+              / ("compare.yaml" if command == "compare-rnn"
+                 else "multi30k.yaml"))
     out = tmp_path / "report"
     args = ["--out", out] if command == "compare-rnn" else []
-    one_line_error(cli(command, "--config", config, "--set", f"data.dir={tmp_path / 'none'}", *args), 1,
-                   "data file not found", "attn-mt download multi30k", "MULTI30K_DIR", "--set data.dir=", offline)
+    one_line_error(
+        cli(command, "--config", config, "--set", f"data.dir={tmp_path / 'none'}", *args), 1,
+                   "data file not found", "attn-mt download multi30k", "MULTI30K_DIR",
+        "--set data.dir=", offline)
     assert not out.exists()
 
 
 @pytest.mark.parametrize("model", ["transformer", "rnn"])
-def test_compare_rnn_refuses_an_out_whose_model_folder_holds_a_run(model, tmp_path, tiny_run, monkeypatch):
-    """compare-rnn writes OUT/transformer/attention_history.npz and OUT/rnn/...: over a run trained into
-    OUT/transformer that run's checkpoint then served another model's history. Refused before any work."""
+def test_compare_rnn_refuses_an_out_whose_model_folder_holds_a_run(
+        model, tmp_path, tiny_run, monkeypatch):
+    """compare-rnn writes OUT/transformer/attention_history.npz and OUT/rnn/...: over a run trained
+    into OUT/transformer that run's checkpoint then served another model's history. Refused before
+    any work."""
     import attn_mt.measure.compare
 
     monkeypatch.setattr(attn_mt.measure.compare, "compare_rnn", lambda *a: pytest.fail("compared"))
@@ -171,7 +192,8 @@ def _data(edit, *overrides: str):
     def setup(tmp, run):
         sets = write_corpus(tmp / "data")
         edit(tmp / "data")
-        return ["train", "-c", write_config(tmp / "c.yaml", *sets, *overrides), "--out", tmp / "run"]
+        return ["train", "-c", write_config(tmp / "c.yaml", *sets, *overrides), "--out",
+                tmp / "run"]
     return setup
 
 
@@ -216,29 +238,38 @@ CASES = {
     "wrong type": (_yaml("train:\n  max_epochs: two\n"), 2,
                    ["train.max_epochs='two': expected int, got str"]),
     "section not a mapping": (_yaml("train: 5\n"), 2, ["bad.yaml: train: expected a mapping"]),
-    "bad override": (lambda tmp, run: ["train", "-c", write_config(tmp / "c.yaml"), "--set", "train.lr=-1"],
+    "bad override": (lambda tmp, run: ["train", "-c", write_config(tmp / "c.yaml"), "--set",
+                                       "train.lr=-1"],
                      2, ["train.lr=-1.0: must be > 0"]),
     "python tag": (_yaml("train: !!python/object/apply:os.system ['touch {tmp}/PWNED']\n"), 2,
-                   ["bad.yaml: line 1, column 8: YAML syntax error", "python/object/apply:os.system"]),
-    "missing data file": (_data(lambda d: (d / "valid.de").unlink()), 1, ["valid.de: data file not found"]),
+                   ["bad.yaml: line 1, column 8: YAML syntax error",
+                    "python/object/apply:os.system"]),
+    "missing data file": (_data(lambda d: (d / "valid.de").unlink()), 1,
+                          ["valid.de: data file not found"]),
     "line counts differ": (_data(lambda d: (d / "train.de").open("a").write("one more\n")), 1,
                            ["line counts differ", "train.en has 20 lines", "train.de has 21"]),
-    "empty corpus": (_data(lambda d: [(d / f"train.{lang}").write_text("") for lang in ("en", "de")]), 1,
+    "empty corpus": (_data(lambda d: [(d / f"train.{lang}").write_text("")
+                                      for lang in ("en", "de")]), 1,
                      ["split 'train'", "has no non-empty pairs"]),
-    "blank valid split": (_data(lambda d: [(d / f"valid.{la}").write_text("\n \n\n") for la in ("en", "de")]),
+    "blank valid split": (_data(lambda d: [(d / f"valid.{la}").write_text("\n \n\n")
+                                           for la in ("en", "de")]),
                           1, ["split 'valid'", "has no non-empty pairs"]),
     "filtering empties the split": (_data(lambda d: None, "data.max_len=1"), 1,
                                     ["split 'train': no pair has at most 1 tokens"]),
-    "data not utf-8": (_data(lambda d: (d / "train.en").write_bytes(b"ok\nok\nbad \xff\n" + b"ok\n" * 17)),
-                       1, ["train.en:3: invalid UTF-8 (byte 0xff)"]),
+    "data not "
+    "utf-8": (_data(lambda d: (d / "train.en").write_bytes(b"ok\nok\nbad \xff\n" + b"ok\n" * 17)),
+              1, ["train.en:3: invalid UTF-8 (byte 0xff)"]),
     "resume without checkpoint": (_resume(None), 1, ["checkpoint_last.pt: checkpoint not found"]),
-    "truncated checkpoint": (_resume(lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])), 1,
-                             ["checkpoint_last.pt: not a readable checkpoint (truncated or corrupt"]),
+    "truncated "
+    "checkpoint": (_resume(lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])), 1,
+                   ["checkpoint_last.pt: not a readable checkpoint (truncated or "
+                    "corrupt"]),
     "checkpoint of another version": (_resume(lambda p: _with_version(p, 99)), 1,
                                       ["checkpoint_last.pt: written by checkpoint format 99"]),
     "resume another model": (_resume(lambda p: None, "model.d_model=64"), 1,
                              ["--resume: model.d_model is 64, the checkpoint was trained with 32"]),
-    "translate without checkpoint": (lambda tmp, run: ["translate", "--checkpoint", tmp / "nope.pt", "hi"], 1,
+    "translate without checkpoint": (lambda tmp, run: ["translate", "--checkpoint", tmp / "nope.pt",
+                                                       "hi"], 1,
                                      ["nope.pt: checkpoint not found"]),
     "crafted checkpoint": (_evil_checkpoint, 1,
                            ["evil.pt: refused: holds objects other than tensors"]),
@@ -270,8 +301,8 @@ def test_debug_shows_the_exception(tmp_path):
 @pytest.mark.parametrize("case", ["yaml syntax", "data not utf-8", "truncated checkpoint"])
 def test_installed_command_prints_no_traceback(case, tmp_path, tiny_run):
     setup, status, texts = CASES[case]
-    out = subprocess.run([ATTN_MT, "--quiet", *map(str, setup(tmp_path, tiny_run))], capture_output=True,
-                         text=True)
+    out = subprocess.run([ATTN_MT, "--quiet", *map(str, setup(tmp_path, tiny_run))],
+                         capture_output=True, text=True)
     assert out.returncode == status and "Traceback" not in out.stderr
     assert len(out.stderr.splitlines()) == 1 and all(t in out.stderr for t in texts)
     assert out.stderr.startswith(("error: ", "config error: "))
@@ -279,16 +310,19 @@ def test_installed_command_prints_no_traceback(case, tmp_path, tiny_run):
 
 @pytest.mark.slow
 def test_stdin_lines_end_at_newline_only(tiny_run):
-    out = subprocess.run([ATTN_MT, "--quiet", "translate", "--checkpoint", str(tiny_run / "checkpoint_best.pt"),
-                          "--device", "cpu"], input=b"the dog\rsees a cat.\r\nthe old man.\n", capture_output=True)
+    out = subprocess.run([ATTN_MT, "--quiet", "translate", "--checkpoint",
+                          str(tiny_run / "checkpoint_best.pt"), "--device", "cpu"],
+                         input=b"the dog\rsees a cat.\r\nthe old man.\n", capture_output=True)
     assert out.returncode == 0, out.stderr
     assert len(out.stdout.decode().splitlines()) == 2
 
 
 def _outputs_over_inputs(tmp: Path, run: Path) -> dict[str, tuple[list, Path, int, str]]:
-    """command -> (its arguments, the input its output names, exit status, what the line says): every command
-    that writes a file, each asked to write over one of its inputs (as itself, a hard link or a symlink)."""
-    ckpt, other, cfg, yaml_cfg = tmp / "m.pt", tmp / "o.pt", write_config(tmp / "c.json"), tmp / "c.yaml"
+    """command -> (its arguments, the input its output names, exit status, what the line says):
+    every command that writes a file, each asked to write over one of its inputs (as itself, a hard
+    link or a symlink)."""
+    ckpt, other, cfg, yaml_cfg = (tmp / "m.pt", tmp / "o.pt", write_config(tmp / "c.json"),
+                                  tmp / "c.yaml")
     shutil.copy(run / "checkpoint_best.pt", ckpt)
     shutil.copy(ckpt, other)
     shutil.copy(cfg, yaml_cfg)
@@ -299,40 +333,51 @@ def _outputs_over_inputs(tmp: Path, run: Path) -> dict[str, tuple[list, Path, in
     run_copy = tmp / "run"  # a run directory: resumes from checkpoint_last.pt
     copy_run(run, run_copy)
     last = run_copy / "checkpoint_last.pt"
-    same, text = "the same file as the input", ["--src", tmp / "src.json", "--ref", tmp / "ref.json"]
+    same, text = "the same file as the input", ["--src", tmp / "src.json", "--ref",
+                                                tmp / "ref.json"]
     return {
-        "bench --json config": (["bench", "-c", cfg, "--json", cfg], cfg, 2, f"--json {cfg}: {same}"),
-        "bench --json checkpoint": (["bench", "-c", yaml_cfg, "--checkpoint", ckpt, "--json", tmp / "m.json"],
+        "bench --json config": (["bench", "-c", cfg, "--json", cfg], cfg, 2,
+                                f"--json {cfg}: {same}"),
+        "bench --json checkpoint": (["bench", "-c", yaml_cfg, "--checkpoint", ckpt, "--json",
+                                     tmp / "m.json"],
                                     ckpt, 2, f"{same} {ckpt}"),
-        "average --out input": (["average", other, ckpt, "--out", ckpt], ckpt, 2, f"--out {ckpt}: {same}"),
+        "average --out input": (["average", other, ckpt, "--out", ckpt], ckpt, 2,
+                                f"--out {ckpt}: {same}"),
         "average --out symlink": (["average", other, tmp / "m.html", "--out", ckpt], ckpt, 2, same),
         "average --out run's last": (["average", other, ckpt, "--out", last], last, 2,
                                      f"--out {last}: a checkpoint name of the run in {run_copy}"),
-        "heads --json ref": (["heads", "--checkpoint", ckpt, *text, "--json", tmp / "ref.json"], tmp / "ref.json",
-                             2, f"--json {tmp / 'ref.json'}: {same}"),
-        "score --json src": (["score", "--checkpoint", ckpt, *text, "--json", tmp / "src.json"], tmp / "src.json",
-                             2, f"--json {tmp / 'src.json'}: {same}"),
-        "explain --json": (["explain", "--checkpoint", ckpt, "a dog .", "--json", tmp / "m.json"], ckpt, 2, same),
+        "heads --json ref": (["heads", "--checkpoint", ckpt, *text, "--json", tmp / "ref.json"],
+                             tmp / "ref.json", 2, f"--json {tmp / 'ref.json'}: {same}"),
+        "score --json src": (["score", "--checkpoint", ckpt, *text, "--json", tmp / "src.json"],
+                             tmp / "src.json", 2, f"--json {tmp / 'src.json'}: {same}"),
+        "explain --json": (["explain", "--checkpoint", ckpt, "a dog .", "--json", tmp / "m.json"],
+                           ckpt, 2, same),
         "attention --out": (["attention", "--checkpoint", ckpt, "a dog .", "--out", ckpt], ckpt, 2,
                             f"--out {ckpt}: {ckpt} is a file, not a folder"),
-        "attention --html": (["attention", "--checkpoint", ckpt, "a dog .", "--out", tmp / "figs", "--html",
-                              tmp / "m.html"], ckpt, 2, f"--html {tmp / 'm.html'}: {same}"),
-        "export --out": (["export", "--checkpoint", ckpt, "--out", ckpt], ckpt, 2, f"--out {ckpt}: {ckpt} is a file"),
+        "attention --html": (["attention", "--checkpoint", ckpt, "a dog .", "--out", tmp / "figs",
+                              "--html", tmp / "m.html"], ckpt, 2,
+                             f"--html {tmp / 'm.html'}: {same}"),
+        "export --out": (["export", "--checkpoint", ckpt, "--out", ckpt], ckpt, 2,
+                         f"--out {ckpt}: {ckpt} is a file"),
         "export --out its folder": (["export", "--checkpoint", ckpt, "--out", tmp], ckpt, 1,
-                                    f"{tmp}: holds {ckpt}, which this export reads; choose another --out"),
-        "compare-rnn --out": (["compare-rnn", "-c", yaml_cfg, "--out", yaml_cfg], yaml_cfg, 2, "is a file"),
-        "download --out": (["download", "--out", yaml_cfg], yaml_cfg, 2, f"--out {yaml_cfg}: {yaml_cfg} is a file"),
+                                    f"{tmp}: holds {ckpt}, which this export reads; choose another "
+                                    "--out"),
+        "compare-rnn --out": (["compare-rnn", "-c", yaml_cfg, "--out", yaml_cfg], yaml_cfg, 2,
+                              "is a file"),
+        "download --out": (["download", "--out", yaml_cfg], yaml_cfg, 2,
+                           f"--out {yaml_cfg}: {yaml_cfg} is a file"),
     }
 
 
-@pytest.mark.parametrize("case", ["bench --json config", "bench --json checkpoint", "average --out input",
-                                  "average --out symlink", "average --out run's last", "heads --json ref",
-                                  "score --json src", "explain --json", "attention --out", "attention --html",
+@pytest.mark.parametrize("case", ["bench --json config", "bench --json checkpoint",
+                                  "average --out input", "average --out symlink",
+                                  "average --out run's last", "heads --json ref", "score --json "
+                                  "src", "explain --json", "attention --out", "attention --html",
                                   "export --out", "export --out its folder", "compare-rnn --out",
                                   "download --out"])
 def test_no_command_writes_over_its_input(case, tmp_path, tiny_run, monkeypatch):
-    """Refused in one line before any work (nothing reads a checkpoint, benchmarks, trains or downloads), the
-    input untouched."""
+    """Refused in one line before any work (nothing reads a checkpoint, benchmarks, trains or
+    downloads), the input untouched."""
     import attn_mt.data.download
     import attn_mt.measure.bench
     import attn_mt.measure.compare
@@ -344,7 +389,8 @@ def test_no_command_writes_over_its_input(case, tmp_path, tiny_run, monkeypatch)
         raise AssertionError("work done before the output was checked")
 
     for module, name in [(torch, "load"), (attn_mt.measure.bench, "run_bench"),
-                         (attn_mt.measure.compare, "compare_rnn"), (attn_mt.data.download, "download")]:
+                         (attn_mt.measure.compare, "compare_rnn"),
+                         (attn_mt.data.download, "download")]:
         monkeypatch.setattr(module, name, work)
     one_line_error(cli(*args), status, says)
     assert victim.read_bytes() == before

@@ -1,7 +1,7 @@
 """The CUDA path: bf16 and fp16 (with the gradient scaler) training steps, CPU and GPU agreeing on a
-batch, cached and uncached decoding equal on the GPU, a GPU checkpoint loading on the CPU; the compiled and
-graphed step equal to the eager one, bucketed shapes compiled at most once each, a whole run on the GPU
-(compiled, graphed, bucketed) whose checkpoint decodes on the CPU.
+batch, cached and uncached decoding equal on the GPU, a GPU checkpoint loading on the CPU; the
+compiled and graphed step equal to the eager one, bucketed shapes compiled at most once each, a
+whole run on the GPU (compiled, graphed, bucketed) whose checkpoint decodes on the CPU.
 
 Every test needs a CUDA device and skips without one (`pytest -m gpu` selects them).
 """
@@ -29,7 +29,8 @@ CUDA = torch.device("cuda")
 
 def tiny_model(seed: int = 0):
     torch.manual_seed(seed)
-    cfg = TransformerConfig(d_model=64, n_heads=4, n_layers=2, d_ff=128, dropout=0.0, max_positions=64)
+    cfg = TransformerConfig(d_model=64, n_heads=4, n_layers=2, d_ff=128, dropout=0.0,
+                            max_positions=64)
     return build_model(cfg, src_vocab=V, tgt_vocab=V, pad_id=PAD, shared_vocab=True)
 
 
@@ -70,29 +71,32 @@ def test_cached_and_uncached_decoding_agree_on_the_gpu():
         [h.tokens for h in greedy_search(model, src, max_len, use_cache=False, **kw)]
     beam = beam_search(model, src, max_len, beam_size=4, **kw)
     assert [[h.tokens for h in n] for n in beam] == \
-        [[h.tokens for h in n] for n in beam_search(model, src, max_len, beam_size=4, use_cache=False, **kw)]
+        [[h.tokens for h in n] for n in beam_search(model, src, max_len, beam_size=4,
+                                                    use_cache=False, **kw)]
 
 
 def test_a_checkpoint_saved_on_the_gpu_loads_on_the_cpu(tmp_path, tiny_run):
     model, cfg, tok = checkpoint.load_model(tiny_run / "checkpoint_best.pt", CUDA)
     state = checkpoint.load(tiny_run / "checkpoint_best.pt")
-    checkpoint.save({**state, "model": model.state_dict()}, tmp_path / "gpu.pt")  # CUDA tensors inside
+    # CUDA tensors inside
+    checkpoint.save({**state, "model": model.state_dict()}, tmp_path / "gpu.pt")
     loaded, _, _ = checkpoint.load_model(tmp_path / "gpu.pt", "cpu")
     assert all(p.device.type == "cpu" for p in loaded.parameters())
     src = torch.tensor([tok.encode_src(["a dog sees the cat."])[0] + [tok.eos_id]])
     tgt = torch.tensor([[tok.bos_id, 5, 6]])
     with torch.no_grad():
-        torch.testing.assert_close(loaded(src, tgt), model(src.to(CUDA), tgt.to(CUDA)).cpu(), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(loaded(src, tgt), model(src.to(CUDA), tgt.to(CUDA)).cpu(),
+                                   atol=1e-4, rtol=1e-4)
 
 
 def test_a_graphed_compiled_step_equals_the_eager_one():
-    """torch.compile in the reduce-overhead mode (CUDA graphs) on bucketed batches: the same losses and weights
-    as the eager step within rounding, over steps on two shapes."""
+    """torch.compile in the reduce-overhead mode (CUDA graphs) on bucketed batches: the same losses
+    and weights as the eager step within rounding, over steps on two shapes."""
     from attn_mt.data.arrays import to_bucket
     from attn_mt.training.compiled import StepMarked, compiled
 
-    cfg = TrainConfig(label_smoothing=0.1, compile=True, cuda_graphs=True, length_buckets=(8, 16, 32),
-                      skip_check="host")  # the losses read
+    cfg = TrainConfig(label_smoothing=0.1, compile=True, cuda_graphs=True,
+                      length_buckets=(8, 16, 32), skip_check="host")  # the losses read
     eager_model = tiny_model().to(CUDA).train()
     graph_model = copy.deepcopy(eager_model)
     eager = TrainStep(eager_model, cfg, CUDA, "fp32")
@@ -132,30 +136,33 @@ def test_bucketed_shapes_compile_at_most_once_each():
 
 
 def test_a_model_trained_on_the_gpu_translates_on_the_cpu(tmp_path, tiny_cfg):
-    """The whole run on CUDA (bf16 where supported, compiled and graphed on buckets); its checkpoint loads and
-    decodes on a CPU, with the GPU's scores."""
+    """The whole run on CUDA (bf16 where supported, compiled and graphed on buckets); its checkpoint
+    loads and decodes on a CPU, with the GPU's scores."""
     from attn_mt.decoding.translate import translate
     from attn_mt.training.run import train
 
-    cfg = tiny_cfg("train.device=cuda", "train.precision=auto", "train.compile=true", "train.cuda_graphs=true",
-                   "train.length_buckets=[24,40,64]", "train.max_epochs=1", "train.bleu_sentences=5")
+    cfg = tiny_cfg("train.device=cuda", "train.precision=auto", "train.compile=true",
+                   "train.cuda_graphs=true", "train.length_buckets=[24,40,64]",
+                   "train.max_epochs=1", "train.bleu_sentences=5")
     best = train(cfg, tmp_path / "run")
     model, ckcfg, tok = checkpoint.load_model(best, "cpu")
     assert all(p.device.type == "cpu" for p in model.parameters())
-    hyps = translate(model, tok, ["a dog sees the cat.", "the cat runs."], ckcfg.decode, torch.device("cpu"))
+    hyps = translate(model, tok, ["a dog sees the cat.", "the cat runs."], ckcfg.decode,
+                     torch.device("cpu"))
     assert len(hyps) == 2 and all(isinstance(h, str) for h in hyps)
     on_gpu = checkpoint.load_model(best, CUDA)[0]
     src = torch.tensor([tok.encode_src(["a dog sees the cat."])[0] + [tok.eos_id]])
     tgt = torch.tensor([[tok.bos_id, 5, 6]])
     with torch.no_grad():
-        torch.testing.assert_close(model(src, tgt), on_gpu(src.to(CUDA), tgt.to(CUDA)).cpu(), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(model(src, tgt), on_gpu(src.to(CUDA), tgt.to(CUDA)).cpu(),
+                                   atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_deferred_step_reads_nothing_from_the_device(optimizer):
-    """train.skip_check=device: backward, clip, the non-finite check, optimizer and counters without one host
-    sync (torch's sync debug mode raises on any), after a first step that makes the optimizer's state; a
-    poisoned step is undone, and the counters read afterwards say so."""
+    """train.skip_check=device: backward, clip, the non-finite check, optimizer and counters without
+    one host sync (torch's sync debug mode raises on any), after a first step that makes the
+    optimizer's state; a poisoned step is undone, and the counters read afterwards say so."""
     from attn_mt.training.schedule import TrainState
 
     model = tiny_model().to(CUDA).train()
@@ -178,8 +185,9 @@ def test_a_deferred_step_reads_nothing_from_the_device(optimizer):
 
 
 def test_a_deferred_trainer_step_reads_nothing_from_the_device():
-    """The Trainer's whole step on CUDA (deferred by default there: batches prefetched into pinned memory,
-    copied without waiting, counters on the device) makes no host sync; `read` then brings exact counts."""
+    """The Trainer's whole step on CUDA (deferred by default there: batches prefetched into pinned
+    memory, copied without waiting, counters on the device) makes no host sync; `read` then brings
+    exact counts."""
     from conftest import TINY
 
     from attn_mt.config import load_config

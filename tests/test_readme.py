@@ -1,27 +1,31 @@
-"""README's shell and Python examples run as written, so an example that stops working fails `make test`.
+"""README's shell and Python examples run as written, so an example that stops working fails `make
+test`.
 
-The ```python blocks of a document run in order as one script (later blocks use what earlier ones made),
-in the same folder as the shell examples, with the same markers, started as the commands are (below).
+The ```python blocks of a document run in order as one script (later blocks use what earlier ones
+made), in the same folder as the shell examples, with the same markers, started as the commands are
+(below).
 
-Every ```sh / ```bash block of README.md (and of the docs in DOCS, whose blocks can run offline) runs
-in bash (`set -euo pipefail`) in a temporary folder, with this venv's `attn-mt` and `python` first on
-PATH, and must exit 0. Its `attn-mt` commands are forks of a pre-started process that has imported torch
-(tests/prestarted.py: the same command without 2-3 s of imports each; tests/test_cli.py runs the installed
-one). A line directly above a block marks it:
+Every ```sh / ```bash block of README.md (and of the docs in DOCS, whose blocks can run offline)
+runs in bash (`set -euo pipefail`) in a temporary folder, with this venv's `attn-mt` and `python`
+first on PATH, and must exit 0. Its `attn-mt` commands are forks of a pre-started process that has
+imported torch (tests/prestarted.py: the same command without 2-3 s of imports each;
+tests/test_cli.py runs the installed one). A line directly above a block marks it:
 
-    <!-- example: needs multi30k -->     skipped without Multi30k (MULTI30K_DIR); so is a block naming /path/to/multi30k
+    <!-- example: needs multi30k -->     skipped without Multi30k (MULTI30K_DIR); so is a block
+                                         naming /path/to/multi30k
     <!-- example: needs gpu -->          skipped without CUDA
     <!-- example: not run (why) -->      never run
 
-Placeholders become real files: `runs/toy` a copy of a toy run made once per session (configs/toy.yaml
-with a tiny model for 2 epochs: like the demo's run it keeps snapshots and writes test.en/test.de);
-`/path/to/multi30k` (and $MULTI30K_DIR) the first 3000 training and 200 other lines of each Multi30k
-file; `/path/to/checkpoint.pt` runs/toy/checkpoint_best.pt; `sentences.txt` and `refs.txt` three
-English toy sentences and their references. `configs/` and `scripts/` are the repository's.
+Placeholders become real files: `runs/toy` a copy of a toy run made once per session
+(configs/toy.yaml with a tiny model for 2 epochs: like the demo's run it keeps snapshots and writes
+test.en/test.de); `/path/to/multi30k` (and $MULTI30K_DIR) the first 3000 training and 200 other
+lines of each Multi30k file; `/path/to/checkpoint.pt` runs/toy/checkpoint_best.pt; `sentences.txt`
+and `refs.txt` three English toy sentences and their references. `configs/` and `scripts/` are the
+repository's.
 
-Long examples are shortened: `attn-mt train|prepare|compare-rnn|bench` get SHORTEN's overrides inserted
-right after the subcommand (a tiny model, a few steps, a small vocabulary, translations of at most 4
-subwords: an untrained model translates up to the length limit; the example's own `--set`s
+Long examples are shortened: `attn-mt train|prepare|compare-rnn|bench` get SHORTEN's overrides
+inserted right after the subcommand (a tiny model, a few steps, a small vocabulary, translations of
+at most 4 subwords: an untrained model translates up to the length limit; the example's own `--set`s
 come later and win); `attn-mt serve` runs in the background on a free port until the block ends (the
 example's curl retries until it answers), and `localhost:8000` becomes that port; `curl -s` becomes
 `curl -sf`, so an HTTP error fails the example.
@@ -43,27 +47,32 @@ from conftest import MULTI30K, TINY
 from prestarted import prestarted
 
 ROOT = Path(__file__).resolve().parents[1]
-# README and the linked docs whose examples run offline or are marked (the others' blocks are commands
-# of an hour's training on Multi30k, or need internet, or are run by their own tests)
+# README and the linked docs whose examples run offline or are marked (the others' blocks are
+# commands of an hour's training on Multi30k, or need internet, or are run by their own tests)
 DOCS = ("README.md", "docs/compare-rnn.md", "docs/performance.md", "docs/results.md", "docs/api.md",
         "docs/speedrun.md", "docs/history.md", "docs/alignment.md")
 BIN = Path(sys.executable).parent
 MARK = re.compile(r"<!--\s*example:\s*(needs multi30k|needs gpu|not run\b[^>]*?)\s*-->")
 
-_model = [s for s in TINY if s.startswith(("model.", "train.lr", "train.warmup", "train.batch", "train.device",
-                                            "train.precision"))]
-TOY_RUN = ["data.toy_size=300", "tokenizer.vocab_size=120", *_model, "train.max_epochs=2", "train.bleu_sentences=20"]
-_short_outputs = ["decode.max_len_a=0", "decode.max_len_b=4"]  # an untrained model decodes to the length limit
+_model = [s for s in TINY if s.startswith(("model.", "train.lr", "train.warmup", "train.batch",
+                                           "train.device", "train.precision"))]
+TOY_RUN = ["data.toy_size=300", "tokenizer.vocab_size=120", *_model, "train.max_epochs=2",
+           "train.bleu_sentences=20"]
+# an untrained model decodes to the length limit
+_short_outputs = ["decode.max_len_a=0", "decode.max_len_b=4"]
 SHORTEN = {  # subcommand -> arguments inserted after it
-    "train": [*_model, *_short_outputs, "tokenizer.vocab_size=300", "data.toy_size=1000", "train.max_steps=3",
-              "train.max_minutes=0", "train.bleu_sentences=5", "train.eval_every=3"],
+    "train": [*_model, *_short_outputs, "tokenizer.vocab_size=300", "data.toy_size=1000",
+              "train.max_steps=3", "train.max_minutes=0", "train.bleu_sentences=5",
+              "train.eval_every=3"],
     "prepare": ["tokenizer.vocab_size=300"],
-    "compare-rnn": ["compare.budget_minutes=0.005", "compare.eval_every_minutes=0.005", "compare.lengths=[8]",
-                    "compare.length_batch_tokens=256", "compare.repeats=1", "compare.decode_sentences=4",
-                    "compare.decode_repeats=1", "tokenizer.vocab_size=300", "data.toy_size=1000",
-                    "train.bleu_sentences=5", "transformer.model.d_model=32", "transformer.model.n_heads=2",
-                    "transformer.model.n_layers=1", "transformer.model.d_ff=64", "rnn.model.d_embed=32",
-                    "rnn.model.d_hidden=24", "rnn.model.d_attn=32", "train.batch_tokens=500", *_short_outputs],
+    "compare-rnn": ["compare.budget_minutes=0.005", "compare.eval_every_minutes=0.005",
+                    "compare.lengths=[8]", "compare.length_batch_tokens=256", "compare.repeats=1",
+                    "compare.decode_sentences=4", "compare.decode_repeats=1",
+                    "tokenizer.vocab_size=300", "data.toy_size=1000", "train.bleu_sentences=5",
+                    "transformer.model.d_model=32", "transformer.model.n_heads=2",
+                    "transformer.model.n_layers=1", "transformer.model.d_ff=64",
+                    "rnn.model.d_embed=32", "rnn.model.d_hidden=24", "rnn.model.d_attn=32",
+                    "train.batch_tokens=500", *_short_outputs],
     "bench": [*_model, "tokenizer.vocab_size=300", "data.toy_size=1000"],
 }
 BENCH_FLAGS = "--repeats 1 --steps 1 --sentences 4"
@@ -81,7 +90,8 @@ def blocks(doc: str, kinds: tuple[str, ...] = ("```sh", "```bash")) -> list[tupl
                 body.append(lines[i])
                 i += 1
             mark = MARK.search(lines[start - 1]) if start else None
-            found.append((f"{doc}:{start + 1}", mark.group(1).strip() if mark else "", "\n".join(body)))
+            found.append((f"{doc}:{start + 1}", mark.group(1).strip() if mark else "",
+                          "\n".join(body)))
         i += 1
     return found
 
@@ -92,7 +102,8 @@ def commands(text: str) -> str:
 
 
 EXAMPLES = [b for doc in DOCS for b in blocks(doc)]
-PYTHON = {doc: found for doc in DOCS if (found := [b for b in blocks(doc, ("```python",)) if not b[1]])}
+PYTHON = {doc: found for doc in DOCS if (found := [b for b in blocks(doc, ("```python",))
+                                                   if not b[1]])}
 SEEN = {}
 for where, _, text in EXAMPLES:
     SEEN.setdefault(commands(text), where)
@@ -111,7 +122,8 @@ def toy_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def commands_bin(tmp_path_factory):
-    """A folder whose `attn-mt` runs each command in a fork of one process that imported torch and attn-mt."""
+    """A folder whose `attn-mt` runs each command in a fork of one process that imported torch and
+    attn-mt."""
     with prestarted(tmp_path_factory.mktemp("prestarted")) as folder:
         yield folder
 
@@ -123,13 +135,16 @@ def free_port() -> int:
 
 
 def shorten(script: str) -> str:
-    """The example with SHORTEN's overrides, a background server on a free port and failing curls."""
+    """The example with SHORTEN's overrides, a background server on a free port and failing
+    curls."""
     for command, sets in SHORTEN.items():
-        extra = " ".join(f"--set '{s}'" for s in sets) + (f" {BENCH_FLAGS}" if command == "bench" else "")
+        extra = " ".join(f"--set '{s}'" for s in sets) + (f" {BENCH_FLAGS}" if command == "bench"
+                                                          else "")
         script = re.sub(rf"\battn-mt {command}(?=\s)", f"attn-mt {command} {extra}", script)
     port = free_port()
     script = re.sub(r"^(\s*attn-mt serve .*?)\s*&?\s*(#.*)?$",
-                    rf"\1 --port {port} >serve.log 2>&1 &\nserver=$!; trap 'kill $server' EXIT", script, flags=re.M)
+                    rf"\1 --port {port} >serve.log 2>&1 &\nserver=$!; trap 'kill $server' EXIT",
+                    script, flags=re.M)
     return script.replace("localhost:8000", f"localhost:{port}").replace("curl -s ", "curl -sf ")
 
 
@@ -150,9 +165,10 @@ def test_python_examples_run_as_one_script(doc, toy_run, commands_bin, tmp_path)
     cwd = workdir(tmp_path, toy_run)
     script = "\n\n".join(f"# {where}\n{text}" for where, _, text in PYTHON[doc])
     (cwd / "examples.py").write_text(script, encoding="utf-8")
-    result = subprocess.run([commands_bin / "python" / "python", "examples.py"], cwd=cwd, capture_output=True,
-                            text=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, f"{doc}:\n--- stdout\n{result.stdout[-2000:]}\n--- stderr\n{result.stderr[-3000:]}"
+    result = subprocess.run([commands_bin / "python" / "python", "examples.py"], cwd=cwd,
+                            capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert (result.returncode == 0), (f"{doc}:\n--- stdout\n{result.stdout[-2000:]}\n--- "
+                                      f"stderr\n{result.stderr[-3000:]}")
 
 
 def test_every_block_is_found_and_marked_known():
@@ -160,18 +176,21 @@ def test_every_block_is_found_and_marked_known():
     assert "README.md" in PYTHON and "docs/api.md" in PYTHON, "the Python examples were not found"
     for doc in DOCS:
         text = (ROOT / doc).read_text(encoding="utf-8")
-        assert len(MARK.findall(text)) == text.count("<!-- example:"), f"{doc}: a marker this test does not know"
+        assert (len(MARK.findall(text))
+                == text.count("<!-- example:")), f"{doc}: a marker this test does not know"
 
 
 @pytest.fixture(scope="session")
 def multi30k_sample(tmp_path_factory) -> Path:
-    """The first lines of every Multi30k file (real data, aligned): what /path/to/multi30k becomes, so that an
-    example's tokenizer and cache take seconds, not the minute the full 29k pairs would."""
+    """The first lines of every Multi30k file (real data, aligned): what /path/to/multi30k becomes,
+    so that an example's tokenizer and cache take seconds, not the minute the full 29k pairs
+    would."""
     out = tmp_path_factory.mktemp("multi30k_sample")
     for f in MULTI30K.iterdir():
         if f.suffix in (".de", ".en", ".fr", ".cs"):
             lines = f.read_text(encoding="utf-8").splitlines(keepends=True)
-            (out / f.name).write_text("".join(lines[: 3000 if f.stem == "train" else 200]), encoding="utf-8")
+            (out / f.name).write_text("".join(lines[: 3000 if f.stem == "train" else 200]),
+                                      encoding="utf-8")
     return out
 
 
@@ -182,18 +201,21 @@ def test_example_runs(where, mark, text, toy_run, commands_bin, tmp_path, reques
         pytest.skip(mark)
     if SEEN[commands(text)] != where:
         pytest.skip(f"the same commands as {SEEN[commands(text)]}")
-    if (mark == "needs multi30k" or "/path/to/multi30k" in text) and not (MULTI30K / "train.de").exists():
+    if ((mark == "needs multi30k" or "/path/to/multi30k" in text)
+        and not (MULTI30K / "train.de").exists()):
         pytest.skip("needs Multi30k (MULTI30K_DIR)")
     if mark == "needs gpu" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    sample = request.getfixturevalue("multi30k_sample") if (MULTI30K / "train.de").exists() else MULTI30K
+    sample = (request.getfixturevalue("multi30k_sample") if (MULTI30K / "train.de").exists()
+              else MULTI30K)
     cwd = workdir(tmp_path, toy_run)
     script = shorten(text.replace("/path/to/multi30k", str(sample))
                      .replace("/path/to/checkpoint.pt", "runs/toy/checkpoint_best.pt")
                      .replace("/path/to/checkpoint_best.pt", "runs/toy/checkpoint_best.pt"))
     env = {**os.environ, "PATH": os.pathsep.join(map(str, (commands_bin, BIN, os.environ["PATH"]))),
            "MULTI30K_DIR": str(sample)}
-    result = subprocess.run(["bash", "-c", f"set -euo pipefail\n{script}"], cwd=cwd, env=env, capture_output=True,
-                            text=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, f"{where}:\n{script}\n--- stdout\n{result.stdout[-2000:]}\n--- stderr\n" \
+    result = subprocess.run(["bash", "-c", f"set -euo pipefail\n{script}"], cwd=cwd, env=env,
+                            capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert (result.returncode
+            == 0), f"{where}:\n{script}\n--- stdout\n{result.stdout[-2000:]}\n--- stderr\n" \
                                    f"{result.stderr[-3000:]}"

@@ -1,14 +1,14 @@
-"""One head's attention for one query, step by step (what explain.py finds): every number of it, as text for an
-80-column terminal and as an HTML view (views.py).
+"""One head's attention for one query, step by step (what explain.py finds): every number of it, as
+text for an 80-column terminal and as an HTML view (views.py).
 
-The text is what `attn-mt explain` prints, `str(explanation)` gives and the view shows without scripts.
-Tested in tests/analysis/test_explain.py and tests/analysis/test_views.py.
+The text is what `attn-mt explain` prints, `str(explanation)` gives and the view shows without
+scripts. Tested in tests/analysis/test_explain.py and tests/analysis/test_views.py.
 
-Query positions count from 0. An encoder query is the source token at its position. A decoder query (decoder
-self-attention and cross-attention) at position t holds the token before (the decoder input, <s> first; a key
-at that position is roles.py's *same*, not *prev*) and predicts token t of the translation; it is named by the
-token it predicts, as the attention maps' rows are:
-`token="es"` and `token=13` pick the same query where token 13 of the translation is "es" (`query_name`).
+Query positions count from 0. An encoder query is the source token at its position. A decoder query
+(decoder self-attention and cross-attention) at position t holds the token before (the decoder
+input, <s> first; a key at that position is roles.py's *same*, not *prev*) and predicts token t of
+the translation; it is named by the token it predicts, as the attention maps' rows are: `token="es"`
+and `token=13` pick the same query where token 13 of the translation is "es" (`query_name`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class Key:
 
 @dataclass(frozen=True)
 class Explanation:
-    """Everything `attn-mt explain` prints, with every vector; layers and heads count from 1, tokens from 0."""
+    """Everything `attn-mt explain` prints, with every vector; layers and heads count from 1, tokens
+    from 0."""
 
     kind: str  # "encoder_self", "decoder_self" or "cross", as in the attention maps
     layer: int
@@ -53,15 +54,18 @@ class Explanation:
     source: str
     translation: str
     source_tokens: list[str]  # with </s>
-    target_tokens: list[str]  # the prediction with </s>: query t of the decoder predicts target_tokens[t]
+    # the prediction with </s>: query t of the decoder predicts target_tokens[t]
+    target_tokens: list[str]
     query_index: int
-    query_token: str  # the query's token on the maps' axis: a source token, or the target token it predicts
+    # the query's token on the maps' axis: a source token, or the target token it predicts
+    query_token: str
     query_input: str  # the token read at the query's position (decoder: <s> and the prediction)
     d_model: int
     n_heads: int
     d_k: int
     scale: float  # 1 / sqrt(d_k)
-    x: list[float]  # (D) the query's input to the module (after the sublayer's LayerNorm when pre-norm)
+    # (D) the query's input to the module (after the sublayer's LayerNorm when pre-norm)
+    x: list[float]
     q: list[float]  # (d_k) this head's query
     keys: list[Key]
     k: list[list[float]]  # (S, d_k) this head's keys
@@ -86,7 +90,8 @@ class Explanation:
         return (f"<Explanation {self.kind} layer {self.layer} head {self.head}: {query_name(self)} "
                 f"over {len(self.keys)} keys, max_abs_diff {self.max_abs_diff:.1e}>")
 
-    def _repr_html_(self) -> str:  # a notebook shows the five steps (views.py loads only when drawn)
+    # a notebook shows the five steps (views.py loads only when drawn)
+    def _repr_html_(self) -> str:
         return explanation_html(self)
 
     def save_html(self, path: Path | str) -> Path:
@@ -98,8 +103,8 @@ class Explanation:
 
 
 def query_name(e: Explanation) -> str:
-    """The query as the CLI, the page (views.js's stepsTitle) and the notebook name it: its position and token;
-    a decoder query by the token it predicts, then the token it reads."""
+    """The query as the CLI, the page (views.js's stepsTitle) and the notebook name it: its position
+    and token; a decoder query by the token it predicts, then the token it reads."""
     if e.kind == "encoder_self":
         return f"query {e.query_index} {e.query_token!r}"
     return f"query {e.query_index} predicts {e.query_token!r} (it reads {e.query_input!r})"
@@ -113,17 +118,20 @@ def _vec(xs: list[float], n: int = 6) -> str:
 
 def render(e: Explanation, top: int = 5) -> str:
     """The explanation for an 80-column terminal: the five steps, then the heads and W_o."""
-    context = {"encoder_self": "c = x, the source positions", "decoder_self": "c = x, the target positions",
+    context = {"encoder_self": "c = x, the source positions",
+               "decoder_self": "c = x, the target positions",
                "cross": "c = the encoder's output"}[e.kind]
     masked = "future" if e.kind == "decoder_self" else "padding"
     title = f"{NAMES[e.kind]}, layer {e.layer}, head {e.head} of {e.n_heads}:"
     lines = [
-        *([f"{title} {query_name(e)}"] if len(title) + len(query_name(e)) < 80 else  # else the query on a line
-          [title, *textwrap.wrap(query_name(e), 80, initial_indent="  ", subsequent_indent="    ")]),
+        # else the query on a line
+        *([f"{title} {query_name(e)}"] if len(title) + len(query_name(e)) < 80 else
+          [title,
+           *textwrap.wrap(query_name(e), 80, initial_indent="  ", subsequent_indent="    ")]),
         *textwrap.wrap(f"source       {e.source}", 80, subsequent_indent=" " * 13),
         *textwrap.wrap(f"translation  {e.translation}", 80, subsequent_indent=" " * 13),
-        f"d_model {e.d_model} = {e.n_heads} heads x d_k {e.d_k}; scores are divided by sqrt({e.d_k}) = "
-        f"{1 / e.scale:.3g}",
+        f"d_model {e.d_model} = {e.n_heads} heads x d_k {e.d_k}; scores are divided by "
+        f"sqrt({e.d_k}) = {1 / e.scale:.3g}",
         "",
         f"1. q = x W_q (x: the query's {e.d_model}-number input); k_j = c_j W_k, v_j = c_j W_v",
         f"   ({context}); this head's {e.d_k} columns of each:",
@@ -134,12 +142,14 @@ def render(e: Explanation, top: int = 5) -> str:
     hidden = [k for k in e.keys if k.masked]
     for k in e.keys:
         if not k.masked:
-            lines.append(f"  {k.index:3d}  {k.token[:14]:14s} {k.score:8.3f}  {k.scaled:9.3f}  {k.weight:6.3f} "
-                         f"{'#' * round(20 * k.weight)}")
+            lines.append(f"  {k.index:3d}  {k.token[:14]:14s} {k.score:8.3f}  {k.scaled:9.3f}  "
+                         f"{k.weight:6.3f} {'#' * round(20 * k.weight)}")
         elif len(hidden) <= 3:
-            lines.append(f"  {k.index:3d}  {k.token[:14]:14s} {k.score:8.3f}  {k.scaled:9.3f}  masked ({masked})")
+            lines.append(f"  {k.index:3d}  {k.token[:14]:14s} {k.score:8.3f}  {k.scaled:9.3f}  "
+                         f"masked ({masked})")
         elif k is hidden[0]:  # the future is a long run of keys: one line
-            lines.append(f"  {k.index:3d}-{hidden[-1].index}: {len(hidden)} keys masked ({masked}), weight 0")
+            lines.append(f"  {k.index:3d}-{hidden[-1].index}: {len(hidden)} keys masked "
+                         f"({masked}), weight 0")
     lines += ["5. output = sum_j weight_j v_j; the largest contributions |weight_j v_j|:"]
     for k in sorted((k for k in e.keys if not k.masked), key=lambda k: -k.contribution)[:top]:
         lines.append(f"  {k.index:3d}  {k.token[:14]:14s} weight {k.weight:.3f} x |v| "
@@ -149,8 +159,8 @@ def render(e: Explanation, top: int = 5) -> str:
         f"   head {e.head}'s output = {_vec(e.head_output, 5)}",
         "",
         f"All {e.n_heads} heads' outputs for this query (|o_h|: {norms}),",
-        f"concatenated ({e.n_heads} x {e.d_k} = {e.d_model}) and projected: W_o [o_1; ...; o_{e.n_heads}] + b_o",
-        f"   recomputed   {_vec(e.output, 5)}",
+        f"concatenated ({e.n_heads} x {e.d_k} = {e.d_model}) and projected: W_o [o_1; ...; "
+        f"o_{e.n_heads}] + b_o", f"   recomputed   {_vec(e.output, 5)}",
         f"   the model's  {_vec(e.model_output, 5)}",
         f"   max |recomputed - model| = {e.max_abs_diff:.1e}",
     ]
@@ -158,9 +168,10 @@ def render(e: Explanation, top: int = 5) -> str:
 
 
 def explanation_html(e: Explanation) -> str:
-    """One head's five steps for one query: vectors as strips, scores, scaling, mask and softmax weights as bars,
-    the largest contributions, every head's output and W_o's, checked against the model's own output (drawn by
-    views.js's drawSteps; the text where scripts do not run)."""
+    """One head's five steps for one query: vectors as strips, scores, scaling, mask and softmax
+    weights as bars, the largest contributions, every head's output and W_o's, checked against the
+    model's own output (drawn by views.js's drawSteps; the text where scripts do not run)."""
     from .views import view
 
-    return view("explanation", f'<pre class="nojs">{html.escape(render(e))}</pre>', "explanationView", asdict(e))
+    return view("explanation", f'<pre class="nojs">{html.escape(render(e))}</pre>',
+                "explanationView", asdict(e))

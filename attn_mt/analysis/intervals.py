@@ -1,8 +1,10 @@
-"""Bootstrap intervals for BLEU changes: how much of a head's dBLEU is the sentences drawn, not the head.
+"""Bootstrap intervals for BLEU changes: how much of a head's dBLEU is the sentences drawn, not the
+head.
 
-Each sentence's BLEU statistics (sacreBLEU's: hypothesis and reference length, matching and total n-grams for
-n = 1..4) are kept once; a resample draws sentences with replacement and scores the same draw with and without
-the head, so the two BLEUs share their sentences (a paired bootstrap, as Koehn 2004 for two systems).
+Each sentence's BLEU statistics (sacreBLEU's: hypothesis and reference length, matching and total
+n-grams for n = 1..4) are kept once; a resample draws sentences with replacement and scores the same
+draw with and without the head, so the two BLEUs share their sentences (a paired bootstrap, as Koehn
+2004 for two systems).
 
 Tested in tests/analysis/test_heads.py.
 """
@@ -16,10 +18,12 @@ LEVEL = 0.95
 
 
 def sentence_stats(hyps: list[str], refs: list[str]) -> np.ndarray:
-    """(N, 10) sacreBLEU statistics per sentence: lengths, then matching and total n-grams for n = 1..4."""
+    """(N, 10) sacreBLEU statistics per sentence: lengths, then matching and total n-grams for n =
+    1..4."""
     from sacrebleu.metrics import BLEU
 
-    return np.asarray(BLEU()._extract_corpus_statistics(hyps, [refs]), dtype=np.int64).reshape(len(hyps), -1)
+    return np.asarray(BLEU()._extract_corpus_statistics(hyps, [refs]), dtype=np.int64).reshape(
+        len(hyps), -1)
 
 
 def _bleu(stats: np.ndarray) -> float:
@@ -29,14 +33,15 @@ def _bleu(stats: np.ndarray) -> float:
 
 
 def draws(n: int, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
-    """(resamples, n) sentence indices drawn with replacement: the same draws for every head of a report."""
+    """(resamples, n) sentence indices drawn with replacement: the same draws for every head of a
+    report."""
     return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
 
 
 def delta_interval(base: np.ndarray, changed: np.ndarray, idx: np.ndarray, level: float = LEVEL,
                    ) -> tuple[float, float]:
-    """The `level` interval of BLEU(changed) - BLEU(base) over the resampled sentence sets `idx` (rounded to 2
-    decimals)."""
+    """The `level` interval of BLEU(changed) - BLEU(base) over the resampled sentence sets `idx`
+    (rounded to 2 decimals)."""
     deltas = [_bleu(changed[i].sum(0)) - _bleu(base[i].sum(0)) for i in idx]
     lo, hi = np.quantile(deltas, [(1 - level) / 2, (1 + level) / 2])
     return round(float(lo), 2), round(float(hi), 2)

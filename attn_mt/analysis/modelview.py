@@ -1,14 +1,15 @@
-"""The model view: every layer and head of one sentence's attention at once, one small map each, on one colour
-scale (0 to 1, with its legend), for a notebook or a saved page.
+"""The model view: every layer and head of one sentence's attention at once, one small map each, on
+one colour scale (0 to 1, with its legend), for a notebook or a saved page.
 
-With JavaScript (static/modelview.js) the maps are drawn on canvases: tick boxes choose the kinds and heads
-shown, pointing at a map gives the query, the key and the weight under the pointer, and clicking one opens it
-large with its tokens, its weights written in the cells when *numbers* is ticked. Without JavaScript (an
-untrusted notebook, GitHub's renderer) the same maps show as a PNG inside the HTML, and the output carries the
-PNG as image/png too. Offline and self-contained as views.py's views: nothing is fetched.
+With JavaScript (static/modelview.js) the maps are drawn on canvases: tick boxes choose the kinds
+and heads shown, pointing at a map gives the query, the key and the weight under the pointer, and
+clicking one opens it large with its tokens, its weights written in the cells when *numbers* is
+ticked. Without JavaScript (an untrusted notebook, GitHub's renderer) the same maps show as a PNG
+inside the HTML, and the output carries the PNG as image/png too. Offline and self-contained as
+views.py's views: nothing is fetched.
 
     >>> from attn_mt.analysis import model_view
-    >>> model_view(model.attention("a dog runs."), heads=["cross 2.1", "cross 2.3"])   # in a notebook
+    >>> model_view(model.attention("a dog runs."), heads=["cross 2.1", "cross 2.3"])  # notebook
     >>> model_view(att).save_html("model_view.html")
 
 Tested in tests/analysis/test_modelview.py.
@@ -36,8 +37,10 @@ HEAD = re.compile(r"(encoder|decoder|cross) ([0-9]{1,9})\.([0-9]{1,9})")  # not 
 
 
 def _chosen(maps, heads: Sequence[str] | None) -> list[tuple[str, int, int]]:
-    """The (kind, layer, head) triples to draw, layers and heads from 1: all, or those named ("cross 2.3")."""
-    every = [(KIND_NAMES[m.kind], m.layer, h) for m in maps for h in range(1, m.weights.shape[0] + 1)]
+    """The (kind, layer, head) triples to draw, layers and heads from 1: all, or those named ("cross
+    2.3")."""
+    every = [(KIND_NAMES[m.kind], m.layer, h) for m in maps
+             for h in range(1, m.weights.shape[0] + 1)]
     if heads is None:
         return every
     if isinstance(heads, str):
@@ -47,8 +50,9 @@ def _chosen(maps, heads: Sequence[str] | None) -> list[tuple[str, int, int]]:
         found = HEAD.fullmatch(str(name).strip())
         triple = found and (found[1], int(found[2]), int(found[3]))
         if triple not in every:
-            raise InputError(f"{name!r} is not a head of this model: name one as 'kind layer.head', e.g. "
-                             f"'{every[-1][0]} {every[-1][1]}.{every[-1][2]}'", "heads")
+            raise InputError(f"{name!r} is not a head of this model: name one as 'kind "
+                             f"layer.head', e.g. '{every[-1][0]} {every[-1][1]}.{every[-1][2]}'",
+                             "heads")
         out.append(triple)
     if not out:
         raise InputError("no heads to draw", "heads")
@@ -57,7 +61,8 @@ def _chosen(maps, heads: Sequence[str] | None) -> list[tuple[str, int, int]]:
 
 @dataclass
 class ModelView:
-    """Every chosen head of one sentence's attention (`model_view` makes one); a notebook draws it."""
+    """Every chosen head of one sentence's attention (`model_view` makes one); a notebook draws
+    it."""
 
     source: str
     translation: str
@@ -65,7 +70,8 @@ class ModelView:
     heads: list[tuple[str, int, int]] = field(default_factory=list, repr=False)
 
     def __repr__(self) -> str:
-        return f"ModelView(source={self.source!r}, translation={self.translation!r}, heads={len(self.heads)})"
+        return (f"ModelView(source={self.source!r}, translation={self.translation!r}, "
+                f"heads={len(self.heads)})")
 
     def payload(self) -> dict:
         from .views import permille
@@ -73,19 +79,24 @@ class ModelView:
         chosen = set(self.heads)
         return {"source": self.source, "translation": self.translation, "ticks": list(TICKS),
                 "maps": [{"kind": KIND_NAMES[m.kind], "layer": m.layer, "queries": list(m.queries),
-                          "keys": list(m.keys), "heads": [h for h in range(1, m.weights.shape[0] + 1)
-                                                          if (KIND_NAMES[m.kind], m.layer, h) in chosen],
+                          "keys": list(m.keys), "heads": [h
+                                                          for h in range(1, m.weights.shape[0] + 1)
+                                                          if (KIND_NAMES[m.kind], m.layer, h)
+                                                          in chosen],
                           "permille": permille(m.weights)} for m in self.maps
-                         if any((KIND_NAMES[m.kind], m.layer, h) in chosen for h in range(1, 1 + m.weights.shape[0]))]}
+                         if any((KIND_NAMES[m.kind], m.layer, h) in chosen
+                                for h in range(1, 1 + m.weights.shape[0]))]}
 
     def png(self) -> bytes:
-        """The static picture: a row per kind and layer, a column per head, one colour scale with its legend."""
+        """The static picture: a row per kind and layer, a column per head, one colour scale with
+        its legend."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib loads when drawing
         from matplotlib.figure import Figure
 
         rows = list(dict.fromkeys((k, layer) for k, layer, _ in self.heads))
         cols = sorted({h for _, _, h in self.heads})
-        fig = Figure(figsize=(1.35 * len(cols) + 1.4, 1.35 * len(rows) + 0.5), dpi=80, layout="constrained")
+        fig = Figure(figsize=(1.35 * len(cols) + 1.4, 1.35 * len(rows) + 0.5), dpi=80,
+                     layout="constrained")
         FigureCanvasAgg(fig)
         axes = fig.subplots(len(rows), len(cols), squeeze=False)
         image = None
@@ -100,7 +111,8 @@ class ModelView:
                     continue
                 w = by[kind, layer].weights[h - 1]
                 w = w.detach().float().cpu().numpy() if hasattr(w, "detach") else w
-                image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+                image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto",
+                                  interpolation="nearest")
                 ax.set_title(head_name(kind, layer, h), fontsize=8)
         if image is not None:
             bar = fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, ticks=list(TICKS))
@@ -112,15 +124,16 @@ class ModelView:
         return buf.getvalue()
 
     def to_html(self, png: bytes | None = None) -> str:
-        """The view as an HTML fragment: the picture (what shows without scripts) and the interactive maps."""
+        """The view as an HTML fragment: the picture (what shows without scripts) and the
+        interactive maps."""
         from .views import view
 
         png = self.png() if png is None else png
         e = html.escape
         picture = base64.b64encode(png).decode("ascii")
         body = (f'<p class="mv-caption">{e(self.source)} → {e(self.translation)}</p>'
-                f'<img class="mv-static" alt="every chosen head\'s attention map, one colour scale from 0 to 1" '
-                f'src="data:image/png;base64,{picture}">')
+                '<img class="mv-static" alt="every chosen head\'s attention map, one colour scale '
+                f'from 0 to 1" src="data:image/png;base64,{picture}">')
         return view("model", body, "modelView", self.payload(), script="modelview.js")
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
@@ -136,8 +149,8 @@ class ModelView:
 
 
 def model_view(att, heads: Sequence[str] | None = None) -> ModelView:
-    """Every head of `att` (an `attn_mt.Attention`: `model.attention(text)`), or those named in `heads`
-    ("encoder 1.2", "cross 2.3": kind, layer.head from 1)."""
+    """Every head of `att` (an `attn_mt.Attention`: `model.attention(text)`), or those named in
+    `heads` ("encoder 1.2", "cross 2.3": kind, layer.head from 1)."""
     maps = getattr(att, "maps", None)
     if not isinstance(maps, list) or not maps or not all(isinstance(getattr(att, a, None), str)
                                                           for a in ("source", "translation")):

@@ -1,4 +1,5 @@
-"""`Model.attention`'s answer: one sentence, its translation and every attention map, as arrays and as views."""
+"""`Model.attention`'s answer: one sentence, its translation and every attention map, as arrays and
+as views."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from attn_mt.data import checks
 from attn_mt.decoding.attention_maps import AttentionMap, plot
 from attn_mt.errors import InputError
 
-KINDS = {"encoder": "encoder_self", "decoder": "decoder_self", "cross": "cross"}  # argument -> map kind
+# argument -> map kind
+KINDS = {"encoder": "encoder_self", "decoder": "decoder_self", "cross": "cross"}
 
 
 def _index(value: object, count: int, field: str, owner: str, what: str) -> int:
-    """A layer's or head's number (from 1) as an index (from 0); InputError naming `field` otherwise."""
+    """A layer's or head's number (from 1) as an index (from 0); InputError naming `field`
+    otherwise."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InputError(f"must be an integer from 1 to {count}, not {value!r}", field)
     if not 1 <= value <= count:
@@ -26,11 +29,12 @@ def _index(value: object, count: int, field: str, owner: str, what: str) -> int:
 
 @dataclass(frozen=True)
 class Attention:
-    """Every attention head of every layer for one sentence: `weights(kind, layer, head)` gives the arrays,
-    `source_tokens` / `target_tokens` their axes; a notebook shows it as an interactive head view.
+    """Every attention head of every layer for one sentence: `weights(kind, layer, head)` gives the
+    arrays, `source_tokens` / `target_tokens` their axes; a notebook shows it as an interactive head
+    view.
 
-    Decoder queries are named by the token they predict (`target_tokens`, </s> last); decoder self-attention's
-    keys are the tokens read (`target_inputs`: <s> first).
+    Decoder queries are named by the token they predict (`target_tokens`, </s> last); decoder
+    self-attention's keys are the tokens read (`target_inputs`: <s> first).
     """
 
     source: str
@@ -56,12 +60,14 @@ class Attention:
 
     @property
     def layers(self) -> dict[str, int]:
-        """How many layers each kind has: {"encoder": 3, "decoder": 3, "cross": 3} (the RNN: cross only)."""
+        """How many layers each kind has: {"encoder": 3, "decoder": 3, "cross": 3} (the RNN: cross
+        only)."""
         return {k: n for k, v in KINDS.items() if (n := sum(m.kind == v for m in self.maps))}
 
     def map(self, kind: str = "cross", layer: int = 1) -> AttentionMap:
         """One layer's map of `kind` (encoder, decoder or cross), layers from 1."""
-        return self._maps(kind)[_index(layer, len(self._maps(kind)), "layer", f"{kind} attention has", "layers")]
+        return self._maps(kind)[_index(layer, len(self._maps(kind)), "layer",
+                                       f"{kind} attention has", "layers")]
 
     def _maps(self, kind: str) -> list[AttentionMap]:
         name = KINDS.get(kind, kind) if isinstance(kind, str) else None
@@ -70,10 +76,12 @@ class Attention:
             raise InputError(f"{kind!r} is not one of {', '.join(self.layers)}", "kind")
         return found
 
-    def weights(self, kind: str = "cross", layer: int | None = None, head: int | None = None) -> np.ndarray:
+    def weights(self, kind: str = "cross", layer: int | None = None,
+                head: int | None = None) -> np.ndarray:
         """Attention weights as a float32 array: (heads, queries, keys) of one `layer` (from 1), or
-        (queries, keys) for one `head` (from 1); without `layer`, every layer stacked in front: (layers,
-        heads, queries, keys), or (layers, queries, keys) for one head. Each row sums to 1 over the keys.
+        (queries, keys) for one `head` (from 1); without `layer`, every layer stacked in front:
+        (layers, heads, queries, keys), or (layers, queries, keys) for one head. Each row sums to 1
+        over the keys.
 
         >>> att.weights("encoder", layer=2, head=1)[att.source_tokens.index("▁dog")]
         >>> att.weights("cross").shape  # (layers, heads, target tokens, source tokens)
@@ -100,7 +108,8 @@ class Attention:
         return save_html(self.to_html(), checks.path(path), f"attention: {self.source}")
 
     def save_png(self, out_dir: str | os.PathLike) -> list[Path]:
-        """Every layer of every kind as `{kind}_layer{n}.png` in `out_dir` (what `attn-mt attention` writes)."""
+        """Every layer of every kind as `{kind}_layer{n}.png` in `out_dir` (what `attn-mt attention`
+        writes)."""
         from attn_mt.files import check_report
 
         out = checks.path(out_dir, "out_dir")

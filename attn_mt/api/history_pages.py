@@ -1,5 +1,6 @@
-"""A run's attention history drawn (analysis/history_view.py): the files the heads command writes for a run's
-history, and the page the server answers at /history when the checkpoint's run recorded one.
+"""A run's attention history drawn (analysis/history_view.py): the files the heads command writes
+for a run's history, and the page the server answers at /history when the checkpoint's run recorded
+one.
 
     >>> draw_history("runs/pronoun", html="history.html", png="history.png")
 
@@ -25,14 +26,15 @@ def _name(path: Path) -> str:
 
 def draw_history(run_dir: str | os.PathLike, *, html: str | os.PathLike | None = None,
                  png: str | os.PathLike | None = None) -> list[Path]:
-    """Draw the attention history a run recorded (RUN/attention_history.npz, or that file named): the page with a
-    step slider to `html`, the summary picture to `png` (at least one); returns the files written. Both outputs
-    are checked before the history is read."""
+    """Draw the attention history a run recorded (RUN/attention_history.npz, or that file named):
+    the page with a step slider to `html`, the summary picture to `png` (at least one); returns the
+    files written. Both outputs are checked before the history is read."""
     from attn_mt.analysis.history import history_path, load_history
     from attn_mt.analysis.history_view import HistoryView
 
     run = checks.path(run_dir, "run_dir")
-    outputs = [(name, None if p is None else checks.path(p, name)) for name, p in (("html", html), ("png", png))]
+    outputs = [(name, None if p is None else checks.path(p, name)) for name,
+               p in (("html", html), ("png", png))]
     if html is None and png is None:
         raise InputError("give `html` or `png`: where to draw the history", "html")
     check_outputs([("html", outputs[0][1], (".html", ".htm")), ("png", outputs[1][1], (".png",))],
@@ -43,8 +45,9 @@ def draw_history(run_dir: str | os.PathLike, *, html: str | os.PathLike | None =
 
 
 def history_file(model) -> Path | None:
-    """The attention history of the run a loaded checkpoint belongs to (its folder's attention_history.npz), or
-    None: an export, a checkpoint outside a run, a run that recorded none."""
+    """The attention history of the run a loaded checkpoint belongs to (its folder's
+    attention_history.npz), or None: an export, a checkpoint outside a run, a run that recorded
+    none."""
     path = getattr(model, "path", None)
     if getattr(model, "kind", None) != "checkpoint" or path is None:
         return None
@@ -53,8 +56,9 @@ def history_file(model) -> Path | None:
 
 
 def history_page(path: Path) -> str:
-    """The whole page (views.document) of the history in `path` (attention_history.npz), drawn once per version
-    of the file (its inode, size and times: each record replaces the file whole); a few pages are kept."""
+    """The whole page (views.document) of the history in `path` (attention_history.npz), drawn once
+    per version of the file (its inode, size and times: each record replaces the file whole); a few
+    pages are kept."""
     info = Path(path).stat()
     return _page(str(path), (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
 

@@ -1,7 +1,9 @@
-"""Opening a model: a checkpoint file (ours: trained, averaged or pruned), an export folder, or a MarianMT
-model (a transformers folder or a hub name: opus-mt, or our own export in the `transformers` format), as a `Translator`.
+"""Opening a model: a checkpoint file (ours: trained, averaged or pruned), an export folder, or a
+MarianMT model (a transformers folder or a hub name: opus-mt, or our own export in the
+`transformers` format), as a `Translator`.
 
-This is the one place that chooses between the kinds; `attn_mt.load` and every command go through it.
+This is the one place that chooses between the kinds; `attn_mt.load` and every command go through
+it.
 
 Tested in tests/api/test_model.py, tests/export/test_ctranslate2.py and tests/marian/test_marian.py.
 """
@@ -19,20 +21,24 @@ from attn_mt.errors import InputError
 from attn_mt.files import mark_model
 
 
-def open_translator(path: Path | str, device: str = "auto", threads: int | None = None) -> Translator:
-    """A checkpoint file (PyTorch), a directory written by `attn-mt export` (CTranslate2), or a MarianMT model
-    (a transformers folder, or a hub name where the hub is reachable), on `device`; `threads` sets torch's
-    (or CTranslate2's) CPU threads where given."""
-    # train.threads' bound: OpenMP allocates per thread, and 10**9 threads end the process (no exception)
+def open_translator(path: Path | str, device: str = "auto",
+                    threads: int | None = None) -> Translator:
+    """A checkpoint file (PyTorch), a directory written by `attn-mt export` (CTranslate2), or a
+    MarianMT model (a transformers folder, or a hub name where the hub is reachable), on `device`;
+    `threads` sets torch's (or CTranslate2's) CPU threads where given."""
+    # train.threads' bound: OpenMP allocates per thread, and 10**9 threads end the process (no
+    # exception)
     if threads is not None and not 1 <= threads <= MOST["threads"]:
         raise InputError(f"must be from 1 to {MOST['threads']}, not {threads}", "threads")
     translator = _open(path, device, threads)
-    mark_model(translator.path)  # a report is never written over it or into it (hub names: imports/marian.py)
+    # a report is never written over it or into it (hub names: imports/marian.py)
+    mark_model(translator.path)
     return translator
 
 
 def _open(path: Path | str, device: str, threads: int | None) -> Translator:
-    if not Path(path).is_file():  # a folder, a hub name or nothing: the Marian reader loads only for these
+    # a folder, a hub name or nothing: the Marian reader loads only for these
+    if not Path(path).is_file():
         from attn_mt.imports.marian import is_marian
 
         if is_marian(path):
@@ -42,13 +48,16 @@ def _open(path: Path | str, device: str, threads: int | None) -> Translator:
     path = Path(path)
     if path.is_dir():
         from attn_mt.export.ctranslate2 import META
-        from attn_mt.imports.ct2_translator import export_translator  # CTranslate2 loads only for an export
+
+        # CTranslate2 loads only for an export
+        from attn_mt.imports.ct2_translator import export_translator
 
         if not (path / META).is_file():
             hf = _model_type(path)
-            raise CheckpointError(f"{path}: a folder (an export?) without {META}{hf}; give a checkpoint file written "
-                                  "by `attn-mt train` (e.g. RUN/checkpoint_best.pt), a folder written by "
-                                  "`attn-mt export` or a MarianMT folder", "path")
+            raise CheckpointError(f"{path}: a folder (an export?) without {META}{hf}; give a "
+                                  "checkpoint file written by `attn-mt train` (e.g. "
+                                  "RUN/checkpoint_best.pt), a folder written by `attn-mt export` "
+                                  "or a MarianMT folder", "path")
 
         return export_translator(path, device, threads=threads or 0)
     if threads is not None:
@@ -57,7 +66,8 @@ def _open(path: Path | str, device: str, threads: int | None) -> Translator:
 
 
 def _model_type(folder: Path) -> str:
-    """", whose config.json says model_type X" where a config.json of another model type is there, else ""."""
+    """", whose config.json says model_type X" where a config.json of another model type is there,
+    else ""."""
     import json
 
     try:
@@ -68,7 +78,8 @@ def _model_type(folder: Path) -> str:
 
 
 def marian_translator(path: Path | str, device: str = "auto") -> Translator:
-    """A MarianMT model (imports/marian.py reads it as our checkpoint state) as a PyTorch Translator."""
+    """A MarianMT model (imports/marian.py reads it as our checkpoint state) as a PyTorch
+    Translator."""
     from attn_mt.checkpoint import model_from_state
     from attn_mt.device import pick_device
     from attn_mt.imports.marian import marian_state
@@ -83,7 +94,8 @@ def marian_translator(path: Path | str, device: str = "auto") -> Translator:
 
 
 def open_state(path: Path | str) -> dict:
-    """The checkpoint state of a checkpoint file or a MarianMT model: what `train.init_from` starts from."""
+    """The checkpoint state of a checkpoint file or a MarianMT model: what `train.init_from` starts
+    from."""
     from attn_mt.checkpoint import load
     from attn_mt.imports.marian import is_marian, marian_state
 

@@ -1,13 +1,13 @@
-"""One `Model` shared by threads: translations run side by side, while what changes the module (an `explain`'s
-recording hook, `Model.to`) runs alone.
+"""One `Model` shared by threads: translations run side by side, while what changes the module (an
+`explain`'s recording hook, `Model.to`) runs alone.
 
     >>> lock = Shared()
     >>> with lock.reading(): ...   # translate, score, attention: any number at once
     >>> with lock.writing(): ...   # explain, to: alone, after the readers in progress
 
-Threads are served in the order they came (a writer waiting holds later readers back, and readers waiting
-hold later writers back); a thread holding the writer may read (an analysis that translates). `heads` and
-`prune` measure a copy of the module, taken while reading.
+Threads are served in the order they came (a writer waiting holds later readers back, and readers
+waiting hold later writers back); a thread holding the writer may read (an analysis that
+translates). `heads` and `prune` measure a copy of the module, taken while reading.
 
 One job: the readers-writer lock. Tested in tests/api/test_threads.py.
 """
@@ -22,18 +22,20 @@ from contextlib import AbstractContextManager, contextmanager
 
 
 class Shared:
-    """Many readers or one writer, served in the order they came: readers that queue together enter together,
-    and neither kind starves the other."""
+    """Many readers or one writer, served in the order they came: readers that queue together enter
+    together, and neither kind starves the other."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._readers = 0
         self._writer: int | None = None  # the writing thread's id
-        self._queue: deque[tuple[int, bool]] = deque()  # (ticket, is a writer) of those waiting, in order
+        # (ticket, is a writer) of those waiting, in order
+        self._queue: deque[tuple[int, bool]] = deque()
         self._tickets = itertools.count()
 
     def _first(self, ticket: int, writer: bool) -> bool:
-        """Whether nothing that came before `ticket` blocks it: no writer before a reader, nobody before a writer."""
+        """Whether nothing that came before `ticket` blocks it: no writer before a reader, nobody
+        before a writer."""
         for other, other_writes in self._queue:
             if other == ticket:
                 return True

@@ -1,5 +1,5 @@
-"""compare-rnn's config: its `compare:` section, and one experiment config per model from a file of shared and
-per-model sections."""
+"""compare-rnn's config: its `compare:` section, and one experiment config per model from a file of
+shared and per-model sections."""
 
 from __future__ import annotations
 
@@ -11,22 +11,27 @@ from attn_mt.config.yamlconf import ConfigError, build, check_limits, read_yaml,
 
 MODELS = ("transformer", "rnn")
 CLOCKS = ("wall", "cpu", "auto")  # compare.clock
-PER_MODEL_TRAIN_KEYS = {"lr", "warmup_steps", "weight_decay", "betas", "clip_norm",  # batches stay shared
-                        "compile", "cuda_graphs"}  # each model may use what the other may (docs/compare-rnn.md)
+# batches stay shared
+PER_MODEL_TRAIN_KEYS = {"lr", "warmup_steps", "weight_decay", "betas", "clip_norm",
+                        # each model may use what the other may (docs/compare-rnn.md)
+                        "compile", "cuda_graphs"}
 
 
 # upper bounds far above any sensible value (lower bounds: __post_init__)
-MOST = {"budget_minutes": 1e6, "eval_every_minutes": 1e6, "lengths": 1_000_000, "length_batch_tokens": 10_000_000,
-        "repeats": 10_000, "decode_sentences": 10_000_000, "decode_repeats": 10_000, "beam_size": 1000}
+MOST = {"budget_minutes": 1e6, "eval_every_minutes": 1e6, "lengths": 1_000_000,
+        "length_batch_tokens": 10_000_000, "repeats": 10_000, "decode_sentences": 10_000_000,
+        "decode_repeats": 10_000, "beam_size": 1000}
 
 
 @dataclass(frozen=True)
 class CompareConfig:
-    """The `compare:` section of compare-rnn's config: budget and what is measured after training."""
+    """The `compare:` section of compare-rnn's config: budget and what is measured after
+    training."""
 
     budget_minutes: float = 10.0  # training time per model, on its own clock
-    # what the budget and the timings count: "wall" seconds, or "cpu" seconds of this process per torch thread
-    # (other processes do not starve it; CPU devices only), or "auto": cpu on a CPU, wall on a GPU
+    # what the budget and the timings count: "wall" seconds, or "cpu" seconds of this process per
+    # torch thread (other processes do not starve it; CPU devices only), or "auto": cpu on a CPU,
+    # wall on a GPU
     clock: str = "wall"
     eval_every_minutes: float = 1.0  # one validation-BLEU point per this much training time
     lengths: tuple[int, ...] = (8, 16, 32, 64, 128, 256)  # length-scaling benchmark
@@ -83,12 +88,14 @@ def load_compare_config(path: Path, overrides: list[str] = (), quick: bool = Fal
             raise ConfigError(f"{path}: needs a `{kind}:` section with a `model:` mapping", kind)
         extra = set(own) - {"model", "train"} | set(own.get("train", {})) - PER_MODEL_TRAIN_KEYS
         if extra:
-            raise ConfigError(f"{kind}: only model and train.{{{', '.join(sorted(PER_MODEL_TRAIN_KEYS))}}} "
-                              f"may differ between the models, not {', '.join(sorted(extra))}", kind)
+            raise ConfigError(f"{kind}: only model and "
+                              f"train.{{{', '.join(sorted(PER_MODEL_TRAIN_KEYS))}}} may differ "
+                              f"between the models, not {', '.join(sorted(extra))}", kind)
         if own["model"].get("kind", kind) != kind:
             raise ConfigError(f"{kind}.model.kind must be {kind!r}", f"{kind}.model.kind")
         try:
-            configs[kind] = from_dict(_merge({**raw, "name": f"{name}-{kind}", "model": {"kind": kind}}, own))
+            configs[kind] = from_dict(_merge({**raw, "name": f"{name}-{kind}",
+                                              "model": {"kind": kind}}, own))
         except ConfigError as e:
             raise ConfigError(f"{kind} (with the shared sections): {e}", e.field) from None
     return CompareSetup(configs, cmp)

@@ -1,4 +1,5 @@
-"""The `decode:` section: beam search and its length limits, and the table of the decode options callers give.
+"""The `decode:` section: beam search and its length limits, and the table of the decode options
+callers give.
 
 Tested in tests/config/test_config.py and tests/decoding/test_decode_options.py (the table).
 """
@@ -14,12 +15,13 @@ from attn_mt.config.yamlconf import ConfigError
 
 @dataclass(frozen=True)
 class DecodeOption:
-    """A decode setting a caller may give, defined once; every surface is made from its row. `key`: its
-    DecodeConfig field (`decode.<key>` in a config); `arg`: its keyword in the API (`Model.options`,
-    `Model.translate`, ...; the command line spells it its own way); `field`: its JSON field in serve's
-    `/api/translate` (None: not served); `type`, `least`, `most`: the values allowed; `default`: what a caller
-    gets without it (None: the model's decode section); `help`: what it means. Public as
-    `attn_mt.DECODE_OPTIONS`; the one-best surfaces (`translate`, `evaluate`) leave `nbest` out."""
+    """A decode setting a caller may give, defined once; every surface is made from its row. `key`:
+    its DecodeConfig field (`decode.<key>` in a config); `arg`: its keyword in the API
+    (`Model.options`, `Model.translate`, ...; the command line spells it its own way); `field`: its
+    JSON field in serve's `/api/translate` (None: not served); `type`, `least`, `most`: the values
+    allowed; `default`: what a caller gets without it (None: the model's decode section); `help`:
+    what it means. Public as `attn_mt.DECODE_OPTIONS`; the one-best surfaces (`translate`,
+    `evaluate`) leave `nbest` out."""
 
     key: str
     arg: str
@@ -42,21 +44,24 @@ class DecodeOption:
 DECODE_OPTIONS = (
     DecodeOption("beam_size", "beam", int, 1, 1000, "Beam size; 1 is greedy", field="beam"),
     DecodeOption("alpha", "alpha", float, 0.0, 100.0, "Length penalty exponent", field="alpha"),
-    DecodeOption("nbest", "nbest", int, 1, 1000, "Hypotheses per sentence, at most the beam size", field="nbest",
-                 default="1"),
+    DecodeOption("nbest", "nbest", int, 1, 1000, "Hypotheses per sentence, at most the beam size",
+                 field="nbest", default="1"),
     DecodeOption("batch_size", "batch_size", int, 1, 1_000_000, "Sentences per batch"),
-    DecodeOption("max_len_a", "max_len_a", float, 0.0, 1000.0, "Output length limit a x source length + b: its a"),
-    DecodeOption("max_len_b", "max_len_b", int, 1, 1_000_000, "Output length limit a x source length + b: its b"),
+    DecodeOption("max_len_a", "max_len_a", float, 0.0, 1000.0,
+                 "Output length limit a x source length + b: its a"),
+    DecodeOption("max_len_b", "max_len_b", int, 1, 1_000_000,
+                 "Output length limit a x source length + b: its b"),
 )
 OPTION = {o.key: o for o in DECODE_OPTIONS}
 ARGS = {o.key: o.arg for o in DECODE_OPTIONS}  # DecodeConfig field -> the API's argument
-FIELDS = {o.key: o.field for o in DECODE_OPTIONS if o.field}  # DecodeConfig field -> serve's JSON field
+# DecodeConfig field -> serve's JSON field
+FIELDS = {o.key: o.field for o in DECODE_OPTIONS if o.field}
 
 
 class OneBest(TypedDict, total=False):
-    """The API's decode keywords, DECODE_OPTIONS' `arg`s, for a one-best call (`Model.translate`); each is
-    None or left out for the model's default. Written out for type checkers; tests/decoding/test_decode_options.py
-    keeps it equal to the table."""
+    """The API's decode keywords, DECODE_OPTIONS' `arg`s, for a one-best call (`Model.translate`);
+    each is None or left out for the model's default. Written out for type checkers;
+    tests/decoding/test_decode_options.py keeps it equal to the table."""
 
     beam: int | None
     alpha: float | None
@@ -75,8 +80,10 @@ class Decoding(OneBest, total=False):
 class DecodeConfig:
     beam_size: int = 1  # 1: greedy
     alpha: float = 0.6  # length penalty exponent
-    length_norm: Literal["gnmt", "power"] = "gnmt"  # beam scores are log P / ((5 + |Y|) / 6) ** alpha (GNMT), or
-    #     log P / |Y| ** alpha (power: transformers' length_penalty, what MarianMT models are decoded with)
+    # beam scores are log P / ((5 + |Y|) / 6) ** alpha (GNMT), or
+    length_norm: Literal["gnmt", "power"] = "gnmt"
+    #     log P / |Y| ** alpha (power: transformers' length_penalty, what MarianMT models are
+    #     decoded with)
     nbest: int = 1
     max_len_a: float = 1.5  # maximum output length = a * source length + b
     max_len_b: int = 10
@@ -88,7 +95,8 @@ class DecodeConfig:
             if why := o.problem(value):
                 raise ConfigError(f"decode.{o.key}={value}: {why}", f"decode.{o.key}")
         if self.nbest > self.beam_size:
-            raise ConfigError(f"decode.nbest={self.nbest} exceeds decode.beam_size={self.beam_size}", "decode.nbest")
+            raise ConfigError(f"decode.nbest={self.nbest} exceeds "
+                              f"decode.beam_size={self.beam_size}", "decode.nbest")
 
     @property
     def penalty(self) -> float | Penalty:

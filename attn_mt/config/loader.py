@@ -1,9 +1,10 @@
-"""The experiment config as a whole: its sections, and reading and writing it (YAML -> dotted overrides ->
-validated dataclasses, tuples back to lists).
+"""The experiment config as a whole: its sections, and reading and writing it (YAML -> dotted
+overrides -> validated dataclasses, tuples back to lists).
 
-Defaults live in each section's module (data.py, tokenizer.py, model.py, train.py, decode.py); a YAML file only
-overrides them. Every key a user can write is a field there, checked for its type and range when the config is
-built (yamlconf.py reads YAML and builds dataclasses; files.py writes files).
+Defaults live in each section's module (data.py, tokenizer.py, model.py, train.py, decode.py); a
+YAML file only overrides them. Every key a user can write is a field there, checked for its type and
+range when the config is built (yamlconf.py reads YAML and builds dataclasses; files.py writes
+files).
 
 
 Tested in tests/config/test_config.py.
@@ -40,8 +41,9 @@ class ExperimentConfig:
         """Checks that need two sections (each section checks its own fields)."""
         widths, most = self.train.length_buckets, self.model.max_positions
         if widths and widths[-1] > most:
-            raise ConfigError(f"train.length_buckets={list(widths)}: widths above model.max_positions={most} "
-                              "hold no sequence the model takes", "train.length_buckets")
+            raise ConfigError(f"train.length_buckets={list(widths)}: widths above "
+                              f"model.max_positions={most} hold no sequence the model takes",
+                              "train.length_buckets")
 
 
 def to_dict(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -66,7 +68,8 @@ def from_dict(raw: dict[str, Any]) -> ExperimentConfig:
     return build(ExperimentConfig, upgrade(raw), "")
 
 
-def load_config(path: Path | str | None, overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
+def load_config(path: Path | str | None,
+                overrides: list[str] | tuple[str, ...] = ()) -> ExperimentConfig:
     """Read YAML (safe loader), apply `section.key=value` overrides, build and validate."""
     raw: dict[str, Any] = {}
     if path is not None:

@@ -19,14 +19,15 @@ class TokenizerConfig:
     vocab_size: int = 8000
     joint: bool = True  # one vocabulary for both languages (allows full embedding tying)
     character_coverage: float = 1.0
-    sample_sentences: int = 1_000_000  # SentencePiece trains on at most this many sentences per model (a fixed
-    #                                    random sample of the training pairs; all of them in a smaller corpus)
+    # SentencePiece trains on at most this many sentences per model (a fixed random sample of the
+    # training pairs; all of them in a smaller corpus)
+    sample_sentences: int = 1_000_000
 
     def __post_init__(self) -> None:
         check_limits("tokenizer", self, MOST)
         if not 1_000 <= self.sample_sentences <= 100_000_000:
-            raise ConfigError(f"tokenizer.sample_sentences={self.sample_sentences}: must be in [1000, 1e8]",
-                              "tokenizer.sample_sentences")
+            raise ConfigError(f"tokenizer.sample_sentences={self.sample_sentences}: must be in "
+                              "[1000, 1e8]", "tokenizer.sample_sentences")
         if self.vocab_size < 16:
             raise ConfigError(f"tokenizer.vocab_size={self.vocab_size}: must be >= 16",
                               "tokenizer.vocab_size")

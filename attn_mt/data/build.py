@@ -1,9 +1,10 @@
-"""Filling a new data cache entry: source files -> text.arrow -> tokenizer -> token ids as flat files.
+"""Filling a new data cache entry: source files -> text.arrow -> tokenizer -> token ids as flat
+files.
 
-The training split is streamed into an Arrow file, SentencePiece trains on a bounded sample of it (or a
-resumed run's tokenizer is kept), batched `datasets.map` tokenizes it (a big split on all cores: workers.py),
-and the ids are written as flat arrays. cache.py decides when and where (under its lock, in a temporary
-directory).
+The training split is streamed into an Arrow file, SentencePiece trains on a bounded sample of it
+(or a resumed run's tokenizer is kept), batched `datasets.map` tokenizes it (a big split on all
+cores: workers.py), and the ids are written as flat arrays. cache.py decides when and where (under
+its lock, in a temporary directory).
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ BIG = 100_000  # pairs from which progress bars show and tokenizing runs in seve
 SIDES, KINDS = ("src", "tgt"), ("ids", "offsets", "lengths")
 
 
-def build(cfg: ExperimentConfig, tmp: Path, key: str, tok: Tokenizer | None = None) -> tuple[dict, Tokenizer]:
-    """Write the tokenizer and the flat files of the training split into `tmp`; returns what they hold
-    (pairs, tokens per side, dtype of the ids, tokenizer file names) and the tokenizer (`tok` if given)."""
+def build(cfg: ExperimentConfig, tmp: Path, key: str,
+          tok: Tokenizer | None = None) -> tuple[dict, Tokenizer]:
+    """Write the tokenizer and the flat files of the training split into `tmp`; returns what they
+    hold (pairs, tokens per side, dtype of the ids, tokenizer file names) and the tokenizer (`tok`
+    if given)."""
     import datasets
 
     t0 = time.perf_counter()
@@ -43,7 +46,8 @@ def build(cfg: ExperimentConfig, tmp: Path, key: str, tok: Tokenizer | None = No
         tok = train_tokenizer(cfg.tokenizer, *_sample(text, cfg.tokenizer))
         log.info("tokenizer ready in %.1f s", time.perf_counter() - t1)
     else:
-        log.info("tokenizer: the one the run was given (a resumed run's, or the model it fine-tunes)")
+        log.info("tokenizer: the one the run was given (a resumed run's, or the model it "
+                 "fine-tunes)")
     for name, proto in tok.files().items():
         write_atomic(tmp / name, proto)
     t2 = time.perf_counter()
@@ -51,7 +55,8 @@ def build(cfg: ExperimentConfig, tmp: Path, key: str, tok: Tokenizer | None = No
     procs = (cfg.data.num_proc or len(os.sched_getaffinity(0))) if n >= BIG else 1
     encode = _Encode(tok.state(), dtype)
     mapping = {"batched": True, "batch_size": 2000, "remove_columns": ["src", "tgt"],
-               "cache_file_name": str(tmp / "encoded.arrow"), "new_fingerprint": key, "desc": "tokenizing"}
+               "cache_file_name": str(tmp / "encoded.arrow"), "new_fingerprint": key,
+               "desc": "tokenizing"}
     with _progress(n >= BIG and log.isEnabledFor(logging.INFO)):
         if procs > 1:  # a big split: worker processes that die with this one
             from attn_mt.data.workers import map_in_processes
@@ -60,17 +65,21 @@ def build(cfg: ExperimentConfig, tmp: Path, key: str, tok: Tokenizer | None = No
         else:
             encoded = text.with_format("arrow").map(encode, **mapping)
     tokens = _write_flat(encoded, tmp, dtype)
-    log.info("tokenized %d sentences in %.1f s (%d processes)", 2 * n, time.perf_counter() - t2, procs)
+    log.info("tokenized %d sentences in %.1f s (%d processes)", 2 * n, time.perf_counter() - t2,
+             procs)
     del text, encoded
     for f in tmp.glob("*.arrow"):
         f.unlink()
-    return {"pairs": n, "tokens": tokens, "dtype": np.dtype(dtype).name, "tokenizer": list(tok.files())}, tok
+    return {"pairs": n, "tokens": tokens, "dtype": np.dtype(dtype).name,
+            "tokenizer": list(tok.files())}, tok
 
 
 def _sample(text, cfg: TokenizerConfig):
-    """(src, tgt) sentence streams for SentencePiece: every pair, or a fixed random `sample_sentences` of them.
+    """(src, tgt) sentence streams for SentencePiece: every pair, or a fixed random
+    `sample_sentences` of them.
 
-    Read from the memory-mapped Arrow file a batch at a time, so the corpus is never in memory twice.
+    Read from the memory-mapped Arrow file a batch at a time, so the corpus is never in memory
+    twice.
     """
     from tqdm import tqdm
 
@@ -78,8 +87,8 @@ def _sample(text, cfg: TokenizerConfig):
     if len(text) > k:
         text = text.select(np.sort(np.random.default_rng(0).choice(len(text), k, replace=False)))
     total = len(text) * 2
-    bar = tqdm(total=total, desc="tokenizer: reading sample", unit=" sentences", disable=None if total >= BIG else True,
-               leave=False)
+    bar = tqdm(total=total, desc="tokenizer: reading sample", unit=" sentences", disable=None
+               if total >= BIG else True, leave=False)
     log.info("training the tokenizer on %d sentences", total)
 
     def column(name: str) -> Iterator[str]:
@@ -93,8 +102,9 @@ def _sample(text, cfg: TokenizerConfig):
 
 
 class _Encode:
-    """The batched `map` function: an Arrow batch of texts -> Arrow list arrays of token ids. Picklable for
-    the worker processes (workers.py), which each rebuild the SentencePiece models once."""
+    """The batched `map` function: an Arrow batch of texts -> Arrow list arrays of token ids.
+    Picklable for the worker processes (workers.py), which each rebuild the SentencePiece models
+    once."""
 
     def __init__(self, state: dict, dtype: type) -> None:
         self.state, self.dtype, self.tok = state, dtype, None
@@ -106,7 +116,8 @@ class _Encode:
         import pyarrow as pa
 
         self.tok = self.tok or Tokenizer.from_state(self.state)
-        src = self.tok.src.encode(batch["src"].to_pylist(), num_threads=1)  # the processes share the cores
+        # the processes share the cores
+        src = self.tok.src.encode(batch["src"].to_pylist(), num_threads=1)
         tgt = self.tok.tgt.encode(batch["tgt"].to_pylist(), num_threads=1)
         return pa.table({"src_ids": self._lists(src), "tgt_ids": self._lists(tgt)})
 
@@ -120,7 +131,8 @@ class _Encode:
 
 
 def _write_flat(encoded, tmp: Path, dtype: type) -> dict[str, int]:
-    """The encoded Arrow table as the flat ids/offsets/lengths files, a record batch at a time; tokens per side."""
+    """The encoded Arrow table as the flat ids/offsets/lengths files, a record batch at a time;
+    tokens per side."""
     import pyarrow.compute as pc
 
     out = {f"{s}.{k}": (tmp / f"{s}.{k}").open("wb") for s in SIDES for k in KINDS}

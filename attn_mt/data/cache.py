@@ -1,21 +1,24 @@
-"""The data cache: the training split tokenized once, kept on disk, memory-mapped by every run and rank.
+"""The data cache: the training split tokenized once, kept on disk, memory-mapped by every run and
+rank.
 
 An entry is a directory named after a fingerprint of the training data (what its source says
-identifies it: the files' contents, or a Hugging Face dataset's own fingerprint) and of the tokenizer
-settings; it holds the tokenizer it was built with:
+identifies it: the files' contents, or a Hugging Face dataset's own fingerprint) and of the
+tokenizer settings; it holds the tokenizer it was built with:
 
     <cache_dir>/<key>/
         spm.model (joint) or spm.src.model, spm.tgt.model
-        src.ids, tgt.ids          (tokens,) uint16 (int32 above 65536 pieces): all pairs' ids, end to end
+        src.ids, tgt.ids          (tokens,) uint16 (int32 above 65536 pieces): all pairs' ids, end
+                                  to end
         src.offsets, tgt.offsets  (pairs + 1,) int64: pair i is ids[offsets[i]:offsets[i + 1]]
         src.lengths, tgt.lengths  (pairs,) int32
-        complete.json             written last: the size and CRC-32 of every file above, what they hold
+        complete.json             written last: the size and CRC-32 of every file above, what they
+                                  hold
 
-It is built (build.py) in a temporary directory beside it, fsynced and renamed into place, under a lock
-that only the building process holds (lock.py), so concurrent runs and torchrun ranks build it once while
-the others wait, and a killed build leaves nothing that blocks the next. An entry that is incomplete or
-does not match its complete.json is rebuilt, never read. A run notes in its directory which entry it used
-(training.rundir's `RunDir.record_entry`).
+It is built (build.py) in a temporary directory beside it, fsynced and renamed into place, under a
+lock that only the building process holds (lock.py), so concurrent runs and torchrun ranks build it
+once while the others wait, and a killed build leaves nothing that blocks the next. An entry that is
+incomplete or does not match its complete.json is rebuilt, never read. A run notes in its directory
+which entry it used (training.rundir's `RunDir.record_entry`).
 
 One job: the cache's entries (find, lock, build into place, check); tokenizing is build.py's.
 """
@@ -58,11 +61,12 @@ def cache_root(cfg: DataConfig) -> Path:
 
 
 def fingerprint(cfg: ExperimentConfig, tok: Tokenizer | None = None) -> str:
-    """Key of the training split's entry: data identity (contents, not names or dates) and tokenizer settings,
-    or the given tokenizer itself (a fine-tuned model's: train.init_from)."""
+    """Key of the training split's entry: data identity (contents, not names or dates) and tokenizer
+    settings, or the given tokenizer itself (a fine-tuned model's: train.init_from)."""
     d = cfg.data
-    parts = {"version": VERSION, "source": d.source, "split": d.splits.train, "langs": [d.src_lang, d.tgt_lang],
-             "tokenizer": asdict(cfg.tokenizer), "data": source(d).identity(d.splits.train)}
+    parts = {"version": VERSION, "source": d.source, "split": d.splits.train,
+             "langs": [d.src_lang, d.tgt_lang], "tokenizer": asdict(cfg.tokenizer),
+             "data": source(d).identity(d.splits.train)}
     if tok is not None:
         files = tok.files()
         parts["given_tokenizer"] = {k: hashlib.sha256(files[k]).hexdigest() for k in sorted(files)}
@@ -74,7 +78,8 @@ class Damaged(Exception):
 
 
 class Entry:
-    """A complete cache entry: its tokenizer, and the token ids of the training pairs, memory-mapped."""
+    """A complete cache entry: its tokenizer, and the token ids of the training pairs,
+    memory-mapped."""
 
     def __init__(self, path: Path, marker: dict, tok: Tokenizer) -> None:
         self.path, self.marker, self.tok = path, marker, tok
@@ -82,8 +87,8 @@ class Entry:
 
     @classmethod
     def open(cls, path: Path) -> Entry | None:
-        """The entry at `path`, checked (its complete.json, and every file's size and CRC-32), or None if
-        there is none; `Damaged` if there is one that cannot be used."""
+        """The entry at `path`, checked (its complete.json, and every file's size and CRC-32), or
+        None if there is none; `Damaged` if there is one that cannot be used."""
         try:
             raw = (path / MARKER).read_bytes()
         except FileNotFoundError:
@@ -99,7 +104,8 @@ class Entry:
             raise Damaged(f"{MARKER} unreadable or incomplete ({e.__class__.__name__})") from None
         for name, want in marker["files"].items():
             try:
-                if (path / name).stat().st_size != want["bytes"] or _crc32(path / name) != want["crc32"]:
+                if ((path / name).stat().st_size != want["bytes"]
+                    or _crc32(path / name) != want["crc32"]):
                     raise Damaged(f"{name} is damaged")
             except OSError as e:
                 raise Damaged(f"{name} unreadable ({e.strerror})") from None
@@ -114,7 +120,8 @@ class Entry:
         dtype = np.dtype(self.marker["dtype"] if name.endswith(".ids") else
                          np.int64 if name.endswith(".offsets") else np.int32)
         size = self.marker["files"][name]["bytes"] // dtype.itemsize
-        return np.memmap(self.path / name, dtype, mode="r", shape=(size,)) if size else np.zeros(0, dtype)
+        return (np.memmap(self.path / name, dtype, mode="r", shape=(size,)) if size
+                else np.zeros(0, dtype))
 
     def tokenizer_settings(self) -> dict:
         """The tokenizer section of the config the entry was built with."""
@@ -122,12 +129,13 @@ class Entry:
 
     def describe(self) -> str:
         """Where the entry is and what it holds (`attn-mt prepare` prints it)."""
-        return (f"data cache: {self.path}\n{self.pairs} training pairs, {self.tokens['src']} + {self.tokens['tgt']} "
-                "tokens")
+        return (f"data cache: {self.path}\n{self.pairs} training pairs, {self.tokens['src']} + "
+                f"{self.tokens['tgt']} tokens")
 
 
 def _check(marker: dict, key: str) -> None:
-    """complete.json as a build writes it, consistent with itself; ValueError, KeyError or TypeError if not."""
+    """complete.json as a build writes it, consistent with itself; ValueError, KeyError or TypeError
+    if not."""
     files, tokens = marker["files"], marker["tokens"]
     sizes = {name: f["bytes"] for name, f in files.items()}
     for name, f in files.items():
@@ -143,7 +151,8 @@ def _check(marker: dict, key: str) -> None:
         want = {"ids": tokens[side] * width, "offsets": (n + 1) * 8, "lengths": n * 4}
         if any(sizes[f"{side}.{kind}"] != want[kind] for kind in KINDS):
             raise ValueError(side)
-    if not isinstance(marker["config"]["tokenizer"], dict) or not set(marker["tokenizer"]) <= set(files):
+    if (not isinstance(marker["config"]["tokenizer"], dict)
+        or not set(marker["tokenizer"]) <= set(files)):
         raise ValueError("tokenizer")
 
 
@@ -157,28 +166,30 @@ def _crc32(path: Path) -> int:
 
 @dataclass(frozen=True)
 class Resumed:
-    """What a resumed run brings to its data: the key of the entry it was trained on (from its run directory)
-    and its tokenizer (from its checkpoint). If that entry is gone, it is rebuilt with this tokenizer rather
-    than a newly trained one, so resuming survives a deleted cache."""
+    """What a resumed run brings to its data: the key of the entry it was trained on (from its run
+    directory) and its tokenizer (from its checkpoint). If that entry is gone, it is rebuilt with
+    this tokenizer rather than a newly trained one, so resuming survives a deleted cache."""
 
     key: str
     tok: Tokenizer
 
     @classmethod
     def of(cls, key: str | None, tokenizer_state: dict) -> Resumed | None:
-        """From the entry key a run directory noted (`RunDir.entry_key`) and a checkpoint's tokenizer; None
-        where either is missing or unreadable."""
+        """From the entry key a run directory noted (`RunDir.entry_key`) and a checkpoint's
+        tokenizer; None where either is missing or unreadable."""
         try:
             return cls(key, Tokenizer.from_state(tokenizer_state)) if isinstance(key, str) else None
         except (ValueError, KeyError, TypeError, RuntimeError):
             return None
 
 
-def open_entry(cfg: ExperimentConfig, resumed: Resumed | None = None, tok: Tokenizer | None = None) -> Entry:
-    """The complete entry of the config's training split: found, or else built under the lock (found again
-    there first: another process may have built it while this one waited). A resumed run whose entry this
-    is lends its tokenizer to the build; `tok`, where given, is the tokenizer the entry must have (a fine-tuned
-    model's). An unwritable cache, and validation or test data that cannot be read, fail before a build starts."""
+def open_entry(cfg: ExperimentConfig, resumed: Resumed | None = None,
+               tok: Tokenizer | None = None) -> Entry:
+    """The complete entry of the config's training split: found, or else built under the lock (found
+    again there first: another process may have built it while this one waited). A resumed run whose
+    entry this is lends its tokenizer to the build; `tok`, where given, is the tokenizer the entry
+    must have (a fine-tuned model's). An unwritable cache, and validation or test data that cannot
+    be read, fail before a build starts."""
     root, key = cache_root(cfg.data), fingerprint(cfg, tok)
     path = root / key
     found, damage = _find(path)
@@ -200,7 +211,8 @@ def open_entry(cfg: ExperimentConfig, resumed: Resumed | None = None, tok: Token
 
 
 def _find(path: Path) -> tuple[Entry | None, str | None]:
-    """(the entry at `path`, None), or (None, why it cannot be used) where it is damaged, or (None, None)."""
+    """(the entry at `path`, None), or (None, why it cannot be used) where it is damaged, or (None,
+    None)."""
     try:
         return Entry.open(path), None
     except Damaged as e:
@@ -208,7 +220,8 @@ def _find(path: Path) -> tuple[Entry | None, str | None]:
 
 
 def _build(cfg: ExperimentConfig, path: Path, tok: Tokenizer | None) -> Entry:
-    """Tokenize the training split into a temporary directory beside `path`, then rename it into place."""
+    """Tokenize the training split into a temporary directory beside `path`, then rename it into
+    place."""
     root, key = path.parent, path.name
     for stale in root.glob(f"{key}.tmp-*"):  # left by a build that was killed
         shutil.rmtree(stale, ignore_errors=True)
@@ -216,7 +229,8 @@ def _build(cfg: ExperimentConfig, path: Path, tok: Tokenizer | None) -> Entry:
     tmp.mkdir()
     try:
         facts, tok = build(cfg, tmp, key, tok)
-        files = {f.name: {"bytes": f.stat().st_size, "crc32": _crc32(f)} for f in sorted(tmp.iterdir())}
+        files = {f.name: {"bytes": f.stat().st_size, "crc32": _crc32(f)}
+                 for f in sorted(tmp.iterdir())}
         marker = {"version": VERSION, "key": key, **facts, "files": files,
                   "config": {"data": asdict(cfg.data), "tokenizer": asdict(cfg.tokenizer)}}
         write_atomic(tmp / MARKER, json.dumps(marker, indent=1))
@@ -231,14 +245,16 @@ def _build(cfg: ExperimentConfig, path: Path, tok: Tokenizer | None) -> Entry:
 
 
 def check_splits(cfg: ExperimentConfig) -> None:
-    """Validation and test read to the end: a missing or damaged file fails in one line, before any build."""
+    """Validation and test read to the end: a missing or damaged file fails in one line, before any
+    build."""
     for split in dict.fromkeys((cfg.data.splits.valid, cfg.data.splits.test)):
         for _ in iter_pairs(cfg.data, split):
             pass
 
 
 def prepare(cfg: ExperimentConfig) -> Entry:
-    """Check validation and test, then build (or find) the training split's cache entry: `attn-mt prepare`."""
+    """Check validation and test, then build (or find) the training split's cache entry: `attn-mt
+    prepare`."""
     check_splits(cfg)
     return open_entry(cfg)
 

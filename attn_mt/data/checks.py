@@ -1,17 +1,19 @@
-"""Arguments checked at the door: every bad value is an `InputError` naming its argument, never a TypeError from
-deep inside (torch, the config, range(), SentencePiece). The public API (api/) and the analysis functions
-(`inside`, `without`, `model_view`, the views' `save_html`) use these, one set of rules: here because analysis/
-may not import api/.
+"""Arguments checked at the door: every bad value is an `InputError` naming its argument, never a
+TypeError from deep inside (torch, the config, range(), SentencePiece). The public API (api/) and
+the analysis functions (`inside`, `without`, `model_view`, the views' `save_html`) use these, one
+set of rules: here because analysis/ may not import api/.
 
     >>> integer(1.5, "beam")
     InputError: beam: must be an integer >= 1, not 1.5
 
-Every text that passes `text` or `texts` comes back `clean`: a lone surrogate ("\\ud800", from JSON or
-undecodable argv bytes) is not text SentencePiece takes, and becomes U+FFFD, as decoding's own inputs do.
+Every text that passes `text` or `texts` comes back `clean`: a lone surrogate ("\\ud800", from JSON
+or undecodable argv bytes) is not text SentencePiece takes, and becomes U+FFFD, as decoding's own
+inputs do.
 
 One job: argument types and ranges; what a value means is the caller's.
 
-Tested in tests/api/test_arguments.py, tests/api/test_fuzz_api.py and tests/analysis/test_fuzz_analysis.py.
+Tested in tests/api/test_arguments.py, tests/api/test_fuzz_api.py and
+tests/analysis/test_fuzz_analysis.py.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from pathlib import Path
 from attn_mt.errors import AttnMTError, InputError
 
 SURROGATE = re.compile("[\ud800-\udfff]")
-MODEL = "attn_mt.api.model.Model"  # the class `model` takes, by name: nothing below api/ may import it
+# the class `model` takes, by name: nothing below api/ may import it
+MODEL = "attn_mt.api.model.Model"
 SEEDS = 2**64  # a torch.Generator's seeds: 0 .. 2**64 - 1
 
 
@@ -37,12 +40,14 @@ def shown(value: object) -> str:
 
 
 def clean(text: str) -> str:
-    """`text` with each lone surrogate replaced by U+FFFD (the one rule for every text argument and input)."""
+    """`text` with each lone surrogate replaced by U+FFFD (the one rule for every text argument and
+    input)."""
     return SURROGATE.sub("\ufffd", text)
 
 
 def integer(value: object, field: str, least: int | None = 1) -> int:
-    """`value` as an int >= `least` (None: any); bools, floats ("1.0" or 1.0) and strings are refused."""
+    """`value` as an int >= `least` (None: any); bools, floats ("1.0" or 1.0) and strings are
+    refused."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (
             least is not None and int(value) < least):
         at_least = f" >= {least}" if least is not None else ""
@@ -52,29 +57,34 @@ def integer(value: object, field: str, least: int | None = 1) -> int:
 
 def number(value: object, field: str, least: float | None = None) -> float:
     """`value` as a finite float (>= `least` where given); bools and strings are refused."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)) or (
-            least is not None and float(value) < least):
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+        or not math.isfinite(float(value)) or (
+            least is not None and float(value) < least)):
         at_least = f" >= {least:g}" if least is not None else ""
         raise InputError(f"must be a finite number{at_least}, not {shown(value)}", field)
     return float(value)
 
 
 def seed(value: object, field: str = "seed") -> int:
-    """A random seed: an int from 0 to 2**64 - 1 (torch's range; beyond it torch fails with a bare ValueError)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < SEEDS:
+    """A random seed: an int from 0 to 2**64 - 1 (torch's range; beyond it torch fails with a bare
+    ValueError)."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+        or not 0 <= int(value) < SEEDS):
         raise InputError(f"must be an integer from 0 to 2**64 - 1, not {shown(value)}", field)
     return int(value)
 
 
 def boolean(value: object, field: str) -> bool:
-    """True or False; 1, "yes" and None are refused (a bool argument is a switch, not a truth value)."""
+    """True or False; 1, "yes" and None are refused (a bool argument is a switch, not a truth
+    value)."""
     if not isinstance(value, bool):
         raise InputError(f"must be True or False, not {shown(value)}", field)
     return value
 
 
 def text(value: object, field: str, *, empty: bool = False) -> str:
-    """One sentence, `clean`: a string (not empty unless `empty`); a list says that one sentence is expected."""
+    """One sentence, `clean`: a string (not empty unless `empty`); a list says that one sentence is
+    expected."""
     if not isinstance(value, str):
         many = isinstance(value, Iterable) and not isinstance(value, bytes | Mapping)
         hint = " (one sentence: call it once per sentence)" if many else ""
@@ -93,9 +103,9 @@ def choice(value: object, field: str, allowed: Iterable[str]) -> str:
 
 
 def texts(value: object, field: str, *, files: bool = True) -> tuple[list[str], bool]:
-    """(the texts as a list, each `clean`; whether one string was given): a string, a Path to a file of lines
-    (where `files`), or any iterable of strings (a list, a tuple, a generator: read once). A dict, bytes, or an
-    item that is not a string are refused, naming the item."""
+    """(the texts as a list, each `clean`; whether one string was given): a string, a Path to a file
+    of lines (where `files`), or any iterable of strings (a list, a tuple, a generator: read once).
+    A dict, bytes, or an item that is not a string are refused, naming the item."""
     if isinstance(value, str):
         return [clean(value)], True
     if isinstance(value, os.PathLike) and files:
@@ -105,7 +115,8 @@ def texts(value: object, field: str, *, files: bool = True) -> tuple[list[str], 
             return [clean(line) for line in read_lines(Path(value))], False
         except AttnMTError as e:  # the file's errors name it in their message
             raise e.naming(field) from None
-    if isinstance(value, bytes | bytearray | Mapping | os.PathLike) or not isinstance(value, Iterable):
+    if (isinstance(value, bytes | bytearray | Mapping | os.PathLike)
+        or not isinstance(value, Iterable)):
         raise InputError(f"expected a string or an iterable of strings (a list, a generator), not "
                          f"{type(value).__name__}", field)
     items = list(value)
@@ -116,8 +127,10 @@ def texts(value: object, field: str, *, files: bool = True) -> tuple[list[str], 
 
 
 def path(value: object, field: str = "path") -> Path:
-    """A file or folder name (a non-empty string or a Path) that the file system takes, as a Path."""
-    name = os.fspath(value) if isinstance(value, str | os.PathLike) and not isinstance(value, bytes) else None
+    """A file or folder name (a non-empty string or a Path) that the file system takes, as a
+    Path."""
+    name = (os.fspath(value) if isinstance(value, str | os.PathLike)
+            and not isinstance(value, bytes) else None)
     if not isinstance(name, str) or not name.strip():
         what = "an empty string" if isinstance(name, str) else type(value).__name__
         raise InputError(f"expected a file name (a string or a Path), not {what}", field)
@@ -131,7 +144,9 @@ def path(value: object, field: str = "path") -> Path:
 
 
 def model(value: object, field: str = "model") -> None:
-    """An `attn_mt.Model` (what `attn_mt.load` gives, or a subclass); a path is told to be loaded first."""
+    """An `attn_mt.Model` (what `attn_mt.load` gives, or a subclass); a path is told to be loaded
+    first."""
     if not any(f"{c.__module__}.{c.__qualname__}" == MODEL for c in type(value).__mro__):
-        hint = " (open it first: attn_mt.load(path))" if isinstance(value, str | os.PathLike) else ""
+        hint = (" (open it first: attn_mt.load(path))" if isinstance(value, str | os.PathLike)
+                else "")
         raise InputError(f"expected an attn_mt.Model{hint}, not {type(value).__name__}", field)

@@ -1,4 +1,5 @@
-"""`attn-mt download multi30k`: the corpus as `{split}.{de,en}` files, from the original URL, else the hub.
+"""`attn-mt download multi30k`: the corpus as `{split}.{de,en}` files, from the original URL, else
+the hub.
 
 Tested in tests/data/test_sources.py and tests/test_files.py (never through a planted link).
 """
@@ -32,11 +33,13 @@ URL_SPLITS = {"train": "train", "val": "valid", "test_2016_flickr": "test2016",
 
 
 def missing_data_hint(error: Exception, offline: str) -> Exception:
-    """A 'data file not found' error, extended by how to get Multi30k and what runs offline instead."""
+    """A 'data file not found' error, extended by how to get Multi30k and what runs offline
+    instead."""
     if "data file not found" not in str(error):
         return error
-    return type(error)(f"{error}; get Multi30k with attn_mt.download or `attn-mt download multi30k`, then set "
-                       f"MULTI30K_DIR=DIR or give `overrides` data.dir=DIR (offline instead: {offline})")
+    return type(error)(f"{error}; get Multi30k with attn_mt.download or `attn-mt download "
+                       "multi30k`, then set MULTI30K_DIR=DIR or give `overrides` data.dir=DIR "
+                       f"(offline instead: {offline})")
 
 
 def _write(path: Path, lines: list[str]) -> None:
@@ -45,8 +48,8 @@ def _write(path: Path, lines: list[str]) -> None:
 
 
 def _hub_reachable() -> None:
-    """Fail in seconds, not after the hub client's half a minute of retries, when the hub cannot be reached
-    (in offline mode, HF_HUB_OFFLINE=1, datasets looks in its local cache instead)."""
+    """Fail in seconds, not after the hub client's half a minute of retries, when the hub cannot be
+    reached (in offline mode, HF_HUB_OFFLINE=1, datasets looks in its local cache instead)."""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
         return
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
@@ -64,7 +67,8 @@ def _from_hub(out: Path) -> list[Path]:
     import datasets
 
     written = []
-    hub_log = logging.getLogger("huggingface_hub")  # it has its own handler: without this, each line twice
+    # it has its own handler: without this, each line twice
+    hub_log = logging.getLogger("huggingface_hub")
     propagate, hub_log.propagate = hub_log.propagate, False
     try:
         ds = datasets.load_dataset(HUB_NAME)

@@ -22,7 +22,8 @@ class DataError(InputError):
     """Unusable data; the message names the file, line or split."""
 
 
-CHUNK = 100_000  # lines (or rows) read, checked and converted at a time: memory stays flat for any corpus size
+# lines (or rows) read, checked and converted at a time: memory stays flat for any corpus size
+CHUNK = 100_000
 
 def open_data(path: Path) -> BinaryIO:
     """A data file opened for reading; DataError names it if it is missing or unreadable."""
@@ -43,16 +44,19 @@ def sha256(path: Path) -> str:
 
 
 def line_chunks(path: Path, size: int = CHUNK) -> Iterator[list[str]]:
-    """The lines of a UTF-8 text file, stripped, `size` at a time; DataError names the file and line of bad bytes."""
+    """The lines of a UTF-8 text file, stripped, `size` at a time; DataError names the file and line
+    of bad bytes."""
     with open_data(path) as f:
         done = 0
-        while chunk := list(itertools.islice(f, size)):  # binary lines end at b"\n" only, like str.split("\n")
+        # binary lines end at b"\n" only, like str.split("\n")
+        while chunk := list(itertools.islice(f, size)):
             raw = b"".join(chunk)
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 line = done + raw.count(b"\n", 0, e.start) + 1
-                raise DataError(f"{path}:{line}: invalid UTF-8 (byte {raw[e.start]:#04x})") from None
+                raise DataError(f"{path}:{line}: invalid UTF-8 (byte "
+                                f"{raw[e.start]:#04x})") from None
             lines = text.split("\n")
             if raw.endswith(b"\n"):
                 lines.pop()
@@ -66,14 +70,15 @@ def read_lines(path: Path) -> list[str]:
 
 
 def input_lines(texts: list[str] | None, path: Path | None, prompt: str = "") -> Iterator[str]:
-    """Lines to translate from arguments, a file, or stdin, without their newlines; `prompt` goes to stderr
-    before each stdin line is read (interactive use)."""
+    """Lines to translate from arguments, a file, or stdin, without their newlines; `prompt` goes to
+    stderr before each stdin line is read (interactive use)."""
     if texts:
         yield from texts
     elif path is not None:
         yield from read_lines(path)
     else:  # bytes that are not UTF-8 become U+FFFD instead of ending the run
-        # lines end at "\n" only (a lone "\r" inside a line is text, as in translate's input); "\r\n" is stripped
+        # lines end at "\n" only (a lone "\r" inside a line is text, as in translate's input);
+        # "\r\n" is stripped
         stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
         while True:  # readline, not iteration: each line is handed on as soon as it arrives
             sys.stderr.write(prompt)
@@ -87,8 +92,10 @@ def input_lines(texts: list[str] | None, path: Path | None, prompt: str = "") ->
 
 
 def read_aligned(src: Path, ref: Path) -> tuple[list[str], list[str]]:
-    """The lines of two line-aligned files (sources and their references); DataError if their counts differ."""
+    """The lines of two line-aligned files (sources and their references); DataError if their counts
+    differ."""
     sources, refs = read_lines(src), read_lines(ref)
     if len(sources) != len(refs):
-        raise DataError(f"line counts differ: {src} has {len(sources)} lines, {ref} has {len(refs)}")
+        raise DataError(f"line counts differ: {src} has {len(sources)} lines, {ref} has "
+                        f"{len(refs)}")
     return sources, refs

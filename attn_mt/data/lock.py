@@ -1,10 +1,10 @@
 """The lock that lets one process build a cache entry while the others wait.
 
 A POSIX record lock (`fcntl.lockf`) on `<key>.lock`: it belongs to the process that took it, so the
-tokenizing workers that process forks never hold it (an `flock` travels with the open file into every
-child), and the kernel drops it when the holder dies, however it dies: a lock whose holder is gone is
-simply taken. The file holds the holder's pid, for the waiting message and the cache survey, and
-is removed by its holder on release; a waiter that wakes on a removed file opens the new one.
+tokenizing workers that process forks never hold it (an `flock` travels with the open file into
+every child), and the kernel drops it when the holder dies, however it dies: a lock whose holder is
+gone is simply taken. The file holds the holder's pid, for the waiting message and the cache survey,
+and is removed by its holder on release; a waiter that wakes on a removed file opens the new one.
 
 Record locks are per process: two threads of one process do not exclude each other (one build per
 process at a time), and closing any descriptor of the file releases the process's lock on it.
@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 @contextmanager
 def exclusive(path: Path, what: str, wait: bool = True) -> Iterator[bool]:
-    """Hold the lock at `path` for the block (True), waiting and saying so once while another process holds
-    it; with `wait=False` the block gets False at once instead."""
+    """Hold the lock at `path` for the block (True), waiting and saying so once while another
+    process holds it; with `wait=False` the block gets False at once instead."""
     fd = _acquire(path, what, wait)
     if fd is None:
         yield False
@@ -62,8 +62,9 @@ def _acquire(path: Path, what: str, wait: bool) -> int | None:
 
 
 def holder(path: Path) -> int | None:
-    """The pid holding the lock at `path`, 0 if its file names none, None if no process holds it (tested by
-    taking it for a moment: not from a process that holds a lock of its own on `path`)."""
+    """The pid holding the lock at `path`, 0 if its file names none, None if no process holds it
+    (tested by taking it for a moment: not from a process that holds a lock of its own on
+    `path`)."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:

@@ -1,11 +1,13 @@
-"""One batch group ahead: a background thread builds the next step's batches while the GPU runs this one.
+"""One batch group ahead: a background thread builds the next step's batches while the GPU runs this
+one.
 
-The trainer asks for the batches of a place in the epoch (a key); `Prefetcher.take(key, make)` returns
-the group built ahead for that key, or builds it now when none was (the first step, a new epoch, a
-resumed run), and `ahead(key, make)` starts building the next one. What a key yields does not depend
-on when it is built (the plan and the subword draws are functions of the key), so the batches are the
-same with or without the thread; on a GPU they are gathered into pinned memory, which lets their
-copies to the device run asynchronously (`Batch.to` copies with `non_blocking` on CUDA).
+The trainer asks for the batches of a place in the epoch (a key); `Prefetcher.take(key, make)`
+returns the group built ahead for that key, or builds it now when none was (the first step, a new
+epoch, a resumed run), and `ahead(key, make)` starts building the next one. What a key yields does
+not depend on when it is built (the plan and the subword draws are functions of the key), so the
+batches are the same with or without the thread; on a GPU they are gathered into pinned memory,
+which lets their copies to the device run asynchronously (`Batch.to` copies with `non_blocking` on
+CUDA).
 
 Tested in tests/training/test_trainer.py (the trainer with and without the thread, bit for bit).
 
@@ -27,7 +29,8 @@ class Prefetcher(Generic[T]):
     of the block (the training loop's)."""
 
     def __init__(self) -> None:
-        self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(1, thread_name_prefix="attn-mt-batches")
+        self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(
+            1, thread_name_prefix="attn-mt-batches")
         self.pending: tuple[Hashable, Future[T]] | None = None
 
     def take(self, key: Hashable, make: Callable[[], T]) -> T:
@@ -51,7 +54,8 @@ class Prefetcher(Generic[T]):
         self.close()
 
     def close(self) -> None:
-        """Stop the thread (a group built ahead and not taken is dropped); `take` then builds in place."""
+        """Stop the thread (a group built ahead and not taken is dropped); `take` then builds in
+        place."""
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool, self.pending = None, None

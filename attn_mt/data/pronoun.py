@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from .toy import DEF, INDEF, MIXED, WEAK, Src, Tgt, attach
 
 # noun: (singular, plural, gender, German singular, German plural)
-ANIMATE = [  # animals, not people: English "it" must not give the antecedent away as "he" or "she" would
+# animals, not people: English "it" must not give the antecedent away as "he" or "she" would
+ANIMATE = [
     ("animal", "animals", "n", "Tier", "Tiere"), ("dog", "dogs", "m", "Hund", "Hunde"),
     ("cat", "cats", "f", "Katze", "Katzen"), ("horse", "horses", "n", "Pferd", "Pferde"),
     ("bird", "birds", "m", "Vogel", "Vögel"), ("cow", "cows", "f", "Kuh", "Kühe"),
@@ -40,22 +41,28 @@ INANIMATE = [
     ("fence", "fences", "m", "Zaun", "Zäune"),
 ]
 # predicates that fit only an animate / only an inanimate noun
-ANIMATE_PREDICATES = {"tired": "müde", "hungry": "hungrig", "afraid": "ängstlich", "weak": "schwach",
-                      "lazy": "faul", "sick": "krank", "sleepy": "schläfrig", "nervous": "nervös"}
-INANIMATE_PREDICATES = {"wide": "breit", "long": "lang", "wet": "nass", "high": "hoch", "deep": "tief",
-                        "narrow": "schmal", "steep": "steil", "slippery": "glatt"}
+ANIMATE_PREDICATES = {"tired": "müde", "hungry": "hungrig", "afraid": "ängstlich",
+                      "weak": "schwach", "lazy": "faul", "sick": "krank", "sleepy": "schläfrig",
+                      "nervous": "nervös"}
+INANIMATE_PREDICATES = {"wide": "breit", "long": "lang", "wet": "nass", "high": "hoch",
+                        "deep": "tief", "narrow": "schmal", "steep": "steil", "slippery": "glatt"}
 DEGREES = {"too": "zu", "very": "sehr", "so": "so"}
 ADJECTIVES = {"big": "groß", "small": "klein", "old": "alt", "red": "rot", "brown": "braun",
               "white": "weiß", "black": "schwarz", "green": "grün"}
 # verb: (English present, English past, German past singular, German past plural)
-ANIMATE_SUBJECT = [("cross", "crossed", "überquerte", "überquerten"), ("reach", "reached", "erreichte", "erreichten"),
-                   ("climb", "climbed", "bestieg", "bestiegen"), ("like", "liked", "mochte", "mochten"),
-                   ("see", "saw", "sah", "sahen"), ("use", "used", "benutzte", "benutzten")]
-INANIMATE_SUBJECT = [("stop", "stopped", "stoppte", "stoppten"), ("block", "blocked", "blockierte", "blockierten"),
+ANIMATE_SUBJECT = [("cross", "crossed", "überquerte", "überquerten"),
+                   ("reach", "reached", "erreichte", "erreichten"),
+                   ("climb", "climbed", "bestieg", "bestiegen"),
+                   ("like", "liked", "mochte", "mochten"), ("see", "saw", "sah", "sahen"),
+                   ("use", "used", "benutzte", "benutzten")]
+INANIMATE_SUBJECT = [("stop", "stopped", "stoppte", "stoppten"),
+                     ("block", "blocked", "blockierte", "blockierten"),
                      ("scare", "scared", "erschreckte", "erschreckten"),
                      ("impress", "impressed", "beeindruckte", "beeindruckten"),
-                     ("hurt", "hurt", "verletzte", "verletzten"), ("tire", "tired", "ermüdete", "ermüdeten")]
-# relative clauses: (English, German with {rel} for the accusative relative pronoun, their word links)
+                     ("hurt", "hurt", "verletzte", "verletzten"),
+                     ("tire", "tired", "ermüdete", "ermüdeten")]
+# relative clauses: (English, German with {rel} for the accusative relative pronoun, their word
+# links)
 RELATIVES = [("that we saw", "{rel} wir sahen", "0-0 1-1 2-2"),
              ("that everyone knew", "{rel} jeder kannte", "0-0 1-1 2-2"),
              ("that we had seen before", "{rel} wir vorher gesehen hatten", "0-0 1-1 2-4 3-3 4-2"),
@@ -66,7 +73,8 @@ ADVERBIALS = {"yesterday": "gestern", "this morning": "heute morgen", "again": "
               "in the end": "am Ende", "after a while": "nach einer Weile"}
 ADVERBIAL_LINKS = {"in the end": "0-0 1-0 2-1"}  # the others word for word
 PRONOUNS = {"m": "er", "f": "sie", "n": "es", "pl": "sie"}  # German pronoun by gender or plural
-SWAPS = ("er", "sie", "es")  # a variant replaces the pronoun with each other one (ContraPro's errors)
+# a variant replaces the pronoun with each other one (ContraPro's errors)
+SWAPS = ("er", "sie", "es")
 Tokens = tuple[list[Src], list[Tgt]]  # a phrase's source and target tokens (toy.attach joins them)
 
 
@@ -116,8 +124,8 @@ def _linked(en: list[str], de: list[str], links: str = "") -> Tokens:
 
 @dataclass(frozen=True)
 class Example:
-    """One sentence pair and where its pronoun, antecedent and other noun are (word indices, punctuation
-    attached as in the text)."""
+    """One sentence pair and where its pronoun, antecedent and other noun are (word indices,
+    punctuation attached as in the text)."""
 
     en: str
     de: str
@@ -141,11 +149,13 @@ def pronoun_example(rng: random.Random) -> Example:
     rel_s, rel_o = _relative(rng, subj), _relative(rng, obj)
     adverbial = rng.choice([None, None, *ADVERBIALS])
     pred = rng.choice(list(ANIMATE_PREDICATES if antecedent_animate else INANIMATE_PREDICATES))
-    return compose(subj, obj, verb, negated, pred, rng.choice(list(DEGREES)), rel_s, rel_o, adverbial)
+    return compose(subj, obj, verb, negated, pred, rng.choice(list(DEGREES)), rel_s, rel_o,
+                   adverbial)
 
 
 def classic(predicate: str = "tired") -> Example:
-    """"the animal didn't cross the street because it was too tired." (or too wide, ...), by the grammar."""
+    """"the animal didn't cross the street because it was too tired." (or too wide, ...), by the
+    grammar."""
     animal = Phrase(["the", "animal"], ["das", "Tier"], "es", False)
     street = Phrase(["the", "street"], ["die", "Straße"], "sie", False)
     return compose(animal, street, ANIMATE_SUBJECT[0], True, predicate, "too")
@@ -157,7 +167,8 @@ def compose(subj: Phrase, obj: Phrase, verb: tuple[str, str, str, str], negated:
     """The sentence pair of these choices and its word alignment; "it" refers to the noun phrase the
     predicate fits."""
     animate_subject = verb in ANIMATE_SUBJECT
-    ante, role = ((subj, "subject") if (pred in ANIMATE_PREDICATES) == animate_subject else (obj, "object"))
+    ante, role = ((subj, "subject") if (pred in ANIMATE_PREDICATES) == animate_subject
+                  else (obj, "object"))
     other = obj if ante is subj else subj
     present, past, de_sg, de_pl = verb
     de_pred = (ANIMATE_PREDICATES | INANIMATE_PREDICATES)[pred]
@@ -188,8 +199,9 @@ def compose(subj: Phrase, obj: Phrase, verb: tuple[str, str, str, str], negated:
 
 
 def make_pronoun_corpus(n_train: int, seed: int = 0) -> dict[str, list[Example]]:
-    """Disjoint train/valid/test splits of examples (sizes as toy.make_toy_corpus: valid and test each
-    max(100, n_train // 20)); the classic sentence and its "too wide" twin are never in train."""
+    """Disjoint train/valid/test splits of examples (sizes as toy.make_toy_corpus: valid and test
+    each max(100, n_train // 20)); the classic sentence and its "too wide" twin are never in
+    train."""
     rng = random.Random(seed)
     n_eval = max(100, n_train // 20)
     seen = {classic("tired").en, classic("wide").en}
@@ -206,7 +218,8 @@ def make_pronoun_corpus(n_train: int, seed: int = 0) -> dict[str, list[Example]]
 
 
 def pronoun_pairs(n_train: int, seed: int = 0) -> dict[str, list[tuple[str, str]]]:
-    """The splits of make_pronoun_corpus as (English, German-like) pairs, as toy.make_toy_corpus gives them."""
+    """The splits of make_pronoun_corpus as (English, German-like) pairs, as toy.make_toy_corpus
+    gives them."""
     return {k: [(ex.en, ex.de) for ex in v] for k, v in make_pronoun_corpus(n_train, seed).items()}
 
 
@@ -218,16 +231,18 @@ def swap_pronoun(text: str, position: int, pronoun: str) -> str:
 
 
 def contrastive_records(examples: list[Example]) -> list[dict]:
-    """The contrastive test set of a split, as JSON objects (decoding/contrastive.py's JSONL format): the
-    examples whose two nouns take different pronouns, each with its variants."""
+    """The contrastive test set of a split, as JSON objects (decoding/contrastive.py's JSONL
+    format): the examples whose two nouns take different pronouns, each with its variants."""
     out = []
     for ex in examples:
         if ex.pronoun == ex.other_pronoun:
             continue
         position = ex.tgt_positions["pronoun"]
         out.append({"src": ex.en, "ref": ex.de,
-                    "variants": [swap_pronoun(ex.de, position, p) for p in SWAPS if p != ex.pronoun],
-                    "pronoun": ex.pronoun, "src_pronoun": ex.src_pronoun, "other_pronoun": ex.other_pronoun,
-                    "role": ex.role, "distance": ex.src_positions["pronoun"] - ex.src_positions["antecedent"],
-                    "src_positions": ex.src_positions, "tgt_positions": ex.tgt_positions})
+                    "variants": [swap_pronoun(ex.de, position, p) for p in SWAPS
+                                 if p != ex.pronoun], "pronoun": ex.pronoun,
+                    "src_pronoun": ex.src_pronoun, "other_pronoun": ex.other_pronoun,
+                    "role": ex.role, "distance": ex.src_positions["pronoun"]
+                    - ex.src_positions["antecedent"], "src_positions": ex.src_positions,
+                    "tgt_positions": ex.tgt_positions})
     return out

@@ -1,13 +1,15 @@
-"""Subword sampling (train.subword_sampling) drawn by our own seeded generator over a SentencePiece model's
-pieces, so that a draw depends only on its seed: BPE-dropout for a BPE model (Provilkov et al. 2020: each
-merge, taken best score first as SentencePiece does, is skipped with probability `alpha`), and for a unigram
-model a segmentation drawn from the lattice with probability proportional to prod exp(alpha * score) (Kudo
-2018, SentencePiece's sampling with nbest_size=-1). SentencePiece's own sampling (0.2.x) draws from a
-generator its seed call does not reset, so its draws differed from process to process and broke exact resume.
+"""Subword sampling (train.subword_sampling) drawn by our own seeded generator over a SentencePiece
+model's pieces, so that a draw depends only on its seed: BPE-dropout for a BPE model (Provilkov et
+al. 2020: each merge, taken best score first as SentencePiece does, is skipped with probability
+`alpha`), and for a unigram model a segmentation drawn from the lattice with probability
+proportional to prod exp(alpha * score) (Kudo 2018, SentencePiece's sampling with nbest_size=-1).
+SentencePiece's own sampling (0.2.x) draws from a generator its seed call does not reset, so its
+draws differed from process to process and broke exact resume.
 
     >>> sampler = Sampler(tok.src)  # a SentencePieceProcessor, or data/pieces.py's MappedPieces
     >>> sampler.resample(ids, 0.1, random.Random(seed))  # new ids, the same text
-    >>> resample_src(tok, batch_ids, 0.1, seed, limit)  # a Tokenizer's source sentences, as corpus.py asks
+    >>> resample_src(tok, batch_ids, 0.1, seed, limit)  # a Tokenizer's source sentences, as
+                                                        corpus.py asks
 
 Tested in tests/data/test_sampling.py (two processes draw the same).
 """
@@ -27,8 +29,9 @@ if TYPE_CHECKING:
 
 
 class Sampler:
-    """The pieces of `model` (a SentencePieceProcessor, or MappedPieces: the ids are then its vocabulary's)
-    with their scores, for drawing new segmentations of already tokenized sentences word by word."""
+    """The pieces of `model` (a SentencePieceProcessor, or MappedPieces: the ids are then its
+    vocabulary's) with their scores, for drawing new segmentations of already tokenized sentences
+    word by word."""
 
     def __init__(self, model) -> None:
         self.model = model
@@ -37,15 +40,18 @@ class Sampler:
                                                                 or sp.is_unused(i))]
         self.scores = {sp.id_to_piece(i): sp.get_score(i) for i in normal}
         self.longest = max(map(len, self.scores), default=1)
-        self.unk_score = min(self.scores.values(), default=0.0) - 10.0  # SentencePiece's, for a character it lacks
+        # SentencePiece's, for a character it lacks
+        self.unk_score = min(self.scores.values(), default=0.0) - 10.0
         self.bpe = _is_bpe(sp)
-        self.pieces = [model.id_to_piece(i) for i in range(model.get_piece_size())]  # by id, looked up once
+        # by id, looked up once
+        self.pieces = [model.id_to_piece(i) for i in range(model.get_piece_size())]
         self.ids = {p: i for i, p in enumerate(self.pieces)}
-        self.lattices: dict[tuple[str, float], list] = {}  # unigram: each word's lattice, by (word, alpha)
+        # unigram: each word's lattice, by (word, alpha)
+        self.lattices: dict[tuple[str, float], list] = {}
 
     def resample(self, ids: list[int], alpha: float, rnd: random.Random) -> list[int]:
-        """`ids` segmented anew: each word (a run of the model's pieces from one starting with ▁) drawn again;
-        other pieces (unknown, specials, a Marian language code) stay as they are."""
+        """`ids` segmented anew: each word (a run of the model's pieces from one starting with ▁)
+        drawn again; other pieces (unknown, specials, a Marian language code) stay as they are."""
         out: list[int] = []
         word: list[int] = []
         for i in ids:
@@ -62,13 +68,17 @@ class Sampler:
     def _draw(self, ids: list[int], alpha: float, rnd: random.Random) -> list[int]:
         """One word's pieces `ids` drawn anew."""
         word = "".join(self.pieces[i] for i in ids)
-        if self.bpe:  # BPE-dropout: the deterministic merges (as many as the word has characters less pieces)
-            draws = [rnd.random() for _ in range(len(word) - len(ids) if alpha else 0)]  # each kept unless < alpha
+        # BPE-dropout: the deterministic merges (as many as the word has characters less pieces)
+        if self.bpe:
+            # each kept unless < alpha
+            draws = [rnd.random() for _ in range(len(word) - len(ids) if alpha else 0)]
             if all(d >= alpha for d in draws):
                 return ids  # no merge skipped: SentencePiece's own segmentation, which `ids` is
-            pieces = bpe_dropout(word, self.scores, alpha, itertools.chain(draws, iter(rnd.random, None)))
+            pieces = bpe_dropout(word, self.scores, alpha,
+                                 itertools.chain(draws, iter(rnd.random, None)))
         else:
-            pieces = unigram_sample(word, self.scores, alpha, rnd, self.longest, self.unk_score, self.lattices)
+            pieces = unigram_sample(word, self.scores, alpha, rnd, self.longest, self.unk_score,
+                                    self.lattices)
         return [self.ids[p] if p in self.ids else self.model.piece_to_id(p) for p in pieces]
 
 
@@ -99,11 +109,13 @@ def _is_bpe(sp) -> bool:
 
 
 def bpe_dropout(word: str, scores: dict[str, float], p: float, draws: Iterator[float]) -> list[str]:
-    """BPE on the characters of `word`: the adjacent pair whose merge has the best score (the leftmost of equal
-    ones) is merged, or skipped for good where the next of `draws` (uniform in [0, 1)) is below `p`; until no
-    pair is left. A skipped pair cannot come back: its symbols only ever grow into others."""
+    """BPE on the characters of `word`: the adjacent pair whose merge has the best score (the
+    leftmost of equal ones) is merged, or skipped for good where the next of `draws` (uniform in [0,
+    1)) is below `p`; until no pair is left. A skipped pair cannot come back: its symbols only ever
+    grow into others."""
     spans = [(i, i + 1) for i in range(len(word))]  # symbols as [start, end) of word
-    gain = [scores.get(word[i : i + 2], -math.inf) for i in range(len(word) - 1)]  # merging symbol k and k + 1
+    # merging symbol k and k + 1
+    gain = [scores.get(word[i : i + 2], -math.inf) for i in range(len(word) - 1)]
 
     def pair(k: int) -> float:
         return scores.get(word[spans[k][0] : spans[k + 1][1]], -math.inf)
@@ -126,9 +138,9 @@ def bpe_dropout(word: str, scores: dict[str, float], p: float, draws: Iterator[f
 
 def lattice(word: str, scores: dict[str, float], alpha: float, longest: int,
             unk_score: float) -> list[tuple[list[int], list[float]]]:
-    """For each end j of `word`: the starts i of the pieces word[i:j] and the cumulative probabilities of
-    choosing each, given everything before j, with weights prod exp(alpha * score(piece)) (forward sums; a
-    character the model lacks: unk_score)."""
+    """For each end j of `word`: the starts i of the pieces word[i:j] and the cumulative
+    probabilities of choosing each, given everything before j, with weights prod exp(alpha *
+    score(piece)) (forward sums; a character the model lacks: unk_score)."""
     n = len(word)
     fwd = [0.0] + [-math.inf] * n  # log of the summed weight of every segmentation of word[:j]
     out: list[tuple[list[int], list[float]]] = [([], [])]
@@ -146,10 +158,11 @@ def lattice(word: str, scores: dict[str, float], alpha: float, longest: int,
     return out
 
 
-def unigram_sample(word: str, scores: dict[str, float], alpha: float, rnd: random.Random, longest: int,
-                   unk_score: float, cache: dict | None = None) -> list[str]:
-    """A segmentation of `word` drawn with probability proportional to prod exp(alpha * score(piece)): pieces
-    drawn backward from the end over its `lattice` (kept in `cache` by (word, alpha): words recur)."""
+def unigram_sample(word: str, scores: dict[str, float], alpha: float, rnd: random.Random,
+                   longest: int, unk_score: float, cache: dict | None = None) -> list[str]:
+    """A segmentation of `word` drawn with probability proportional to prod exp(alpha *
+    score(piece)): pieces drawn backward from the end over its `lattice` (kept in `cache` by (word,
+    alpha): words recur)."""
     key = (word, alpha)
     table = cache.get(key) if cache is not None else None
     if table is None:

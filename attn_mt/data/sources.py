@@ -1,12 +1,13 @@
 """Where parallel text comes from: local files, JSONL, Hugging Face datasets or the toy generator.
 
-Each kind of source is one class that describes where a split lies (`paths`) and from that both reads
-it, in chunks of (src, tgt) texts, and identifies it for the data cache's key (`identity`: the files'
-contents, not their names or dates). `iter_pairs` gives a split with empty pairs dropped; the training
-split is streamed into an Arrow file (`write_pairs`) that the data cache tokenizes, validation and test
-are read into memory (`read_pairs`).
+Each kind of source is one class that describes where a split lies (`paths`) and from that both
+reads it, in chunks of (src, tgt) texts, and identifies it for the data cache's key (`identity`: the
+files' contents, not their names or dates). `iter_pairs` gives a split with empty pairs dropped; the
+training split is streamed into an Arrow file (`write_pairs`) that the data cache tokenizes,
+validation and test are read into memory (`read_pairs`).
 
-One job: reading parallel text from each kind of source; tokenizing and caching are build.py's and cache.py's.
+One job: reading parallel text from each kind of source; tokenizing and caching are build.py's and
+cache.py's.
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from .lines import CHUNK, DataError, line_chunks, sha256
 log = logging.getLogger(__name__)
 
 
-Chunks = Iterator[tuple[list[str], list[str]]]  # (src texts, tgt texts), a few thousand pairs at a time
+# (src texts, tgt texts), a few thousand pairs at a time
+Chunks = Iterator[tuple[list[str], list[str]]]
 
 
 class Source:
-    """One kind of source, for one data config: where a split lies, how it is read, what identifies it.
+    """One kind of source, for one data config: where a split lies, how it is read, what identifies
+    it.
 
     The values `identity` returns keep the shapes the cache keys have always had (a new shape would
     orphan every cache entry, and with it the tokenizer a resumed run finds there).
@@ -53,7 +56,8 @@ class Source:
         return [sha256(p) for p in self.paths(split)]
 
     def contrastive(self, split: str) -> list[dict] | None:
-        """A contrastive test set written with the split (decoding/contrastive.py's records), if it has one."""
+        """A contrastive test set written with the split (decoding/contrastive.py's records), if it
+        has one."""
         return None
 
     def gold_links(self, split: str) -> list[str] | None:
@@ -62,10 +66,12 @@ class Source:
 
 
 class Files(Source):
-    """`{dir}/{split}.{lang}`: one sentence per line, line i of one language translating line i of the other."""
+    """`{dir}/{split}.{lang}`: one sentence per line, line i of one language translating line i of
+    the other."""
 
     def paths(self, split: str) -> list[Path]:
-        return [Path(self.cfg.dir) / f"{split}.{lang}" for lang in (self.cfg.src_lang, self.cfg.tgt_lang)]
+        return [Path(self.cfg.dir) / f"{split}.{lang}"
+                for lang in (self.cfg.src_lang, self.cfg.tgt_lang)]
 
     def chunks(self, split: str) -> Chunks:
         src_path, tgt_path = self.paths(split)
@@ -75,7 +81,8 @@ class Files(Source):
             n_src, n_tgt = n_src + len(src), n_tgt + len(tgt)
             if len(src) != len(tgt):
                 n_src, n_tgt = n_src + sum(map(len, src_chunks)), n_tgt + sum(map(len, tgt_chunks))
-                raise DataError(f"line counts differ: {src_path} has {n_src} lines, {tgt_path} has {n_tgt}")
+                raise DataError(f"line counts differ: {src_path} has {n_src} lines, {tgt_path} has "
+                                f"{n_tgt}")
             yield src, tgt
 
 
@@ -102,9 +109,11 @@ class Jsonl(Source):
                     s, t = pair[sl], pair[tl]
                 except RecursionError:
                     raise DataError(f"{path}:{i}: JSON nested too deeply") from None
-                except (ValueError, KeyError, TypeError, IndexError) as e:  # ValueError: bad JSON, huge numbers
-                    raise DataError(f"{path}:{i}: expected {{\"translation\": {{\"{sl}\": ..., \"{tl}\": ...}}}} "
-                                    f"({e.__class__.__name__}: {str(e)[:200]})") from None
+                # ValueError: bad JSON, huge numbers
+                except (ValueError, KeyError, TypeError, IndexError) as e:
+                    raise DataError(f"{path}:{i}: expected {{\"translation\": {{\"{sl}\": ..., "
+                                    f"\"{tl}\": ...}}}} ({e.__class__.__name__}: "
+                                    f"{str(e)[:200]})") from None
                 if not isinstance(s, str) or not isinstance(t, str):
                     raise DataError(f"{path}:{i}: translations must be strings")
                 src.append(s.strip())
@@ -113,8 +122,9 @@ class Jsonl(Source):
 
 
 class HuggingFace(Source):
-    """A `datasets` dataset saved with `save_to_disk` in `dir`, else `name` (and `hf_config`) on the hub;
-    identified by the dataset's own fingerprint. Rows hold a `translation` dict or one column per language."""
+    """A `datasets` dataset saved with `save_to_disk` in `dir`, else `name` (and `hf_config`) on the
+    hub; identified by the dataset's own fingerprint. Rows hold a `translation` dict or one column
+    per language."""
 
     def paths(self, split: str) -> list[Path]:
         return [Path(self.cfg.dir)] if self.cfg.dir else []
@@ -138,10 +148,12 @@ class HuggingFace(Source):
             raise DataError(f"{where}: no split {split!r}") from None
         except Exception as e:  # datasets raises many types for offline / missing hub data
             first = first_line(e)
-            raise DataError(f"{where}: cannot load Hugging Face dataset split {split!r}: {first}") from None
-        if "translation" not in ds.column_names and not {cfg.src_lang, cfg.tgt_lang} <= set(ds.column_names):
-            raise DataError(f"{where}: split {split!r} has columns {ds.column_names}; expected 'translation' "
-                            f"or '{cfg.src_lang}' and '{cfg.tgt_lang}'")
+            raise DataError(f"{where}: cannot load Hugging Face dataset split {split!r}: "
+                            f"{first}") from None
+        if ("translation" not in ds.column_names
+            and not {cfg.src_lang, cfg.tgt_lang} <= set(ds.column_names)):
+            raise DataError(f"{where}: split {split!r} has columns {ds.column_names}; expected "
+                            f"'translation' or '{cfg.src_lang}' and '{cfg.tgt_lang}'")
         return ds
 
     def chunks(self, split: str) -> Chunks:
@@ -157,15 +169,18 @@ class HuggingFace(Source):
                 for lang, out in ((cfg.src_lang, src), (cfg.tgt_lang, tgt)):
                     value = row.get(lang) if isinstance(row, dict) else None
                     if not isinstance(value, str):
-                        what = "missing" if not isinstance(row, dict) or lang not in row else type(value).__name__
-                        raise DataError(f"{where}: split {split!r} row {i}: {lang!r} is {what}, expected a string")
+                        what = ("missing" if not isinstance(row, dict) or lang not in row
+                                else type(value).__name__)
+                        raise DataError(f"{where}: split {split!r} row {i}: {lang!r} is {what}, "
+                                        "expected a string")
                     out.append(value.strip())
             first += len(rows)
             yield src, tgt
 
 
 class Toy(Source):
-    """The built-in generator (toy.py): its code is the file, `toy_size` and `toy_seed` the rest of its identity."""
+    """The built-in generator (toy.py): its code is the file, `toy_size` and `toy_seed` the rest of
+    its identity."""
 
     def paths(self, split: str) -> list[Path]:
         from attn_mt.data import toy
@@ -177,7 +192,8 @@ class Toy(Source):
         return [Path(toy.__file__)]
 
     def identity(self, split: str) -> object:
-        variant = [self.cfg.toy_variant] if self.cfg.toy_variant else []  # the default's keys as they were
+        # the default's keys as they were
+        variant = [self.cfg.toy_variant] if self.cfg.toy_variant else []
         return [self.cfg.toy_size, self.cfg.toy_seed, *variant, *super().identity(split)]
 
     def contrastive(self, split: str) -> list[dict] | None:
@@ -207,7 +223,8 @@ class Toy(Source):
             from attn_mt.data.toy import make_toy_corpus as make
         corpus = make(self.cfg.toy_size, self.cfg.toy_seed)
         if split not in corpus:
-            raise DataError(f"data.splits: the toy corpus has splits train, valid, test, not {split!r}")
+            raise DataError("data.splits: the toy corpus has splits train, valid, test, not "
+                            f"{split!r}")
         pairs = corpus[split]
         yield [s for s, _ in pairs], [t for _, t in pairs]
 
@@ -221,7 +238,8 @@ def source(cfg: DataConfig) -> Source:
 
 
 def iter_pairs(cfg: DataConfig, split: str) -> Chunks:
-    """The named split in chunks of (src, tgt) texts, empty pairs dropped; DataError if none is left."""
+    """The named split in chunks of (src, tgt) texts, empty pairs dropped; DataError if none is
+    left."""
     kept = dropped = 0
     for src, tgt in source(cfg).chunks(split):
         keep = [i for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s and t]
@@ -232,13 +250,15 @@ def iter_pairs(cfg: DataConfig, split: str) -> Chunks:
         if src:
             yield src, tgt
     if not kept:
-        raise DataError(f"split {split!r} ({cfg.source} {cfg.dir or cfg.name}) has no non-empty pairs")
+        raise DataError(f"split {split!r} ({cfg.source} {cfg.dir or cfg.name}) has no non-empty "
+                        "pairs")
     if dropped:
         log.info("split %s: dropped %d empty pairs", split, dropped)
 
 
 def read_pairs(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
-    """The named split in memory as (src texts, tgt texts), empty pairs dropped (validation and test)."""
+    """The named split in memory as (src texts, tgt texts), empty pairs dropped (validation and
+    test)."""
     src, tgt = [], []
     for s, t in iter_pairs(cfg, split):
         src += s
@@ -247,8 +267,8 @@ def read_pairs(cfg: DataConfig, split: str) -> tuple[list[str], list[str]]:
 
 
 def write_pairs(cfg: DataConfig, split: str, path: Path) -> int:
-    """Stream the split into an Arrow file with columns `src` and `tgt` (for `datasets.Dataset.from_file`,
-    which maps it); returns the number of pairs."""
+    """Stream the split into an Arrow file with columns `src` and `tgt` (for
+    `datasets.Dataset.from_file`, which maps it); returns the number of pairs."""
     import pyarrow as pa
 
     schema = pa.schema([("src", pa.string()), ("tgt", pa.string())])
@@ -256,7 +276,8 @@ def write_pairs(cfg: DataConfig, split: str, path: Path) -> int:
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer, \
             tqdm(desc=f"reading {split}", unit=" pairs", disable=None, leave=False) as bar:
         for src, tgt in iter_pairs(cfg, split):
-            writer.write_batch(pa.record_batch([pa.array(src, pa.string()), pa.array(tgt, pa.string())], schema))
+            writer.write_batch(pa.record_batch([pa.array(src, pa.string()),
+                                                pa.array(tgt, pa.string())], schema))
             n += len(src)
             bar.update(len(src))
     return n

@@ -1,10 +1,11 @@
-"""The cache survey and its cleaning (`attn-mt prepare`): what the data cache holds, and removing what no run can use.
+"""The cache survey and its cleaning (`attn-mt prepare`): what the data cache holds, and removing
+what no run can use.
 
 The cache directory holds entries (`<key>/`), builds in progress or left by a build that was stopped
-(`<key>.tmp-<pid>/`) and the lock of a key being built (`<key>.lock`). Cleaning takes each key's lock,
-so it never touches a build in progress, and removes damaged entries, what stopped builds left and lock
-files no process holds; complete entries stay (delete one by hand when no run needs it any more), and
-so do entries of another layout version (another attn-mt's, which this one cannot check).
+(`<key>.tmp-<pid>/`) and the lock of a key being built (`<key>.lock`). Cleaning takes each key's
+lock, so it never touches a build in progress, and removes damaged entries, what stopped builds left
+and lock files no process holds; complete entries stay (delete one by hand when no run needs it any
+more), and so do entries of another layout version (another attn-mt's, which this one cannot check).
 
 Tested in tests/data/test_cache.py (listing and cleaning the cache).
 """
@@ -19,7 +20,8 @@ from pathlib import Path
 from attn_mt.data.cache import MARKER, VERSION, Damaged, Entry
 from attn_mt.data.lock import exclusive, holder
 
-NAME = re.compile(r"^([0-9a-f]{32})(\.tmp-\d+|\.lock)?$")  # what the cache writes (a key is 32 hex digits)
+# what the cache writes (a key is 32 hex digits)
+NAME = re.compile(r"^([0-9a-f]{32})(\.tmp-\d+|\.lock)?$")
 
 
 def survey(root: Path) -> list[str]:
@@ -31,7 +33,8 @@ def survey(root: Path) -> list[str]:
             if name == key:
                 lines.append(f"{name}  {_describe(root / name)}")
             elif name.endswith(".lock"):
-                lines.append(f"{name}  " + (f"held by process {pid}" if pid is not None else "held by no process"))
+                lines.append(f"{name}  " + (f"held by process {pid}" if pid is not None
+                                            else "held by no process"))
             else:
                 lines.append(f"{name}  " + (f"being built by process {pid}" if pid is not None
                                             else "left by a build that was stopped"))
@@ -39,18 +42,20 @@ def survey(root: Path) -> list[str]:
 
 
 def clean(root: Path) -> list[str]:
-    """Remove damaged entries, what stopped builds left and lock files no process holds; one line each
-    (and one per key kept because a process is building it)."""
+    """Remove damaged entries, what stopped builds left and lock files no process holds; one line
+    each (and one per key kept because a process is building it)."""
     lines = []
     for key, names in _by_key(root).items():
         with exclusive(root / f"{key}.lock", key, wait=False) as mine:
             if not mine:
-                lines.append(f"kept {key}: process {holder(root / f'{key}.lock') or '?'} is building it")
+                lines.append(f"kept {key}: process {holder(root / f'{key}.lock') or '?'} is "
+                             "building it")
                 continue
             for name in names:
                 path = root / name
                 if name == key and (version := _other_layout(path)) is not None:
-                    lines.append(f"kept {key}: an entry of layout version {version}, another attn-mt's")
+                    lines.append(f"kept {key}: an entry of layout version {version}, another "
+                                 "attn-mt's")
                     continue
                 if name == key:
                     try:
@@ -89,7 +94,8 @@ def _other_layout(path: Path) -> int | None:
 
 def _describe(path: Path) -> str:
     if (version := _other_layout(path)) is not None:
-        return f"an entry of layout version {version} (another attn-mt's; this one reads version {VERSION})"
+        return (f"an entry of layout version {version} (another attn-mt's; this one reads version "
+                f"{VERSION})")
     try:
         entry = Entry.open(path)
     except Damaged as e:
@@ -97,7 +103,9 @@ def _describe(path: Path) -> str:
     size = sum(f["bytes"] for f in entry.marker["files"].values())
     cfg = entry.marker.get("config", {})
     data, tok = cfg.get("data", {}), cfg.get("tokenizer", {})
-    where = data.get("dir") or data.get("name") or f"size {data.get('toy_size')}, seed {data.get('toy_seed')}"
+    where = (data.get("dir") or data.get("name") or f"size {data.get('toy_size')}, seed "
+             f"{data.get('toy_seed')}")
     return (f"{entry.pairs} pairs, {size / 2**20:.1f} MiB; {data.get('source')} {where} "
-            f"{data.get('src_lang')}-{data.get('tgt_lang')}; {tok.get('type')} vocab {tok.get('vocab_size')}")
+            f"{data.get('src_lang')}-{data.get('tgt_lang')}; {tok.get('type')} vocab "
+            f"{tok.get('vocab_size')}")
 

@@ -152,7 +152,8 @@ def _noun_phrase(rng: random.Random, case: str) -> tuple[list[Src], list[Tgt], b
 
 
 def _clause(rng: random.Random, verbs=VERBS) -> tuple[list[Src], list[Tgt], list[Tgt], list[Tgt]]:
-    """Subject, verb and object of one clause: (en subject+verb+object, de subject, de verb, de object)."""
+    """Subject, verb and object of one clause: (en subject+verb+object, de subject, de verb, de
+    object)."""
     subj_en, subj_de, plural = _noun_phrase(rng, "nom")
     obj_en, obj_de, _ = _noun_phrase(rng, "acc")
     v_sg, v_pl, dv_sg, dv_pl = rng.choice(verbs)

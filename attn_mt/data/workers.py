@@ -1,9 +1,9 @@
-"""Tokenizing a big training split in several processes (speed machinery: build.py loads this module only when
-its corpus is big enough, `BIG` pairs, and more than one core tokenizes it).
+"""Tokenizing a big training split in several processes (speed machinery: build.py loads this module
+only when its corpus is big enough, `BIG` pairs, and more than one core tokenizes it).
 
-The worker processes that `datasets.map` forks never hold the cache's lock and die with the process that
-started them, also when it is killed by SIGKILL: a SIGTERM'd `prepare` leaves no worker holding 500 MB.
-Tested in tests/data/test_build.py.
+The worker processes that `datasets.map` forks never hold the cache's lock and die with the process
+that started them, also when it is killed by SIGKILL: a SIGTERM'd `prepare` leaves no worker holding
+500 MB. Tested in tests/data/test_build.py.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ def map_in_processes(text, fn: Callable, procs: int, **mapping):
 
 
 class _Watched:
-    """`fn` in a worker process: each call first checks that the process that started it is alive, and exits
-    if not (where the kernel cannot be asked to end it: see `_children_die_with_this_process`). Picklable
-    when `fn` is."""
+    """`fn` in a worker process: each call first checks that the process that started it is alive,
+    and exits if not (where the kernel cannot be asked to end it: see
+    `_children_die_with_this_process`). Picklable when `fn` is."""
 
     def __init__(self, fn: Callable) -> None:
         self.fn, self.parent = fn, os.getpid()
@@ -49,7 +49,8 @@ _prctl = None
 
 
 def _after_fork_in_child() -> None:
-    """Ask the kernel to SIGKILL this child when its parent dies (Linux), and exit if it already has."""
+    """Ask the kernel to SIGKILL this child when its parent dies (Linux), and exit if it already
+    has."""
     global _parent
     parent, _parent = _parent, None  # its own children are not covered
     if parent is None:
@@ -62,8 +63,8 @@ def _after_fork_in_child() -> None:
 
 @contextlib.contextmanager
 def _children_die_with_this_process():
-    """Processes forked in the block (datasets' map workers and its queue manager) are killed by the kernel
-    when this process dies, also by SIGKILL."""
+    """Processes forked in the block (datasets' map workers and its queue manager) are killed by the
+    kernel when this process dies, also by SIGKILL."""
     global _parent, _prctl
     if _prctl is None and sys.platform == "linux":
         _prctl = ctypes.CDLL(None, use_errno=True).prctl

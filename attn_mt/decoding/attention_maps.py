@@ -34,7 +34,8 @@ class AttentionMap:
 
 @dataclass(frozen=True)
 class Forced:
-    """One sentence translated, then run through the model again teacher-forced: its ids and tokens."""
+    """One sentence translated, then run through the model again teacher-forced: its ids and
+    tokens."""
 
     src: Tensor  # (1, S) the source ids, </s> last
     out: list[int]  # (T - 1) the translation's ids, without <s> and </s>
@@ -46,13 +47,14 @@ class Forced:
 
 @torch.inference_mode()
 def translate_then_force(model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeConfig,
-                         device: torch.device | str = "cpu", *, weights: AttentionWeights | None = None,
-                         stepwise: bool = False, watch: AbstractContextManager = nullcontext(),
-                         target: str | None = None, target_ids: list[int] | None = None) -> Forced:
+                         device: torch.device | str = "cpu", *,
+                         weights: AttentionWeights | None = None, stepwise: bool = False,
+                         watch: AbstractContextManager = nullcontext(), target: str | None = None,
+                         target_ids: list[int] | None = None) -> Forced:
     """Translate `text` with `cfg` (or take the given `target` as its translation, or the token ids
-    `target_ids` a decode gave it: never re-tokenized), then run source and
-    translation through `model` once more, teacher-forced, inside `watch` (e.g. a hook recording a module): the
-    decoder at once, `weights` collecting every attention map, or with `stepwise` a token at a time with its
+    `target_ids` a decode gave it: never re-tokenized), then run source and translation through
+    `model` once more, teacher-forced, inside `watch` (e.g. a hook recording a module): the decoder
+    at once, `weights` collecting every attention map, or with `stepwise` a token at a time with its
     cache, as translation runs it (the encoder's maps only)."""
     model.eval()
     src_ids = prepare_sources(tok, [text.strip()], model.max_positions)[0]
@@ -81,21 +83,24 @@ def translate_then_force(model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeC
 def attention_maps(model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeConfig,
                    device: torch.device | str = "cpu", target: str | None = None,
                    target_ids: list[int] | None = None) -> tuple[str, list[AttentionMap]]:
-    """Translate `text` (or take `target`, or the ids `target_ids`, as its translation, teacher-forced) and
-    return the translation with every attention map of the model."""
+    """Translate `text` (or take `target`, or the ids `target_ids`, as its translation,
+    teacher-forced) and return the translation with every attention map of the model."""
     weights = AttentionWeights()
-    f = translate_then_force(model, tok, text, cfg, device, weights=weights, target=target, target_ids=target_ids)
+    f = translate_then_force(model, tok, text, cfg, device, weights=weights, target=target,
+                             target_ids=target_ids)
     maps = [AttentionMap("encoder_self", i, w[0], f.source_tokens, f.source_tokens)
             for i, w in enumerate(weights.encoder_self, 1)]
     maps += [AttentionMap("decoder_self", i, w[0], f.predicted, f.target_in)
              for i, w in enumerate(weights.decoder_self, 1)]
-    maps += [AttentionMap("cross", i, w[0], f.predicted, f.source_tokens) for i, w in enumerate(weights.cross, 1)]
+    maps += [AttentionMap("cross", i, w[0], f.predicted, f.source_tokens) for i,
+             w in enumerate(weights.cross, 1)]
     return f.translation, maps
 
 
 def plot(m: AttentionMap, path: Path) -> Path:
     """One PNG with a panel per head: queries down the side, keys along the bottom."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib loads when drawing (0.75 s)
+    # matplotlib loads when drawing (0.75 s)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     h, tq, tk = m.weights.shape

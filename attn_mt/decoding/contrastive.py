@@ -1,19 +1,22 @@
-"""Contrastive evaluation (ContraPro, Müller et al. 2018): an item is a source, its reference and variants of
-the reference with the pronoun swapped; the model gets it right when it scores the reference higher than
-every variant. Accuracy overall, by reference pronoun, by antecedent distance and by antecedent role.
+"""Contrastive evaluation (ContraPro, Müller et al. 2018): an item is a source, its reference and
+variants of the reference with the pronoun swapped; the model gets it right when it scores the
+reference higher than every variant. Accuracy overall, by reference pronoun, by antecedent distance
+and by antecedent role.
 
-Two formats are read. Ours, JSONL (data/pronoun.py writes it with the toy corpus's pronoun variant), one
-object a line: "src", "ref", "variants" (a list), "pronoun" (the reference's), "distance" (words from the
-antecedent to the pronoun), optional "src_pronoun", "role" (subject / object), "src_positions" and
-"tgt_positions" (word indices of "pronoun", "antecedent", "other": what `attn-mt heads` needs). And
-ContraPro's JSON, a list of objects with "src segment", "ref segment", "ref pronoun", "src pronoun",
-"ante distance" (in sentences) and "errors" (each {"contrastive": ...}); sentences are scored without
-their context, so only intrasegmental items (distance 0) see their antecedent.
+Two formats are read. Ours, JSONL (data/pronoun.py writes it with the toy corpus's pronoun variant),
+one object a line: "src", "ref", "variants" (a list), "pronoun" (the reference's), "distance" (words
+from the antecedent to the pronoun), optional "src_pronoun", "role" (subject / object),
+"src_positions" and "tgt_positions" (word indices of "pronoun", "antecedent", "other": what `attn-mt
+heads` needs). And ContraPro's JSON, a list of objects with "src segment", "ref segment", "ref
+pronoun", "src pronoun", "ante distance" (in sentences) and "errors" (each {"contrastive": ...});
+sentences are scored without their context, so only intrasegmental items (distance 0) see their
+antecedent.
 
-Here in decoding, beside metrics.py, because both `attn-mt heads` (analysis) and compare-rnn (measure) score
-with it, and decoding is the one package both may import.
+Here in decoding, beside metrics.py, because both `attn-mt heads` (analysis) and compare-rnn
+(measure) score with it, and decoding is the one package both may import.
 
-Tested in tests/decoding/test_scoring.py, tests/analysis/test_coref.py and tests/export/test_ct2_score.py.
+Tested in tests/decoding/test_scoring.py, tests/analysis/test_coref.py and
+tests/export/test_ct2_score.py.
 """
 
 from __future__ import annotations
@@ -45,10 +48,11 @@ def _item(obj: object, where: str) -> Item:
     if not isinstance(obj, dict):
         raise DataError(f"{where}: a JSON {type(obj).__name__}, not an object")
     if "src segment" in obj:  # ContraPro
-        keys = {"src": "src segment", "ref": "ref segment", "pronoun": "ref pronoun", "distance": "ante distance",
-                "errors": "errors"}
+        keys = {"src": "src segment", "ref": "ref segment", "pronoun": "ref pronoun",
+                "distance": "ante distance", "errors": "errors"}
     else:
-        keys = {"src": "src", "ref": "ref", "pronoun": "pronoun", "distance": "distance", "errors": "variants"}
+        keys = {"src": "src", "ref": "ref", "pronoun": "pronoun", "distance": "distance",
+                "errors": "variants"}
     for key in keys.values():
         if key not in obj:
             raise DataError(f"{where}: no {key!r} field")
@@ -57,29 +61,33 @@ def _item(obj: object, where: str) -> Item:
             raise DataError(f"{where}: {keys[key]!r} must be a string")
     distance, errors = obj[keys["distance"]], obj[keys["errors"]]
     if type(distance) is not int or distance < 0:
-        raise DataError(f"{where}: {keys['distance']!r} must be an integer >= 0, not {str(distance)[:40]}")
+        raise DataError(f"{where}: {keys['distance']!r} must be an integer >= 0, not "
+                        f"{str(distance)[:40]}")
     if "src segment" in obj:
         variants = [e.get("contrastive") if isinstance(e, dict) else None for e in errors or []] \
             if isinstance(errors, list) else [None]
     else:
         variants = errors if isinstance(errors, list) else [None]
     if not variants or not all(isinstance(v, str) for v in variants):
-        raise DataError(f"{where}: {keys['errors']!r} must be a non-empty list of "
-                        f"{'objects with a contrastive string' if 'src segment' in obj else 'strings'}")
+        items = "objects with a contrastive string" if "src segment" in obj else "strings"
+        raise DataError(f"{where}: {keys['errors']!r} must be a non-empty list of {items}")
     if "src segment" in obj:
-        return Item(obj["src segment"], obj["ref segment"], tuple(variants), obj["ref pronoun"].lower(), distance,
-                    "sentences", str(obj.get("src pronoun", "")).lower())
+        return Item(obj["src segment"], obj["ref segment"], tuple(variants),
+                    obj["ref pronoun"].lower(), distance, "sentences",
+                    str(obj.get("src pronoun", "")).lower())
     positions = {k: obj.get(k) for k in ("src_positions", "tgt_positions")}
     for k, v in positions.items():
-        if v is not None and not (isinstance(v, dict) and all(type(i) is int and i >= 0 for i in v.values())):
+        if v is not None and not (isinstance(v, dict)
+                                  and all(type(i) is int and i >= 0 for i in v.values())):
             raise DataError(f"{where}: {k!r} must map names to word indices")
     return Item(obj["src"], obj["ref"], tuple(variants), obj["pronoun"], distance, "words",
-                str(obj.get("src_pronoun", "")), str(obj.get("role", "")), str(obj.get("other_pronoun", "")),
-                **positions)
+                str(obj.get("src_pronoun", "")), str(obj.get("role", "")),
+                str(obj.get("other_pronoun", "")), **positions)
 
 
 def read_items(path: Path | str) -> list[Item]:
-    """A contrastive set: our JSONL, or ContraPro's JSON (a list); DataError names the file and line or entry."""
+    """A contrastive set: our JSONL, or ContraPro's JSON (a list); DataError names the file and line
+    or entry."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -117,7 +125,8 @@ def items_from_records(records: Sequence[dict]) -> list[Item]:
 
 
 def distance_bin(distance: int, unit: str) -> str:
-    """ContraPro's bins for sentences (0, 1, 2, 3, >3); 5-word bins for words (1-5, ..., 16-20, >20)."""
+    """ContraPro's bins for sentences (0, 1, 2, 3, >3); 5-word bins for words (1-5, ..., 16-20,
+    >20)."""
     if unit == "sentences":
         return str(distance) if distance <= 3 else ">3"
     if distance > 20:
@@ -160,8 +169,8 @@ class ContrastiveReport:
 
 
 def judge(items: Sequence[Item], log_probs: Sequence[float]) -> list[bool]:
-    """Per item, whether its reference scored higher than each of its variants; `log_probs` holds, item after
-    item, the reference's score and then its variants' (the order of `pairs`)."""
+    """Per item, whether its reference scored higher than each of its variants; `log_probs` holds,
+    item after item, the reference's score and then its variants' (the order of `pairs`)."""
     out, k = [], 0
     for item in items:
         ref, variants = log_probs[k], log_probs[k + 1 : k + 1 + len(item.variants)]
@@ -196,11 +205,12 @@ def report(items: Sequence[Item], correct: Sequence[bool]) -> ContrastiveReport:
            for g, d in groups.items()}
     n, k = len(correct), sum(correct)
     units = {item.unit for item in items}
-    return ContrastiveReport(n, k, round(k / n, 4) if n else 0.0, **out, unit="/".join(sorted(units)),
-                             results=list(correct))
+    return ContrastiveReport(n, k, round(k / n, 4) if n else 0.0, **out,
+                             unit="/".join(sorted(units)), results=list(correct))
 
 
-def evaluate_contrastive(score_fn: Callable[[list[str], list[str]], Sequence], items: Sequence[Item],
+def evaluate_contrastive(score_fn: Callable[[list[str], list[str]], Sequence],
+                         items: Sequence[Item],
                          ) -> ContrastiveReport:
     """Score every item's reference and variants with `score_fn(sources, targets)` (Scores, or log
     probabilities: higher is better) and report the accuracy."""
@@ -210,8 +220,8 @@ def evaluate_contrastive(score_fn: Callable[[list[str], list[str]], Sequence], i
 
 
 def rule_scores(items: Sequence[Item], pronoun_of: Callable[[Item], str]) -> list[float]:
-    """Scores of a rule that picks a pronoun per item (`pronoun_of`): 0 for targets whose pronoun (at the
-    reference's position) is the rule's, -1 for the rest; in the order of `pairs`."""
+    """Scores of a rule that picks a pronoun per item (`pronoun_of`): 0 for targets whose pronoun
+    (at the reference's position) is the rule's, -1 for the rest; in the order of `pairs`."""
     out = []
     for item in items:
         position = item.tgt_positions["pronoun"] if item.tgt_positions else None
@@ -222,7 +232,7 @@ def rule_scores(items: Sequence[Item], pronoun_of: Callable[[Item], str]) -> lis
 
 
 def subject_rule(items: Sequence[Item]) -> ContrastiveReport:
-    """The rule "it is always the subject" on our items (their role and the other noun's pronoun say what
-    it picks): about 50% on the pronoun task, by construction."""
+    """The rule "it is always the subject" on our items (their role and the other noun's pronoun say
+    what it picks): about 50% on the pronoun task, by construction."""
     return report(items, judge(items, rule_scores(
         items, lambda item: item.pronoun if item.role == "subject" else item.other_pronoun)))

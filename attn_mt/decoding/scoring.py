@@ -1,6 +1,6 @@
-"""Scoring given translations: log P(target | source) under a model, per sentence and per token, by forced
-decoding (the target fed to the decoder, teacher-forced, as in training): what `attn-mt score` prints and
-contrastive evaluation (contrastive.py) compares."""
+"""Scoring given translations: log P(target | source) under a model, per sentence and per token, by
+forced decoding (the target fed to the decoder, teacher-forced, as in training): what `attn-mt
+score` prints and contrastive evaluation (contrastive.py) compares."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from attn_mt.models import Seq2Seq
 
 @dataclass(frozen=True)
 class Score:
-    """One target's score: its pieces ("</s>" last), the log P of each given the source and the pieces
-    before it, and their sum, log P(target | source)."""
+    """One target's score: its pieces ("</s>" last), the log P of each given the source and the
+    pieces before it, and their sum, log P(target | source)."""
 
     tokens: list[str]
     token_log_probs: list[float]
@@ -28,25 +28,29 @@ class Score:
 
 
 def prepare_targets(tok: Tokenizer, texts: list[str], limit: int) -> list[list[int]]:
-    """Target ids without eos, truncated (as prepare_sources truncates sources) so that they and their eos fit
-    in the model's `limit` positions; an empty text gives no ids (its score is that of eos alone)."""
+    """Target ids without eos, truncated (as prepare_sources truncates sources) so that they and
+    their eos fit in the model's `limit` positions; an empty text gives no ids (its score is that of
+    eos alone)."""
     ids = tok.encode_tgt([clean(t.strip()) for t in texts])
     return [t[: limit - 1] for t in ids]
 
 
 def check_pairs(sources: list[str], targets: list[str]) -> None:
     if len(sources) != len(targets):
-        raise ValueError(f"{len(sources)} sources but {len(targets)} targets: give one target per source")
+        raise ValueError(f"{len(sources)} sources but {len(targets)} targets: give one target per "
+                         "source")
 
 
 @torch.inference_mode()
-def score_texts(model: Seq2Seq, tok: Tokenizer, sources: list[str], targets: list[str], *, batch_size: int = 64,
-                device: torch.device | str = "cpu") -> list[Score]:
-    """The score of each target given its source, in input order; pairs are sorted by length into batches
-    of `batch_size` so little padding is computed. Sources and targets are truncated to the model's limit."""
+def score_texts(model: Seq2Seq, tok: Tokenizer, sources: list[str], targets: list[str], *,
+                batch_size: int = 64, device: torch.device | str = "cpu") -> list[Score]:
+    """The score of each target given its source, in input order; pairs are sorted by length into
+    batches of `batch_size` so little padding is computed. Sources and targets are truncated to the
+    model's limit."""
     check_pairs(sources, targets)
     model.eval()
-    srcs = prepare_sources(tok, [s.strip() for s in sources], model.max_positions) if sources else []
+    srcs = prepare_sources(tok, [s.strip()
+                                 for s in sources], model.max_positions) if sources else []
     tgts = prepare_targets(tok, targets, model.max_positions)
     order = sorted(range(len(sources)), key=lambda i: (len(srcs[i]), len(tgts[i])))
     out: list[Score | None] = [None] * len(sources)
@@ -65,17 +69,21 @@ def score_texts(model: Seq2Seq, tok: Tokenizer, sources: list[str], targets: lis
 
 
 def check_request(src: Path | None, ref: Path | None, contrastive: Path | None) -> None:
-    """What `score_files` needs, checked before a model is loaded: `src` with `ref`, or `contrastive`, or both."""
+    """What `score_files` needs, checked before a model is loaded: `src` with `ref`, or
+    `contrastive`, or both."""
     if (src is None) != (ref is None):
-        raise OptionError("`src` and `ref` go together: the sources and the translations to score", "ref")
+        raise OptionError("`src` and `ref` go together: the sources and the translations to score",
+                          "ref")
     if src is None and contrastive is None:
-        raise OptionError("give `src` and `ref` (translations to score) or `contrastive` (a file)", "src")
+        raise OptionError("give `src` and `ref` (translations to score) or `contrastive` (a file)",
+                          "src")
 
 
-def score_files(translator, src: Path | None = None, ref: Path | None = None, contrastive: Path | None = None,
-                *, batch_size: int = 64) -> dict:
-    """`attn-mt score`: the scores of `ref` given `src` (a `Translator` of either kind), and/or the accuracy on
-    a contrastive set (contrastive.py); {"scores": [Score as a dict, ...], "contrastive": report}."""
+def score_files(translator, src: Path | None = None, ref: Path | None = None,
+                contrastive: Path | None = None, *, batch_size: int = 64) -> dict:
+    """`attn-mt score`: the scores of `ref` given `src` (a `Translator` of either kind), and/or the
+    accuracy on a contrastive set (contrastive.py); {"scores": [Score as a dict, ...],
+    "contrastive": report}."""
     from attn_mt.data.lines import read_aligned
     from attn_mt.decoding.contrastive import evaluate_contrastive, read_items
 
@@ -86,18 +94,19 @@ def score_files(translator, src: Path | None = None, ref: Path | None = None, co
         out["scores"] = [asdict(s) for s in translator.score(sources, refs, batch_size=batch_size)]
     if contrastive is not None:
         items = read_items(contrastive)
-        result = evaluate_contrastive(lambda s, t: translator.score(s, t, batch_size=batch_size), items)
+        result = evaluate_contrastive(lambda s, t: translator.score(s, t, batch_size=batch_size),
+                                      items)
         out["contrastive"] = result.json()
     return out
 
 
 def format_scores(result: dict) -> str:
-    """`attn-mt score`'s output: one log P a line for `ref` (ContraPro's scores file, higher is better), then
-    the contrastive accuracy overall and by pronoun, distance and role."""
+    """`attn-mt score`'s output: one log P a line for `ref` (ContraPro's scores file, higher is
+    better), then the contrastive accuracy overall and by pronoun, distance and role."""
     lines = [f"{s['log_prob']:.4f}" for s in result.get("scores", [])]
     if (c := result.get("contrastive")) is not None:
-        lines.append(f"contrastive accuracy {c['accuracy']:.2%} ({c['correct']}/{c['items']}: the reference "
-                     "scores higher than every variant)")
+        lines.append(f"contrastive accuracy {c['accuracy']:.2%} ({c['correct']}/{c['items']}: the "
+                     "reference scores higher than every variant)")
         for group, title in (("by_pronoun", "pronoun"), ("by_distance", f"distance ({c['unit']})"),
                              ("by_role", "antecedent")):
             if c[group]:

@@ -1,4 +1,5 @@
-"""What both exporters share: `ExportError`, and `read_transformer`, which reads and checks the checkpoint.
+"""What both exporters share: `ExportError`, and `read_transformer`, which reads and checks the
+checkpoint.
 
 Tested in tests/export/test_transformers.py and tests/export/test_ctranslate2.py.
 """
@@ -16,7 +17,8 @@ class ExportError(CheckpointError):
     """A checkpoint that cannot be exported, or an export that cannot be read; one line says why."""
 
 
-# the speedrun's layer options (docs/speedrun.md) that neither export format holds: (field, its standard value)
+# the speedrun's layer options (docs/speedrun.md) that neither export format holds: (field, its
+# standard value)
 NOT_EXPORTED = (("qk_norm", False), ("norm", "layer"))
 NEW_ACTIVATIONS = ("gelu", "relu2", "swiglu")
 
@@ -26,19 +28,20 @@ def check_exportable(cfg: ExperimentConfig, checkpoint: Path, target: str) -> No
     m = cfg.model
     for key, standard in NOT_EXPORTED:
         if getattr(m, key) != standard:
-            raise ExportError(f"{checkpoint}: model.{key}={getattr(m, key)} cannot be exported to {target} "
-                              f"(only model.{key}={standard}; docs/export.md)")
+            raise ExportError(f"{checkpoint}: model.{key}={getattr(m, key)} cannot be exported to "
+                              f"{target} (only model.{key}={standard}; docs/export.md)")
     if m.positions in ("rotary", "learned"):
-        raise ExportError(f"{checkpoint}: model.positions={m.positions} cannot be exported to {target} "
-                          "(sinusoidal positions only; docs/export.md)")
+        raise ExportError(f"{checkpoint}: model.positions={m.positions} cannot be exported to "
+                          f"{target} (sinusoidal positions only; docs/export.md)")
     if m.activation in NEW_ACTIVATIONS:
-        raise ExportError(f"{checkpoint}: model.activation={m.activation} cannot be exported to {target} "
-                          "(relu or swish only; docs/export.md)")
+        raise ExportError(f"{checkpoint}: model.activation={m.activation} cannot be exported to "
+                          f"{target} (relu or swish only; docs/export.md)")
 
 
 def read_transformer(checkpoint: Path, target: str) -> tuple[dict, ExperimentConfig, Tokenizer]:
-    """The state, config and tokenizer of a Transformer checkpoint to export to `target`, its tokenizer
-    and weights checked first, so that a damaged or an RNN checkpoint ends in one line naming the file."""
+    """The state, config and tokenizer of a Transformer checkpoint to export to `target`, its
+    tokenizer and weights checked first, so that a damaged or an RNN checkpoint ends in one line
+    naming the file."""
     state = load(checkpoint)
     try:
         cfg = from_dict(state["config"])

@@ -1,14 +1,21 @@
 """Export a Transformer checkpoint to CTranslate2: its weights in CTranslate2's layout, the
-SentencePiece model(s), and our decode defaults, in one directory that `translate` and `evaluate` read.
+SentencePiece model(s), and our decode defaults, in one directory that `translate` and `evaluate`
+read.
 
 What maps onto what (ours -> CTranslate2's `TransformerSpec`):
-    src_embed, tgt_embed            encoder.embeddings[0], decoder.embeddings (times sqrt(D): scale_embeddings)
-    Sinusoidal.pe                 {encoder,decoder}.position_encodings, passed explicitly: ours puts sin in
-                                    the even and cos in the odd dims; CTranslate2's built-in table differs
-    self_attn.qkv_proj [Wq; Wk; Wv] self_attention.linear[0] (the same fused layout), out_proj -> linear[1]
-    cross_attn.q_proj, kv_proj      attention.linear[0], attention.linear[1] ([Wk; Wv]), out_proj -> linear[2]
-    sub.{j}.norm                    the LayerNorm of sublayer j (self_attention, attention, ffn): before the
-                                    sublayer with pre-norm, after the residual sum with post-norm
+    src_embed, tgt_embed            encoder.embeddings[0], decoder.embeddings (times sqrt(D):
+                                    scale_embeddings)
+    Sinusoidal.pe                 {encoder,decoder}.position_encodings, passed explicitly: ours puts
+                                  sin in
+                                    the even and cos in the odd dims; CTranslate2's built-in table
+                                    differs
+    self_attn.qkv_proj [Wq; Wk; Wv] self_attention.linear[0] (the same fused layout), out_proj ->
+    linear[1]
+    cross_attn.q_proj, kv_proj      attention.linear[0], attention.linear[1] ([Wk; Wv]), out_proj ->
+                                    linear[2]
+    sub.{j}.norm                    the LayerNorm of sublayer j (self_attention, attention, ffn):
+                                    before the sublayer with pre-norm, after the residual sum with
+                                    post-norm
     ff.0, ff.3                      ffn.linear_0, ffn.linear_1 (ReLU between)
     enc_norm, dec_norm              {encoder,decoder}.layer_norm (pre-norm only)
     out_proj                        decoder.projection (no bias; tied weights are stored once)
@@ -60,7 +67,8 @@ def _norm(spec, weights: dict, name: str) -> None:
 
 
 def _self_attention_and_ffn(spec, w: dict, p: str, ffn_sub: int) -> None:
-    """What encoder and decoder layers share: fused-QKV self-attention in sublayer 0, the FFN in `ffn_sub`."""
+    """What encoder and decoder layers share: fused-QKV self-attention in sublayer 0, the FFN in
+    `ffn_sub`."""
     _linear(spec.self_attention.linear[0], w, f"{p}.self_attn.qkv_proj")
     _linear(spec.self_attention.linear[1], w, f"{p}.self_attn.out_proj")
     _norm(spec.self_attention.layer_norm, w, f"{p}.sub.0.norm")
@@ -92,7 +100,8 @@ def build_spec(weights: dict, mcfg, tok: Tokenizer):
                                              activation=specs.Activation.RELU)
     pe = _np(Sinusoidal(mcfg.d_model, mcfg.max_positions).pe)  # (L, D), our sin/cos layout
     for stack in (spec.encoder, spec.decoder):
-        stack.scale_embeddings = True  # x * sqrt(D) before adding positions, as Transformer._embed does
+        # x * sqrt(D) before adding positions, as Transformer._embed does
+        stack.scale_embeddings = True
         stack.position_encodings.encodings = pe
     spec.encoder.embeddings[0].weight = _np(weights["src_embed.weight"])
     spec.decoder.embeddings.weight = _np(weights["tgt_embed.weight"])
@@ -107,8 +116,10 @@ def build_spec(weights: dict, mcfg, tok: Tokenizer):
     spec.register_source_vocabulary(_pieces(tok.src))
     spec.register_target_vocabulary(_pieces(tok.tgt))
     cfg = spec.config
-    cfg.unk_token, cfg.bos_token, cfg.eos_token = (tok.tgt.id_to_piece(i) for i in (tok.unk_id, tok.bos_id, tok.eos_id))
-    cfg.decoder_start_token = cfg.bos_token  # ours starts from bos; sources get eos from us (prepare_sources)
+    cfg.unk_token, cfg.bos_token, cfg.eos_token = (tok.tgt.id_to_piece(i)
+                                                   for i in (tok.unk_id, tok.bos_id, tok.eos_id))
+    # ours starts from bos; sources get eos from us (prepare_sources)
+    cfg.decoder_start_token = cfg.bos_token
     cfg.layer_norm_epsilon = 1e-5  # nn.LayerNorm's default
     spec.validate()
     return spec
@@ -117,11 +128,13 @@ def build_spec(weights: dict, mcfg, tok: Tokenizer):
 def check_quantization(quantization: str) -> None:
     """One of QUANTIZATIONS, else an OptionError naming `attn-mt export`'s flag."""
     if quantization not in QUANTIZATIONS:
-        raise OptionError(f"{quantization!r} is not one of {', '.join(QUANTIZATIONS)}", "quantization")
+        raise OptionError(f"{quantization!r} is not one of {', '.join(QUANTIZATIONS)}",
+                          "quantization")
 
 
 def export_ct2(checkpoint: Path, out: Path, quantization: str = "float32") -> list[Path]:
-    """Write CTranslate2 model.bin, config.json, vocabularies, SentencePiece model(s) and META to `out`."""
+    """Write CTranslate2 model.bin, config.json, vocabularies, SentencePiece model(s) and META to
+    `out`."""
     check_quantization(quantization)
     require_ctranslate2()
     state, cfg, tok = read_transformer(checkpoint, "CTranslate2")
@@ -130,12 +143,14 @@ def export_ct2(checkpoint: Path, out: Path, quantization: str = "float32") -> li
     except ExportError:
         raise
     except (KeyError, ValueError) as e:
-        raise ExportError(f"{checkpoint}: weights do not fit a CTranslate2 Transformer: {e}") from None
+        raise ExportError(f"{checkpoint}: weights do not fit a CTranslate2 Transformer: "
+                          f"{e}") from None
     spec.optimize(quantization=quantization)
     files = tok.files()  # the SentencePiece model(s) under the names every run directory uses
     meta = {"format": "attn-mt-ctranslate2", "version": 1, "quantization": quantization,
             "sentencepiece": list(files), "max_positions": cfg.model.max_positions,
-            "decode": asdict(cfg.decode), "checkpoint": Path(checkpoint).name, "step": state.get("step", 0)}
+            "decode": asdict(cfg.decode), "checkpoint": Path(checkpoint).name,
+            "step": state.get("step", 0)}
 
     def write(folder: Path) -> None:
         spec.save(str(folder))

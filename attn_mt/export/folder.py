@@ -1,11 +1,11 @@
 """Publishing an export folder safely: written whole beside the target, then renamed into place.
 
-`publish(out, write)` lets `write` fill a fresh temporary folder next to `out`, records what it wrote
-in a manifest, and only then moves it to `out`. It replaces `out` only when `out` is absent, empty, or
-holds exactly the files a previous export listed in its manifest: a checkpoint, notes or anything else
-a user put there is never deleted, and a failed write leaves the previous export as it was. An `out`
-that is the working directory (`.`) or holds it is not renamed (the shell would be left in a
-deleted folder): its entries are swapped for the new ones instead.
+`publish(out, write)` lets `write` fill a fresh temporary folder next to `out`, records what it
+wrote in a manifest, and only then moves it to `out`. It replaces `out` only when `out` is absent,
+empty, or holds exactly the files a previous export listed in its manifest: a checkpoint, notes or
+anything else a user put there is never deleted, and a failed write leaves the previous export as it
+was. An `out` that is the working directory (`.`) or holds it is not renamed (the shell would be
+left in a deleted folder): its entries are swapped for the new ones instead.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pathlib import Path
 from attn_mt.errors import InputError
 from attn_mt.files import replace_entries, replace_folder
 
-MANIFEST = "attn_mt_manifest.json"  # what the export wrote, so a later one knows what it may replace
+# what the export wrote, so a later one knows what it may replace
+MANIFEST = "attn_mt_manifest.json"
 
 
 class FolderError(InputError):
@@ -28,7 +29,8 @@ class FolderError(InputError):
 
 
 def _entries(folder: Path) -> set[str]:
-    """Every file, link and directory under `folder`, as posix paths relative to it (links not followed)."""
+    """Every file, link and directory under `folder`, as posix paths relative to it (links not
+    followed)."""
     out = set()
     for root, dirs, files in os.walk(folder):
         rel = Path(root).relative_to(folder)
@@ -37,11 +39,13 @@ def _entries(folder: Path) -> set[str]:
 
 
 def _written_files(folder: Path) -> list[str]:
-    return sorted(p for p in _entries(folder) if not (folder / p).is_dir() or (folder / p).is_symlink())
+    return sorted(p for p in _entries(folder) if not (folder / p).is_dir()
+                  or (folder / p).is_symlink())
 
 
 def _manifest_files(out: Path) -> set[str] | None:
-    """The files a previous export's manifest lists, or None when `out` holds no readable manifest."""
+    """The files a previous export's manifest lists, or None when `out` holds no readable
+    manifest."""
     try:
         files = json.loads((out / MANIFEST).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -63,7 +67,8 @@ def _in_the_way(out: Path) -> str | None:
     listed = _manifest_files(out)
     if listed is None:
         return f"is not empty and holds no {MANIFEST} of an earlier export ({_few(found)})"
-    allowed = listed | {MANIFEST} | {p.as_posix() for f in listed for p in Path(f).parents if p != Path(".")}
+    allowed = listed | {MANIFEST} | {p.as_posix() for f in listed for p in Path(f).parents
+                                     if p != Path(".")}
     extra = found - allowed
     if extra:
         return f"holds files an earlier export did not write: {_few(extra)}"
@@ -86,8 +91,8 @@ def _check(out: Path, reads: Sequence[Path]) -> None:
 
 
 def check_out(out: Path, reads: Sequence[Path] = ()) -> None:
-    """Refuse (FolderError) an `out` that `publish` would refuse, before the export's work: one that holds one
-    of `reads` or files of anything but an earlier export."""
+    """Refuse (FolderError) an `out` that `publish` would refuse, before the export's work: one that
+    holds one of `reads` or files of anything but an earlier export."""
     _check(Path(out), [Path(r) for r in reads])
 
 
@@ -96,17 +101,20 @@ def publish(out: Path, write: Callable[[Path], None], *, reads: Sequence[Path] =
 
     `write(tmp)` fills the fresh folder `tmp`; its files are listed in `tmp/MANIFEST`, then `tmp`
     replaces `out`. Raises FolderError (before anything is written) when `out` holds anything but a
-    previous export's files or contains one of `reads`; any exception from `write` leaves `out` as it was.
+    previous export's files or contains one of `reads`; any exception from `write` leaves `out` as
+    it was.
     """
     out = Path(out)
     _check(out, reads)
-    place = Path(os.path.abspath(out))  # "." has no name and no parent of its own: temp folders go beside it
+    # "." has no name and no parent of its own: temp folders go beside it
+    place = Path(os.path.abspath(out))
     place.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{place.name}.", suffix=".tmp", dir=place.parent))
     try:
         write(tmp)
         files = _written_files(tmp)
-        (tmp / MANIFEST).write_text(json.dumps({"format": "attn-mt-export", "files": files}, indent=2) + "\n")
+        (tmp / MANIFEST).write_text(json.dumps({"format": "attn-mt-export", "files": files},
+                                               indent=2) + "\n")
         _check(out, reads)  # again: `out` may have changed while `write` ran
         if place.is_dir() and Path.cwd().is_relative_to(place.resolve()):
             replace_entries(tmp, place)

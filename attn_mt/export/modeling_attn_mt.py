@@ -3,10 +3,12 @@
 Loaded with `AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True)` by people who do
 not have attn-mt: this file needs only torch and transformers. It is the model of attn-mt's
 `models/transformer.py` (pre- or post-norm, fused Q/K/V projection, sinusoidal positions with sin in
-the even and cos in the odd dims, added to embeddings times sqrt(D)), with the `generate()` interface:
-greedy and beam search keep keys and values in transformers' `EncoderDecoderCache`.
+the even and cos in the odd dims, added to embeddings times sqrt(D)), with the `generate()`
+interface: greedy and beam search keep keys and values in transformers' `EncoderDecoderCache`.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head dim, V vocabulary.
+
+One job: the model a transformers user loads from the folder (attn-mt never imports it).
 
 Tested in tests/export/test_transformers.py (the pre-norm route's outputs equal ours).
 """
@@ -22,27 +24,30 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
-# transformers 5 renamed the cache field `past_key_values` to `cache`; write whichever this version has
+# transformers 5 renamed the cache field `past_key_values` to `cache`; write whichever this version
+# has
 _CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
 
 
 class AttnMtConfig(PretrainedConfig):
     model_type = "attn_mt"
-    attribute_map = {"hidden_size": "d_model", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers",
-                     "vocab_size": "tgt_vocab_size"}
+    attribute_map = {"hidden_size": "d_model", "num_attention_heads": "n_heads",
+                     "num_hidden_layers": "n_layers", "vocab_size": "tgt_vocab_size"}
 
-    def __init__(self, src_vocab_size: int = 8000, tgt_vocab_size: int = 8000, d_model: int = 256, n_heads: int = 4,
-                 n_layers: int = 3, d_ff: int = 1024, norm_first: bool = True, max_positions: int = 256,
-                 share_embeddings: bool = True, tie_word_embeddings: bool = True, pad_token_id: int = 0,
-                 bos_token_id: int = 2, eos_token_id: int = 3, decoder_start_token_id: int = 2, **kwargs) -> None:
+    def __init__(self, src_vocab_size: int = 8000, tgt_vocab_size: int = 8000, d_model: int = 256,
+                 n_heads: int = 4, n_layers: int = 3, d_ff: int = 1024, norm_first: bool = True,
+                 max_positions: int = 256, share_embeddings: bool = True,
+                 tie_word_embeddings: bool = True, pad_token_id: int = 0, bos_token_id: int = 2,
+                 eos_token_id: int = 3, decoder_start_token_id: int = 2, **kwargs) -> None:
         self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
         self.d_model, self.n_heads, self.n_layers, self.d_ff = d_model, n_heads, n_layers, d_ff
         self.norm_first, self.max_positions = norm_first, max_positions
-        self.share_embeddings = share_embeddings  # one table for source and target (a joint vocabulary)
+        # one table for source and target (a joint vocabulary)
+        self.share_embeddings = share_embeddings
         kwargs.setdefault("is_encoder_decoder", True)
-        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-                         decoder_start_token_id=decoder_start_token_id, tie_word_embeddings=tie_word_embeddings,
-                         **kwargs)
+        super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id,
+                         eos_token_id=eos_token_id, decoder_start_token_id=decoder_start_token_id,
+                         tie_word_embeddings=tie_word_embeddings, **kwargs)
 
 
 def sinusoids(max_positions: int, d_model: int) -> Tensor:
@@ -55,7 +60,8 @@ def sinusoids(max_positions: int, d_model: int) -> Tensor:
 
 
 class Attention(nn.Module):
-    """Multi-head attention; self-attention projects Q, K, V at once, cross-attention Q and [K; V]."""
+    """Multi-head attention; self-attention projects Q, K, V at once, cross-attention Q and [K;
+    V]."""
 
     def __init__(self, config: AttnMtConfig, layer_idx: int, cross: bool) -> None:
         super().__init__()
@@ -73,14 +79,17 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, context: Tensor | None, mask: Tensor | None,
                 cache: EncoderDecoderCache | None = None) -> Tensor:
-        """x: (B, T, D); context: (B, S, D) memory for cross-attention; mask: bool, True = may attend."""
+        """x: (B, T, D); context: (B, S, D) memory for cross-attention; mask: bool, True = may
+        attend."""
         if self.cross:
             q = self._heads(self.q_proj(x))
-            if cache is not None and cache.is_updated.get(self.layer_idx):  # memory projected at the first step
+            # memory projected at the first step
+            if cache is not None and cache.is_updated.get(self.layer_idx):
                 layer = cache.cross_attention_cache.layers[self.layer_idx]
                 k, v = layer.keys, layer.values
             else:
-                k, v = (self._heads(y) for y in self.kv_proj(context).chunk(2, dim=-1))  # (B, H, S, Dh)
+                # (B, H, S, Dh)
+                k, v = (self._heads(y) for y in self.kv_proj(context).chunk(2, dim=-1))
                 if cache is not None:
                     k, v = cache.cross_attention_cache.update(k, v, self.layer_idx)
                     cache.is_updated[self.layer_idx] = True
@@ -105,7 +114,8 @@ class Sublayer(nn.Module):
 
 
 class FeedForward(nn.Sequential):
-    def __init__(self, config: AttnMtConfig) -> None:  # indices 0 and 3 as in attn-mt (Dropout at 2)
+    # indices 0 and 3 as in attn-mt (Dropout at 2)
+    def __init__(self, config: AttnMtConfig) -> None:
         super().__init__(nn.Linear(config.d_model, config.d_ff), nn.ReLU(), nn.Identity(),
                          nn.Linear(config.d_ff, config.d_model))
 
@@ -137,14 +147,16 @@ class DecoderLayer(nn.Module):
 
 
 class Stack(nn.Module):
-    """Embeddings (times sqrt(D)) plus positions, the layers, and a final LayerNorm with pre-norm."""
+    """Embeddings (times sqrt(D)) plus positions, the layers, and a final LayerNorm with
+    pre-norm."""
 
     def __init__(self, config: AttnMtConfig, vocab: int, layer: type) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, config.d_model, padding_idx=config.pad_token_id)
         self.layers = nn.ModuleList(layer(config, i) for i in range(config.n_layers))
         self.norm = nn.LayerNorm(config.d_model) if config.norm_first else nn.Identity()
-        self.register_buffer("pe", sinusoids(config.max_positions, config.d_model), persistent=False)
+        self.register_buffer("pe", sinusoids(config.max_positions, config.d_model),
+                             persistent=False)
         self.scale = math.sqrt(config.d_model)
 
     def embed_at(self, ids: Tensor, offset: int = 0) -> Tensor:
@@ -157,8 +169,10 @@ class Encoder(Stack):
     def __init__(self, config: AttnMtConfig) -> None:
         super().__init__(config, config.src_vocab_size, EncoderLayer)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, **kwargs) -> BaseModelOutput:
-        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                **kwargs) -> BaseModelOutput:
+        # (B, 1, 1, S)
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         x = self.embed_at(input_ids)
         for layer in self.layers:
             x = layer(x, mask)
@@ -174,7 +188,8 @@ class Decoder(Stack):
         """ids: (B, T) new positions (all of them without a cache) -> hidden states (B, T, D)."""
         past = 0 if cache is None else cache.get_seq_length()
         t = ids.size(1)
-        self_mask = torch.ones(t, past + t, dtype=torch.bool, device=ids.device).tril(past)  # causal
+        # causal
+        self_mask = torch.ones(t, past + t, dtype=torch.bool, device=ids.device).tril(past)
         x = self.embed_at(ids, past)
         for layer in self.layers:
             x = layer(x, memory, self_mask, src_mask, cache)
@@ -212,9 +227,11 @@ class AttnMtForConditionalGeneration(PreTrainedModel, GenerationMixin):
         return self.lm_head
 
     def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
-                decoder_input_ids: Tensor | None = None, encoder_outputs=None, cache=None, past_key_values=None,
-                labels: Tensor | None = None, use_cache: bool | None = None, **kwargs) -> Seq2SeqLMOutput:
-        """Teacher-forced or incremental logits (B, T, V); `labels` (B, T) give the cross-entropy loss."""
+                decoder_input_ids: Tensor | None = None, encoder_outputs=None, cache=None,
+                past_key_values=None, labels: Tensor | None = None, use_cache: bool | None = None,
+                **kwargs) -> Seq2SeqLMOutput:
+        """Teacher-forced or incremental logits (B, T, V); `labels` (B, T) give the cross-entropy
+        loss."""
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids, attention_mask)
         elif isinstance(encoder_outputs, tuple):
@@ -232,5 +249,6 @@ class AttnMtForConditionalGeneration(PreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
-        return Seq2SeqLMOutput(loss=loss, logits=logits, encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+        return Seq2SeqLMOutput(loss=loss, logits=logits,
+                               encoder_last_hidden_state=encoder_outputs.last_hidden_state,
                                **{_CACHE_FIELD: cache})

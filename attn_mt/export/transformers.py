@@ -1,16 +1,20 @@
-"""Export a Transformer checkpoint as a Hugging Face `transformers` model folder (its card: model_card.py).
+"""Export a Transformer checkpoint as a Hugging Face `transformers` model folder (its card:
+model_card.py).
 
 Two routes, by where the LayerNorm sits (docs/export.md says why):
     post-norm   MarianMTModel, built into transformers: the same layers, tied embeddings and fixed
-                sinusoids; only Marian's position table puts sin in the first and cos in the second half
-                of the model dimension where ours interleaves them, so every weight that reads or writes
-                the residual stream is permuted (`PERM`), and the network computes the same function.
-    pre-norm    no built-in class fits (a LayerNorm before each sublayer and one after each stack), so
-                the folder ships `modeling_attn_mt.py`, our model written against transformers alone,
-                loaded with `trust_remote_code=True`; its weights are ours under the names it gives them.
+                sinusoids; only Marian's position table puts sin in the first and cos in the second
+                half of the model dimension where ours interleaves them, so every weight that reads
+                or writes the residual stream is permuted (`PERM`), and the network computes the
+                same function.
+    pre-norm    no built-in class fits (a LayerNorm before each sublayer and one after each stack),
+                so the folder ships `modeling_attn_mt.py`, our model written against transformers
+                alone, loaded with `trust_remote_code=True`; its weights are ours under the names it
+                gives them.
 Both: `model.safetensors`, `config.json`, `generation_config.json` (beam, length penalty, max length
-from the checkpoint's decode section), a MarianTokenizer over our SentencePiece model(s) (it adds eos
-to a source as we do; pieces in id order, so pad 0, unk 1, bos 2 = decoder start, eos 3), README.md.
+from the checkpoint's decode section), a MarianTokenizer over our SentencePiece model(s) (it adds
+eos to a source as we do; pieces in id order, so pad 0, unk 1, bos 2 = decoder start, eos 3),
+README.md.
 """
 
 from __future__ import annotations
@@ -37,20 +41,22 @@ def require_transformers():
         import safetensors  # noqa: F401
         import transformers
     except ImportError:
-        raise ExportError(f"transformers and safetensors are not installed; install them with: {INSTALL}") from None
+        raise ExportError("transformers and safetensors are not installed; install them with: "
+                          f"{INSTALL}") from None
     return transformers
 
 
 def perm(d_model: int) -> torch.Tensor:
-    """Marian's dim m holds our dim PERM[m]: sin dims 0, 2, 4, ... first, then the cos dims 1, 3, 5, ..."""
+    """Marian's dim m holds our dim PERM[m]: sin dims 0, 2, 4, ... first, then the cos dims 1, 3, 5,
+    ..."""
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
 def marian_weights(w: dict, cfg) -> dict[str, torch.Tensor]:
     """Our state_dict -> MarianMTModel's, the model dimension permuted (see the module docstring).
 
-    A Linear that reads the residual stream has its input columns permuted, one that writes it its output
-    rows and bias; embeddings, LayerNorms and the output layer likewise.
+    A Linear that reads the residual stream has its input columns permuted, one that writes it its
+    output rows and bias; embeddings, LayerNorms and the output layer likewise.
     """
     p = perm(cfg.d_model)
     out: dict[str, torch.Tensor] = {}
@@ -64,9 +70,10 @@ def marian_weights(w: dict, cfg) -> dict[str, torch.Tensor]:
     def norm(name: str, ours: str) -> None:
         out[f"{name}.weight"], out[f"{name}.bias"] = w[f"{ours}.weight"][p], w[f"{ours}.bias"][p]
 
-    def split(name: str, ours: str, parts: str) -> None:  # a fused projection -> one Linear per part
-        for part, wt, b in zip(parts, w[f"{ours}.weight"].chunk(len(parts)), w[f"{ours}.bias"].chunk(len(parts)),
-                               strict=True):
+    # a fused projection -> one Linear per part
+    def split(name: str, ours: str, parts: str) -> None:
+        for part, wt, b in zip(parts, w[f"{ours}.weight"].chunk(len(parts)),
+                               w[f"{ours}.bias"].chunk(len(parts)), strict=True):
             out[f"{name}.{part}_proj.weight"], out[f"{name}.{part}_proj.bias"] = wt[:, p], b
 
     for side in ("encoder", "decoder"):
@@ -120,23 +127,27 @@ def build_model(w: dict, cfg: ExperimentConfig, tok: Tokenizer):
         AttnMtConfig.register_for_auto_class()
         AttnMtForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
         config = AttnMtConfig(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
-                              d_model=m.d_model, n_heads=m.n_heads, n_layers=m.n_layers, d_ff=m.d_ff,
-                              norm_first=True, max_positions=m.max_positions, share_embeddings=share,
-                              tie_word_embeddings=m.tie_embeddings, **_special_ids(tok))
+                              d_model=m.d_model, n_heads=m.n_heads, n_layers=m.n_layers,
+                              d_ff=m.d_ff, norm_first=True, max_positions=m.max_positions,
+                              share_embeddings=share, tie_word_embeddings=m.tie_embeddings,
+                              **_special_ids(tok))
         model, weights, route = AttnMtForConditionalGeneration(config), custom_weights(w), "attn_mt"
     else:
         from transformers import MarianConfig, MarianMTModel
 
         config = MarianConfig(vocab_size=tok.src_vocab_size, decoder_vocab_size=tok.tgt_vocab_size,
-                              share_encoder_decoder_embeddings=share, tie_word_embeddings=m.tie_embeddings,
-                              d_model=m.d_model, encoder_layers=m.n_layers, decoder_layers=m.n_layers,
+                              share_encoder_decoder_embeddings=share,
+                              tie_word_embeddings=m.tie_embeddings, d_model=m.d_model,
+                              encoder_layers=m.n_layers, decoder_layers=m.n_layers,
                               encoder_attention_heads=m.n_heads, decoder_attention_heads=m.n_heads,
-                              encoder_ffn_dim=m.d_ff, decoder_ffn_dim=m.d_ff, activation_function="relu",
-                              max_position_embeddings=m.max_positions, scale_embedding=True, dropout=m.dropout,
+                              encoder_ffn_dim=m.d_ff, decoder_ffn_dim=m.d_ff,
+                              activation_function="relu", max_position_embeddings=m.max_positions,
+                              scale_embedding=True, dropout=m.dropout,
                               forced_eos_token_id=tok.eos_id, **_special_ids(tok))
         model, weights, route = MarianMTModel(config), marian_weights(w, m), "marian"
     own = model.state_dict()
-    missing = [k for k in own if k not in weights and "embed_positions" not in k and k != "final_logits_bias"]
+    missing = [k for k in own if k not in weights and "embed_positions" not in k
+               and k != "final_logits_bias"]
     if missing:
         raise ExportError(f"weights missing for {', '.join(missing[:3])}")
     with torch.no_grad():
@@ -147,19 +158,22 @@ def build_model(w: dict, cfg: ExperimentConfig, tok: Tokenizer):
 
 
 def mapped_length_penalty(alpha: float, mean_len: float | None) -> float:
-    """transformers' exponent b whose |Y|^b grows with |Y| as GNMT's ((5 + |Y|) / 6)^alpha does at the mean
-    output length L (equal d/dL of the logs: b / L = alpha / (5 + L)); alpha itself when L is unknown."""
+    """transformers' exponent b whose |Y|^b grows with |Y| as GNMT's ((5 + |Y|) / 6)^alpha does at
+    the mean output length L (equal d/dL of the logs: b / L = alpha / (5 + L)); alpha itself when L
+    is unknown."""
     return alpha if not mean_len else round(alpha * mean_len / (5 + mean_len), 3)
 
 
 def mean_output_length(files: RunDir, tok: Tokenizer) -> float | None:
-    """Mean length in tokens, eos included, of the run's test translations (test_hyps.txt), if it has them."""
+    """Mean length in tokens, eos included, of the run's test translations (test_hyps.txt), if it
+    has them."""
     lines = files.read_hyps()
     return sum(len(ids) + 1 for ids in tok.encode_tgt(lines)) / len(lines) if lines else None
 
 
 def generation_config(cfg: ExperimentConfig, tok: Tokenizer, length_penalty: float):
-    """Our decode defaults in transformers' terms: beam, length penalty, the length cap, eos forced there."""
+    """Our decode defaults in transformers' terms: beam, length penalty, the length cap, eos forced
+    there."""
     from transformers import GenerationConfig
 
     d = cfg.decode  # transformers refuses beam settings with num_beams=1 (greedy)
@@ -169,7 +183,8 @@ def generation_config(cfg: ExperimentConfig, tok: Tokenizer, length_penalty: flo
 
 
 def save_tokenizer(tok: Tokenizer, folder: Path, cfg: ExperimentConfig) -> None:
-    """A MarianTokenizer over our SentencePiece model(s): source.spm, target.spm, vocab.json (+ target_vocab.json)."""
+    """A MarianTokenizer over our SentencePiece model(s): source.spm, target.spm, vocab.json (+
+    target_vocab.json)."""
     from transformers import MarianTokenizer
 
     (folder / "source.spm").write_bytes(tok.src_proto)
@@ -181,14 +196,17 @@ def save_tokenizer(tok: Tokenizer, folder: Path, cfg: ExperimentConfig) -> None:
         target = {tok.tgt.id_to_piece(i): i for i in range(tok.tgt_vocab_size)}
         (folder / "target_vocab.json").write_text(json.dumps(target, ensure_ascii=False))
         extra = {"target_vocab_file": str(folder / "target_vocab.json"), "separate_vocabs": True}
-    hf_tok = MarianTokenizer(str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json"),
-                             source_lang=cfg.data.src_lang, target_lang=cfg.data.tgt_lang, bos_token="<s>",
-                             additional_special_tokens=[], model_max_length=cfg.model.max_positions, **extra)
+    hf_tok = MarianTokenizer(str(folder / "source.spm"), str(folder / "target.spm"),
+                             str(folder / "vocab.json"), source_lang=cfg.data.src_lang,
+                             target_lang=cfg.data.tgt_lang, bos_token="<s>",
+                             additional_special_tokens=[], model_max_length=cfg.model.max_positions,
+                             **extra)
     hf_tok.save_pretrained(folder)
 
 
 def export_hf(checkpoint: Path, out: Path) -> list[Path]:
-    """Write a Transformer checkpoint as a transformers model folder (weights, configs, tokenizer, card)."""
+    """Write a Transformer checkpoint as a transformers model folder (weights, configs, tokenizer,
+    card)."""
     require_transformers()
     # an RNN is refused: transformers has no GRU encoder-decoder with additive attention
     state, cfg, tok = read_transformer(checkpoint, "transformers")
@@ -196,7 +214,8 @@ def export_hf(checkpoint: Path, out: Path) -> list[Path]:
         model, route = build_model(state["model"], cfg, tok)
     except (KeyError, RuntimeError) as e:
         raise ExportError(f"{checkpoint}: weights do not fit a transformers model: {e}") from None
-    files = RunDir(Path(checkpoint).parent)  # the run that wrote the checkpoint: its test scores and texts
+    # the run that wrote the checkpoint: its test scores and texts
+    files = RunDir(Path(checkpoint).parent)
     penalty = mapped_length_penalty(cfg.decode.alpha, mean_output_length(files, tok))
     model.generation_config = generation_config(cfg, tok, penalty)
     results = files.read_results()
@@ -204,8 +223,10 @@ def export_hf(checkpoint: Path, out: Path) -> list[Path]:
     def write(folder: Path) -> None:
         model.save_pretrained(folder)
         save_tokenizer(tok, folder, cfg)
-        params = sum(t.numel() for t in {t.data_ptr(): t for t in state["model"].values()}.values())  # tied once
-        card = model_card(cfg, tok, state, results, files, route=route, params=params, length_penalty=penalty)
+        # tied once
+        params = sum(t.numel() for t in {t.data_ptr(): t for t in state["model"].values()}.values())
+        card = model_card(cfg, tok, state, results, files, route=route, params=params,
+                          length_penalty=penalty)
         (folder / "README.md").write_text(card, encoding="utf-8")
 
     try:

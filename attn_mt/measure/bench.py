@@ -1,4 +1,5 @@
-"""`attn-mt bench`: training and translation speed, against torch.nn.Transformer and the matmul peak.
+"""`attn-mt bench`: training and translation speed, against torch.nn.Transformer and the matmul
+peak.
 
 Every figure comes from one run: the variants (model x precision, matmul, data loading,
 translation) take turns, round after round, on the same batches; each figure is the median
@@ -10,10 +11,11 @@ Models:
     ours_refattn  our Transformer on the reference attention path (explicit softmax(QK^T)V)
     torch         REFERENCE: torch.nn.Transformer with our embeddings, positions and tied output
                   layer (`TorchTransformer` below), so the parameter counts match
-    ours_adamw    ours with AdamW, when the config's optimizer is another (train.optimizer=muon): the
-                  ratio of the two step times (`optimizer_ratio`) is what the optimizer costs
-After the rows, the parts of our model's step (forward, loss, backward, clip, ...; measure/parts.py),
-timed apart on the config's precision, attention and optimizer, against the whole step.
+    ours_adamw    ours with AdamW, when the config's optimizer is another (train.optimizer=muon):
+                  the ratio of the two step times (`optimizer_ratio`) is what the optimizer costs
+After the rows, the parts of our model's step (forward, loss, backward, clip, ...;
+measure/parts.py), timed apart on the config's precision, attention and optimizer, against the whole
+step.
 
 Model FLOPs (`train_flops`) are the matmul FLOPs of one sentence pair of source length S and
 target length T (eos / bos included), D = d_model, F = d_ff, V = target vocabulary, per layer:
@@ -62,20 +64,24 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class TorchTransformer(nn.Module):
-    """REFERENCE for benchmarks only: `torch.nn.Transformer` inside our embeddings and output layer."""
+    """REFERENCE for benchmarks only: `torch.nn.Transformer` inside our embeddings and output
+    layer."""
 
     def __init__(self, cfg: TransformerConfig, *, src_vocab: int, tgt_vocab: int, pad_id: int,
                  shared_vocab: bool) -> None:
         super().__init__()
         self.pad_id, self.d_model = pad_id, cfg.d_model
-        self.src_embed, self.tgt_embed = make_embeddings(src_vocab=src_vocab, tgt_vocab=tgt_vocab, dim=cfg.d_model,
-                                                         pad_id=pad_id, share=shared_vocab and cfg.tie_embeddings)
+        self.src_embed, self.tgt_embed = make_embeddings(src_vocab=src_vocab, tgt_vocab=tgt_vocab,
+                                                         dim=cfg.d_model, pad_id=pad_id,
+                                                         share=shared_vocab and cfg.tie_embeddings)
         self.pos = Sinusoidal(cfg.d_model, cfg.max_positions)
         self.dropout = nn.Dropout(cfg.dropout)
-        with warnings.catch_warnings():  # "enable_nested_tensor ... norm_first": an inference-only path
+        # "enable_nested_tensor ... norm_first": an inference-only path
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.core = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.n_layers, cfg.d_ff,
-                                       cfg.dropout, batch_first=True, norm_first=cfg.norm_first)
+            self.core = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.n_layers,
+                                       cfg.d_ff, cfg.dropout, batch_first=True,
+                                       norm_first=cfg.norm_first)
         self.out_proj = nn.Linear(cfg.d_model, tgt_vocab, bias=False)
         init_embeddings(self.src_embed, self.tgt_embed, pad_id=pad_id)
         if cfg.tie_embeddings:
@@ -95,7 +101,8 @@ class TorchTransformer(nn.Module):
 
 
 def train_flops(cfg: TransformerConfig, vocab: int, src_len: Tensor, tgt_len: Tensor) -> float:
-    """Model FLOPs of one training step (forward + backward) over pairs of these lengths; see above."""
+    """Model FLOPs of one training step (forward + backward) over pairs of these lengths; see
+    above."""
     d, f, n = cfg.d_model, cfg.d_ff, cfg.n_layers
     s, t = src_len.double(), tgt_len.double()
     enc = 2 * s * (4 * d * d + 2 * d * f) + 4 * s * s * d
@@ -103,8 +110,9 @@ def train_flops(cfg: TransformerConfig, vocab: int, src_len: Tensor, tgt_len: Te
     return float(3 * (n * (enc + dec) + 2 * t * d * vocab).sum())
 
 
-# the square matmul size that reaches the peak: on a 2-core CPU 1024 gives 2048's GFLOP/s (96.5 vs 92.4 fp32,
-# 215 vs 208 bf16, one thread) in a quarter of the time; an H200's bf16 peak needs products far beyond 2048
+# the square matmul size that reaches the peak: on a 2-core CPU 1024 gives 2048's GFLOP/s (96.5 vs
+# 92.4 fp32, 215 vs 208 bf16, one thread) in a quarter of the time; an H200's bf16 peak needs
+# products far beyond 2048
 MATMUL_N = {"cpu": 1024, "cuda": 8192}
 
 
@@ -117,7 +125,8 @@ def matmul(device: torch.device, dtype: torch.dtype, iters: int = 8):
 
 
 def build(kind: str, cfg: ExperimentConfig, tok, device: torch.device) -> nn.Module:
-    """A fresh model of one benchmark kind, seeded so every kind starts from the same weights RNG."""
+    """A fresh model of one benchmark kind, seeded so every kind starts from the same weights
+    RNG."""
     torch.manual_seed(cfg.train.seed)
     if kind == "torch":
         return TorchTransformer(cfg.model, **tok.sizes()).to(device)
@@ -130,10 +139,12 @@ class Variant:
 
     def __init__(self, name: str, model: nn.Module, precision: str, cfg: ExperimentConfig,
                  device: torch.device, compiled: bool = False) -> None:
-        self.name, self.precision, self.device, self.optimizer = name, precision, device, cfg.train.optimizer
+        self.name, self.precision, self.device, self.optimizer = (
+            name, precision, device, cfg.train.optimizer)
         self.params = count_params(model)
         model.train()
-        self.step = TrainStep(model, cfg.train, device, precision, net=torch.compile(model) if compiled else None)
+        self.step = TrainStep(model, cfg.train, device, precision, net=torch.compile(model)
+                              if compiled else None)
         self.peak_mem = 0
 
     def run(self, batches: list) -> float:
@@ -148,7 +159,8 @@ class Variant:
         return watch.seconds
 
 
-def translate_fns(checkpoint: Path, texts: list[str], device: torch.device, precisions: list[str]) -> dict:
+def translate_fns(checkpoint: Path, texts: list[str], device: torch.device,
+                  precisions: list[str]) -> dict:
     """Timed greedy and beam-5 translation of `texts` with a checkpoint, per precision."""
     model, ckcfg, tok = load_model(checkpoint, device)
     fns = {}
@@ -162,8 +174,8 @@ def translate_fns(checkpoint: Path, texts: list[str], device: torch.device, prec
     return fns
 
 
-def _train_row(v: Variant, rounds: list[float], median: float, tokens: int, flops: float, steps: int,
-               peak: dict) -> dict:
+def _train_row(v: Variant, rounds: list[float], median: float, tokens: int, flops: float,
+               steps: int, peak: dict) -> dict:
     """Throughput, FLOP rate and MFU of one variant from its median round."""
     row = {"model": v.name, "precision": v.precision, "params": v.params, "optimizer": v.optimizer,
            "round_s": rounds,  # every round's seconds, the warm-up first
@@ -176,59 +188,76 @@ def _train_row(v: Variant, rounds: list[float], median: float, tokens: int, flop
     return row
 
 
-def _contestants(cfg: ExperimentConfig, corpus, device: torch.device, precisions: list[str], index: list,
-                 batches: list, compile: bool) -> tuple[dict, dict[str, Variant], dict[str, float]]:
-    """(the timed functions, the training variants by name, each precision's matmul FLOPs per call): data
-    loading (bucketing a whole epoch, amortised over its batches; collating and moving `batches`), a matmul
-    per precision, and each model (x compiled, if asked) x precision training on `batches`."""
+def _contestants(cfg: ExperimentConfig, corpus, device: torch.device, precisions: list[str],
+                 index: list, batches: list,
+                 compile: bool) -> tuple[dict, dict[str, Variant], dict[str, float]]:
+    """(the timed functions, the training variants by name, each precision's matmul FLOPs per call):
+    data loading (bucketing a whole epoch, amortised over its batches; collating and moving
+    `batches`), a matmul per precision, and each model (x compiled, if asked) x precision training
+    on `batches`."""
     tc, split = cfg.train, cfg.data.splits.train
     lens = corpus.lengths(split)
     fns = {"data/plan": timed(lambda: token_batches(*lens, tc.batch_tokens, tc.seed, 1), device),
-           "data/collate": timed(lambda: [b.to(device) for b in corpus.batches(split, index[:len(batches)],
-                                                                                 pin=device.type == "cuda")],
-                                  device)}
+           "data/collate": timed(lambda: [b.to(device)
+                                          for b in corpus.batches(split, index[:len(batches)],
+                                                                  pin=device.type
+                                                                  == "cuda")],
+                                 device)}
     trainers, peak_flops = {}, {}
     kinds = [*MODELS, *["ours_compiled"] * compile, *["ours_adamw"] * (tc.optimizer != "adamw")]
     adamw = replace(cfg, train=replace(tc, optimizer="adamw"))
     for p in precisions:
         fns[f"matmul/{p}"], peak_flops[p] = matmul(device, DTYPES[p])
         for kind in kinds:
-            model = build("ours" if kind.startswith("ours_") and kind != "ours_refattn" else kind, cfg, corpus.tok,
-                          device)
-            tr = trainers[f"{kind}/{p}"] = Variant(kind, model, p, adamw if kind == "ours_adamw" else cfg, device,
+            model = build("ours" if kind.startswith("ours_") and kind != "ours_refattn" else kind,
+                          cfg, corpus.tok, device)
+            tr = trainers[f"{kind}/{p}"] = Variant(kind, model, p, adamw if kind == "ours_adamw"
+                                                   else cfg, device,
                                                    compiled=kind == "ours_compiled")
             fns[f"{kind}/{p}"] = functools.partial(tr.run, batches)
     return fns, trainers, peak_flops
 
 
-def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats: int = 5, steps: int = 2,
-              compile: bool = False, sentences: int = 100, json_out: Path | None = None) -> dict:
-    """Measure everything in one run (see the module docstring); returns JSON-ready figures, also written to
-    `json_out` if given."""
+def _timed_batches(cfg: ExperimentConfig, corpus, device,
+                   steps: int) -> tuple[list, list, int, float]:
+    """The training split's plan, its first `steps` batches on `device`, their target tokens and
+    training FLOPs."""
+    tok, split, tc = corpus.tok, cfg.data.splits.train, cfg.train
+    index = token_batches(*corpus.lengths(split), tc.batch_tokens, tc.seed, 0)
+    batches = [b.to(device) for b in corpus.batches(split, index[:steps])]
+    flops = sum(train_flops(cfg.model, tok.tgt_vocab_size, (b.src != tok.pad_id).sum(1),
+                            (b.tgt_in != tok.pad_id).sum(1)) for b in batches)
+    return index, batches, sum(b.n_tokens for b in batches), flops
+
+
+def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats: int = 5,
+              steps: int = 2, compile: bool = False, sentences: int = 100,
+              json_out: Path | None = None) -> dict:
+    """Measure everything in one run (see the module docstring); returns JSON-ready figures, also
+    written to `json_out` if given."""
     if cfg.model.kind != "transformer":
-        raise ConfigError(f"model.kind={cfg.model.kind}: the benchmark compares Transformers", "model.kind")
+        raise ConfigError(f"model.kind={cfg.model.kind}: the benchmark compares Transformers",
+                          "model.kind")
     load_before = os.getloadavg()
     start = prelude(cfg, cfg.model.max_positions, "the config configs/toy.yaml")
     device, corpus = start.device, start.corpus
-    tok, split, tc = corpus.tok, cfg.data.splits.train, cfg.train
-    lens = corpus.lengths(split)
-    index = token_batches(*lens, tc.batch_tokens, tc.seed, 0)
-    batches = [b.to(device) for b in corpus.batches(split, index[:steps])]
-    tokens = sum(b.n_tokens for b in batches)
-    flops = sum(train_flops(cfg.model, tok.tgt_vocab_size, (b.src != tok.pad_id).sum(1),
-                            (b.tgt_in != tok.pad_id).sum(1)) for b in batches)
+    tc = cfg.train
+    index, batches, tokens, flops = _timed_batches(cfg, corpus, device, steps)
     texts = corpus.text[cfg.data.splits.test][0][:sentences]
     precisions = precisions_for(device)
 
-    fns, trainers, peak_flops = _contestants(cfg, corpus, device, precisions, index, batches, compile)
+    fns, trainers, peak_flops = _contestants(cfg, corpus, device, precisions, index, batches,
+                                             compile)
     if checkpoint is not None:
         fns.update(translate_fns(checkpoint, texts, device, precisions))
     times = alternate(fns, repeats, warmup=True, label="bench")
     med = {name: statistics.median(t[1:]) for name, t in times.items()}
-    parts = config_parts(cfg, start, max(repeats * steps, 10))  # steps on different batches: at least 10
+    # steps on different batches: at least 10
+    parts = config_parts(cfg, start, max(repeats * steps, 10))
 
     peak = {p: peak_flops[p] / med[f"matmul/{p}"] / 1e9 for p in precisions}
-    train = [_train_row(tr, times[name], med[name], tokens, flops, steps, peak) for name, tr in trainers.items()]
+    train = [_train_row(tr, times[name], med[name], tokens, flops, steps, peak) for name,
+             tr in trainers.items()]
     by = {(r["model"], r["precision"]): r for r in train}
     ours = {p: by["ours", p]["tokens_per_s"] for p in precisions}
     ref = {p: by["torch", p]["tokens_per_s"] for p in precisions}
@@ -237,20 +266,23 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
     result = {
         "config": cfg.name, "device": str(device), "machine": describe(device),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "precision": main,
-        "repeats": repeats, "steps": steps, "batch_tokens": tc.batch_tokens, "tokens_per_round": tokens,
-        "flops_per_token": flops / tokens,
+        "repeats": repeats, "steps": steps, "batch_tokens": tc.batch_tokens,
+        "tokens_per_round": tokens, "flops_per_token": flops / tokens,
         "ours_tokens_per_s": ours, "reference_tokens_per_s": ref,
         "ratio": {p: ours[p] / ref[p] for p in precisions},
         "bf16_speedup": ours["bf16"] / ours["fp32"] if "bf16" in ours else None,
-        "mfu": {m: {p: by[m, p]["mfu"] for p in precisions} for m in dict.fromkeys(m for m, _ in by)},
+        "mfu": {m: {p: by[m, p]["mfu"] for p in precisions}
+                for m in dict.fromkeys(m for m, _ in by)},
         "matmul_peak_gflops": peak,
         "data_s_per_batch": data_s, "data_share": data_s / by["ours", main]["step_s"],
         "train": train, "optimizer": tc.optimizer,
-        "optimizer_ratio": {p: by["ours", p]["step_s"] / by["ours_adamw", p]["step_s"] for p in precisions}
+        "optimizer_ratio": {p: by["ours", p]["step_s"] / by["ours_adamw", p]["step_s"]
+                            for p in precisions}
         if adamw else None,  # the config's optimizer's step time / AdamW's (ours)
         "step_parts": parts,
-        "translate": [{"search": n.split("/")[1], "precision": n.split("/")[2], "sentences": len(texts),
-                       "sentences_per_s": len(texts) / med[n]} for n in fns if n.startswith("translate/")],
+        "translate": [{"search": n.split("/")[1], "precision": n.split("/")[2],
+                       "sentences": len(texts), "sentences_per_s": len(texts) / med[n]} for n in fns
+                      if n.startswith("translate/")],
         "load_before": load_before, "load_after": os.getloadavg(),
     }
     if json_out:
@@ -261,8 +293,9 @@ def run_bench(cfg: ExperimentConfig, *, checkpoint: Path | None = None, repeats:
 def format_report(r: dict) -> str:
     """The figures as a plain-text table (the README's Performance section uses the same layout)."""
     lines = [f"{r['machine']}; device {r['device']}, {r['threads']} threads, torch {r['torch']}; "
-             f"median of {r['repeats']} rounds of {r['steps']} steps ({r['tokens_per_round']} target tokens)",
-             f"{'model':<14}{'precision':<10}{'tokens/s':>10}{'step s':>8}{'GFLOP/s':>9}{'MFU':>7}"]
+             f"median of {r['repeats']} rounds of {r['steps']} steps ({r['tokens_per_round']} "
+             "target tokens)", f"{'model':<14}{'precision':<10}{'tokens/s':>10}{'step s':>8}"
+             f"{'GFLOP/s':>9}{'MFU':>7}"]
     for row in r["train"]:
         lines.append(f"{row['model']:<14}{row['precision']:<10}{row['tokens_per_s']:>10.0f}"
                      f"{row['step_s']:>8.3f}{row['gflops']:>9.1f}{row['mfu']:>7.1%}"
@@ -279,7 +312,8 @@ def format_report(r: dict) -> str:
     if "step_parts" in r:
         lines += parts_table(r["step_parts"])
     for t in r["translate"]:
-        lines.append(f"translate {t['search']:<7}{t['precision']:<6}{t['sentences_per_s']:>8.1f} sentences/s")
+        lines.append(f"translate {t['search']:<7}{t['precision']:<6}{t['sentences_per_s']:>8.1f} "
+                     "sentences/s")
     lines.append("load average before / after: " + " / ".join(
         ", ".join(f"{x:.2f}" for x in r[k]) for k in ("load_before", "load_after")))
     return "\n".join(lines)

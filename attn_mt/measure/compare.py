@@ -1,4 +1,5 @@
-"""`attn-mt compare-rnn`: the Transformer against the RNN on the same data, tokenizer, batches and clock.
+"""`attn-mt compare-rnn`: the Transformer against the RNN on the same data, tokenizer, batches and
+clock.
 
 Both models train in lockstep in one process: the next step always goes to the model whose own
 clock (seconds spent in its training steps) is behind, so background load hits both alike and
@@ -46,7 +47,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Contestant:
-    """One model in the race: its Trainer (optimizer, place in the shared batches, counters) and its clock."""
+    """One model in the race: its Trainer (optimizer, place in the shared batches, counters) and its
+    clock."""
 
     name: str
     cfg: ExperimentConfig
@@ -66,8 +68,8 @@ class Contestant:
 
 
 def _train_step(c: Contestant, budget: float, clock: str = "wall") -> float:
-    """One step of the contestant's Trainer, the learning rate following its clock; returns its seconds on
-    `clock` (timing.CLOCKS)."""
+    """One step of the contestant's Trainer, the learning rate following its clock; returns its
+    seconds on `clock` (timing.CLOCKS)."""
     tr = c.trainer
     if tr.epoch_done:
         tr.next_epoch()
@@ -102,8 +104,9 @@ def race(contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig) -> N
         c.next_eval = every
         c.model.train()
     unit = "CPU s" if cmp.clock == "cpu" else "s"
-    bar = tqdm(total=round(budget * len(contestants)), unit=unit, desc="training both (own clocks)", disable=None,
-               dynamic_ncols=True, bar_format=f"{{l_bar}}{{bar}}| {{n:.0f}}/{{total:.0f}} {unit} {{postfix}}")
+    bar = tqdm(total=round(budget * len(contestants)), unit=unit, desc="training both (own clocks)",
+               disable=None, dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} "
+               f"{unit} {{postfix}}")
     while live := [c for c in contestants if not c.done]:
         c = min(live, key=lambda c: c.clock)
         dt = _train_step(c, budget, cmp.clock)
@@ -125,12 +128,14 @@ def _check_sizes(params: dict[str, int], gap: float) -> None:
     if (hi - lo) / hi > gap:
         sizes = ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in params.items())
         raise ConfigError(f"parameter counts differ by {(hi - lo) / hi:.0%} ({sizes}), more than "
-                          f"compare.max_param_gap={gap}; resize one of the models", "compare.max_param_gap")
+                          f"compare.max_param_gap={gap}; resize one of the models",
+                          "compare.max_param_gap")
 
 
-def compare_rnn(setup: CompareSetup, out_dir: Path, observers: dict[str, Observer] | None = None) -> dict:
-    """Train and measure both models; returns the report (also written to out_dir). `observers`: model name ->
-    what watches its evaluations."""
+def compare_rnn(setup: CompareSetup, out_dir: Path,
+                observers: dict[str, Observer] | None = None) -> dict:
+    """Train and measure both models; returns the report (also written to out_dir). `observers`:
+    model name -> what watches its evaluations."""
     threads, created = torch.get_num_threads(), not out_dir.exists()
     try:
         return _compare(setup, out_dir, observers or {})
@@ -154,16 +159,19 @@ def _compare(setup: CompareSetup, out_dir: Path, observers: dict[str, Observer])
     for name, cfg in cfgs.items():
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, **corpus.tok.sizes()).to(device)
-        net = compiled(model, cfg.train, device)  # each model may be compiled (train.compile in its section)
-        contestants.append(Contestant(name, cfg, Trainer(model, cfg, corpus, device, precision, net=net),
+        # each model may be compiled (train.compile in its section)
+        net = compiled(model, cfg.train, device)
+        contestants.append(Contestant(name, cfg, Trainer(model, cfg, corpus, device, precision,
+                                                         net=net),
                                       observer=observers.get(name)))
         if name in observers:
             observers[name].rewind(0, corpus, cfg, model)
     params = {c.name: count_params(c.model) for c in contestants}
     _check_sizes(params, cmp.max_param_gap)
     where = machine(device, precision)
-    log.info("comparing %s on %s (%s, %d threads, %s)", ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in params.items()),
-             where["device_name"], device, where["threads"], precision)
+    log.info("comparing %s on %s (%s, %d threads, %s)",
+             ", ".join(f"{k} {v / 1e6:.2f}M" for k, v in params.items()), where["device_name"],
+             device, where["threads"], precision)
     load: dict = {}
     # cost against length first, on the fresh models: the timings do not depend on the weights,
     # and a process that has trained for half an hour gave noisier ones (a fragmented heap)
@@ -177,7 +185,8 @@ def _compare(setup: CompareSetup, out_dir: Path, observers: dict[str, Observer])
                     "data": asdict(base.data), "tokenizer": {**asdict(base.tokenizer),
                     "src_vocab": tok.src_vocab_size, "tgt_vocab": tok.tgt_vocab_size},
                     "batch_tokens": base.train.batch_tokens, "length_scaling": scaling,
-                    "models": {c.name: _training_row(c, activations[c.name], corpus) for c in contestants},
+                    "models": {c.name: _training_row(c, activations[c.name], corpus)
+                               for c in contestants},
                     "memory_method": memory_method}
     for c in contestants:  # the rest uses each model's best checkpoint
         c.model.load_state_dict(c.best_state)
@@ -191,13 +200,13 @@ def _compare(setup: CompareSetup, out_dir: Path, observers: dict[str, Observer])
 
 
 def resolve_clock(clock: str, device: torch.device) -> str:
-    """compare.clock for this device: "auto" is the CPU clock on a CPU and the wall clock elsewhere; the CPU
-    clock cannot see a GPU's work, so it is refused there."""
+    """compare.clock for this device: "auto" is the CPU clock on a CPU and the wall clock elsewhere;
+    the CPU clock cannot see a GPU's work, so it is refused there."""
     if clock == "auto":
         return "cpu" if device.type == "cpu" else "wall"
     if clock == "cpu" and device.type != "cpu":
-        raise ConfigError(f"compare.clock=cpu counts this process's CPU time, not the work of {device}: "
-                          "use compare.clock=wall (or auto) there", "compare.clock")
+        raise ConfigError("compare.clock=cpu counts this process's CPU time, not the work of "
+                          f"{device}: use compare.clock=wall (or auto) there", "compare.clock")
     return clock
 
 
@@ -216,8 +225,8 @@ def _cpus() -> int:
 
 
 def trust(load: dict, scaling: list[dict], clock: str, where: dict) -> dict:
-    """Whether the report may draw conclusions: the reasons it may not (timing.untrusted, for the load of each
-    phase), and the length-scaling timings too noisy to read (timing.noisy_rows)."""
+    """Whether the report may draw conclusions: the reasons it may not (timing.untrusted, for the
+    load of each phase), and the length-scaling timings too noisy to read (timing.noisy_rows)."""
     names = [k.removesuffix("_ms") for k in scaling[0] if k.endswith("_ms")] if scaling else []
     reasons = timing.untrusted(load, clock, where["threads"], _cpus())
     return {"clock": clock, "threads": where["threads"], "trusted": not reasons, "reasons": reasons,
@@ -228,29 +237,33 @@ def _amp(c: Contestant):
     return lambda: autocast(c.trainer.device, c.trainer.precision)
 
 
-def _length_scaling(contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig) -> list[dict]:
+def _length_scaling(contestants: list[Contestant], corpus: Corpus,
+                    cmp: CompareConfig) -> list[dict]:
     """Forward + backward time per batch against sentence length, the models alternated."""
     log.info("timing forward + backward at lengths %s, alternated", list(cmp.lengths))
     vocab = min(corpus.tok.src_vocab_size, corpus.tok.tgt_vocab_size)
     first = contestants[0]
-    with tqdm(total=len(cmp.lengths) * cmp.repeats * 2, desc="length scaling (alternated)", disable=None,
-              dynamic_ncols=True) as bar:
+    with tqdm(total=len(cmp.lengths) * cmp.repeats * 2, desc="length scaling (alternated)",
+              disable=None, dynamic_ncols=True) as bar:
         return timing.length_scaling({c.name: c.model for c in contestants}, list(cmp.lengths),
-                                     cmp.length_batch_tokens, vocab, cmp.repeats, first.trainer.device,
-                                     _amp(first), bar, clock=cmp.clock)
+                                     cmp.length_batch_tokens, vocab, cmp.repeats,
+                                     first.trainer.device, _amp(first), bar, clock=cmp.clock)
 
 
-def _activations(contestants: list[Contestant], corpus: Corpus, base: ExperimentConfig) -> tuple[dict, str]:
-    """Bytes saved for backward by each model on the largest training batch, and how that was measured."""
+def _activations(contestants: list[Contestant], corpus: Corpus,
+                 base: ExperimentConfig) -> tuple[dict, str]:
+    """Bytes saved for backward by each model on the largest training batch, and how that was
+    measured."""
     split = base.data.splits.train
     src_lens, tgt_lens = corpus.lengths(split)
     first_epoch = token_batches(src_lens, tgt_lens, base.train.batch_tokens, base.train.seed, 0)
     biggest = max(first_epoch, key=lambda b: len(b) * max(max(src_lens[i], tgt_lens[i]) for i in b))
     big = next(corpus.batches(split, [biggest])).to(contestants[0].trainer.device)
-    sizes = {c.name: timing.saved_activation_bytes(c.model, big.src, big.tgt_in, _amp(c)) for c in contestants}
-    return sizes, ("16 bytes per parameter (fp32 weights, gradients, Adam moments) plus the tensors saved for "
-                   f"backward on the largest training batch ({len(biggest)} sentences x {big.src.size(1)} "
-                   "source tokens)")
+    sizes = {c.name: timing.saved_activation_bytes(c.model, big.src, big.tgt_in, _amp(c))
+             for c in contestants}
+    return sizes, ("16 bytes per parameter (fp32 weights, gradients, Adam moments) plus the "
+                   f"tensors saved for backward on the largest training batch ({len(biggest)} "
+                   f"sentences x {big.src.size(1)} source tokens)")
 
 
 def _epoch_tokens(corpus: Corpus, split: str) -> int:
@@ -272,37 +285,47 @@ def _training_row(c: Contestant, activation: int, corpus: Corpus) -> dict:
             "activation_mb": round(activation / 2**20, 1),
             "peak_memory_mb": round((16 * params + activation) / 2**20, 1),
             "best_valid_bleu": c.best_bleu, "curve": c.curve,
-            "encoder_sequential_steps_per_layer": "1" if c.name == "transformer" else "source length"}
+            "encoder_sequential_steps_per_layer": "1" if c.name == "transformer"
+            else "source length"}
 
 
-def _decoding(report: dict, contestants: list[Contestant], corpus: Corpus, cmp: CompareConfig) -> None:
+def _decoding(report: dict, contestants: list[Contestant], corpus: Corpus,
+              cmp: CompareConfig) -> None:
     """Greedy and beam decoding speed of the best checkpoints, alternated, into the report."""
     base, first = contestants[0].cfg, contestants[0]
     texts = corpus.text[base.data.splits.test][0][: cmp.decode_sentences]
-    log.info("timing greedy and beam-%d decoding of %d sentences, alternated", cmp.beam_size, len(texts))
-    with tqdm(total=4 * cmp.decode_repeats, desc="decoding (alternated)", disable=None, dynamic_ncols=True) as bar:
-        speed = timing.decode_speed({c.name: c.model for c in contestants}, corpus.tok, texts, base.decode,
-                                    cmp.beam_size, cmp.decode_repeats, first.trainer.device, _amp(first), bar,
-                                    clock=cmp.clock)
+    log.info("timing greedy and beam-%d decoding of %d sentences, alternated", cmp.beam_size,
+             len(texts))
+    with tqdm(total=4 * cmp.decode_repeats, desc="decoding (alternated)", disable=None,
+              dynamic_ncols=True) as bar:
+        speed = timing.decode_speed({c.name: c.model for c in contestants}, corpus.tok, texts,
+                                    base.decode, cmp.beam_size, cmp.decode_repeats,
+                                    first.trainer.device, _amp(first), bar, clock=cmp.clock)
     for c in contestants:
-        report["models"][c.name].update(speed[c.name], decode_sentences_per_s=speed[c.name]["greedy_sentences_per_s"])
-    report["decode"] = {"sentences": len(texts), "batch_size": base.decode.batch_size, "beam_size": cmp.beam_size}
+        report["models"][c.name].update(speed[c.name],
+                                        decode_sentences_per_s=speed[c.name]["greedy_sentences_per_s"])
+    report["decode"] = {"sentences": len(texts), "batch_size": base.decode.batch_size,
+                        "beam_size": cmp.beam_size}
 
 
-def _test_and_save(report: dict, contestants: list[Contestant], corpus: Corpus, out_dir: Path) -> None:
-    """Test BLEU of each best checkpoint with its decode settings (and where the data has a contrastive set, the
-    accuracy on it, by antecedent distance: attention against recurrence on long-range links); the checkpoints
-    into out_dir."""
+def _test_and_save(report: dict, contestants: list[Contestant], corpus: Corpus,
+                   out_dir: Path) -> None:
+    """Test BLEU of each best checkpoint with its decode settings (and where the data has a
+    contrastive set, the accuracy on it, by antecedent distance: attention against recurrence on
+    long-range links); the checkpoints into out_dir."""
     data = contestants[0].cfg.data
-    items = items_from_records(records) if (records := source(data).contrastive(data.splits.test)) else []
+    items = (items_from_records(records) if (records := source(data).contrastive(data.splits.test))
+             else [])
     for c in contestants:
         tr = c.trainer
         _, s = score_test_split(c.model, corpus, c.cfg, tr.device, tr.precision)
-        report["models"][c.name].update(test_bleu=s["bleu"], test_chrf=s["chrf"], test_beam_size=c.cfg.decode.beam_size)
+        report["models"][c.name].update(test_bleu=s["bleu"], test_chrf=s["chrf"],
+                                        test_beam_size=c.cfg.decode.beam_size)
         report["sacrebleu_signature"] = s["bleu_signature"]
         if items:
             accuracy = evaluate_contrastive(
-                lambda src, tgt, m=c.model, d=tr.device: score_texts(m, corpus.tok, src, tgt, device=d), items)
+                lambda src, tgt, m=c.model,
+                d=tr.device: score_texts(m, corpus.tok, src, tgt, device=d), items)
             report["models"][c.name]["contrastive"] = accuracy.json()
-        checkpoint.save({**checkpoint.model_state(c.best_state, c.cfg, corpus.tok), "step": tr.state.step,
-                         "best_bleu": c.best_bleu}, out_dir / f"{c.name}.pt")
+        checkpoint.save({**checkpoint.model_state(c.best_state, c.cfg, corpus.tok),
+                         "step": tr.state.step, "best_bleu": c.best_bleu}, out_dir / f"{c.name}.pt")

@@ -1,27 +1,31 @@
-"""The parts of a training step, timed apart: where a step's time goes (`attn-mt bench` prints them).
+"""The parts of a training step, timed apart: where a step's time goes (`attn-mt bench` prints
+them).
 
     >>> step_parts(trainer, steps=10)  # a training.trainer.Trainer; median ms per part
-    >>> config_parts(cfg, prelude(cfg, ...), steps=10)  # the same for a config's model, as training builds it
+    >>> config_parts(cfg, prelude(cfg, ...), steps=10)  # the same for a config's model, as training
+                                                        builds it
 
 (scripts/profile_step.py --parts prints them for a config.)
 
-The trainer's own `Trainer.step` runs, with timers put into the objects it calls (instance attributes,
-taken out again after the step): where one part ends and the next begins the device is synchronised and
-the clock read, so the parts tile the step, in the order the step runs them:
-    batch      the step's batches taken (collated, or from the prefetch thread) and moved to the device
+The trainer's own `Trainer.step` runs, with timers put into the objects it calls (instance
+attributes, taken out again after the step): where one part ends and the next begins the device is
+synchronised and the clock read, so the parts tile the step, in the order the step runs them:
+    batch      the step's batches taken (collated, or from the prefetch thread) and moved to the
+               device
     forward    the model's forward pass, to the logits
     loss       token_loss of the logits
     backward   the backward pass
     schedule   the training clock, the budget spent and the learning rate
     clip       the rate set, the gradients unscaled and clipped (clip_grad_norm_)
-    checks     whether the loss and gradient norm are finite (HostChecks: one host sync; DeviceChecks), and
-               the step counted
+    checks     whether the loss and gradient norm are finite (HostChecks: one host sync;
+               DeviceChecks), and the step counted
     optimizer  the optimizer step, the gradient scaler's update and zero_grad
     ema        the weights' moving average (when train.ema_decay is set)
-Steps with timers take turns with plain steps, timed whole: the sum of the parts against the whole step
-shows what the timers' synchronisations add. Both walk the epoch as training does (a new epoch when one
-ends), each step on the next batches: medians over different batches, so take ten steps or more. With
-train.accum_steps > 1 the move of a batch after the first to the device counts as backward.
+Steps with timers take turns with plain steps, timed whole: the sum of the parts against the whole
+step shows what the timers' synchronisations add. Both walk the epoch as training does (a new epoch
+when one ends), each step on the next batches: medians over different batches, so take ten steps or
+more. With train.accum_steps > 1 the move of a batch after the first to the device counts as
+backward.
 
 Tested in tests/measure/test_parts.py.
 """
@@ -45,8 +49,8 @@ PARTS = ("batch", "forward", "loss", "backward", "clip", "checks", "optimizer", 
 
 
 class Timeline:
-    """Seconds per part of one step: `mark(part)` ends the running part (the device synchronised first) and
-    starts `part` (None: nothing more)."""
+    """Seconds per part of one step: `mark(part)` ends the running part (the device synchronised
+    first) and starts `part` (None: nothing more)."""
 
     def __init__(self, trainer: Trainer) -> None:
         self.device, self.part, self.t = trainer.device, None, 0.0
@@ -71,8 +75,9 @@ class Timeline:
 
 @contextmanager
 def timers(trainer: Trainer, line: Timeline) -> Iterator[None]:
-    """The block's steps marked on `line`: timers in the model call, the scaler's scale (the loss, scaled,
-    goes to backward), `update`, the checks and the moving average (see the module docstring)."""
+    """The block's steps marked on `line`: timers in the model call, the scaler's scale (the loss,
+    scaled, goes to backward), `update`, the checks and the moving average (see the module
+    docstring)."""
     net, checks, ema = trainer.net, trainer.checks, trainer.ema
     scale = trainer.scaler.scale
     trainer.net = line.around(net, "forward", "loss")
@@ -86,8 +91,8 @@ def timers(trainer: Trainer, line: Timeline) -> Iterator[None]:
         yield
     finally:
         trainer.net = net
-        for owner, name in [(trainer.scaler, "scale"), (trainer, "update"), (checks, "before"), (checks, "after"),
-                            (ema, "update")]:
+        for owner, name in [(trainer.scaler, "scale"), (trainer, "update"), (checks, "before"),
+                            (checks, "after"), (ema, "update")]:
             if owner is not None:
                 vars(owner).pop(name, None)  # the class's method again
 
@@ -115,14 +120,16 @@ def whole_step(trainer: Trainer, clock: Callable[[], float]) -> float:
 
 
 def step_parts(trainer: Trainer, steps: int = 10, warmup: int = 2) -> dict:
-    """Median ms per part over `steps` steps with timers, and of the whole step over as many plain steps, the
-    two in turns, after `warmup` of each; the parts' share of the whole step and their sum against it."""
+    """Median ms per part over `steps` steps with timers, and of the whole step over as many plain
+    steps, the two in turns, after `warmup` of each; the parts' share of the whole step and their
+    sum against it."""
     t0 = time.perf_counter()
     clock = lambda: time.perf_counter() - t0  # noqa: E731  training seconds, as the run's clock
     parts: list[dict[str, float]] = []
     whole: list[float] = []
     for i in range(warmup + steps):
-        for kind in ("parts", "whole") if i % 2 == 0 else ("whole", "parts"):  # which goes first alternates
+        # which goes first alternates
+        for kind in ("parts", "whole") if i % 2 == 0 else ("whole", "parts"):
             if kind == "parts":
                 parts.append(timed_step(trainer, clock))
             else:
@@ -139,8 +146,8 @@ def step_parts(trainer: Trainer, steps: int = 10, warmup: int = 2) -> dict:
 
 
 def config_parts(cfg: ExperimentConfig, start: Prelude, steps: int = 10, warmup: int = 2) -> dict:
-    """step_parts of the config's model, built and trained as training does (seeded; the config's precision,
-    attention and optimizer) from the start of the corpus's first epoch."""
+    """step_parts of the config's model, built and trained as training does (seeded; the config's
+    precision, attention and optimizer) from the start of the corpus's first epoch."""
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, **start.corpus.tok.sizes()).to(start.device).train()
     trainer = Trainer(model, cfg, start.corpus, start.device, start.precision)
@@ -150,9 +157,10 @@ def config_parts(cfg: ExperimentConfig, start: Prelude, steps: int = 10, warmup:
 
 def parts_table(r: dict) -> list[str]:
     """step_parts' figures as lines of text."""
-    lines = [f"parts of a step ({r['precision']}, {r['optimizer_name']}; median of {r['steps']} steps, "
-             f"the device synchronised around each part):", f"{'part':<12}{'ms':>9}{'share':>8}"]
+    lines = [f"parts of a step ({r['precision']}, {r['optimizer_name']}; median of {r['steps']} "
+             f"steps, the device synchronised around each part):",
+             f"{'part':<12}{'ms':>9}{'share':>8}"]
     lines += [f"{p:<12}{ms:>9.2f}{r['share'][p]:>8.1%}" for p, ms in r["ms"].items()]
-    lines.append(f"{'sum':<12}{r['sum_ms']:>9.2f}{r['sum_ms'] / r['whole_ms']:>8.1%}  of the whole step, "
-                 f"{r['whole_ms']:.2f} ms timed without the part timers")
+    lines.append(f"{'sum':<12}{r['sum_ms']:>9.2f}{r['sum_ms'] / r['whole_ms']:>8.1%}  of the whole "
+                 f"step, {r['whole_ms']:.2f} ms timed without the part timers")
     return lines

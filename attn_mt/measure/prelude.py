@@ -24,8 +24,9 @@ class Prelude:
 
 
 def prelude(cfg: ExperimentConfig, max_positions: int, hint: str) -> Prelude:
-    """train.threads (the caller restores the old count if it must), device, precision, and the corpus through
-    the same data path as training; missing data ends in one line saying how to get it or to run `hint`."""
+    """train.threads (the caller restores the old count if it must), device, precision, and the
+    corpus through the same data path as training; missing data ends in one line saying how to get
+    it or to run `hint`."""
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     device = pick_device(cfg.train.device)

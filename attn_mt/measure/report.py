@@ -12,7 +12,8 @@ from pathlib import Path
 from attn_mt.files import write_atomic
 from attn_mt.measure.timing import NOISY_SPREAD
 
-CLOCK_WORDS = {"wall": "wall-clock", "cpu": "CPU"}  # report["trust"]["clock"] -> how the text names it
+# report["trust"]["clock"] -> how the text names it
+CLOCK_WORDS = {"wall": "wall-clock", "cpu": "CPU"}
 
 
 def _table(head: list[str], rows: list[list]) -> str:
@@ -25,9 +26,11 @@ def tables(report: dict) -> dict[str, str]:
     m = report["models"]
     names = list(m)
     beam = report["decode"]["beam_size"]
-    a = _table(["model", "parameters", "target tokens/s", "s/epoch", "peak memory (MB)", "steps", "epochs"],
-               [[k, f"{v['params'] / 1e6:.2f}M", f"{v['train_tokens_per_s']:,.0f}", v["seconds_per_epoch"],
-                 v["peak_memory_mb"], v["steps"], v["epochs"]] for k, v in m.items()])
+    a = _table(["model", "parameters", "target tokens/s", "s/epoch", "peak memory (MB)", "steps",
+                "epochs"],
+               [[k, f"{v['params'] / 1e6:.2f}M", f"{v['train_tokens_per_s']:,.0f}",
+                 v["seconds_per_epoch"], v["peak_memory_mb"], v["steps"], v["epochs"]] for k,
+                v in m.items()])
     test_beam = m[names[0]]["test_beam_size"]
     b = _table(["model", "training time (s)", "best valid BLEU", f"test BLEU (beam {test_beam})",
                 "test chrF", "valid BLEU along the way (s: BLEU)"],
@@ -41,17 +44,21 @@ def tables(report: dict) -> dict[str, str]:
                      r["transformer_sequential_steps"], r["rnn_sequential_steps"],
                      r.get("transformer_mb"), r.get("rnn_mb")])
     c = _table(["length n", "sentences/batch", "Transformer ms", "RNN ms", "RNN / Transformer",
-                "sequential steps/layer: Transformer", "RNN", "activations MB: Transformer", "RNN"], rows)
+                "sequential steps/layer: Transformer", "RNN", "activations MB: Transformer", "RNN"],
+               rows)
     d = _table(["model", "greedy sentences/s", f"beam {beam} sentences/s", "greedy decoder steps",
                 "output tokens", "encoder sequential steps/layer"],
-               [[k, v["greedy_sentences_per_s"], v["beam_sentences_per_s"], v["greedy_decoder_calls"],
-                 v["greedy_output_tokens"], v["encoder_sequential_steps_per_layer"]] for k, v in m.items()])
+               [[k, v["greedy_sentences_per_s"], v["beam_sentences_per_s"],
+                 v["greedy_decoder_calls"], v["greedy_output_tokens"],
+                 v["encoder_sequential_steps_per_layer"]] for k, v in m.items()])
     out = {"a": a, "b": b, "c": c, "d": d}
     if all("contrastive" in v for v in m.values()):
         bins = m[names[0]]["contrastive"]["by_distance"]  # the same items for both models
-        out["e"] = _table(["model", "contrastive accuracy", *(f"distance {b} ({v['items']})" for b, v in bins.items())],
+        out["e"] = _table(["model", "contrastive accuracy",
+                           *(f"distance {b} ({v['items']})" for b, v in bins.items())],
                           [[k, f"{v['contrastive']['accuracy']:.1%}",
-                            *(f"{v['contrastive']['by_distance'].get(b, {}).get('accuracy', 0):.1%}" for b in bins)]
+                            *(f"{v['contrastive']['by_distance'].get(b, {}).get('accuracy', 0):.1%}"
+                              for b in bins)]
                            for k, v in m.items()])
     return out
 
@@ -61,19 +68,20 @@ def _machine_lines(report: dict) -> list[str]:
     lines = [f"Machine: {mc['device_name']} ({mc['device']}), {mc['threads']} torch threads of "
              f"{mc['cpu_count']} CPUs, torch {mc['torch']}, precision {mc['precision']}."]
     if report.get("trust", {}).get("clock") == "cpu":
-        lines.append("Clock: this process's CPU seconds per torch thread (compare.clock=cpu), for the budgets and "
-                     "every timing: other processes do not shorten them.")
+        lines.append("Clock: this process's CPU seconds per torch thread (compare.clock=cpu), for "
+                     "the budgets and every timing: other processes do not shorten them.")
     for phase, load in report["background_load"].items():
         own = f"; this process used {load['own_cores']} cores" if "own_cores" in load else ""
-        lines.append(f"Background load during {phase.replace('_', ' ')} ({load['seconds']:.0f} s wall): "
-                     f"{load['background_cores']} cores busy with other processes on average{own} (1-min "
-                     f"load average {load['loadavg_1min_start']:.2f} -> {load['loadavg_1min_end']:.2f}).")
+        lines.append(f"Background load during {phase.replace('_', ' ')} ({load['seconds']:.0f} s "
+                     f"wall): {load['background_cores']} cores busy with other processes on "
+                     f"average{own} (1-min load average {load['loadavg_1min_start']:.2f} -> "
+                     f"{load['loadavg_1min_end']:.2f}).")
     return lines
 
 
 def _growth(report: dict) -> str:
-    """How the time per batch grew from the shortest to the longest length both models ran, or why it is not
-    told (a noisy row)."""
+    """How the time per batch grew from the shortest to the longest length both models ran, or why
+    it is not told (a noisy row)."""
     names = list(report["models"])
     rows = [r for r in report["length_scaling"] if all(r.get(f"{k}_ms") for k in names)]
     if len(rows) < 2:
@@ -82,7 +90,8 @@ def _growth(report: dict) -> str:
     noisy = [f"n = {r['length']} ({k})" for r in (first, last) for k in names
              if (r.get(f"{k}_spread") or 0) > NOISY_SPREAD]
     if noisy:
-        return f" No conclusion on length: the rounds of {', '.join(noisy)} spread more than {NOISY_SPREAD:.0%}."
+        return (f" No conclusion on length: the rounds of {', '.join(noisy)} spread more than "
+                f"{NOISY_SPREAD:.0%}.")
     grew = " against ".join(f"x{last[f'{k}_ms'] / first[f'{k}_ms']:.2f} ({k})" for k in names)
     ratio = [r[f"{names[-1]}_ms"] / r[f"{names[0]}_ms"] for r in (first, last)]
     return (f" From n = {first['length']} to {last['length']} the time per batch grew {grew}; "
@@ -95,16 +104,18 @@ def _noisy(report: dict) -> str:
 
 
 def verdict(report: dict) -> str:
-    """What the report concludes, or, where the load leaves the measurement untrusted, why it concludes nothing
-    (empty for a report without `trust`)."""
+    """What the report concludes, or, where the load leaves the measurement untrusted, why it
+    concludes nothing (empty for a report without `trust`)."""
     t = report.get("trust")
     if t is None:
         return ""
     if not t["trusted"]:
-        fix = ("a quieter machine, or compare.clock=cpu with train.threads=1" if t["clock"] == "wall" else
-               "train.threads=1" if t["threads"] > 1 else "a quieter machine")
-        return (f"**No conclusions: the machine's load leaves this measurement untrusted** ({'; '.join(t['reasons'])})."
-                f" The numbers below are as measured; rerun with {fix}.")
+        fix = ("a quieter machine, or compare.clock=cpu with train.threads=1"
+               if t["clock"] == "wall" else "train.threads=1" if t["threads"] > 1
+               else "a quieter machine")
+        return ("**No conclusions: the machine's load leaves this measurement untrusted** "
+                f"({'; '.join(t['reasons'])}). The numbers below are as measured; rerun with "
+                f"{fix}.")
     m = report["models"]
     bleu = " against ".join(f"{v['test_bleu']:.1f} ({k})" for k, v in m.items())
     return (f"**Verdict:** for the same {report['budget_minutes']} min of training "
@@ -115,24 +126,26 @@ def markdown(report: dict) -> str:
     t = tables(report)
     dec = report["decode"]
     return "\n\n".join([
-        "# compare-rnn report", "\n".join(_machine_lines(report)), *([v] if (v := verdict(report)) else []),
-        f"## a. Training throughput\n\nSame batches for both models ({report['batch_tokens']} padded tokens "
-        f"per batch). Peak memory: {report['memory_method']}.\n\n{t['a']}",
-        f"## b. Quality for an equal training-time budget ({report['budget_minutes']} min each)\n\n"
-        f"Validation BLEU is greedy on the first sentences of the validation split; the clock counts "
-        f"each model's own training steps only. Test BLEU uses the best validation checkpoint. "
-        f"({report['sacrebleu_signature']})\n\n{t['b']}\n\n![BLEU against training time](bleu_vs_time.png)",
-        f"## c. Cost against sentence length\n\nForward + backward time per batch of "
-        f"{report['compare']['length_batch_tokens']} tokens of random ids, median of "
-        f"{report['compare']['repeats']} alternated rounds (outliers dropped), on the models before training."
-        f"{_noisy(report)}\n\n{t['c']}"
-        "\n\n![time per batch against length](time_vs_length.png)",
-        f"## d. Decoding\n\n{dec['sentences']} test sentences, batches of {dec['batch_size']}, median of "
-        f"{report['compare']['decode_repeats']} alternated rounds. Both decoders need one sequential step "
-        f"per output token; the RNN encoder also steps through the source.\n\n{t['d']}",
-        *([f"## e. Pronouns by antecedent distance\n\nThe test split's contrastive set: an item is right when "
-           "the model scores the reference above every variant with another pronoun; distance in words from "
-           f"the antecedent to the pronoun (items per bin in the header).\n\n{t['e']}"] if "e" in t else []),
+        "# compare-rnn report", "\n".join(_machine_lines(report)),
+        *([v] if (v := verdict(report)) else []), "## a. Training throughput\n\nSame batches for "
+        f"both models ({report['batch_tokens']} padded tokens per batch). Peak memory: "
+        f"{report['memory_method']}.\n\n{t['a']}",
+        f"## b. Quality for an equal training-time budget ({report['budget_minutes']} min "
+        "each)\n\nValidation BLEU is greedy on the first sentences of the validation split; the "
+        "clock counts each model's own training steps only. Test BLEU uses the best validation "
+        f"checkpoint. ({report['sacrebleu_signature']})\n\n{t['b']}\n\n![BLEU against training "
+        "time](bleu_vs_time.png)", "## c. Cost against sentence length\n\nForward + backward time "
+        f"per batch of {report['compare']['length_batch_tokens']} tokens of random ids, median of "
+        f"{report['compare']['repeats']} alternated rounds (outliers dropped), on the models "
+        f"before training.{_noisy(report)}\n\n{t['c']}\n\n![time per batch against "
+        "length](time_vs_length.png)", f"## d. Decoding\n\n{dec['sentences']} test sentences, "
+        f"batches of {dec['batch_size']}, median of {report['compare']['decode_repeats']} "
+        "alternated rounds. Both decoders need one sequential step per output token; the RNN "
+        f"encoder also steps through the source.\n\n{t['d']}",
+        *(["## e. Pronouns by antecedent distance\n\nThe test split's contrastive set: an item is "
+           "right when the model scores the reference above every variant with another pronoun; "
+           "distance in words from the antecedent to the pronoun (items per bin in the "
+           f"header).\n\n{t['e']}"] if "e" in t else []),
     ]) + "\n"
 
 
@@ -154,7 +167,8 @@ def summary(report: dict) -> str:
     width = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                        for i, (c, w) in enumerate(zip(r, width, strict=True))) for r in rows]
-    return "\n".join([*lines, *_machine_lines(report), *([v.replace("**", "")] if (v := verdict(report)) else [])])
+    return "\n".join([*lines, *_machine_lines(report), *([v.replace("**", "")]
+                                                         if (v := verdict(report)) else [])])
 
 
 def plots(report: dict, out_dir: Path) -> list[Path]:
@@ -168,8 +182,8 @@ def plots(report: dict, out_dir: Path) -> list[Path]:
     colors = {"transformer": "tab:blue", "rnn": "tab:orange"}
     fig, ax = plt.subplots(figsize=(6, 4))
     for k, v in report["models"].items():
-        ax.plot([p["elapsed_s"] / 60 for p in v["curve"]], [p["valid_bleu"] for p in v["curve"]], "o-",
-                color=colors.get(k), label=f"{k} ({v['params'] / 1e6:.2f}M parameters)")
+        ax.plot([p["elapsed_s"] / 60 for p in v["curve"]], [p["valid_bleu"] for p in v["curve"]],
+                "o-", color=colors.get(k), label=f"{k} ({v['params'] / 1e6:.2f}M parameters)")
     ax.set(xlabel="training time on the model's own clock (min)", ylabel="validation BLEU (greedy)",
            title="Quality for the same training time")
     ax.grid(alpha=0.3)
@@ -186,7 +200,8 @@ def plots(report: dict, out_dir: Path) -> list[Path]:
         ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=colors.get(k), label=k)
         ax2.plot([p[0] for p in pts], [p[2] for p in pts], "o-", color=colors.get(k), label=k)
     tokens = report["compare"]["length_batch_tokens"]
-    ax1.set(yscale="log", ylabel="ms per batch", title=f"forward + backward, {tokens} tokens per batch")
+    ax1.set(yscale="log", ylabel="ms per batch", title=f"forward + backward, {tokens} tokens per "
+            "batch")
     ax2.set(ylabel="MB saved for backward", title="activation memory per batch")
     ax1.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     ax1.yaxis.set_major_formatter(ScalarFormatter())

@@ -22,8 +22,8 @@ from .seq2seq import DecoderCache, Seq2Seq
 from .sizing import check_memory, count_params, shapes_only
 from .transformer import Transformer
 
-__all__ = ["AttentionWeights", "DecoderCache", "Seq2Seq", "build_model", "count_params", "empty_model",
-           "loss_sum", "mean_loss", "token_loss"]
+__all__ = ["AttentionWeights", "DecoderCache", "Seq2Seq", "build_model", "count_params",
+           "empty_model", "loss_sum", "mean_loss", "token_loss"]
 
 
 def build_model(cfg: ModelConfig, *, src_vocab: int, tgt_vocab: int, pad_id: int,

@@ -40,7 +40,8 @@ class Seq2Seq(nn.Module):
         """src: (B, S) ids -> memory (B, S, D); `weights` collects the attention weights."""
         raise NotImplementedError
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: DecoderCache | None = None,
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor,
+               cache: DecoderCache | None = None,
                weights: AttentionWeights | None = None) -> Tensor:
         """tgt_in: (B, T) ids -> logits (B, T, V). With `cache` (from new_cache()), `tgt_in` holds
         only the new positions and the decoder continues from the cached state."""

@@ -83,8 +83,8 @@ class KVCache:
     positions so far, and the cross-attention keys/values of the memory (computed at the first step,
     then reused). Every sentence of the batch is at the same step.
 
-    `decode` asks `advance` for the new positions' offset and the self-attention mask: the seam where
-    decoding/continuous.py's `RunningCache` gives each sentence its own (continuous batching).
+    `decode` asks `advance` for the new positions' offset and the self-attention mask: the seam
+    where decoding/continuous.py's `RunningCache` gives each sentence its own (continuous batching).
     """
 
     self_attn: list[KV]

@@ -1,4 +1,5 @@
-"""The JSON contract of `attn-mt serve`: request and response models, limits, and errors that name a field.
+"""The JSON contract of `attn-mt serve`: request and response models, limits, and errors that name a
+field.
 
 One job: the JSON contract (request and answer models, limits, error bodies); answering is app.py's.
 Tested in tests/serve/test_serve.py and tests/serve/test_hostile_http.py.
@@ -40,8 +41,8 @@ class _Long:
 
 def check_json(body: bytes) -> None:
     """Refuse, naming the field, JSON that the app's parser would refuse without saying where: an
-    integer of thousands of digits (Python converts at most 4300) or nesting deeper than it recurses.
-    Malformed JSON passes: the app's own answer names the character."""
+    integer of thousands of digits (Python converts at most 4300) or nesting deeper than it
+    recurses. Malformed JSON passes: the app's own answer names the character."""
     try:
         value = json.loads(body, parse_int=lambda s: _Long(s) if len(s) > MAX_DIGITS else int(s))
     except RecursionError:
@@ -58,28 +59,32 @@ def check_json(body: bytes) -> None:
 
 
 def _clean(text: str) -> str:
-    # JSON may carry lone surrogates ("\ud800"), which are not text (the response could not encode them):
-    # U+FFFD, as every text argument of the API
+    # JSON may carry lone surrogates ("\ud800"), which are not text (the response could not encode
+    # them): U+FFFD, as every text argument of the API
     return clean(text)
 
 
-_STRICT = ConfigDict(extra="forbid", strict=True)  # no "5" for 5, no unknown keys (a typo'd "beam_size")
+# no "5" for 5, no unknown keys (a typo'd "beam_size")
+_STRICT = ConfigDict(extra="forbid", strict=True)
 
 
-SERVED_MOST = {"alpha": 10.0}  # the server's own bounds, below the table's (the beam's: Limits.max_beam)
+# the server's own bounds, below the table's (the beam's: Limits.max_beam)
+SERVED_MOST = {"alpha": 10.0}
 
 
 def served(o: DecodeOption) -> tuple[Any, Any]:
-    """A served decode option's request field, from its row of DECODE_OPTIONS: None (the model's default) or
-    a value of its type, at least its `least` (and finite)."""
+    """A served decode option's request field, from its row of DECODE_OPTIONS: None (the model's
+    default) or a value of its type, at least its `least` (and finite)."""
     default = f"default {o.default}" if o.default else "default: the checkpoint's"
     most = {"le": SERVED_MOST[o.key]} if o.key in SERVED_MOST else {}
     finite = {"allow_inf_nan": False} if o.type is float else {}
-    return o.type | None, Field(None, ge=o.least, **most, **finite, description=f"{o.help} ({default}).")
+    return o.type | None, Field(None, ge=o.least, **most, **finite,
+                                description=f"{o.help} ({default}).")
 
 
 class _Texts(BaseModel):
-    """What every translate request has: its texts; TranslateRequest adds the served decode options."""
+    """What every translate request has: its texts; TranslateRequest adds the served decode
+    options."""
 
     model_config = _STRICT
 
@@ -96,7 +101,8 @@ class _Texts(BaseModel):
     def check(self, limits: Limits) -> None:
         """Refuse what the limits do not allow, naming the field."""
         if len(self.texts) > limits.max_texts:
-            raise ApiError(413, "texts", f"{len(self.texts)} sentences; at most {limits.max_texts} per request")
+            raise ApiError(413, "texts", f"{len(self.texts)} sentences; at most {limits.max_texts} "
+                           "per request")
         _check_chars("texts", sum(map(len, self.texts)), limits.max_chars)
         _check_beam(self.beam, limits)
 
@@ -104,30 +110,37 @@ class _Texts(BaseModel):
 TranslateRequest = create_model(  # texts, each served option (DECODE_OPTIONS' `field`s) and stream
     "TranslateRequest", __base__=_Texts, __module__=__name__,
     **{o.field: served(o) for o in DECODE_OPTIONS if o.field},
-    stream=(bool, Field(False, description="Answer as server-sent events while decoding: `token` (greedy: the "
-                                           "translation so far), `hypothesis` (beam: one finished), `result` (a "
-                                           "sentence done), then `done` with the whole answer, or `error`.")),
-    align=(bool, Field(False, description="Give each hypothesis its word alignment with the source, `alignment`: "
-                                          "Pharaoh links i-j (source word i, target word j, from 0; words split "
-                                          "at spaces), from cross-attention (docs/alignment.md). Not with stream.")))
+    stream=(bool, Field(False, description="Answer as server-sent events while decoding: `token` "
+                        "(greedy: the translation so far), `hypothesis` (beam: one finished), "
+                        "`result` (a sentence done), then `done` with the whole answer, or "
+                        "`error`.")),
+    align=(bool, Field(False, description="Give each hypothesis its word alignment with the "
+                       "source, `alignment`: Pharaoh links i-j (source word i, target word j, from "
+                       "0; words split at spaces), from cross-attention (docs/alignment.md). Not "
+                       "with stream.")))
 
 
 def check_work(field: str, costs: list[int], limits: Limits) -> None:
-    """Refuse a request whose work (source subwords x beam, see Limits.max_work) is over the limit."""
+    """Refuse a request whose work (source subwords x beam, see Limits.max_work) is over the
+    limit."""
     if sum(costs) > limits.max_work:
-        raise ApiError(413, field, f"{sum(costs)} units of work (source subwords x beam); at most max_work="
-                                   f"{limits.max_work} per request: send fewer or shorter sentences or a smaller beam")
+        raise ApiError(413, field, f"{sum(costs)} units of work (source subwords x beam); at most "
+                       f"max_work={limits.max_work} per request: send fewer or shorter sentences "
+                       "or a smaller beam")
 
 
 class AttentionRequest(BaseModel):
     model_config = _STRICT
 
-    text: str = Field(min_length=1, description="One source sentence.", examples=["Ein Hund rennt."])
-    beam: int | None = Field(None, ge=1, description="Beam size for the translation (default: the checkpoint's).")
+    text: str = Field(min_length=1, description="One source sentence.",
+                      examples=["Ein Hund rennt."])
+    beam: int | None = Field(None, ge=1, description="Beam size for the translation (default: the "
+                             "checkpoint's).")
 
     @field_validator("text", mode="before")
     @classmethod
-    def _surrogates(cls, text: object) -> object:  # before the length check, which refuses them as not text
+    # before the length check, which refuses them as not text
+    def _surrogates(cls, text: object) -> object:
         return _clean(text) if isinstance(text, str) else text
 
     @field_validator("text")
@@ -165,25 +178,28 @@ class AttentionResponse(BaseModel):
     translation: str
     source_tokens: list[str] = Field(description="Subwords of the source, with </s>: encoder keys.")
     target_tokens: list[str] = Field(description="Predicted subwords with </s>: decoder queries.")
-    target_input_tokens: list[str] = Field(description="<s> and the prediction: decoder self-attention keys.")
+    target_input_tokens: list[str] = Field(description="<s> and the prediction: decoder "
+                                           "self-attention keys.")
     encoder_self: Maps = Field(description="[layer][head][source][source]; empty for an RNN.")
     decoder_self: Maps = Field(description="[layer][head][target][target input]; empty for an RNN.")
-    cross: Maps = Field(description="[layer][head][target][source]; an RNN has one layer, one head.")
+    cross: Maps = Field(description="[layer][head][target][source]; an RNN has one layer, one "
+                        "head.")
 
 
 class ExplainRequest(AttentionRequest):
     """An attention request (same text, beam and limits) and which head and query to explain."""
 
-    kind: str = Field("cross", description="`encoder`, `decoder` or `cross` (or a map's name: `encoder_self`, "
-                                           "`decoder_self`).")
+    kind: str = Field("cross", description="`encoder`, `decoder` or `cross` (or a map's name: "
+                      "`encoder_self`, `decoder_self`).")
     layer: int = Field(1, ge=1, description="Layer, from 1.")
     head: int = Field(1, ge=1, description="Head, from 1.")
-    token: int | str = Field(0, description="The query: its position (from 0) or its text; decoder queries are "
-                                            "named by the token they predict.")
+    token: int | str = Field(0, description="The query: its position (from 0) or its text; decoder "
+                             "queries are named by the token they predict.")
 
     @field_validator("token", mode="before")
     @classmethod
-    def _token(cls, token: object) -> object:  # one error naming "token", not one per type of the union
+    # one error naming "token", not one per type of the union
+    def _token(cls, token: object) -> object:
         if isinstance(token, bool) or not isinstance(token, int | str):
             raise ValueError("a position (an integer) or a token's text (a string)")
         return _clean(token) if isinstance(token, str) else token
@@ -211,9 +227,11 @@ class ExplainResponse(BaseModel):
     source: str
     translation: str
     source_tokens: list[str] = Field(description="Subwords of the source, with </s>.")
-    target_tokens: list[str] = Field(description="Predicted subwords with </s>: decoder query t predicts token t.")
+    target_tokens: list[str] = Field(description="Predicted subwords with </s>: decoder query t "
+                                     "predicts token t.")
     query_index: int
-    query_token: str = Field(description="The query on the maps' axis: a source token or the token it predicts.")
+    query_token: str = Field(description="The query on the maps' axis: a source token or the token "
+                             "it predicts.")
     query_input: str = Field(description="The token read at the query's position.")
     d_model: int
     n_heads: int
@@ -221,13 +239,16 @@ class ExplainResponse(BaseModel):
     scale: float = Field(description="1 / sqrt(d_k).")
     x: Vector = Field(description="(d_model) The query's input to the attention module.")
     q: Vector = Field(description="(d_k) This head's query, x W_q.")
-    keys: list[ExplainKey] = Field(description="Every key token: score, scaled score, mask, weight.")
+    keys: list[ExplainKey] = Field(description="Every key token: score, scaled score, mask, "
+                                   "weight.")
     k: list[Vector] = Field(description="(keys, d_k) This head's keys.")
     v: list[Vector] = Field(description="(keys, d_k) This head's values.")
     head_output: Vector = Field(description="(d_k) sum_j weight_j v_j.")
-    head_outputs: list[Vector] = Field(description="(heads, d_k) Every head's output for this query.")
+    head_outputs: list[Vector] = Field(description="(heads, d_k) Every head's output for this "
+                                       "query.")
     output: Vector = Field(description="(d_model) W_o [head_1; ...; head_H] + b_o, recomputed.")
-    model_output: Vector = Field(description="(d_model) The model's own attention output for this query.")
+    model_output: Vector = Field(description="(d_model) The model's own attention output for this "
+                                 "query.")
     max_abs_diff: float = Field(description="max |output - model_output|: about 1e-7 in fp32.")
 
 

@@ -1,26 +1,27 @@
 """The job queue in front of the one thread that owns the model, and batching in whole model calls.
 
-`JobQueue` is what both ways of batching share: a bounded queue of jobs, held answers, stop. `Batcher`
-(export folders, RNN checkpoints) decodes in whole calls, as below; serve/scheduler.py's `Scheduler`
-(Transformer checkpoints) lets sentences join and leave at every decoder step.
+`JobQueue` is what both ways of batching share: a bounded queue of jobs, held answers, stop.
+`Batcher` (export folders, RNN checkpoints) decodes in whole calls, as below; serve/scheduler.py's
+`Scheduler` (Transformer checkpoints) lets sentences join and leave at every decoder step.
 
-Each request becomes a `Job` with a `concurrent.futures.Future`. Jobs with the same decoding settings
-(`key`) form a group; all attention jobs (key None) form one. The worker serves the groups in turn:
-a call takes one item (sentence) from every job of the first group in the queue in turn (an attention
-call: one job), until it holds `max_batch` items or `max_batch_work` units of work (source tokens x
-beam; a single larger item runs alone), and then the group's jobs go to the back of the queue. So a
-request waits, before its first item is decoded, for the call running when it came and at most one
-call of each group ahead of it, however many sentences or attention jobs the others sent: a huge
-request is decoded in several calls with everyone else's in between. (Splitting max_batch_work among
-the groups would shorten that wait but multiply the calls, each with its fixed cost per decoder step.)
-The first job of a call waits up to `max_wait_s` for company; under load the queue is never empty.
+Each request becomes a `Job` with a `concurrent.futures.Future`. Jobs with the same decoding
+settings (`key`) form a group; all attention jobs (key None) form one. The worker serves the groups
+in turn: a call takes one item (sentence) from every job of the first group in the queue in turn (an
+attention call: one job), until it holds `max_batch` items or `max_batch_work` units of work (source
+tokens x beam; a single larger item runs alone), and then the group's jobs go to the back of the
+queue. So a request waits, before its first item is decoded, for the call running when it came and
+at most one call of each group ahead of it, however many sentences or attention jobs the others
+sent: a huge request is decoded in several calls with everyone else's in between. (Splitting
+max_batch_work among the groups would shorten that wait but multiply the calls, each with its fixed
+cost per decoder step.) The first job of a call waits up to `max_wait_s` for company; under load the
+queue is never empty.
 
 At most `max_queue` requests wait or decode at once (`QueueFull` beyond); one submitted with `hold`
-keeps its place after its answer until `release` (the app: until the client has taken the answer).
-A job whose client went away (its future cancelled) is dropped when the worker next looks at it, and a
-model call whose jobs are all gone stops at its next decoder step: the model calls `check()` at each step, which raises
-`Abandoned`. `stop()` (safe in a signal handler: it only sets a flag) makes the worker stop the
-running call at its next step and fail every waiting job with `Stopping`.
+keeps its place after its answer until `release` (the app: until the client has taken the answer). A
+job whose client went away (its future cancelled) is dropped when the worker next looks at it, and a
+model call whose jobs are all gone stops at its next decoder step: the model calls `check()` at each
+step, which raises `Abandoned`. `stop()` (safe in a signal handler: it only sets a flag) makes the
+worker stop the running call at its next step and fail every waiting job with `Stopping`.
 
 One job: queuing model work for the one worker thread.
 
@@ -55,13 +56,15 @@ class Abandoned(Exception):
 
 @dataclass(eq=False)
 class Job:
-    """Work for the model. Jobs with equal `key` (not None) share calls: `run_batch` gets items of several."""
+    """Work for the model. Jobs with equal `key` (not None) share calls: `run_batch` gets items of
+    several."""
 
     key: Hashable | None  # decoding settings; None: run alone with `run_one`
     items: list[Any]
     costs: list[int]  # work units of each item
     hold: bool = False  # keep its place in the queue after its answer, until Batcher.release
-    watch: Callable[[int, str, Any], None] | None = None  # (item, kind, value): progress, in the worker
+    # (item, kind, value): progress, in the worker
+    watch: Callable[[int, str, Any], None] | None = None
     future: Future = field(default_factory=Future)
     results: dict[int, Any] = field(default_factory=dict)
     next: int = 0  # the first item not yet handed to the model
@@ -84,9 +87,9 @@ class Job:
 
 
 class JobQueue:
-    """A bounded queue of jobs in front of one worker thread, the only one that calls the model; subclasses
-    say how the worker takes jobs (`_work`): `Batcher` in whole model calls, serve/scheduler.py's `Scheduler`
-    at every decoder step.
+    """A bounded queue of jobs in front of one worker thread, the only one that calls the model;
+    subclasses say how the worker takes jobs (`_work`): `Batcher` in whole model calls,
+    serve/scheduler.py's `Scheduler` at every decoder step.
 
     At most `max_queue` requests wait or decode at once (`submit` raises QueueFull beyond).
     """
@@ -94,25 +97,29 @@ class JobQueue:
     def __init__(self, run_one: Callable[[Any], Any], max_queue: int) -> None:
         self.run_one, self.max_queue = run_one, max_queue
         self.waiting: deque[Job] = deque()  # jobs with items not yet handed to the model
-        self.pending: dict[Future, Job] = {}  # jobs not answered, or held until released: what max_queue bounds
+        # jobs not answered, or held until released: what max_queue bounds
+        self.pending: dict[Future, Job] = {}
         self.batches = self.items = 0  # model calls and the items they took, for /api/info
         self._stopping = False
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
 
-    def submit(self, key: Hashable | None, items: list, costs: list[int] | None = None, hold: bool = False,
-               watch: Callable[[int, str, Any], None] | None = None) -> Future:
+    def submit(self, key: Hashable | None, items: list, costs: list[int] | None = None,
+               hold: bool = False, watch: Callable[[int, str, Any], None] | None = None) -> Future:
         """Queue a job; its future gets the list of results (or the single result when key is None).
-        With `hold`, an answered job counts against max_queue until `release(future)`; `watch(i, kind, value)`
-        gets item i's progress, where the worker has any ("token", "hypothesis"), then ("done", its result)."""
+        With `hold`, an answered job counts against max_queue until `release(future)`; `watch(i,
+        kind, value)` gets item i's progress, where the worker has any ("token", "hypothesis"), then
+        ("done", its result)."""
         job = Job(key, items, costs or [1] * len(items), hold=hold, watch=watch)
         with self._cond:
             if self._stopping:
                 raise Stopping("the server is shutting down")
             if len(self.pending) >= self.max_queue:
-                raise QueueFull(f"{len(self.pending)} requests are waiting; at most {self.max_queue}")
+                raise QueueFull(f"{len(self.pending)} requests are waiting; at most "
+                                f"{self.max_queue}")
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._work, name="attn-mt-model", daemon=True)
+                self._thread = threading.Thread(target=self._work, name="attn-mt-model",
+                                                daemon=True)
                 self._thread.start()
             self.waiting.append(job)
             self.pending[job.future] = job
@@ -126,7 +133,8 @@ class JobQueue:
             self.release(future)
 
     def release(self, future: Future) -> None:
-        """A held job's answer has been delivered (or never will be): its place in the queue is free."""
+        """A held job's answer has been delivered (or never will be): its place in the queue is
+        free."""
         self.pending.pop(future, None)
 
     def stop(self) -> None:
@@ -150,7 +158,8 @@ class JobQueue:
 
 
 class Batcher(JobQueue):
-    """A bounded, fair queue of jobs in front of one worker thread that calls the model in whole calls.
+    """A bounded, fair queue of jobs in front of one worker thread that calls the model in whole
+    calls.
 
     Args:
         run_batch: (key, items) -> one result per item, for jobs with a key (translation).
@@ -161,8 +170,8 @@ class Batcher(JobQueue):
         max_queue: requests waiting or decoding; `submit` raises QueueFull beyond.
     """
 
-    def __init__(self, run_batch: Callable[[Hashable, list], list], run_one: Callable[[Any], Any], *,
-                 max_batch: int = 64, max_batch_work: int = 1 << 62, max_wait_s: float = 0.005,
+    def __init__(self, run_batch: Callable[[Hashable, list], list], run_one: Callable[[Any], Any],
+                 *, max_batch: int = 64, max_batch_work: int = 1 << 62, max_wait_s: float = 0.005,
                  max_queue: int = 64) -> None:
         super().__init__(run_one, max_queue)
         self.run_batch = run_batch
@@ -180,8 +189,10 @@ class Batcher(JobQueue):
         return self.rows / self.batches if self.batches else 0.0
 
     def check(self) -> None:
-        """Called by the model at each decoder step: raise Abandoned if nobody waits for this call."""
-        if self._stopping or (self._running and all(job.future.cancelled() for job in self._running)):
+        """Called by the model at each decoder step: raise Abandoned if nobody waits for this
+        call."""
+        if self._stopping or (self._running
+                              and all(job.future.cancelled() for job in self._running)):
             raise Abandoned
 
     def _work(self) -> None:
@@ -191,9 +202,11 @@ class Batcher(JobQueue):
         self._fail_waiting()
 
     def _next_call(self) -> tuple[Hashable | None, list[tuple[Job, int]]] | None:
-        """(key, [(job, item index)]): items taken from every job of the first job's group in turn."""
+        """(key, [(job, item index)]): items taken from every job of the first job's group in
+        turn."""
         with self._cond:
-            while True:  # wait for work; poll the stop flag, which a signal handler sets without the lock
+            # wait for work; poll the stop flag, which a signal handler sets without the lock
+            while True:
                 for job in [j for j in self.waiting if j.future.done()]:  # cancelled by its client
                     self.waiting.remove(job)
                 if self._stopping:
@@ -204,7 +217,8 @@ class Batcher(JobQueue):
             first = self.waiting[0]
             if first.key is not None:
                 deadline = time.monotonic() + self.max_wait_s
-                while self._open(first.key) < self.max_batch and (left := deadline - time.monotonic()) > 0:
+                while (self._open(first.key) < self.max_batch
+                       and (left := deadline - time.monotonic()) > 0):
                     self._cond.wait(left)  # company: jobs that arrive within max_wait_s
             group = [j for j in self.waiting if j.key == first.key]
             picks: list[tuple[Job, int]] = []
@@ -212,14 +226,16 @@ class Batcher(JobQueue):
             while taking:  # one item of each job in turn; one attention job (key None) a call
                 taking = False
                 for job in group:
-                    if job.future.done() or job.next == len(job.items) or len(picks) == self.max_batch:
+                    if (job.future.done() or job.next == len(job.items)
+                        or len(picks) == self.max_batch):
                         continue
                     cost = job.costs[job.next]
                     if picks and (first.key is None or work + cost > self.max_batch_work):
                         continue
                     picks.append((job, job.next))
                     job.next, work, taking = job.next + 1, work + cost, True
-            for job in group:  # the group served goes to the back of the queue; finished jobs leave it
+            # the group served goes to the back of the queue; finished jobs leave it
+            for job in group:
                 self.waiting.remove(job)
                 if job.next < len(job.items):
                     self.waiting.append(job)

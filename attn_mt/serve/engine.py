@@ -35,13 +35,14 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    """A loaded model (`attn_mt.Model`: a checkpoint or an export folder); every method but `decode_config`,
-    `work` and `info` runs in the worker thread.
+    """A loaded model (`attn_mt.Model`: a checkpoint or an export folder); every method but
+    `decode_config`, `work` and `info` runs in the worker thread.
 
-    `interrupt` is called before each decoder step of a PyTorch model, in whole calls (`translate` passes it
-    to the search) and in running batches (`Live.step`), and before each batch of a CTranslate2 export, which
-    decodes a batch to its end; whole calls get the batcher's `check`, which raises to abandon a call nobody
-    waits for (the scheduler drops a running batch's sentences between steps itself).
+    `interrupt` is called before each decoder step of a PyTorch model, in whole calls (`translate`
+    passes it to the search) and in running batches (`Live.step`), and before each batch of a
+    CTranslate2 export, which decodes a batch to its end; whole calls get the batcher's `check`,
+    which raises to abandon a call nobody waits for (the scheduler drops a running batch's sentences
+    between steps itself).
     """
 
     def __init__(self, model: Model) -> None:
@@ -57,25 +58,29 @@ class Engine:
                       ) -> DecodeConfig:
         """The model's decode defaults with the request's values; nbest defaults to 1."""
         try:  # the same rules as the CLI's flags, here naming the request's fields
-            return decode_options(self.decode, FIELDS, beam_size=beam or None, alpha=alpha, nbest=nbest or 1)
+            return decode_options(self.decode, FIELDS, beam_size=beam or None, alpha=alpha,
+                                  nbest=nbest or 1)
         except OptionError as e:
             raise ApiError(422, e.option or "nbest", str(e)) from None
 
     def work(self, texts: list[str], beam: int) -> list[int]:
-        """Work units of each text: its source subwords (with </s>) times the beam size; 0 for an empty one."""
+        """Work units of each text: its source subwords (with </s>) times the beam size; 0 for an
+        empty one."""
         return [(len(ids) + 1) * beam if text.strip() else 0
                 for text, ids in zip(texts, self.tok.encode_src(texts), strict=True)]
 
     @property
     def continuous(self) -> bool:
-        """Whether requests can join and leave a running batch at every step (a Transformer checkpoint);
-        else they are decoded in whole calls (`translate`: an RNN checkpoint, a CTranslate2 export)."""
+        """Whether requests can join and leave a running batch at every step (a Transformer
+        checkpoint); else they are decoded in whole calls (`translate`: an RNN checkpoint, a
+        CTranslate2 export)."""
         return self.translator.model is not None and supports(self.translator.model)
 
     def job(self, dcfg: DecodeConfig, texts: list[str]) -> tuple[DecodeConfig, list]:
-        """(key, items) of a translation job. Continuous: the key holds only what shapes the decoder call
-        (beam size, length limits), each item is (text, dcfg), so requests that differ in alpha or n-best
-        decode in one running batch; in whole calls, the key is dcfg and the items the texts."""
+        """(key, items) of a translation job. Continuous: the key holds only what shapes the decoder
+        call (beam size, length limits), each item is (text, dcfg), so requests that differ in alpha
+        or n-best decode in one running batch; in whole calls, the key is dcfg and the items the
+        texts."""
         if not self.continuous:
             return dcfg, texts
         return replace(dcfg, alpha=self.decode.alpha, nbest=1), [(text, dcfg) for text in texts]
@@ -85,10 +90,11 @@ class Engine:
         return Live(self, dcfg)
 
     def progress(self, kind: str, value, detok: Detokenizer | None = None) -> tuple[str, dict]:
-        """A streamed event from the worker's ("token", ids so far), ("hypothesis", a Hypothesis) or ("done",
-        the result): ("token", {"text": the translation so far}), ("hypothesis", {"hypothesis": {text, score,
-        log_prob}}) or ("result", {"result": the object of `translate`}). Runs outside the worker (the app's
-        event loop); `detok`: the sentence's, which decodes only the tokens since its last word boundary."""
+        """A streamed event from the worker's ("token", ids so far), ("hypothesis", a Hypothesis) or
+        ("done", the result): ("token", {"text": the translation so far}), ("hypothesis",
+        {"hypothesis": {text, score, log_prob}}) or ("result", {"result": the object of
+        `translate`}). Runs outside the worker (the app's event loop); `detok`: the sentence's,
+        which decodes only the tokens since its last word boundary."""
         if kind == "token":
             return kind, {"text": detok.text(value) if detok else self.tok.decode_tgt([value])[0]}
         if kind == "hypothesis":
@@ -98,39 +104,47 @@ class Engine:
     def translate(self, dcfg: DecodeConfig, texts: list[str]) -> list[dict]:
         """The objects of translate's jsonl output, one per text, in order."""
         nbests = self.translator.translate_nbest(texts, dcfg, self.interrupt)
-        return [{"source": s, "hypotheses": hypotheses_json(n)} for s, n in zip(texts, nbests, strict=True)]
+        return [{"source": s, "hypotheses": hypotheses_json(n)} for s,
+                n in zip(texts, nbests, strict=True)]
 
     def attention(self, item: tuple[str, DecodeConfig]) -> dict:
-        """Translation, subword tokens and every attention map, weights as [layer][head][query][key]."""
+        """Translation, subword tokens and every attention map, weights as
+        [layer][head][query][key]."""
         return json.loads(self.attention_json(item))
 
     def attention_json(self, item: tuple[str, DecodeConfig]) -> bytes:
-        """`attention` as JSON, encoded here in the worker one head at a time: each piece holds Python's
-        lock for milliseconds, so the event loop goes on answering meanwhile (pydantic's encoder)."""
+        """`attention` as JSON, encoded here in the worker one head at a time: each piece holds
+        Python's lock for milliseconds, so the event loop goes on answering meanwhile (pydantic's
+        encoder)."""
         text, dcfg = item
         model, tok = self.translator.model, self.tok
         translation, maps = attention_maps(model, tok, text, dcfg, self.translator.device)
         layers: dict[str, list[bytes]] = {kind: [] for kind in KINDS}
-        for m in sorted(maps, key=lambda m: m.layer):  # in float64, 0.1234 prints as 0.1234, not 0.12340000271
+        # in float64, 0.1234 prints as 0.1234, not 0.12340000271
+        for m in sorted(maps, key=lambda m: m.layer):
             weights = torch.round(m.weights.double().cpu() * 1e4) / 1e4  # (H, Tq, Tk)
-            layers[m.kind].append(b"[" + b",".join(to_json(head.tolist()) for head in weights) + b"]")
+            layers[m.kind].append(b"[" + b",".join(to_json(head.tolist()) for head in weights)
+                                  + b"]")
         cross = next(m for m in maps if m.kind == "cross")
         bos = tok.tgt_pieces([tok.bos_id])
-        head = to_json({"translation": translation, "source_tokens": cross.keys, "target_tokens": cross.queries,
+        head = to_json({"translation": translation, "source_tokens": cross.keys,
+                        "target_tokens": cross.queries,
                         "target_input_tokens": bos + cross.queries[:-1]})
-        return head[:-1] + b"".join(b',"%s":[%s]' % (kind.encode(), b",".join(layers[kind])) for kind in KINDS) + b"}"
+        return head[:-1] + b"".join(b',"%s":[%s]' % (kind.encode(), b",".join(layers[kind]))
+                                    for kind in KINDS) + b"}"
 
     def run_one(self, job: tuple[str, object]):
-        """A job that runs alone: ("attention", (text, dcfg)) -> the encoded answer (`attention_json`),
-        ("explain", (request, dcfg)) -> `explain`'s dict or ApiError, ("history", path) -> the page or None,
-        or ("align", translate's results) -> them with word links."""
+        """A job that runs alone: ("attention", (text, dcfg)) -> the encoded answer
+        (`attention_json`), ("explain", (request, dcfg)) -> `explain`'s dict or ApiError,
+        ("history", path) -> the page or None, or ("align", translate's results) -> them with word
+        links."""
         name, item = job
         return {"attention": self.attention_json, "explain": self.explain, "history": self.history,
                 "align": self.align}[name](item)
 
     def history(self, path: Path) -> str | None:
-        """The page of the run's attention history at `path` (drawn once per version of the file); None, logged,
-        where the file cannot be read (the path goes to the log only)."""
+        """The page of the run's attention history at `path` (drawn once per version of the file);
+        None, logged, where the file cannot be read (the path goes to the log only)."""
         try:
             return history_page(path)
         except (AttnMTError, OSError) as e:
@@ -141,24 +155,31 @@ class Engine:
         """Refuse (ApiError) `align` on an export or with `stream`."""
         self.require_weights("word alignment")
         if stream:
-            raise ApiError(422, "align", "word alignment comes with the whole answer, not with `stream`")
+            raise ApiError(422, "align", "word alignment comes with the whole answer, not with "
+                           "`stream`")
 
     def align(self, results: list[dict]) -> list[dict]:
-        """`translate`'s results with each hypothesis's word alignment (`alignment`, Pharaoh links)."""
+        """`translate`'s results with each hypothesis's word alignment (`alignment`, Pharaoh
+        links)."""
         sources = [r["source"] for r in results]
-        nbests = [[Translation(h["text"], h["log_prob"], h["score"]) for h in r["hypotheses"]] for r in results]
+        nbests = [[Translation(h["text"], h["log_prob"], h["score"]) for h in r["hypotheses"]]
+                  for r in results]
         links = hypothesis_links(self.translator, sources, nbests, self.decode.batch_size)
-        return [{"source": s, "hypotheses": hypotheses_json(n, k)} for s, n, k in zip(sources, nbests, links,
-                                                                                     strict=True)]
+        return [{"source": s, "hypotheses": hypotheses_json(n, k)} for s, n,
+                k in zip(sources, nbests, links,
+                         strict=True)]
 
     def require_weights(self, what: str) -> None:
-        """Refuse (ApiError 404) `what` (attention maps, explain) on an export, which keeps no attention weights."""
+        """Refuse (ApiError 404) `what` (attention maps, explain) on an export, which keeps no
+        attention weights."""
         if self.translator.model is None:
-            raise ApiError(404, "text", f"no {what}: this server runs a CTranslate2 export, which keeps no attention "
-                                        "weights; serve a PyTorch checkpoint (RUN/checkpoint_best.pt)")
+            raise ApiError(404, "text", f"no {what}: this server runs a CTranslate2 export, which "
+                           "keeps no attention weights; serve a PyTorch checkpoint "
+                           "(RUN/checkpoint_best.pt)")
 
     def check_explain(self, body: ExplainRequest) -> None:
-        """Refuse (ApiError) what can be refused before translating: an export, a kind, layer or head not there."""
+        """Refuse (ApiError) what can be refused before translating: an export, a kind, layer or
+        head not there."""
         self.require_weights("explain")
         try:
             check(self.translator.model, body.text, body.kind, body.layer, body.head)
@@ -166,18 +187,22 @@ class Engine:
             raise ApiError(422, e.field, e.message) from None
 
     def explain(self, item: tuple[ExplainRequest, DecodeConfig]) -> dict | ApiError:
-        """What explain's JSON holds; a token that is not in the sentence: the ApiError to answer."""
+        """What explain's JSON holds; a token that is not in the sentence: the ApiError to
+        answer."""
         body, dcfg = item
         model, tok = self.translator.model, self.tok
         try:
-            result = explain(model, tok, body.text, kind=body.kind, layer=body.layer, head=body.head,
-                             token=body.token, dcfg=dcfg, device=self.translator.device)
-        except ExplainError as e:  # returned, not raised: the worker logs what it raises as a failure
+            result = explain(model, tok, body.text, kind=body.kind, layer=body.layer,
+                             head=body.head, token=body.token, dcfg=dcfg,
+                             device=self.translator.device)
+        # returned, not raised: the worker logs what it raises as a failure
+        except ExplainError as e:
             return ApiError(422, e.field, e.message)
         return asdict(result)
 
     def info(self) -> dict:
-        """Model facts for the page and /api/info; `model` says what was loaded: "checkpoint" or "export"."""
+        """Model facts for the page and /api/info; `model` says what was loaded: "checkpoint" or
+        "export"."""
         t, tok = self.translator, self.tok
         state = t.state or {}
         bleu = state.get("best_bleu")
@@ -187,22 +212,24 @@ class Engine:
             "checkpoint": t.path.name,
             "architecture": asdict(cfg.model) if cfg else {"kind": "transformer (CTranslate2)"},
             "parameters": count_params(t.model) if t.model is not None else None,
-            "languages": {"source": cfg.data.src_lang if cfg else None, "target": cfg.data.tgt_lang if cfg else None},
-            "vocabulary": {"source": tok.src_vocab_size, "target": tok.tgt_vocab_size, "joint": tok.joint},
+            "languages": {"source": cfg.data.src_lang if cfg else None, "target": cfg.data.tgt_lang
+                          if cfg else None},
+            "vocabulary": {"source": tok.src_vocab_size, "target": tok.tgt_vocab_size,
+                           "joint": tok.joint},
             "step": state.get("step"),
             "epoch": state.get("epoch"),
             "valid_bleu": round(bleu, 2) if bleu is not None and bleu >= 0 else None,
             "decode": {"beam": t.decode.beam_size, "alpha": t.decode.alpha},
-            "attention": [] if cfg is None else ["cross"] if cfg.model.kind == "rnn" else list(KINDS),
-            "device": t.device,
+            "attention": [] if cfg is None else ["cross"] if cfg.model.kind == "rnn"
+            else list(KINDS), "device": t.device,
         }
 
 
 class Detokenizer:
-    """The text of one sentence's growing token ids, decoding only what follows a committed word boundary: a
-    piece that starts a word (▁) does not depend on what precedes it, so text = head + " " + decode(tail).
-    A boundary is committed, every `every` tokens, only where that equals the whole decode; a sequence that
-    is not an extension of the last starts again."""
+    """The text of one sentence's growing token ids, decoding only what follows a committed word
+    boundary: a piece that starts a word (▁) does not depend on what precedes it, so text = head + "
+    " + decode(tail). A boundary is committed, every `every` tokens, only where that equals the
+    whole decode; a sequence that is not an extension of the last starts again."""
 
     def __init__(self, tok, every: int = 16) -> None:
         self.tok, self.every = tok, every
@@ -217,7 +244,8 @@ class Detokenizer:
         self.ids = ids
         tail = self.tok.tgt.decode(list(ids[self.cut :]))
         text = self.head + " " + tail if self.cut else tail
-        if len(ids) - max(self.cut, self.tried) >= self.every:  # try to commit the last word boundary
+        # try to commit the last word boundary
+        if len(ids) - max(self.cut, self.tried) >= self.every:
             self.tried = len(ids)
             cut = next((c for c in range(len(ids) - 1, self.cut, -1)
                         if self.tok.tgt.id_to_piece(ids[c]).startswith("▁")), None)
@@ -231,13 +259,14 @@ class Detokenizer:
 
 
 class Live:
-    """One decoding setting's running batch, as the scheduler sees it: texts join, and each sentence's
-    result is the object of `translate` (an empty text is answered at the next step, never decoded)."""
+    """One decoding setting's running batch, as the scheduler sees it: texts join, and each
+    sentence's result is the object of `translate` (an empty text is answered at the next step,
+    never decoded)."""
 
     def __init__(self, engine: Engine, dcfg: DecodeConfig) -> None:
         tok, self.engine = engine.tok, engine
-        self.batch = RunningBatch(engine.translator.model, dcfg, bos_id=tok.bos_id, eos_id=tok.eos_id,
-                                  pad_id=tok.pad_id)
+        self.batch = RunningBatch(engine.translator.model, dcfg, bos_id=tok.bos_id,
+                                  eos_id=tok.eos_id, pad_id=tok.pad_id)
         self.sources: dict = {}  # tag -> its text
         self.ready: list[Event] = []  # empty texts, answered at the next step
 
@@ -253,17 +282,21 @@ class Live:
         todo = [(tag, text, dcfg) for tag, (text, dcfg) in items if text.strip()]
         if todo:
             model = self.engine.translator.model
-            srcs = prepare_sources(self.engine.tok, [text.strip() for _, text, _ in todo], model.max_positions)
+            srcs = prepare_sources(self.engine.tok, [text.strip() for _, text, _ in todo],
+                                   model.max_positions)
             self.sources.update((tag, text) for tag, text, _ in todo)
-            self.batch.add([(tag, ids) for (tag, _, _), ids in zip(todo, srcs, strict=True)], [c for *_, c in todo])
+            self.batch.add([(tag, ids) for (tag, _, _), ids in zip(todo, srcs, strict=True)],
+                           [c for *_, c in todo])
 
     def step(self) -> list[Event]:
-        """One decoder step of the running batch (after the engine's `interrupt`), and what it finished."""
+        """One decoder step of the running batch (after the engine's `interrupt`), and what it
+        finished."""
         self.engine.interrupt()
         events, self.ready = self.ready + self.batch.step(), []
         out = []
         for e in events:
-            if e.kind == "done" and e.tag in self.sources:  # the n-best list, as `translate`'s object
+            # the n-best list, as `translate`'s object
+            if e.kind == "done" and e.tag in self.sources:
                 source = self.sources.pop(e.tag)
                 e = Event(e.tag, "done", {"source": source, "hypotheses": hypotheses_json(
                     translations(self.engine.tok, e.value))})

@@ -1,4 +1,5 @@
-"""ASGI middleware in front of the app: the Host allow-list, and the body limit with its read timeout.
+"""ASGI middleware in front of the app: the Host allow-list, and the body limit with its read
+timeout.
 
 Both answer in JSON like the app (`{"error": "<field>: <why>", "field": "<field>"}`) and close the
 connection with every refusal, so an unread rest of the body is never parsed, buffered or waited for
@@ -20,7 +21,8 @@ LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
 def host_name(header: str) -> str:
-    """The name in a Host header, without port or IPv6 brackets, lower-cased: "[::1]:8000" -> "::1"."""
+    """The name in a Host header, without port or IPv6 brackets, lower-cased: "[::1]:8000" ->
+    "::1"."""
     header = header.strip().lower()
     if header.startswith("["):
         return header[1 : header.find("]")] if "]" in header else header
@@ -46,8 +48,9 @@ class HostCheck:
         if scope["type"] == "http":
             host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
             if host_name(host) not in self.allowed:
-                return await _send_error(send, 400, "host", f"{host or '(none)'!r} is not served here; "
-                                                            "add it to the allowed hosts to allow it")
+                return await _send_error(send, 400, "host",
+                                         f"{host or '(none)'!r} is not served here; add it to the "
+                                         "allowed hosts to allow it")
         await self.app(scope, receive, send)
 
 
@@ -59,7 +62,8 @@ class BodyLimit:
     `check(body)` may refuse it too, raising ApiError. The app then gets the body in one message.
     """
 
-    def __init__(self, app, max_bytes: int, timeout_s: float, check: Callable[[bytes], None] = lambda b: None,
+    def __init__(self, app, max_bytes: int, timeout_s: float,
+                 check: Callable[[bytes], None] = lambda b: None,
                  ) -> None:
         self.app, self.max_bytes, self.timeout_s, self.check = app, max_bytes, timeout_s, check
 
@@ -74,7 +78,8 @@ class BodyLimit:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
-                return await _send_error(send, 408, "body", f"not received within {self.timeout_s:g} s")
+                return await _send_error(send, 408, "body",
+                                         f"not received within {self.timeout_s:g} s")
             if message["type"] != "http.request":
                 return  # the client left
             parts.append(message.get("body", b""))

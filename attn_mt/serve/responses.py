@@ -26,10 +26,10 @@ log = logging.getLogger("attn_mt.serve.app")  # the app's log: its failures are 
 
 
 class Answer(Response):
-    """A JSON answer (bytes) that keeps its request's place in the queue until the client has taken it:
-    `release` runs once all but the socket buffer's last 64 KB are sent, or the client is gone (server.py
-    disconnects one that takes none of it within the read timeout). So answers waiting to be sent count
-    against max_queue."""
+    """A JSON answer (bytes) that keeps its request's place in the queue until the client has taken
+    it: `release` runs once all but the socket buffer's last 64 KB are sent, or the client is gone
+    (server.py disconnects one that takes none of it within the read timeout). So answers waiting to
+    be sent count against max_queue."""
 
     media_type = "application/json"
 
@@ -39,25 +39,30 @@ class Answer(Response):
 
     async def __call__(self, scope, receive, send) -> None:
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": self.body, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})  # waits while the client has not read it
+            # waits while the client has not read it
+            await send({"type": "http.response.body", "body": b""})
         finally:
             self.release()
 
 
-def stream_answer(batcher: Batcher | Scheduler, engine: Engine, dcfg, texts: list[str], costs: list[int],
-            ) -> StreamingResponse:
-    """A translation answered as server-sent events while it is decoded (`"stream": true`): what the worker
-    reports (engine.progress: `token`, `hypothesis`, `result`, each with the sentence's `index`), then `done`
-    with the answer a plain request gets, or `error`. The job holds its place in the queue until the stream
-    ends; a client that leaves cancels it (its rows leave the running batch at the next step)."""
+def stream_answer(batcher: Batcher | Scheduler, engine: Engine, dcfg, texts: list[str],
+                  costs: list[int],
+                  ) -> StreamingResponse:
+    """A translation answered as server-sent events while it is decoded (`"stream": true`): what the
+    worker reports (engine.progress: `token`, `hypothesis`, `result`, each with the sentence's
+    `index`), then `done` with the answer a plain request gets, or `error`. The job holds its place
+    in the queue until the stream ends; a client that leaves cancels it (its rows leave the running
+    batch at the next step)."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
 
     detok: dict[int, Detokenizer] = {}
 
-    def watch(i: int, kind: str, value) -> None:  # in the worker thread, in order: handed over as it is
+    # in the worker thread, in order: handed over as it is
+    def watch(i: int, kind: str, value) -> None:
         loop.call_soon_threadsafe(events.put_nowait, (i, kind, value))
 
     future = batcher.submit(*engine.job(dcfg, texts), costs, hold=True, watch=watch)
@@ -65,28 +70,32 @@ def stream_answer(batcher: Batcher | Scheduler, engine: Engine, dcfg, texts: lis
 
     async def lines():
         try:
-            while (item := await events.get()) is not None:  # decoded to text here, not in the worker
+            # decoded to text here, not in the worker
+            while (item := await events.get()) is not None:
                 i, kind, value = item
-                name, payload = engine.progress(kind, value, detok.setdefault(i, Detokenizer(engine.tok)))
+                name, payload = engine.progress(kind, value,
+                                                detok.setdefault(i, Detokenizer(engine.tok)))
                 yield _event(name, {"index": i, **payload})
             if future.cancelled():
                 return
             error = future.exception()
             if error is not None and not isinstance(error, QueueFull | Stopping):
                 log.error("POST /api/translate (streamed) failed: %r", error)
-            yield _event("error", failure(error)) if error else _event("done", {"results": future.result()})
+            yield _event("error", failure(error)) if error else _event(
+                "done", {"results": future.result()})
         finally:
             future.cancel()  # the client left: the job leaves the queue or the running batch
             batcher.release(future)
 
-    return Stream(lines(), future.cancel, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+    return Stream(lines(), future.cancel, media_type="text/event-stream",
+                  headers={"Cache-Control": "no-store"})
 
 
 class Stream(StreamingResponse):
-    """A streamed answer that watches for the client's disconnect itself while it streams, whatever ASGI spec
-    the server announces: Starlette stops listening under spec 2.4, and uvicorn 0.29-0.32 announce it but do
-    not raise when a send finds the client gone, so the job would decode on to its end. `gone` (the job's
-    cancel) runs at the disconnect; the events then end."""
+    """A streamed answer that watches for the client's disconnect itself while it streams, whatever
+    ASGI spec the server announces: Starlette stops listening under spec 2.4, and uvicorn 0.29-0.32
+    announce it but do not raise when a send finds the client gone, so the job would decode on to
+    its end. `gone` (the job's cancel) runs at the disconnect; the events then end."""
 
     def __init__(self, content, gone, **kwargs) -> None:
         super().__init__(content, **kwargs)
@@ -94,7 +103,8 @@ class Stream(StreamingResponse):
 
     async def __call__(self, scope, receive, send) -> None:
         async def watch() -> None:
-            await self.listen_for_disconnect(receive)  # the body has been read: next comes the disconnect
+            # the body has been read: next comes the disconnect
+            await self.listen_for_disconnect(receive)
             self.gone()
 
         watcher = asyncio.ensure_future(watch())
@@ -133,21 +143,24 @@ async def answer(request: Request, future: Future):
     finally:  # also when the server stops and cancels this request
         gone.cancel()
         if not result.done():
-            result.cancel()  # the job: dropped if queued; a call whose clients all left stops at its next step
+            # the job: dropped if queued; a call whose clients all left stops at its next step
+            result.cancel()
     if result.cancelled():
         raise ClientGone
     return result.result()
 
 
 async def _disconnect(request: Request) -> None:
-    # the body has been read, so the next ASGI message is the disconnect (or the end of the response)
+    # the body has been read, so the next ASGI message is the disconnect (or the end of the
+    # response)
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
 def failure(e: BaseException) -> dict:
-    """The answer to a request that failed: the queue's reason (full, stopping), else only the kind of error,
-    the same in a stream as in a plain answer (the details, paths included, go to the log)."""
+    """The answer to a request that failed: the queue's reason (full, stopping), else only the kind
+    of error, the same in a stream as in a plain answer (the details, paths included, go to the
+    log)."""
     if isinstance(e, QueueFull | Stopping):
         return error_body("queue", str(e))
     return {"error": f"internal error: {type(e).__name__}", "field": None}

@@ -1,18 +1,18 @@
 """Iteration-level scheduling: requests join and leave the running batch at every decoder step.
 
-One worker thread owns the model. It keeps one running batch per decoding setting (`key`: for the engine,
-the beam size and length limits; alpha and n-best are each sentence's own in decoding/continuous.py's
-`RunningBatch`, so they share a batch) and loops:
+One worker thread owns the model. It keeps one running batch per decoding setting (`key`: for the
+engine, the beam size and length limits; alpha and n-best are each sentence's own in
+decoding/continuous.py's `RunningBatch`, so they share a batch) and loops:
 
-1. Jobs whose client left (future cancelled) are dropped: from the queue, and their sentences from the
-   running batches, whose rows are free from this step on.
-2. Newcomers are taken from the queue (at once when nothing decodes, else every `join_every` steps, so
-   that several are encoded together), one sentence of each waiting job in turn (a huge request gets
-   one sentence in, then everyone else's), while the running batches together hold fewer than
+1. Jobs whose client left (future cancelled) are dropped: from the queue, and their sentences from
+   the running batches, whose rows are free from this step on.
+2. Newcomers are taken from the queue (at once when nothing decodes, else every `join_every` steps,
+   so that several are encoded together), one sentence of each waiting job in turn (a huge request
+   gets one sentence in, then everyone else's), while the running batches together hold fewer than
    `max_batch` sentences and `max_batch_work` units of work (source tokens x beam; a single larger
-   sentence joins an empty batch alone). The first sentence that does not fit waits at the head of the
-   queue, so nobody is overtaken. Their encoder runs for them alone, once.
-   An attention or explain job (key None) at the head runs alone here, between two steps.
+   sentence joins an empty batch alone). The first sentence that does not fit waits at the head of
+   the queue, so nobody is overtaken. Their encoder runs for them alone, once. An attention or
+   explain job (key None) at the head runs alone here, between two steps.
 3. Every running batch takes one decoder step, groups of other settings in turn.
 4. Every sentence that ended is answered at once (its job when it was the job's last); progress
    (each new token of a greedy sentence, each finished beam hypothesis) goes to the job's `watch`.
@@ -40,9 +40,11 @@ class Running(Protocol):
 
     def __len__(self) -> int: ...  # sentences in it
 
-    def add(self, items: list[tuple[Hashable, Any]]) -> None: ...  # (tag, item) join from the next step
+    # (tag, item) join from the next step
+    def add(self, items: list[tuple[Hashable, Any]]) -> None: ...
 
-    def step(self) -> list: ...  # one decoder step: events with .tag, .kind ("done": .value the result)
+    # one decoder step: events with .tag, .kind ("done": .value the result)
+    def step(self) -> list: ...
 
     def drop(self, tags: set[Hashable]) -> None: ...  # these leave now
 
@@ -51,16 +53,17 @@ class Scheduler(JobQueue):
     """The queue and worker of continuous batching.
 
     Args:
-        open_batch: key -> an empty running batch for that key's decoding settings.
-        run_one: (item) -> result, for jobs without a key (attention maps, explain).
-        max_batch: sentences in the running batches at once.
-        max_batch_work: their work units at once (a single larger sentence still runs, alone).
-        max_queue: requests waiting or decoding; `submit` raises QueueFull beyond.
-        join_every: while sentences decode, newcomers join every this many steps (an empty batch: at once).
+        open_batch: key -> an empty running batch for that key's decoding settings. run_one: (item)
+        -> result, for jobs without a key (attention maps, explain). max_batch: sentences in the
+        running batches at once. max_batch_work: their work units at once (a single larger sentence
+        still runs, alone). max_queue: requests waiting or decoding; `submit` raises QueueFull
+        beyond. join_every: while sentences decode, newcomers join every this many steps (an empty
+        batch: at once).
     """
 
     def __init__(self, open_batch: Callable[[Hashable], Running], run_one: Callable[[Any], Any], *,
-                 max_batch: int = 64, max_batch_work: int = 1 << 62, max_queue: int = 64, join_every: int = 2,
+                 max_batch: int = 64, max_batch_work: int = 1 << 62, max_queue: int = 64,
+                 join_every: int = 2,
                  ) -> None:
         super().__init__(run_one, max_queue)
         self.open_batch, self.max_batch, self.max_batch_work = open_batch, max_batch, max_batch_work
@@ -90,8 +93,8 @@ class Scheduler(JobQueue):
         self._fail_waiting()
 
     def _take(self) -> tuple[Job | None, dict[Hashable, list]]:
-        """Drop the jobs that were cancelled; then newcomers: an attention job to run now, or the sentences
-        that join ({key: [((job, i), item)]}). Waits while there is nothing to do."""
+        """Drop the jobs that were cancelled; then newcomers: an attention job to run now, or the
+        sentences that join ({key: [((job, i), item)]}). Waits while there is nothing to do."""
         with self._cond:
             while True:
                 for job in [j for j in self.waiting if j.future.done()]:
@@ -103,8 +106,9 @@ class Scheduler(JobQueue):
                     break
                 self._cond.wait(0.1)
             joining: dict[Hashable, list] = {}
-            # newcomers join an empty batch at once, a running one every `join_every` steps: encoding them
-            # together costs much less than one at a time (the encoder's weights are read once a call)
+            # newcomers join an empty batch at once, a running one every `join_every` steps:
+            # encoding them together costs much less than one at a time (the encoder's weights are
+            # read once a call)
             admit = not self._live or self.steps - self._joined >= self.join_every
             while self.waiting and not self._stopping:
                 job = self.waiting[0]
@@ -116,7 +120,8 @@ class Scheduler(JobQueue):
                 if not admit:
                     break
                 cost, live = job.costs[job.next], sum(map(len, self._live.values()))
-                if live >= self.max_batch or (live and self._work_units + cost > self.max_batch_work):
+                if live >= self.max_batch or (live
+                                              and self._work_units + cost > self.max_batch_work):
                     break  # it waits at the head until rows are free
                 self.waiting.popleft()
                 i, job.next = job.next, job.next + 1

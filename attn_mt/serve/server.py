@@ -1,13 +1,14 @@
-"""Running the app under uvicorn: our own listening socket, header and answer timeouts, and a quick Ctrl-C.
+"""Running the app under uvicorn: our own listening socket, header and answer timeouts, and a quick
+Ctrl-C.
 
 - `listen(host, port)` binds before anything is printed, so a busy port is one error line.
-- `Timeouts` sends without delay (TCP_NODELAY), and closes a connection whose request headers are not
-  complete within the limit (uvicorn times out only idle keep-alive connections, and every byte received
-  restarts that clock), one whose client takes no part of its answer within the limit, and one answered
-  before its body was read whole (uvicorn would go on reading and discarding that body for as long as the
-  client sends it).
-- `make_server` stops the model worker at the first SIGINT/SIGTERM: the running call ends at its next
-  decoder step and queued requests are answered 503, so the server exits within a few seconds.
+- `Timeouts` sends without delay (TCP_NODELAY), and closes a connection whose request headers are
+  not complete within the limit (uvicorn times out only idle keep-alive connections, and every byte
+  received restarts that clock), one whose client takes no part of its answer within the limit, and
+  one answered before its body was read whole (uvicorn would go on reading and discarding that body
+  for as long as the client sends it).
+- `make_server` stops the model worker at the first SIGINT/SIGTERM: the running call ends at its
+  next decoder step and queued requests are answered 503, so the server exits within a few seconds.
 
 Tested in tests/serve/test_hostile_http.py (timeouts, Ctrl-C) and tests/serve/test_serve.py.
 """
@@ -27,7 +28,8 @@ GRACE_S = 3.0  # after Ctrl-C, how long open requests may take before uvicorn ca
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port (SO_REUSEADDR, as uvicorn's); OSError naming the address if taken."""
+    """A socket bound to host:port (SO_REUSEADDR, as uvicorn's); OSError naming the address if
+    taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -35,14 +37,16 @@ def listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        why = "in use (another server? pick another port)" if e.errno == errno.EADDRINUSE else e.strerror
+        why = ("in use (another server? pick another port)" if e.errno == errno.EADDRINUSE
+               else e.strerror)
         raise OSError(e.errno, f"cannot listen on {host}:{port}: {why}") from None
     return sock
 
 
 class Timeouts(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol, closing connections that take over `timeout_s` to send their headers
-    or to take the next part of their answer, and those answered before their request body was read whole."""
+    """uvicorn's HTTP/1.1 protocol, closing connections that take over `timeout_s` to send their
+    headers or to take the next part of their answer, and those answered before their request body
+    was read whole."""
 
     timeout_s = 10.0
 
@@ -50,8 +54,9 @@ class Timeouts(H11Protocol):
         super().connection_made(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            # asyncio sets TCP_NODELAY only on sockets made with proto IPPROTO_TCP; without it, an answer
-            # written in two pieces (headers, body) waits for the client's delayed ACK: 40 ms a request
+            # asyncio sets TCP_NODELAY only on sockets made with proto IPPROTO_TCP; without it, an
+            # answer written in two pieces (headers, body) waits for the client's delayed ACK: 40 ms
+            # a request
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._timer = self._send_timer = None
         self._arm()
@@ -63,16 +68,20 @@ class Timeouts(H11Protocol):
             self._timer = None
 
     def on_response_complete(self) -> None:
-        if self.conn.their_state is h11.SEND_BODY:  # a refusal before the body was read: never drain the rest
+        # a refusal before the body was read: never drain the rest
+        if self.conn.their_state is h11.SEND_BODY:
             self.transport.close()
         super().on_response_complete()
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():  # next headers: the same time
+        # next headers: the same time
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             self._arm()
 
-    def pause_writing(self) -> None:  # the answer waits in our buffer: the client must take some within timeout_s
+    # the answer waits in our buffer: the client must take some within timeout_s
+    def pause_writing(self) -> None:
         super().pause_writing()
         if self._send_timer is None:
-            self._send_timer = self.loop.call_later(self.timeout_s, self.transport.abort)  # frees the buffer
+            # frees the buffer
+            self._send_timer = self.loop.call_later(self.timeout_s, self.transport.abort)
 
     def resume_writing(self) -> None:
         if self._send_timer is not None:
@@ -108,14 +117,15 @@ class _Server(uvicorn.Server):
 
 
 class Aggregate(logging.Filter):
-    """Lets each message (its template) through at most once per `every_s` seconds, and says how many like it
-    were held back meanwhile: clients cannot flood the log (aborted streams' `socket.send() raised exception.`,
-    over-long inputs' truncation warning)."""
+    """Lets each message (its template) through at most once per `every_s` seconds, and says how
+    many like it were held back meanwhile: clients cannot flood the log (aborted streams'
+    `socket.send() raised exception.`, over-long inputs' truncation warning)."""
 
     def __init__(self, every_s: float = 60.0, clock=time.monotonic) -> None:
         super().__init__()
         self.every_s, self.clock = every_s, clock
-        self.seen: dict[str, tuple[float, int]] = {}  # template -> (when last let through, held back since)
+        # template -> (when last let through, held back since)
+        self.seen: dict[str, tuple[float, int]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         now, key = self.clock(), str(record.msg)
@@ -129,12 +139,13 @@ class Aggregate(logging.Filter):
         return True
 
 
-QUIET = ("asyncio", "attn_mt.decoding.translate")  # the loggers whose messages a client can repeat at will
+# the loggers whose messages a client can repeat at will
+QUIET = ("asyncio", "attn_mt.decoding.translate")
 
 
 def make_server(app, header_timeout_s: float = 10.0) -> uvicorn.Server:
-    """A uvicorn server for `app` (from create_app); serve it with `.run(sockets=[listen(...)])`. Messages a
-    client can make the server repeat are logged once a minute (`Aggregate`)."""
+    """A uvicorn server for `app` (from create_app); serve it with `.run(sockets=[listen(...)])`.
+    Messages a client can make the server repeat are logged once a minute (`Aggregate`)."""
     for name in QUIET:
         logger = logging.getLogger(name)
         if not any(isinstance(f, Aggregate) for f in logger.filters):

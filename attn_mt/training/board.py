@@ -32,11 +32,12 @@ class Board:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ConfigError("train.tensorboard: true needs TensorBoard: pip install 'attn-mt[tb]'",
-                              "train.tensorboard") from None
+            raise ConfigError("train.tensorboard: true needs TensorBoard: pip install "
+                              "'attn-mt[tb]'", "train.tensorboard") from None
         # purge_step: a resumed run drops the events written after the checkpoint it resumes from
         self.writer = SummaryWriter(str(folder), purge_step=start_step or None)
-        log.info("TensorBoard events in %s; point TensorBoard's log folder at %s", folder, folder.parent)
+        log.info("TensorBoard events in %s; point TensorBoard's log folder at %s", folder,
+                 folder.parent)
 
     def scalars(self, step: int, prefix: str, values: dict[str, float | None]) -> None:
         if self.writer is not None:
@@ -46,7 +47,8 @@ class Board:
 
     def attention(self, step: int, model: Seq2Seq, tok: Tokenizer, text: str, cfg: DecodeConfig,
                   device: torch.device) -> None:
-        """The last layer's cross-attention of `text` (greedy translation), every head, as one image."""
+        """The last layer's cross-attention of `text` (greedy translation), every head, as one
+        image."""
         if self.writer is None or not text.strip():
             return
         was_training = model.training
@@ -63,14 +65,16 @@ class Board:
 
 def _figure(m):
     """Heads side by side: predicted tokens down, source tokens along."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib loads when drawing (0.75 s)
+    # matplotlib loads when drawing (0.75 s)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     h, tq, tk = m.weights.shape
     fig = Figure(figsize=(2.0 + 0.25 * tk * h, 1.5 + 0.25 * tq), layout="constrained")
     FigureCanvasAgg(fig)
     for head, ax in enumerate(fig.subplots(1, h, squeeze=False)[0]):
-        ax.imshow(m.weights[head].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.imshow(m.weights[head].float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=1.0,
+                  aspect="auto")
         ax.set_xticks(range(tk), m.keys, rotation=90, fontsize=6)
         ax.set_yticks(range(tq), m.queries if head == 0 else [""] * tq, fontsize=6)
         ax.set_title(f"head {head + 1}", fontsize=8)

@@ -1,9 +1,10 @@
-"""What a training run tells the person waiting for it: progress within each epoch, and one summary at the end.
+"""What a training run tells the person waiting for it: progress within each epoch, and one summary
+at the end.
 
-On a terminal each epoch gets a tqdm bar (steps, tokens/s, loss, learning rate, and the time left
-in the whole run's budget), and in a Jupyter notebook tqdm's notebook bar (`tqdm.auto`); when stderr is
-neither (a log file, CI, `make demo | tee`) the same figures go out as a plain log line every `every_s`
-seconds instead, so long work is never silent.
+On a terminal each epoch gets a tqdm bar (steps, tokens/s, loss, learning rate, and the time left in
+the whole run's budget), and in a Jupyter notebook tqdm's notebook bar (`tqdm.auto`); when stderr is
+neither (a log file, CI, `make demo | tee`) the same figures go out as a plain log line every
+`every_s` seconds instead, so long work is never silent.
 """
 
 from __future__ import annotations
@@ -40,15 +41,17 @@ def duration(seconds: float) -> str:
 
 
 def time_left(elapsed_s: float, spent: float) -> float | None:
-    """Seconds left when `spent` (0..1) of the budget took `elapsed_s`; None before there is a rate."""
+    """Seconds left when `spent` (0..1) of the budget took `elapsed_s`; None before there is a
+    rate."""
     if spent <= 0.01 or spent >= 1.0:
         return None if spent < 1.0 else 0.0
     return elapsed_s * (1.0 - spent) / spent
 
 
 class Progress:
-    """Progress of one epoch: `update()` after each optimizer step, `report(...)` when new figures exist
-    (every train.log_every steps); without a terminal, a line of the latest figures every `every_s` seconds."""
+    """Progress of one epoch: `update()` after each optimizer step, `report(...)` when new figures
+    exist (every train.log_every steps); without a terminal, a line of the latest figures every
+    `every_s` seconds."""
 
     def __init__(self, epoch: int, total: int, initial: int = 0, enabled: bool = True,
                  terminal: bool | None = None, every_s: float = PLAIN_EVERY_S) -> None:
@@ -56,10 +59,11 @@ class Progress:
         notebook = terminal is None and in_notebook()
         self.terminal = (sys.stderr.isatty() or notebook) if terminal is None else terminal
         self.every_s, self.last_line = every_s, time.perf_counter()
-        self.figures: tuple | None = None  # (step, loss, lr, tokens/s, seconds left) of the last report
+        # (step, loss, lr, tokens/s, seconds left) of the last report
+        self.figures: tuple | None = None
         bar = auto_tqdm if notebook else tqdm
-        self.bar = bar(total=total, initial=initial, desc=f"epoch {epoch}", unit="step", dynamic_ncols=True,
-                       leave=False, disable=not (enabled and self.terminal))
+        self.bar = bar(total=total, initial=initial, desc=f"epoch {epoch}", unit="step",
+                       dynamic_ncols=True, leave=False, disable=not (enabled and self.terminal))
 
     def update(self) -> None:
         self.done += 1
@@ -67,7 +71,8 @@ class Progress:
         if self.figures and not self.terminal:
             self._line()
 
-    def report(self, step: int, loss: float, lr: float, tokens_per_s: float, left_s: float | None) -> None:
+    def report(self, step: int, loss: float, lr: float, tokens_per_s: float,
+               left_s: float | None) -> None:
         """New figures: on the bar at once; as a line when `every_s` passed since the last line."""
         if not self.enabled:
             return
@@ -76,7 +81,8 @@ class Progress:
             self._line()
             return
         left = {"run": f"{duration(left_s)} left"} if left_s is not None else {}
-        self.bar.set_postfix({"loss": f"{loss:.3f}", "tok/s": f"{tokens_per_s:,.0f}", "lr": f"{lr:.1e}", **left},
+        self.bar.set_postfix({"loss": f"{loss:.3f}", "tok/s": f"{tokens_per_s:,.0f}",
+                              "lr": f"{lr:.1e}", **left},
                              refresh=False)
 
     def _line(self) -> None:
@@ -87,8 +93,8 @@ class Progress:
         self.last_line = now
         step, loss, lr, tokens_per_s, left_s = self.figures
         left = f", about {duration(left_s)} left" if left_s is not None else ""
-        log.info("epoch %d, batch %d/%d (step %d): loss %.3f, %s tokens/s, lr %.1e%s", self.epoch, self.done,
-                 self.total, step, loss, f"{tokens_per_s:,.0f}", lr, left)
+        log.info("epoch %d, batch %d/%d (step %d): loss %.3f, %s tokens/s, lr %.1e%s", self.epoch,
+                 self.done, self.total, step, loss, f"{tokens_per_s:,.0f}", lr, left)
 
     def close(self) -> None:
         self.bar.close()
@@ -149,22 +155,27 @@ def report_progress(run: Training, bar: Progress, lr: float) -> None:
 
 
 def in_notebook() -> bool:
-    """True inside a Jupyter kernel (JupyterLab, VS Code, nbclient), where stderr is no terminal but shows bars."""
+    """True inside a Jupyter kernel (JupyterLab, VS Code, nbclient), where stderr is no terminal but
+    shows bars."""
     ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    shell = (ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython")
+             else None)
     return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def write(message: str) -> None:
-    """A log line on stderr that does not break a progress bar on the terminal (none when logging is quiet)."""
+    """A log line on stderr that does not break a progress bar on the terminal (none when logging is
+    quiet)."""
     if log.isEnabledFor(logging.INFO):
         tqdm.write(message, file=sys.stderr)
 
 
 def summary(run_dir: Path) -> str:
-    """A finished run's result from its results.json, in two lines: the test scores, then the checkpoint."""
+    """A finished run's result from its results.json, in two lines: the test scores, then the
+    checkpoint."""
     files = RunDir(run_dir)
-    r = json.loads(files.results.read_text(encoding="utf-8"))  # a missing one: FileNotFoundError, as before
+    # a missing one: FileNotFoundError, as before
+    r = json.loads(files.results.read_text(encoding="utf-8"))
     return (f"test BLEU {r['test_bleu']:.2f}  chrF {r['test_chrf']:.2f}  ({r['test_split']}, "
             f"{r['sacrebleu_signature']})\n"
             f"{'averaged' if 'avg' in r.get('tested', '') else 'best'} checkpoint: "

@@ -3,9 +3,10 @@ may change), model, optimizer, gradient scaler and RNG state, and whether the ru
 
 The optimizer's moments are restored by parameter name, never by position: checkpoint format 2 saves
 each group's `param_names` (torch's key) beside the positional state; format 1 saved none, so its
-positions are named by the checkpoint's own weights (the optimizer was built from `model.parameters()`,
-which follow the state_dict's order: that is how a run written before the attention modules changed
-their registration order, `out_proj` after the input projections, is restored correctly).
+positions are named by the checkpoint's own weights (the optimizer was built from
+`model.parameters()`, which follow the state_dict's order: that is how a run written before the
+attention modules changed their registration order, `out_proj` after the input projections, is
+restored correctly).
 """
 
 from __future__ import annotations
@@ -47,15 +48,16 @@ def finished(st: TrainState, tc: TrainConfig) -> str | None:
 
 
 def resumed_config(resumed: dict, path: Path, cfg: ExperimentConfig) -> ExperimentConfig:
-    """The config a resumed run continues with, once `check_resumable` has found that the checkpoint can continue
-    it: an automatic size keeps the shape and warmup it chose (autosize.CHOSEN, as the checkpoint's config has
-    them); every other setting is the given config's."""
+    """The config a resumed run continues with, once `check_resumable` has found that the checkpoint
+    can continue it: an automatic size keeps the shape and warmup it chose (autosize.CHOSEN, as the
+    checkpoint's config has them); every other setting is the given config's."""
     saved = resumed.get("config", {})
     if getattr(cfg.model, "size", "fixed") == "auto":
         from attn_mt.training import autosize
 
         try:
-            cfg = replace(cfg, **{part: replace(getattr(cfg, part), **{k: int(saved[part][k]) for k in keys})
+            cfg = replace(cfg, **{part: replace(getattr(cfg, part),
+                                                **{k: int(saved[part][k]) for k in keys})
                                   for part, keys in autosize.CHOSEN.items()})
         except (KeyError, TypeError, ValueError):
             pass  # the check names what differs
@@ -69,17 +71,19 @@ def check_resumable(resumed: dict, path: Path, cfg: ExperimentConfig) -> None:
     missing = [k for k in ("optimizer", "rng", "tokenizer", "step") if k not in resumed]
     if missing:
         raise TrainError(f"{path}: holds weights only (no {', '.join(missing)}; e.g. written by "
-                         "attn-mt average): it translates and evaluates but cannot continue a run", "resume")
+                         "attn-mt average): it translates and evaluates but cannot continue a run",
+                         "resume")
     check_config(resumed["config"], cfg)
 
 
 def check_config(saved: dict, cfg: ExperimentConfig) -> None:
-    """Refuse to resume with settings that change the data order or the optimisation, naming the keys;
-    called before any data is read."""
+    """Refuse to resume with settings that change the data order or the optimisation, naming the
+    keys; called before any data is read."""
     try:
         changed = config_changes(saved, to_dict(cfg))
     except ConfigError as e:
-        raise TrainError(f"the checkpoint's config is not valid for this attn-mt: {e}", "resume") from None
+        raise TrainError(f"the checkpoint's config is not valid for this attn-mt: {e}",
+                         "resume") from None
     if changed:
         what = "; ".join(f"{k} is {show(now)}, the checkpoint was trained with {show(before)}"
                          for k, before, now in changed[:5])
@@ -95,23 +99,25 @@ def check_tokenizer(tokenizer: dict, tok: Tokenizer) -> None:
 
 def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConfig,
             world: World) -> tuple[TrainState, str | None]:
-    """Load a checkpoint_last.pt dict into model, optimizer, scaler and RNG; returns where the run stood, and
-    why it is finished under `cfg` (`finished`; None: it goes on). `cfg` is the config `resumed_config` checked
-    against the checkpoint's."""
+    """Load a checkpoint_last.pt dict into model, optimizer, scaler and RNG; returns where the run
+    stood, and why it is finished under `cfg` (`finished`; None: it goes on). `cfg` is the config
+    `resumed_config` checked against the checkpoint's."""
     check_tokenizer(resumed["tokenizer"], tok)
     trained = resumed["model"]
     try:
-        if trainer.ema is not None:  # `model` is the average (ema.py); the optimizer continues the trained weights
+        # `model` is the average (ema.py); the optimizer continues the trained weights
+        if trainer.ema is not None:
             if "trained_model" not in resumed:
-                raise CheckpointError("train.ema_decay is set but the checkpoint holds no trained_model weights")
+                raise CheckpointError("train.ema_decay is set but the checkpoint holds no "
+                                      "trained_model weights")
             trained = resumed["trained_model"]
             trainer.ema.load(check_weights(resumed["model"], trainer.model.state_dict()),
                              int(resumed["step"]))  # one update per counted (finite) step
         trainer.model.load_state_dict(check_weights(trained, trainer.model.state_dict()))
     except CheckpointError as e:
         raise TrainError(f"checkpoint_last.pt: {e}", "resume") from None
-    load_optimizer(trainer.opt, trainer.model, resumed["optimizer"], resumed.get("format_version", FORMAT_VERSION),
-                   trained)
+    load_optimizer(trainer.opt, trainer.model, resumed["optimizer"],
+                   resumed.get("format_version", FORMAT_VERSION), trained)
     if resumed.get("scaler") and trainer.scaler.is_enabled():
         trainer.scaler.load_state_dict(resumed["scaler"])
     st = TrainState(**{f.name: resumed[f.name] for f in fields(TrainState) if f.name in resumed})
@@ -120,17 +126,19 @@ def restore(resumed: dict, trainer: Trainer, tok: Tokenizer, cfg: ExperimentConf
     ranks = resumed.get("rng_ranks") or []
     if len(ranks) == world.size:
         set_rng_state(ranks[world.rank], trainer.device)
-    elif world.size != max(len(ranks), 1):  # a different torchrun world: each rank needs a stream of its own
-        log.warning("resumed with %d processes, the checkpoint was written by %d: each rank's random numbers "
-                    "are reseeded from (seed, rank, step), so the run is no longer bit-exact", world.size,
-                    max(len(ranks), 1))
+    # a different torchrun world: each rank needs a stream of its own
+    elif world.size != max(len(ranks), 1):
+        log.warning("resumed with %d processes, the checkpoint was written by %d: each rank's "
+                    "random numbers are reseeded from (seed, rank, step), so the run is no longer "
+                    "bit-exact", world.size, max(len(ranks), 1))
         torch.manual_seed((cfg.train.seed * 1_000_003 + world.rank * 10_007 + st.step) % 2**63)
     log.info("resumed at step %d (epoch %d, batch %d)", st.step, st.epoch, st.batch_in_epoch)
     return st, done
 
 
 def optimizer_state(opt: torch.optim.Optimizer, model: nn.Module) -> dict:
-    """`opt.state_dict()` with each group's parameter names, so that resuming restores the moments by name."""
+    """`opt.state_dict()` with each group's parameter names, so that resuming restores the moments
+    by name."""
     state = opt.state_dict()
     names = {id(p): n for n, p in model.named_parameters()}
     for saved, group in zip(state["param_groups"], opt.param_groups, strict=True):
@@ -138,12 +146,13 @@ def optimizer_state(opt: torch.optim.Optimizer, model: nn.Module) -> dict:
     return state
 
 
-def _names_by_position(saved: dict, version: int, model: nn.Module, weights: dict) -> list[list[str]]:
+def _names_by_position(saved: dict, version: int, model: nn.Module,
+                       weights: dict) -> list[list[str]]:
     """The parameter name of every position of each saved group."""
     if version >= 2:
         return [g["param_names"] for g in saved["param_groups"]]
-    # format 1: positions follow model.parameters() of the model that saved it, i.e. the saved weights'
-    # order with buffers and the second name of a tied weight left out
+    # format 1: positions follow model.parameters() of the model that saved it, i.e. the saved
+    # weights' order with buffers and the second name of a tied weight left out
     params = dict(model.named_parameters(remove_duplicate=False))
     order, seen = [], set()
     for name in weights:
@@ -152,23 +161,28 @@ def _names_by_position(saved: dict, version: int, model: nn.Module, weights: dic
             order.append(name)
     sizes = [len(g["params"]) for g in saved["param_groups"]]
     if sum(sizes) != len(order):
-        raise TrainError(f"checkpoint_last.pt (checkpoint format {version}) has optimizer state for "
-                         f"{sum(sizes)} parameters, its weights have {len(order)}; start a new run", "resume")
+        raise TrainError(f"checkpoint_last.pt (checkpoint format {version}) has optimizer state "
+                         f"for {sum(sizes)} parameters, its weights have {len(order)}; start a new "
+                         "run", "resume")
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return [order[a : a + n] for a, n in zip(starts, sizes, strict=True)]
 
 
-def load_optimizer(opt: torch.optim.Optimizer, model: nn.Module, saved: dict, version: int, weights: dict) -> None:
-    """Load `saved` (an optimizer state_dict of checkpoint format `version`) into `opt` by parameter name.
+def load_optimizer(opt: torch.optim.Optimizer, model: nn.Module, saved: dict, version: int,
+                   weights: dict) -> None:
+    """Load `saved` (an optimizer state_dict of checkpoint format `version`) into `opt` by parameter
+    name.
 
-    torch's `load_state_dict` pairs saved and current parameters by position; the saved groups' id lists
-    are reordered here so that each position holds the id saved for the same name, shapes checked.
+    torch's `load_state_dict` pairs saved and current parameters by position; the saved groups' id
+    lists are reordered here so that each position holds the id saved for the same name, shapes
+    checked.
     """
     try:
         names = _names_by_position(saved, version, model, weights)
         groups = saved["param_groups"]
         if len(groups) != len(opt.param_groups):
-            raise ValueError(f"{len(groups)} parameter groups, the optimizer has {len(opt.param_groups)}")
+            raise ValueError(f"{len(groups)} parameter groups, the optimizer has "
+                             f"{len(opt.param_groups)}")
         params = dict(model.named_parameters(remove_duplicate=False))
         current = {id(p): n for n, p in model.named_parameters()}
         regrouped = []
@@ -176,7 +190,8 @@ def load_optimizer(opt: torch.optim.Optimizer, model: nn.Module, saved: dict, ve
             unknown = [n for n in saved_names if n not in params]
             if unknown:
                 raise ValueError(f"names the model does not have: {', '.join(unknown[:3])}")
-            ids = {current[id(params[n])]: i for n, i in zip(saved_names, group["params"], strict=True)}
+            ids = {current[id(params[n])]: i for n,
+                   i in zip(saved_names, group["params"], strict=True)}
             want = [current[id(p)] for p in now["params"]]
             if ids.keys() != set(want):
                 lost = sorted(set(want) - ids.keys()) or sorted(ids.keys() - set(want))
@@ -191,5 +206,5 @@ def load_optimizer(opt: torch.optim.Optimizer, model: nn.Module, saved: dict, ve
                               "params": [ids[n] for n in want]})
         opt.load_state_dict({"state": saved["state"], "param_groups": regrouped})
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise TrainError(f"checkpoint_last.pt (checkpoint format {version}): optimizer state does not "
-                         f"fit this model: {e}; start a new run", "resume") from None
+        raise TrainError(f"checkpoint_last.pt (checkpoint format {version}): optimizer state does "
+                         f"not fit this model: {e}; start a new run", "resume") from None

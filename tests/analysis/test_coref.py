@@ -1,5 +1,6 @@
-"""The head that resolves "it" (analysis/coref.py): words found among their pieces, each head's weights from
-the pronoun on its antecedent and on the other noun, and `heads --contrastive` with masking."""
+"""The head that resolves "it" (analysis/coref.py): words found among their pieces, each head's
+weights from the pronoun on its antecedent and on the other noun, and `heads --contrastive` with
+masking."""
 
 import json
 
@@ -40,14 +41,18 @@ def test_words_are_found_among_their_pieces(tok, items):
         x = locate(item, tok, 256)
         assert x is not None
         src_pieces = tok.src.encode(item.src, out_type=str)
-        tgt_pieces = ["<s>", *tok.tgt.encode(item.ref, out_type=str)]  # the decoder input: bos first
+        # the decoder input: bos first
+        tgt_pieces = ["<s>", *tok.tgt.encode(item.ref, out_type=str)]
         words, tgt_words = item.src.split(), item.ref.split()
         assert _text(tok.src, [src_pieces[x.src_pronoun]]) == item.src_pronoun
-        assert _text(tok.src, [src_pieces[j] for j in x.src_antecedent]) == words[item.src_positions["antecedent"]]
-        assert _text(tok.src, [src_pieces[j] for j in x.src_other]) == words[item.src_positions["other"]]
+        assert _text(tok.src, [src_pieces[j] for j
+                               in x.src_antecedent]) == words[item.src_positions["antecedent"]]
+        assert _text(tok.src, [src_pieces[j]
+                               for j in x.src_other]) == words[item.src_positions["other"]]
         assert _text(tok.tgt, [tgt_pieces[j] for j in x.tgt_antecedent]).rstrip(",") == \
             tgt_words[item.tgt_positions["antecedent"]].rstrip(",")
-        assert _text(tok.tgt, [tgt_pieces[x.tgt_query + 1]]) == item.pronoun  # the query predicts the pronoun
+        # the query predicts the pronoun
+        assert _text(tok.tgt, [tgt_pieces[x.tgt_query + 1]]) == item.pronoun
     assert word_pieces(tok.src, "a  b") == []  # pieces that are not the text's words: not located
     assert locate(items[0], tok, 8) is None  # beyond the model's positions
 
@@ -68,10 +73,14 @@ def test_each_heads_resolution_is_its_weights_on_the_two_nouns(tok, items, tiny_
         tgt_in = torch.tensor([[tok.bos_id, *x.tgt_ids]])
         w = AttentionWeights()
         with torch.no_grad():
-            model.decode(tgt_in, model.encode(src, model.src_mask(src), w), model.src_mask(src), weights=w)
-        for kind, maps, q, keys in (("encoder", w.encoder_self, x.src_pronoun, (x.src_antecedent, x.src_other)),
-                                    ("decoder", w.decoder_self, x.tgt_query, (x.tgt_antecedent, x.tgt_other)),
-                                    ("cross", w.cross, x.tgt_query, (x.src_antecedent, x.src_other))):
+            model.decode(tgt_in, model.encode(src, model.src_mask(src), w), model.src_mask(src),
+                         weights=w)
+        for kind, maps, q, keys in (("encoder", w.encoder_self, x.src_pronoun,
+                                     (x.src_antecedent, x.src_other)),
+                                    ("decoder", w.decoder_self, x.tgt_query,
+                                     (x.tgt_antecedent, x.tgt_other)),
+                                    ("cross", w.cross, x.tgt_query,
+                                     (x.src_antecedent, x.src_other))):
             for layer, m in enumerate(maps):
                 a, o = (m[0, :, q, k].sum(-1).double() for k in keys)
                 expected[kind][layer, :, 0] += (a > o).double()
@@ -90,22 +99,28 @@ def test_each_heads_resolution_is_its_weights_on_the_two_nouns(tok, items, tiny_
 
 @pytest.mark.slow
 def test_heads_with_a_contrastive_set(tiny_run, tmp_path, corpus):
-    """`attn-mt heads --contrastive` alone: the set's sentences are measured, every head gets its coref share and
-    its masked accuracy, the top heads are masked together, and the table, JSON, PNG and HTML show it."""
+    """`attn-mt heads --contrastive` alone: the set's sentences are measured, every head gets its
+    coref share and its masked accuracy, the top heads are masked together, and the table, JSON, PNG
+    and HTML show it."""
     path = tmp_path / "test.contrastive.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in contrastive_records(corpus["test"])[:20]))
     out = tmp_path / "heads.json"
-    result = cli("heads", "--checkpoint", str(tiny_run / "checkpoint_best.pt"), "--contrastive", str(path),
-                 "--json", str(out), "--png", str(tmp_path / "h.png"), "--html", str(tmp_path / "h.html"))
+    result = cli("heads", "--checkpoint", str(tiny_run / "checkpoint_best.pt"), "--contrastive",
+                 str(path), "--json", str(out), "--png", str(tmp_path / "h.png"), "--html",
+                 str(tmp_path / "h.html"))
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert report["sentences"] == 20 and report["coref"]["items"] == 20 and 0 <= report["contrastive"] <= 1
+    assert (report["sentences"] == 20 and report["coref"]["items"] == 20
+            and 0 <= report["contrastive"] <= 1)
     for row in report["heads"]:
         assert set(row["coref"]) == {"resolved", "antecedent", "other"}
-        assert row["d_contrastive"] == pytest.approx(row["contrastive"] - report["contrastive"], abs=1e-4)
+        assert row["d_contrastive"] == pytest.approx(row["contrastive"] - report["contrastive"],
+                                                     abs=1e-4)
     top = report["coref"]["top"]
-    assert [len(t["heads"]) for t in top] == [1, 2, 1, 2]  # the tiny model: 2 heads a layer, 1 layer
-    best = max((r for r in report["heads"] if r["kind"] == "encoder"), key=lambda r: r["coref"]["resolved"])
+    # the tiny model: 2 heads a layer, 1 layer
+    assert [len(t["heads"]) for t in top] == [1, 2, 1, 2]
+    best = max((r for r in report["heads"] if r["kind"] == "encoder"),
+               key=lambda r: r["coref"]["resolved"])
     assert top[0]["heads"] == [f"encoder {best['layer']}.{best['head']}"]
     header = next(line for line in result.output.splitlines() if line.startswith("head "))
     assert header.split()[-1] == "coref" and "contrastive accuracy" in result.output

@@ -29,7 +29,8 @@ def test_align_gives_words_and_one_link_per_target_word(model):
     assert a.pharaoh == " ".join(f"{i}-{j}" for i, j in sorted(a.links))
     many = model.align([SRC, "a dog."], [TGT, "ein Hund."], method="shift-head1.2")
     assert len(many) == 2 and many[1].target_words == ["ein", "Hund."]
-    assert model.align(SRC, TGT, method="layer1") == model.align(SRC, TGT)  # the tiny model has one layer
+    # the tiny model has one layer
+    assert model.align(SRC, TGT, method="layer1") == model.align(SRC, TGT)
 
 
 def test_align_refuses_what_it_cannot_do(model):
@@ -49,8 +50,10 @@ def test_the_report_scores_the_run_against_its_gold(model, tiny_run):
     one = model.align_report(src, tgt, gold)
     every = model.align_report(src, tgt, gold, by_head=True, reverse=model)
     assert list(one.rows) == ["layer1"] and one.rows["layer1"] == every.rows["layer1"]
-    assert len(every.rows) == 6 * 4 and every.best in every.rows  # (average + 2 heads) x shift x 4 ways
-    assert every.rows["intersect:layer1"].links <= every.rows["layer1"].links <= every.rows["union:layer1"].links
+    # (average + 2 heads) x shift x 4 ways
+    assert len(every.rows) == 6 * 4 and every.best in every.rows
+    assert (every.rows["intersect:layer1"].links <= every.rows["layer1"].links
+            <= every.rows["union:layer1"].links)
     assert "<- best" in every.table()
 
 
@@ -62,7 +65,8 @@ def test_the_runs_gold_scores_zero_against_itself(tiny_run):
     tgt = tiny_run.joinpath("test.de").read_text().splitlines()
     gold = read_gold(tiny_run / "test.align", src, tgt)
     assert score([set(g.sure) for g in gold], gold).aer == 0.0
-    assert score([set(g.possible) for g in gold], gold).aer == 0.0  # possible links cost no precision
+    # possible links cost no precision
+    assert score([set(g.possible) for g in gold], gold).aer == 0.0
 
 
 def test_the_rnn_aligns_the_same_way(tiny_run, tmp_path):
@@ -80,8 +84,8 @@ def test_the_rnn_aligns_the_same_way(tiny_run, tmp_path):
     tok = Tokenizer.from_state(checkpoint.load(tiny_run / "checkpoint_best.pt")["tokenizer"])
     torch.manual_seed(0)
     path = tmp_path / "rnn.pt"
-    checkpoint.save({"model": build_model(cfg.model, **tok.sizes()).state_dict(), "config": to_dict(cfg),
-                     "tokenizer": tok.state()}, path)
+    checkpoint.save({"model": build_model(cfg.model, **tok.sizes()).state_dict(),
+                     "config": to_dict(cfg), "tokenizer": tok.state()}, path)
     rnn = attn_mt.load(path, device="cpu")
     a = rnn.align(SRC, TGT)
     assert sorted(j for _, j in a.links) == list(range(7))
@@ -92,7 +96,8 @@ def test_the_rnn_aligns_the_same_way(tiny_run, tmp_path):
 
 def test_the_align_command_prints_links_and_the_table(tiny_run, tmp_path):
     ckpt, src, tgt = tiny_run / "checkpoint_best.pt", tiny_run / "test.en", tiny_run / "test.de"
-    r = cli("align", "--checkpoint", str(ckpt), "--src", str(src), "--tgt", str(tgt), "--device", "cpu")
+    r = cli("align", "--checkpoint", str(ckpt), "--src", str(src), "--tgt", str(tgt), "--device",
+            "cpu")
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert len(lines) == len(src.read_text().splitlines())
@@ -100,7 +105,8 @@ def test_the_align_command_prints_links_and_the_table(tiny_run, tmp_path):
                for line, t in zip(lines, tgt.read_text().splitlines(), strict=True))
     r = cli("align", "--checkpoint", str(ckpt), "--src", str(src), "--tgt", str(tgt), "--gold",
             str(tiny_run / "test.align"), "--by-head", "--device", "cpu")
-    assert r.exit_code == 0 and r.stdout.splitlines()[0].split() == ["method", "AER", "prec", "recall", "links"]
+    assert (r.exit_code == 0
+            and r.stdout.splitlines()[0].split() == ["method", "AER", "prec", "recall", "links"])
     assert "shift-head1.2" in r.stdout
 
 
@@ -108,7 +114,8 @@ def test_a_bad_gold_file_or_request_is_one_line(tiny_run, tmp_path):
     ckpt, src, tgt = tiny_run / "checkpoint_best.pt", tiny_run / "test.en", tiny_run / "test.de"
     bad = tmp_path / "bad.align"
     bad.write_text("0-0\n0-0 0-99\n")
-    base = ("align", "--checkpoint", str(ckpt), "--src", str(src), "--tgt", str(tgt), "--device", "cpu")
+    base = ("align", "--checkpoint", str(ckpt), "--src", str(src), "--tgt", str(tgt), "--device",
+            "cpu")
     one_line_error(cli(*base, "--gold", str(bad)), 1, f"{bad} line 3: the gold file has 2 lines")
     lines = tiny_run.joinpath("test.align").read_text().splitlines()
     bad.write_text("\n".join([lines[0], "0-0 0-99", *lines[2:]]) + "\n")
@@ -123,25 +130,32 @@ def test_translate_align_adds_links_to_every_output_form(tiny_run, tmp_path, mod
     ckpt = str(tiny_run / "checkpoint_best.pt")
     text = cli("translate", "--checkpoint", ckpt, "--align", "--device", "cpu", SRC, "a dog.")
     assert text.exit_code == 0, text.output
-    plain = cli("translate", "--checkpoint", ckpt, "--device", "cpu", SRC, "a dog.").stdout.splitlines()
+    plain = (
+        cli("translate", "--checkpoint", ckpt, "--device", "cpu", SRC,
+            "a dog.").stdout.splitlines())
     for line, hyp, src in zip(text.stdout.splitlines(), plain, [SRC, "a dog."], strict=True):
         out, links = line.split(" ||| ")
         assert out == hyp and links == model.align(src, hyp).pharaoh
-    nbest = cli("translate", "--checkpoint", ckpt, "--align", "--beam", "2", "--nbest", "2", "--device", "cpu", SRC)
+    nbest = cli("translate", "--checkpoint", ckpt, "--align", "--beam", "2", "--nbest", "2",
+                "--device", "cpu", SRC)
     rows = [line.split(" ||| ") for line in nbest.stdout.splitlines()]
-    assert len(rows) == 2 and all(len(r) == 4 and r[3] == model.align(SRC, r[1]).pharaoh for r in rows)
-    jsonl = cli("translate", "--checkpoint", ckpt, "--align", "--format", "jsonl", "--device", "cpu", SRC)
+    assert len(rows) == 2 and all(len(r) == 4 and r[3] == model.align(SRC, r[1]).pharaoh
+                                  for r in rows)
+    jsonl = cli("translate", "--checkpoint", ckpt, "--align", "--format", "jsonl", "--device",
+                "cpu", SRC)
     hyp = json.loads(jsonl.stdout)["hypotheses"][0]
     assert hyp["alignment"] == model.align(SRC, hyp["text"]).pharaoh
 
 
 def test_the_server_gives_links_when_asked(client, model):
-    r = client.post("/api/translate", json={"texts": [SRC, "a dog."], "align": True, "beam": 2, "nbest": 2})
+    r = client.post("/api/translate", json={"texts": [SRC, "a dog."], "align": True, "beam": 2,
+                                            "nbest": 2})
     assert r.status_code == 200, r.text
     for result in r.json()["results"]:
         for h in result["hypotheses"]:
             assert h["alignment"] == model.align(result["source"], h["text"]).pharaoh
-    plain = client.post("/api/translate", json={"texts": [SRC]}).json()["results"][0]["hypotheses"][0]
+    plain = client.post("/api/translate",
+                        json={"texts": [SRC]}).json()["results"][0]["hypotheses"][0]
     assert "alignment" not in plain
     r = client.post("/api/translate", json={"texts": [SRC], "align": True, "stream": True})
     assert r.status_code == 422 and "stream" in r.text

@@ -1,5 +1,6 @@
-"""The API's arguments checked at the door (attn_mt/data/checks.py): any iterable of strings works, and every bad
-value is an AttnMTError subclass naming its argument (`field`), never a TypeError from inside."""
+"""The API's arguments checked at the door (attn_mt/data/checks.py): any iterable of strings works,
+and every bad value is an AttnMTError subclass naming its argument (`field`), never a TypeError from
+inside."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def model(tiny_run):
 def test_any_iterable_of_strings_translates_and_scores_like_a_list(model):
     expected = model.translate(TEXTS)
     assert len(expected) == 2 and all(expected)
-    assert model.translate(t for t in TEXTS) == expected  # a generator is read once, not consumed by a check
+    # a generator is read once, not consumed by a check
+    assert model.translate(t for t in TEXTS) == expected
     assert model.translate(tuple(TEXTS)) == expected
     assert model.translate(iter(TEXTS)) == expected
     refs = ["ein Hund.", "die Kinder."]
@@ -44,13 +46,16 @@ def test_any_iterable_of_strings_translates_and_scores_like_a_list(model):
     (lambda m: m.translate("a", max_len_a="2"), "max_len_a"),
     (lambda m: m.translate("a", temperature=0), "temperature"),
     (lambda m: m.translate("a", seed=3), "seed"),
-    (lambda m: m.translate("a", temperature=1.0, seed=2**64), "seed"),  # was torch's bare ValueError
+    # was torch's bare ValueError
+    (lambda m: m.translate("a", temperature=1.0, seed=2**64), "seed"),
     (lambda m: m.translate("a", temperature=1.0, seed=-1), "seed"),
     (lambda m: m.translate("a", temperature=1.0, seed=True), "seed"),
     (lambda m: m.translate(TEXTS, target_prefix=["ein"]), "target_prefix"),
-    (lambda m: m.translate("a", temperature=1e300, target_prefix="ein"), "temperature"),  # was NaN in softmax
+    # was NaN in softmax
+    (lambda m: m.translate("a", temperature=1e300, target_prefix="ein"), "temperature"),
     (lambda m: m.translate("a", temperature=float("inf")), "temperature"),
-    (lambda m: m.options(beam=0, names={}), "beam"),  # was KeyError: a setting names leaves out keeps its name
+    # was KeyError: a setting names leaves out keeps its name
+    (lambda m: m.options(beam=0, names={}), "beam"),
     (lambda m: m.options(beam=2, names=5), "names"),  # was TypeError
     (lambda m: m.options(beam=2, names=None), "names"),
     (lambda m: m.options(names={"beam_size": 3}), "names"),
@@ -85,7 +90,8 @@ def test_any_iterable_of_strings_translates_and_scores_like_a_list(model):
     (lambda m: m.to(dtype="float64"), "dtype"),
     (lambda m: m.save(3), "path"),
     (lambda m: m.save("\ud800.pt"), "path"),  # was UnicodeEncodeError from open()
-    (lambda m: m.prune(1, ["a"], ["b"], out="a\x00.pt"), "out"),  # was ValueError: embedded null byte
+    # was ValueError: embedded null byte
+    (lambda m: m.prune(1, ["a"], ["b"], out="a\x00.pt"), "out"),
 ])
 def test_every_bad_argument_is_an_attn_mt_error_naming_it(model, call, field):
     with pytest.raises(attn_mt.AttnMTError) as e:
@@ -95,20 +101,24 @@ def test_every_bad_argument_is_an_attn_mt_error_naming_it(model, call, field):
 
 
 def test_lone_surrogates_in_every_text_argument_are_u_fffd(model):
-    """As in the source text: "\ud800" is U+FFFD in a target prefix, a target, the references (was pybind's
-    'Unable to cast Python instance' RuntimeError from SentencePiece), and in what comes back."""
+    """As in the source text: "\ud800" is U+FFFD in a target prefix, a target, the references (was
+    pybind's 'Unable to cast Python instance' RuntimeError from SentencePiece), and in what comes
+    back."""
     src = TEXTS[0]
-    for call in (lambda t: model.translate(src, target_prefix=t), lambda t: model.translate_nbest(src, target_prefix=t),
+    for call in (lambda t: model.translate(src, target_prefix=t),
+                 lambda t: model.translate_nbest(src, target_prefix=t),
                  lambda t: list(model.stream(src, target_prefix=t)), lambda t: model.score(src, t),
                  lambda t: model.attention(src, target=t).weights("cross"),
                  lambda t: model.heads([src], [t], sentences=1).heads):
         assert str(call("A \ud800 Hund")) == str(call("A \ufffd Hund"))
     assert model.attention("a \udfff dog.").source == "a \ufffd dog."
-    assert model.explain("a \udc80 dog.").source_tokens == model.explain("a \ufffd dog.").source_tokens
+    assert (model.explain("a \udc80 dog.").source_tokens
+            == model.explain("a \ufffd dog.").source_tokens)
 
 
 @pytest.mark.parametrize("call,field", [
-    (lambda: attn_mt.average(5, "x.pt"), "paths"),  # each was a TypeError (or taken as True) before any work
+    # each was a TypeError (or taken as True) before any work
+    (lambda: attn_mt.average(5, "x.pt"), "paths"),
     (lambda: attn_mt.average("a.pt", "x.pt"), "paths"),
     (lambda: attn_mt.average(["a.pt", None], "x.pt"), "paths"),
     (lambda: attn_mt.average(["a.pt"], {}), "out"),
@@ -142,22 +152,26 @@ def test_load_config_and_output_errors_name_their_field(tmp_path):
                         (lambda: attn_mt.load(tmp_path / "missing.pt", threads=0), "threads"),
                         (lambda: attn_mt.load(tmp_path / "missing.pt", dtype="int8"), "dtype"),
                         (lambda: attn_mt.configure(None, ["train.lrr=1"]), "train.lrr"),
-                        (lambda: attn_mt.configure(None, ["decode.beam_size=0"]), "decode.beam_size"),
+                        (lambda: attn_mt.configure(None, ["decode.beam_size=0"]),
+                         "decode.beam_size"),
                         (lambda: attn_mt.configure(tmp_path / "nope.yaml"), "config")]:
         with pytest.raises(attn_mt.AttnMTError) as e:
             call()
         assert e.value.field == field, (field, str(e.value))
     with pytest.raises(attn_mt.ModelError) as e:
         attn_mt.load(tmp_path / "missing.pt")
-    assert str(e.value) == f"{tmp_path / 'missing.pt'}: checkpoint not found"  # named once, not twice
+    # named once, not twice
+    assert str(e.value) == f"{tmp_path / 'missing.pt'}: checkpoint not found"
 
 
 def test_attention_weights_arguments_and_all_layers(model):
     att = model.attention(TEXTS[0])
     every = att.weights("cross")
-    assert every.shape[0] == att.layers["cross"] and (every[0] == att.weights("cross", layer=1)).all()
-    for kwargs, field in [({"layer": "1"}, "layer"), ({"layer": 0}, "layer"), ({"head": 1.0}, "head"),
-                          ({"head": 9}, "head"), ({"kind": "self"}, "kind"), ({"kind": None}, "kind")]:
+    assert (every.shape[0] == att.layers["cross"]
+            and (every[0] == att.weights("cross", layer=1)).all())
+    for kwargs, field in [({"layer": "1"}, "layer"), ({"layer": 0}, "layer"),
+                          ({"head": 1.0}, "head"), ({"head": 9}, "head"),
+                          ({"kind": "self"}, "kind"), ({"kind": None}, "kind")]:
         with pytest.raises(attn_mt.InputError) as e:
             att.weights(**{"kind": "cross", **kwargs})
         assert e.value.field == field
@@ -168,10 +182,12 @@ def test_attention_for_a_given_target_is_teacher_forced_on_it(model):
     att = model.attention(TEXTS[0], target=target)
     tok = model.tokenizer
     ids = tok.encode_tgt([target])[0]
-    assert att.target_tokens == tok.tgt_pieces([*ids, tok.eos_id]) and att.translation == tok.decode_tgt([ids])[0]
+    assert (att.target_tokens == tok.tgt_pieces([*ids, tok.eos_id])
+            and att.translation == tok.decode_tgt([ids])[0])
     assert att.weights("cross", layer=1).shape[1:] == (len(ids) + 1, len(att.source_tokens))
     assert att.target_tokens == model.score(TEXTS[0], target).tokens  # the pieces `score` reads
-    free = model.attention(TEXTS[0])  # the first query reads only <s>: its row is the same whatever follows
+    # the first query reads only <s>: its row is the same whatever follows
+    free = model.attention(TEXTS[0])
     assert (att.weights("cross")[..., 0, :] == free.weights("cross")[..., 0, :]).all()
     assert not (att.weights("cross")[..., 1, :] == free.weights("cross")[..., 1, :]).all()
 

@@ -1,6 +1,7 @@
-"""A property test over the public API's arguments (hypothesis, seeded): each method called with one argument
-replaced by an arbitrary value either answers (a result for every input, none silently empty) or raises an
-AttnMTError subclass whose `field` is set; no TypeError, ValueError or IndexError from inside escapes."""
+"""A property test over the public API's arguments (hypothesis, seeded): each method called with one
+argument replaced by an arbitrary value either answers (a result for every input, none silently
+empty) or raises an AttnMTError subclass whose `field` is set; no TypeError, ValueError or
+IndexError from inside escapes."""
 
 from __future__ import annotations
 
@@ -15,18 +16,21 @@ import attn_mt
 
 TEXT, TARGET = "a small dog sees the old man.", "ein kleiner Hund sieht den alten Mann."
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.too_slow])
 
-# lone surrogates (JSON's "\ud800", undecodable argv bytes): every text argument takes them as U+FFFD
+# lone surrogates (JSON's "\ud800", undecodable argv bytes): every text argument takes them as
+# U+FFFD
 SURROGATES = ["\ud800", "\udbff", "\udc80", "\udfff"]
 TEXTS = st.text(st.one_of(st.characters(), st.sampled_from(SURROGATES)), max_size=30)
-# arbitrary values: the types a caller may pass by mistake, the edges of the right types, and some right ones
+# arbitrary values: the types a caller may pass by mistake, the edges of the right types, and some
+# right ones
 VALUES = st.one_of(
-    st.sampled_from([None, True, False, 0, -1, 1, 2, 3, 10**6, 2**64, -(10**30), 1.5, 0.0, -0.5, math.nan, math.inf,
-                     "", " ", "5", "x", "cross", "encoder", "▁", "\ud800", "a \udcff dog.", "a\x00b", b"a dog.",
-                     bytearray(b"x"), [], [""], ["a dog."], ["\ud800 dog"], [1, "a"], ("a dog.", "the cat."),
-                     {"a dog.": 1}, {"a dog."}, Path("/nonexistent/file.txt"), object(), "cpu", "cuda:7", "float16",
-                     "int8"]),
+    st.sampled_from([None, True, False, 0, -1, 1, 2, 3, 10**6, 2**64, -(10**30), 1.5, 0.0, -0.5,
+                     math.nan, math.inf, "", " ", "5", "x", "cross", "encoder", "▁", "\ud800",
+                     "a \udcff dog.", "a\x00b", b"a dog.", bytearray(b"x"), [], [""], ["a dog."],
+                     ["\ud800 dog"], [1, "a"], ("a dog.", "the cat."), {"a dog.": 1}, {"a dog."},
+                     Path("/nonexistent/file.txt"), object(), "cpu", "cuda:7", "float16", "int8"]),
     st.integers(-3, 40), st.integers(), st.floats(allow_nan=True, allow_infinity=True), TEXTS,
     st.lists(TEXTS, max_size=3),
     st.builds(lambda xs: (x for x in xs), st.lists(TEXTS, max_size=3)),  # a generator
@@ -85,7 +89,8 @@ def _not_empty(result, value) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))
-def test_any_argument_gives_an_answer_or_an_attn_mt_error_naming_its_field(model, name, tmp_path_factory):
+def test_any_argument_gives_an_answer_or_an_attn_mt_error_naming_its_field(
+        model, name, tmp_path_factory):
     call = CALLS[name]
     folder = tmp_path_factory.mktemp("fuzz")
 

@@ -1,4 +1,5 @@
-"""The served limits: their checks, and the CLI's `serve` options taking their defaults from them."""
+"""The served limits: their checks, and the CLI's `serve` options taking their defaults from
+them."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from attn_mt.api.limits import Limits
 from attn_mt.cli import serve
 
 
-@pytest.mark.parametrize("field, value", [("max_texts", 0), ("max_queue", -1), ("max_wait_ms", -0.5),
-                                          ("body_timeout_s", float("nan"))])
+@pytest.mark.parametrize("field, value", [("max_texts", 0), ("max_queue", -1),
+                                          ("max_wait_ms", -0.5), ("body_timeout_s", float("nan"))])
 def test_out_of_range_limits_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"^{field}="):
         Limits(**{field: value})
@@ -23,4 +24,5 @@ def test_serve_options_default_to_the_limits():
     for option in ("max_texts", "max_chars", "max_work", "max_queue"):
         assert defaults[option] == getattr(limits, option)
     assert defaults["read_timeout"] == limits.header_timeout_s == limits.body_timeout_s
-    assert limits.max_body_bytes > 12 * limits.max_chars  # room for JSON's escapes of every character
+    # room for JSON's escapes of every character
+    assert limits.max_body_bytes > 12 * limits.max_chars

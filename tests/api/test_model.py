@@ -22,19 +22,20 @@ def model(tiny_run):
 
 def test_importing_attn_mt_loads_no_torch_and_every_public_name_resolves():
     code = ("import sys, attn_mt; assert 'torch' not in sys.modules, 'torch'; "
-            "names = [n for n in attn_mt.__all__ if n != 'Score']; [getattr(attn_mt, n) for n in names]; "
-            "print(len(names))")
+            "names = [n for n in attn_mt.__all__ if n != 'Score']; [getattr(attn_mt, n) for n in "
+            "names]; print(len(names))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == len(attn_mt.__all__) - 1
 
 
 def test_plain_translation_loads_neither_the_analyses_nor_steering(tiny_run):
-    code = ("import sys, attn_mt; m = attn_mt.load(sys.argv[1], device='cpu'); m.translate('a dog.', beam=2); "
-            "m.translate_nbest(['a dog.'], beam=2, nbest=2); m.score('a dog.', 'ein Hund.'); "
-            "print(sorted(n for n in ('attn_mt.api.analyses', 'attn_mt.api.steering') if n in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code, str(tiny_run / "checkpoint_best.pt")], capture_output=True,
-                         text=True, timeout=120)
+    code = ("import sys, attn_mt; m = attn_mt.load(sys.argv[1], device='cpu'); m.translate('a "
+            "dog.', beam=2); m.translate_nbest(['a dog.'], beam=2, nbest=2); m.score('a dog.', "
+            "'ein Hund.'); print(sorted(n for n in ('attn_mt.api.analyses', "
+            "'attn_mt.api.steering') if n in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(tiny_run / "checkpoint_best.pt")],
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -42,23 +43,26 @@ def test_plain_translation_loads_neither_the_analyses_nor_steering(tiny_run):
 def test_translate_one_text_or_many_in_input_order_equal_to_the_cli(model, tiny_run):
     many = model.translate(SENTENCES)
     assert [model.translate(s) for s in SENTENCES] == many and many[1] == ""
-    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "--device", "cpu", *SENTENCES)
+    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "--device", "cpu",
+                 *SENTENCES)
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == many
 
 
 def test_nbest_gives_scored_hypotheses_best_first(model, tiny_run):
     nbest = model.translate_nbest(SENTENCES[0], beam=4, nbest=3, alpha=0.6)
-    assert len(nbest) == 3 and [h.score for h in nbest] == sorted((h.score for h in nbest), reverse=True)
-    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "--device", "cpu", "--beam", "4",
-                 "--nbest", "3", "--alpha", "0.6", "--format", "jsonl", SENTENCES[0])
+    assert (len(nbest) == 3
+            and [h.score for h in nbest] == sorted((h.score for h in nbest), reverse=True))
+    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "--device", "cpu",
+                 "--beam", "4", "--nbest", "3", "--alpha", "0.6", "--format", "jsonl", SENTENCES[0])
     hyps = json.loads(result.stdout)["hypotheses"]
     assert [h["text"] for h in hyps] == [h.text for h in nbest]
     assert [h["score"] for h in hyps] == [round(h.score, 4) for h in nbest]
 
 
 def test_length_limits_cut_the_output(model):
-    full, short = model.translate(SENTENCES[0]), model.translate(SENTENCES[0], max_len_a=0, max_len_b=3)
+    full, short = (model.translate(SENTENCES[0]),
+                   model.translate(SENTENCES[0], max_len_a=0, max_len_b=3))
     assert len(model.tokenizer.encode_tgt([full])[0]) > 2 and len(short) < len(full)
 
 
@@ -72,11 +76,12 @@ def test_bad_settings_name_the_argument(model, kwargs, field):
 
 def test_evaluate_equals_the_cli(model, tiny_run):
     src, ref = tiny_run / "test.en", tiny_run / "test.de"
-    result = cli("evaluate", "--checkpoint", tiny_run / "checkpoint_best.pt", "--device", "cpu", "--src", src,
-                 "--ref", ref, "--json")
+    result = cli("evaluate", "--checkpoint", tiny_run / "checkpoint_best.pt", "--device", "cpu",
+                 "--src", src, "--ref", ref, "--json")
     assert model.evaluate(src, ref) == json.loads(result.stdout)
     lines = src.read_text().splitlines()
-    assert model.evaluate(lines, ref.read_text().splitlines())["bleu"] == json.loads(result.stdout)["bleu"]
+    assert (model.evaluate(lines, ref.read_text().splitlines())["bleu"]
+            == json.loads(result.stdout)["bleu"])
 
 
 def test_attention_arrays_match_the_maps_and_rows_sum_to_one(model):
@@ -88,7 +93,8 @@ def test_attention_arrays_match_the_maps_and_rows_sum_to_one(model):
     assert torch.allclose(torch.from_numpy(cross.sum(-1)), torch.ones(cross.shape[:2]), atol=1e-5)
     enc = att.weights("encoder", layer=1, head=2)
     assert enc.shape == (len(att.source_tokens),) * 2
-    assert att.weights("encoder", head=2).shape == (1, *enc.shape)  # without a layer: every layer, stacked
+    # without a layer: every layer, stacked
+    assert att.weights("encoder", head=2).shape == (1, *enc.shape)
     assert (att.weights("cross") == cross[None]).all()
     with pytest.raises(attn_mt.InputError, match="out of range"):
         att.weights("cross", layer=2)
@@ -97,8 +103,9 @@ def test_attention_arrays_match_the_maps_and_rows_sum_to_one(model):
 def test_explain_equals_the_cli_json_and_recomputes_the_output(model, tiny_run, tmp_path):
     e = model.explain(SENTENCES[0], kind="encoder", layer=1, head=2, token="▁se")
     assert e.max_abs_diff < 1e-5 and e.query_token == "▁se"
-    result = cli("explain", "--checkpoint", tiny_run / "checkpoint_best.pt", "--device", "cpu", SENTENCES[0],
-                 "--kind", "encoder", "--layer", "1", "--head", "2", "--token", "▁se", "--json", tmp_path / "e.json")
+    result = cli("explain", "--checkpoint", tiny_run / "checkpoint_best.pt", "--device", "cpu",
+                 SENTENCES[0], "--kind", "encoder", "--layer", "1", "--head", "2", "--token", "▁se",
+                 "--json", tmp_path / "e.json")
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "e.json").read_text()) == json.loads(e.to_json())
     assert str(e) in result.stdout
@@ -146,6 +153,7 @@ def test_results_have_short_reprs_and_the_heads_report_its_table(model, tiny_run
     assert report.table() == table(report) and report.table().startswith("BLEU ")
     e = model.explain(SENTENCES[0], kind="encoder", layer=1, head=2, token=1)
     att = model.attention(SENTENCES[0])
-    for obj in (model, report, e, att, model.contrastive([attn_mt.Item(src[0], ref[0], (ref[1],), "er", 1)])):
+    for obj in (model, report, e, att,
+                model.contrastive([attn_mt.Item(src[0], ref[0], (ref[1],), "er", 1)])):
         assert len(repr(obj)) < 300, repr(obj)[:400]
     assert "max_abs_diff" in repr(e) and "heads masked on 5 sentences" in repr(report)

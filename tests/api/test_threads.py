@@ -1,6 +1,6 @@
-"""One Model shared by threads (attn_mt/api/sharing.py): translate, score, attention and the stream beside heads
-and explain give the serial answers, and nothing raises (issue 58, defect 5: heads' masks and explain's hook
-leaked across threads)."""
+"""One Model shared by threads (attn_mt/api/sharing.py): translate, score, attention and the stream
+beside heads and explain give the serial answers, and nothing raises (issue 58, defect 5: heads'
+masks and explain's hook leaked across threads)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import torch
 import attn_mt
 from attn_mt.api.sharing import Shared
 
-TEXTS = ["a small dog sees the old man.", "yesterday the children find the red ball.", "the cat sleeps."]
-REFS = ["ein kleiner Hund sieht den alten Mann.", "gestern finden die Kinder den roten Ball.", "die Katze schläft."]
+TEXTS = ["a small dog sees the old man.", "yesterday the children find the red ball.",
+         "the cat sleeps."]
+REFS = ["ein kleiner Hund sieht den alten Mann.", "gestern finden die Kinder den roten Ball.",
+        "die Katze schläft."]
 
 
 def test_translate_and_score_beside_heads_and_explain_equal_the_serial_answers(tiny_run):
@@ -41,8 +43,10 @@ def test_translate_and_score_beside_heads_and_explain_equal_the_serial_answers(t
             ("score", lambda: model.score(TEXTS, REFS), lambda r: r == scores),
             ("explain", lambda: model.explain(TEXTS[0], kind="decoder", layer=1, head=2, token=1),
              lambda r: r == explained),
-            ("heads", lambda: model.heads(TEXTS, REFS), lambda r: r.heads == report.heads and r.bleu == report.bleu),
-            ("attention", lambda: model.attention(TEXTS[1]).weights("cross"), lambda r: (r == maps).all()),
+            ("heads", lambda: model.heads(TEXTS, REFS), lambda r: r.heads == report.heads
+             and r.bleu == report.bleu),
+            ("attention", lambda: model.attention(TEXTS[1]).weights("cross"),
+             lambda r: (r == maps).all()),
             ("stream", lambda: list(model.stream(TEXTS[1])), lambda r: r == streamed)]
     threads = [threading.Thread(target=loop, args=job) for job in jobs
                for _ in range(1 if job[0] in ("heads", "stream", "explain") else 2)]
@@ -55,10 +59,13 @@ def test_translate_and_score_beside_heads_and_explain_equal_the_serial_answers(t
     for t in threads:
         t.join(timeout=120)
     assert not errors, errors[0]
-    assert min(counts.values()) >= 1, counts  # each kind ran beside the others (the stream waits for explain
-    #                                          at each token: the lock serves threads in the order they came)
+    # each kind ran beside the others (the stream waits for explain
+    assert min(counts.values()) >= 1, counts
+    #                                          at each token: the lock serves threads in the order
+    #                                          they came)
     assert model.translate(TEXTS, beam=2) == translations
-    assert all(not m.out_proj._forward_pre_hooks for m in _attentions(model))  # no head masked any more
+    # no head masked any more
+    assert all(not m.out_proj._forward_pre_hooks for m in _attentions(model))
 
 
 def _attentions(model):
@@ -106,18 +113,22 @@ def test_the_lock_leaves_no_thread_waiting_after_errors(tiny_run, tries):
     assert model.translate(TEXTS[0]) and model.explain(TEXTS[0], token=0).max_abs_diff < 1e-4
 
 
-# ---- Model.to beside a stream and inside() (issue 66, defects 6 and 7), and load's thread count (defect 8) ----
+# ---- Model.to beside a stream and inside() (issue 66, defects 6 and 7), and load's thread count
+# (defect 8) ----
 
-PREFIX = "gestern finden die"  # forced for the stream's first steps: a restart must keep their count
+# forced for the stream's first steps: a restart must keep their count
+PREFIX = "gestern finden die"
 
 
 def _rounded(tiny_run):
-    """The tiny model with weights a bfloat16 holds exactly (casts back and forth lose nothing from here), and
-    the premise of the tests below: in bfloat16 it decodes the same tokens (a stream cast midway gives the
-    same text)."""
-    model = attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu").to(dtype="bfloat16").to(dtype="float32")
+    """The tiny model with weights a bfloat16 holds exactly (casts back and forth lose nothing from
+    here), and the premise of the tests below: in bfloat16 it decodes the same tokens (a stream cast
+    midway gives the same text)."""
+    model = attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu").to(dtype="bfloat16").to(
+        dtype="float32")
     whole = list(model.stream(TEXTS[1], target_prefix=PREFIX))
-    assert model.to(dtype="bfloat16").translate(TEXTS[1], beam=1, target_prefix=PREFIX) == "".join(whole)
+    assert (model.to(dtype="bfloat16").translate(TEXTS[1], beam=1, target_prefix=PREFIX)
+            == "".join(whole))
     return model.to(dtype="float32"), whole
 
 
@@ -125,7 +136,8 @@ def test_a_stream_goes_on_when_model_to_casts_the_module_between_its_steps(tiny_
     model, whole = _rounded(tiny_run)
     pieces = model.stream(TEXTS[1], target_prefix=PREFIX)
     got = [next(pieces)]
-    for dtype in ("bfloat16", "float32", "bfloat16"):  # in this thread, between next() calls (inside the prefix)
+    # in this thread, between next() calls (inside the prefix)
+    for dtype in ("bfloat16", "float32", "bfloat16"):
         model.to(dtype=dtype)
         got.append(next(pieces))
     got += list(pieces)  # to the end in bfloat16
@@ -147,7 +159,8 @@ def test_a_stream_goes_on_while_another_thread_casts_the_module(tiny_run):
     thread = threading.Thread(target=flip)
     thread.start()
     try:
-        assert cast.wait(timeout=30)  # flipping: the lock lets it in between any two steps (first come first served)
+        # flipping: the lock lets it in between any two steps (first come first served)
+        assert cast.wait(timeout=30)
         streams = [list(model.stream(TEXTS[1], target_prefix=PREFIX)) for _ in range(3)]
     finally:
         stop.set()
@@ -162,24 +175,30 @@ def test_inside_waits_for_model_to_and_model_to_for_its_search(tiny_run):
     before = inside(model, TEXTS[0], kind="cross", layer=1)
     threads: list[threading.Thread] = []
 
-    def cast_midway(module, args):  # the greedy search's first decoder step: Model.to from another thread
+    # the greedy search's first decoder step: Model.to from another thread
+    def cast_midway(module, args):
         if not threads:
             threads.append(threading.Thread(target=model.to, kwargs={"dtype": "bfloat16"}))
             threads[0].start()
-            threads[0].join(timeout=0.5)  # unlocked, it casts now, mid-search; locked, it waits for the search
+            # unlocked, it casts now, mid-search; locked, it waits for the search
+            threads[0].join(timeout=0.5)
 
     hook = model.module.decoder[0].register_forward_pre_hook(cast_midway)
     try:
-        after = inside(model, TEXTS[0], kind="cross", layer=1)  # was: mat1 and mat2 must have the same dtype
+        # was: mat1 and mat2 must have the same dtype
+        after = inside(model, TEXTS[0], kind="cross", layer=1)
     finally:
         hook.remove()
         threads[0].join(timeout=30)
     assert after.target_inputs == before.target_inputs  # searched in float32, whole
-    assert after.x.dtype == after.w_q.dtype == torch.bfloat16  # recorded after the cast, on the cast module
+    # recorded after the cast, on the cast module
+    assert after.x.dtype == after.w_q.dtype == torch.bfloat16
 
 
 def test_load_bounds_the_thread_count_as_train_threads(tiny_run):
     from attn_mt.config.train import MOST
 
-    with pytest.raises(attn_mt.InputError, match=f"^threads: must be from 1 to {MOST['threads']}, not 1000000000$"):
-        attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu", threads=10**9)  # was: libgomp's out of memory
+    with pytest.raises(attn_mt.InputError, match=f"^threads: must be from 1 to {MOST['threads']}, "
+                       "not 1000000000$"):
+        # was: libgomp's out of memory
+        attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu", threads=10**9)

@@ -1,4 +1,5 @@
-"""attn_mt.train, configure and Run: a config of any form into a finished run, with visible progress."""
+"""attn_mt.train, configure and Run: a config of any form into a finished run, with visible
+progress."""
 
 from __future__ import annotations
 
@@ -34,14 +35,16 @@ def test_configure_takes_a_dict_an_object_or_a_file_with_overrides(tmp_path):
 
 
 def test_configure_never_changes_the_callers_dict():
-    """Overrides of a key within a section's section (data.splits.test) changed the caller's dict: the copy
-    was one level deep."""
+    """Overrides of a key within a section's section (data.splits.test) changed the caller's dict:
+    the copy was one level deep."""
     raw = _raw()
     raw["data"]["splits"] = {"test": "test"}
     raw["train"]["freeze"] = ["encoder"]
     before = copy.deepcopy(raw)
-    cfg = attn_mt.configure(raw, ["data.splits.test=valid", "train.freeze=[embeddings]", "train.lr=1e-2"])
-    assert cfg.data.splits.test == "valid" and cfg.train.freeze == ("embeddings",) and cfg.train.lr == 1e-2
+    cfg = attn_mt.configure(raw, ["data.splits.test=valid", "train.freeze=[embeddings]",
+                                  "train.lr=1e-2"])
+    assert (cfg.data.splits.test == "valid" and cfg.train.freeze == ("embeddings",)
+            and cfg.train.lr == 1e-2)
     assert raw == before
 
 

@@ -1,6 +1,7 @@
-"""The public API type-checks (mypy, the `dev` extra; skipped where it is not installed): its modules are clean,
-and a caller's code sees one return type per kind of input (`translate(str) -> str`, of an iterable -> list).
-torch is not followed (its types are Any here): reading torch's sources took half of the 13 s cold run."""
+"""The public API type-checks (mypy, the `dev` extra; skipped where it is not installed): its
+modules are clean, and a caller's code sees one return type per kind of input (`translate(str) ->
+str`, of an iterable -> list). torch is not followed (its types are Any here): reading torch's
+sources took half of the 13 s cold run."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ["attn_mt/__init__.py", "attn_mt/api/model.py", "attn_mt/api/analyses.py", "attn_mt/api/steering.py",
-           "attn_mt/data/checks.py", "attn_mt/api/sharing.py", "attn_mt/api/attention.py"]
+MODULES = ["attn_mt/__init__.py", "attn_mt/api/model.py", "attn_mt/api/analyses.py",
+           "attn_mt/api/steering.py", "attn_mt/data/checks.py", "attn_mt/api/sharing.py",
+           "attn_mt/api/attention.py"]
 CALLER = '''
 from typing import assert_type
 
@@ -42,7 +44,8 @@ def test_the_public_api_type_checks(tmp_path):
     caller = tmp_path / "caller.py"
     caller.write_text(CALLER)
     (tmp_path / "mypy.ini").write_text("[mypy]\n[mypy-torch.*]\nfollow_imports = skip\n")
-    out, err, status = api.run(["--config-file", str(tmp_path / "mypy.ini"), "--follow-imports=silent",
-                                "--ignore-missing-imports", "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
+    out, err, status = api.run(["--config-file", str(tmp_path / "mypy.ini"),
+                                "--follow-imports=silent", "--ignore-missing-imports",
+                                "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
                                 *[str(ROOT / m) for m in MODULES], str(caller)])
     assert status == 0, out + err

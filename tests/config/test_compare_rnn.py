@@ -1,5 +1,5 @@
-"""compare-rnn's config: shared and per-model sections become two experiment configs that differ only
-in the model and its optimizer settings."""
+"""compare-rnn's config: shared and per-model sections become two experiment configs that differ
+only in the model and its optimizer settings."""
 
 from __future__ import annotations
 
@@ -35,24 +35,28 @@ def test_config_errors():
         load_compare_config(CONFIG, ["compare.budget=3"])
     with pytest.raises(ConfigError, match="must be 'rnn'"):
         load_compare_config(CONFIG, ["rnn.model.kind=transformer"])
-    with pytest.raises(ConfigError, match="compare.clock='process': must be one of wall, cpu, auto"):
+    with pytest.raises(ConfigError, match="compare.clock='process': must be one of wall, cpu, "
+                       "auto"):
         load_compare_config(CONFIG, ["compare.clock=process"])
 
 
 def test_quick_counts_cpu_time_of_one_thread_and_the_full_run_wall_time():
-    """The quick mode's budgets are CPU seconds of one thread (a busy machine does not starve them); the full run
-    keeps the wall clock and torch's threads."""
+    """The quick mode's budgets are CPU seconds of one thread (a busy machine does not starve them);
+    the full run keeps the wall clock and torch's threads."""
     quick, full = load_compare_config(CONFIG, quick=True), load_compare_config(CONFIG)
-    assert quick.compare.clock == "auto" and all(c.train.threads == 1 for c in quick.configs.values())
+    assert quick.compare.clock == "auto" and all(c.train.threads == 1
+                                                 for c in quick.configs.values())
     assert full.compare.clock == "wall" and all(c.train.threads == 0 for c in full.configs.values())
 
 
 def test_each_model_may_be_compiled_on_its_own():
-    """What one model may use the other may too: compile (and CUDA graphs) per model, the batches still shared."""
+    """What one model may use the other may too: compile (and CUDA graphs) per model, the batches
+    still shared."""
     setup = load_compare_config(CONFIG, ["rnn.train.compile=true", "rnn.train.cuda_graphs=true",
                                          "train.length_buckets=[16,32,64,101]"])
     rnn, transformer = setup.configs["rnn"].train, setup.configs["transformer"].train
-    assert rnn.compile and rnn.cuda_graphs and not transformer.compile and not transformer.cuda_graphs
+    assert (rnn.compile and rnn.cuda_graphs and not transformer.compile
+            and not transformer.cuda_graphs)
     assert rnn.length_buckets == transformer.length_buckets == (16, 32, 64, 101)
     with pytest.raises(ConfigError, match="only model and train"):
         load_compare_config(CONFIG, ["rnn.train.length_buckets=[16,32]"])  # shapes stay shared

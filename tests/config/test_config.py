@@ -4,7 +4,14 @@ import pytest
 import yaml
 from conftest import cli, one_line_error, write_config
 
-from attn_mt.config import ConfigError, ExperimentConfig, from_dict, load_config, save_config, to_dict
+from attn_mt.config import (
+    ConfigError,
+    ExperimentConfig,
+    from_dict,
+    load_config,
+    save_config,
+    to_dict,
+)
 
 
 def write(tmp_path, text, name="c.yaml"):
@@ -22,8 +29,9 @@ def test_defaults_and_yaml_override(tmp_path):
 
 
 def test_set_overrides_are_typed(tmp_path):
-    cfg = load_config(write(tmp_path, "{}"), ["train.lr=5e-4", "model.n_layers=4", "data.splits.test=test2017",
-                                             "model.norm_first=false", "model.attention_dropout=0"])
+    cfg = load_config(write(tmp_path, "{}"), ["train.lr=5e-4", "model.n_layers=4",
+                                              "data.splits.test=test2017", "model.norm_first=false",
+                                              "model.attention_dropout=0"])
     assert cfg.model.attention_dropout == 0.0 and cfg.model.activation_dropout is None
     assert cfg.train.lr == 5e-4 and cfg.model.n_layers == 4 and cfg.data.splits.test == "test2017"
     assert cfg.model.norm_first is False
@@ -51,7 +59,8 @@ def test_bad_values_name_the_key(overrides, words):
         load_config(None, overrides)
     message = str(e.value)
     assert "\n" not in message
-    assert e.value.field in (overrides[0].split("=")[0], words[0])  # the key, as the check that failed knows it
+    # the key, as the check that failed knows it
+    assert e.value.field in (overrides[0].split("=")[0], words[0])
     for word in words:
         assert word in message
 
@@ -83,8 +92,8 @@ def test_env_expansion(tmp_path, monkeypatch):
     assert load_config(path).data.dir == "/somewhere"
 
 
-@pytest.mark.parametrize("name", ["toy.yaml", "multi30k.yaml", "multi30k_en_de.yaml", "multi30k_rnn.yaml",
-                                  "multi30k_gpu.yaml"])
+@pytest.mark.parametrize("name", ["toy.yaml", "multi30k.yaml", "multi30k_en_de.yaml",
+                                  "multi30k_rnn.yaml", "multi30k_gpu.yaml"])
 def test_shipped_configs_load(name):
     from pathlib import Path
 
@@ -103,7 +112,8 @@ def test_shipped_configs_load(name):
     ("train.seed=-3", "train.seed=-3: must be >= 0"),
 ])
 def test_impossible_numbers_fail_before_any_data_is_read(override, text, tmp_path):
-    result = cli("train", "-c", write_config(tmp_path / "c.yaml"), "--out", tmp_path / "run", "--set", override)
+    result = cli("train", "-c", write_config(tmp_path / "c.yaml"), "--out", tmp_path / "run",
+                 "--set", override)
     one_line_error(result, 2, text)
     assert not (tmp_path / "run").exists()
 

@@ -1,5 +1,6 @@
-"""The YAML reader and dataclass builder behind every config: safe loading, typed conversion, unions by
-`kind`, dotted overrides, ${VAR} expansion, and errors that name the file, line or key in a short message."""
+"""The YAML reader and dataclass builder behind every config: safe loading, typed conversion, unions
+by `kind`, dotted overrides, ${VAR} expansion, and errors that name the file, line or key in a short
+message."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from attn_mt.config.yamlconf import ConfigError, build, first_line, read_yaml, s
 
 def test_yaml_alias_bomb_gives_a_short_message(tmp_path):
     """9 levels of 9 aliases: 9^9 elements if an error message printed the value."""
-    levels = ["&l0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    levels = ["&l0 [1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9)}]"
+                                                    for i in range(1, 9)]
     for key in ("model:\n  d_model", "train:\n  betas", "compare_me"):
         bomb = tmp_path / "bomb.yaml"
         bomb.write_text(f"{key}: [{', '.join(levels)}]\n")
@@ -45,9 +47,11 @@ class Outer:
 
 
 def test_build_converts_types_and_picks_a_union_member_by_kind():
-    cfg = build(Outer, {"inner": {"size": 3, "rate": 1}, "sizes": [4, 5], "pair": [0.8, 1], "maybe": "5e-4"})
+    cfg = build(Outer, {"inner": {"size": 3, "rate": 1}, "sizes": [4, 5], "pair": [0.8, 1],
+                        "maybe": "5e-4"})
     assert cfg == Outer(Inner(size=3, rate=1.0), (4, 5), (0.8, 1.0), 5e-4)
-    assert isinstance(cfg.inner.rate, float) and isinstance(cfg.pair[1], float)  # YAML ints and "5e-4" strings
+    # YAML ints and "5e-4" strings
+    assert isinstance(cfg.inner.rate, float) and isinstance(cfg.pair[1], float)
     assert build(Outer, {"inner": {"kind": "b", "name": "x"}}).inner == OtherInner(name="x")
     assert build(Outer, {}) == Outer()  # defaults live in code
 
@@ -69,8 +73,10 @@ def test_build_names_the_key_and_what_is_allowed(raw, message):
 
 
 def test_overrides_are_parsed_as_yaml_and_nest():
-    raw = set_overrides({"train": {"lr": 1}}, ["train.lr=5e-4", "model.sizes=[1, 2]", "a.b.c=x", "name="])
-    assert raw == {"train": {"lr": "5e-4"}, "model": {"sizes": [1, 2]}, "a": {"b": {"c": "x"}}, "name": ""}
+    raw = set_overrides({"train": {"lr": 1}}, ["train.lr=5e-4", "model.sizes=[1, 2]", "a.b.c=x",
+                                               "name="])
+    assert raw == {"train": {"lr": "5e-4"}, "model": {"sizes": [1, 2]}, "a": {"b": {"c": "x"}},
+                   "name": ""}
     with pytest.raises(ConfigError, match="expected section.key=value"):
         set_overrides({}, ["train.lr"])
     with pytest.raises(ConfigError, match="override name.x: name is not a section"):

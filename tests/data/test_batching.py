@@ -9,7 +9,8 @@ from attn_mt.data.corpus import Ragged, load_corpus
 
 
 def loop_token_batches(src_lens, tgt_lens, batch_tokens, seed, epoch, shuffle=True):
-    """data.token_batches as it was: a Python loop over every sentence (the output must not change)."""
+    """data.token_batches as it was: a Python loop over every sentence (the output must not
+    change)."""
     rng = np.random.default_rng([seed, epoch])
     n = len(src_lens)
     order = rng.permutation(n) if shuffle else np.arange(n)
@@ -69,16 +70,19 @@ def test_collate_shifts_target():
 
 
 def old_batches(corpus, split, index):
-    """Corpus.batches as it was: a list per sentence, padded one row at a time (the output must not change)."""
+    """Corpus.batches as it was: a list per sentence, padded one row at a time (the output must not
+    change)."""
     rows, (src, tgt) = corpus.rows.get(split), corpus.ids[split]
     for b in index:
         b = b if rows is None else rows[np.asarray(b, dtype=np.int64)]
-        yield collate(src.get(b), tgt.get(b), corpus.tok.pad_id, corpus.tok.bos_id, corpus.tok.eos_id)
+        yield collate(src.get(b), tgt.get(b), corpus.tok.pad_id, corpus.tok.bos_id,
+                      corpus.tok.eos_id)
 
 
 def same(a, b) -> bool:
-    return all(torch.equal(getattr(a, k), getattr(b, k)) and getattr(a, k).dtype == getattr(b, k).dtype
-               for k in ("src", "tgt_in", "tgt_out")) and a.n_tokens == b.n_tokens
+    return (all(torch.equal(getattr(a, k), getattr(b, k))
+               and getattr(a, k).dtype == getattr(b, k).dtype for k in ("src", "tgt_in", "tgt_out"))
+            and a.n_tokens == b.n_tokens)
 
 
 def test_gathered_batches_equal_the_collated_ones_on_random_ragged_ids():
@@ -93,14 +97,16 @@ def test_gathered_batches_equal_the_collated_ones_on_random_ragged_ids():
 
 
 def test_a_corpus_gives_the_batches_it_gave_before(tiny_cfg):
-    """The toy corpus from its memory-mapped cache entry, some pairs dropped by length (`Corpus.rows`)."""
+    """The toy corpus from its memory-mapped cache entry, some pairs dropped by length
+    (`Corpus.rows`)."""
     cfg = tiny_cfg("data.max_len=30")
     corpus = load_corpus(cfg, cfg.model.max_positions)
     split = cfg.data.splits.train
     assert split in corpus.rows  # the filtered path is the one exercised
     for epoch in range(2):
         index = token_batches(*corpus.lengths(split), 150, 0, epoch)
-        pairs = list(zip(corpus.batches(split, index), old_batches(corpus, split, index), strict=True))
+        pairs = list(zip(corpus.batches(split, index), old_batches(corpus, split, index),
+                         strict=True))
         assert len(pairs) == len(index) > 5 and all(same(a, b) for a, b in pairs)
 
 

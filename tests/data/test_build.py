@@ -1,4 +1,5 @@
-"""Building a cache entry: a `prepare` killed while its workers tokenize leaves no process and no lock behind."""
+"""Building a cache entry: a `prepare` killed while its workers tokenize leaves no process and no
+lock behind."""
 
 import os
 import signal
@@ -44,27 +45,30 @@ def test_killed_while_tokenizing_leaves_no_process_and_no_lock(tmp_path):
     for split, size in (("train", n), ("valid", 5), ("test", 5)):
         for lang, shift in (("en", 0), ("de", 3)):
             (data / f"{split}.{lang}").write_text("".join(
-                f"{WORDS[(i + shift) % 14]} {WORDS[(i // 14 + shift) % 14]} {WORDS[(i // 196) % 14]} {i % 1000}\n"
-                for i in range(size)))
+                f"{WORDS[(i + shift) % 14]} {WORDS[(i // 14 + shift) % 14]} "
+                f"{WORDS[(i // 196) % 14]} {i % 1000}\n" for i in range(size)))
     (tmp_path / "c.yaml").write_text("name: kill\n")
     cmd = [sys.executable, "-m", "attn_mt", "prepare", "-c", str(tmp_path / "c.yaml")]
-    for item in ("data.source=files", f"data.dir={data}", "data.src_lang=en", "data.tgt_lang=de", "data.num_proc=2",
-                 f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=64", "tokenizer.sample_sentences=1000"):
+    for item in ("data.source=files", f"data.dir={data}", "data.src_lang=en", "data.tgt_lang=de",
+                 "data.num_proc=2", f"data.cache_dir={tmp_path / 'cache'}",
+                 "tokenizer.vocab_size=64", "tokenizer.sample_sentences=1000"):
         cmd += ["--set", item]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for sig in (signal.SIGTERM, signal.SIGKILL):
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # the tokenizing workers, forked once the tokenizer is trained
-        wait_until(lambda p=proc: len(children(p.pid)) >= 2 or p.poll() is not None, timeout=120, interval=0.02,
-                   what="prepare to fork its tokenizing workers")
+        wait_until(lambda p=proc: len(children(p.pid)) >= 2 or p.poll() is not None, timeout=120,
+                   interval=0.02, what="prepare to fork its tokenizing workers")
         workers = children(proc.pid)
         assert len(workers) >= 2, "prepare never forked its tokenizing workers"
         proc.send_signal(sig)
         assert proc.wait(timeout=30) == -sig
         wait_until(lambda w=workers: all(map(gone, w)), interval=0.05,
                    what=f"the workers of a {sig.name}'d prepare to end")
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)  # the lock is free: no wait
+    # the lock is free: no wait
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"{n} training pairs" in out.stdout and "waiting for" not in out.stderr
     key = out.stdout.splitlines()[0].rsplit("/", 1)[1]
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [key]  # no leftover build, no lock file
+    # no leftover build, no lock file
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [key]

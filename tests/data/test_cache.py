@@ -1,5 +1,5 @@
-"""The data cache: reuse, invalidation, damage, the tokenizer an entry keeps, what a run records of it,
-and `attn-mt prepare --list / --clean`."""
+"""The data cache: reuse, invalidation, damage, the tokenizer an entry keeps, what a run records of
+it, and `attn-mt prepare --list / --clean`."""
 
 import json
 import logging
@@ -50,7 +50,8 @@ def test_reused_then_rebuilt_when_data_or_tokenizer_change(files, tmp_path, buil
     RunDir(tmp_path / "run").record_entry(first.entry)
     RunDir(tmp_path / "run2").record_entry(load_corpus(cfg, 256).entry)
     assert len(builds) == 1 and len(entries(tmp_path)) == 1  # reused by a second run
-    assert (tmp_path / "run2" / "spm.model").read_bytes() == (tmp_path / "run" / "spm.model").read_bytes()
+    assert ((tmp_path / "run2" / "spm.model").read_bytes()
+            == (tmp_path / "run" / "spm.model").read_bytes())
     load_corpus(cfg_for(files, tmp_path, "tokenizer.vocab_size=110"), 256)
     assert len(builds) == 2 and len(entries(tmp_path)) == 2  # tokenizer setting changed
     with (files / "train.de").open("a") as f:
@@ -64,7 +65,8 @@ def test_reused_then_rebuilt_when_data_or_tokenizer_change(files, tmp_path, buil
 
 def test_tokenizer_reused_when_unchanged_retrained_when_changed(files, tmp_path):
     def model(*extra):
-        return (open_entry(cfg_for(files, tmp_path, "tokenizer.type=unigram", *extra)).path / "spm.model")
+        return (open_entry(cfg_for(files, tmp_path, "tokenizer.type=unigram", *extra)).path
+                / "spm.model")
 
     stamp = model().stat().st_mtime_ns
     assert model().stat().st_mtime_ns == stamp  # reused
@@ -82,8 +84,9 @@ def test_the_key_is_the_data_not_where_it_lies(files, tmp_path):
     assert fingerprint(cfg_for(moved, tmp_path)) == before
     (moved / "train.de").write_text((moved / "train.de").read_text().replace("Hund", "Hunt", 1))
     assert fingerprint(cfg_for(moved, tmp_path)) != before
-    # the key of a fixed corpus and settings as it has always been computed: cache entries, and the tokenizer
-    # a resumed run finds there, survive an upgrade (change it only with the entry layout's VERSION)
+    # the key of a fixed corpus and settings as it has always been computed: cache entries, and the
+    # tokenizer a resumed run finds there, survive an upgrade (change it only with the entry
+    # layout's VERSION)
     (moved / "train.en").write_text("a dog\n")
     (moved / "train.de").write_text("ein Hund\n")
     assert fingerprint(cfg_for(moved, tmp_path)) == "b824877c55e7aaf4db43f39fb5cffc8f"
@@ -94,7 +97,8 @@ def test_damaged_entry_is_rebuilt(files, tmp_path, builds, damage, caplog):
     cfg = cfg_for(files, tmp_path)
     before = load_corpus(cfg, 256)
     index = token_batches(*before.lengths("train"), 300, 1, 0)
-    expected = [b.src.tolist() for b in before.batches("train", index)]  # before the damage: in place, it is seen
+    # before the damage: in place, it is seen
+    expected = [b.src.tolist() for b in before.batches("train", index)]
     entry = entries(tmp_path)[0]
     ids = entry / "src.ids"
     if damage == "truncate":
@@ -117,22 +121,26 @@ def test_damaged_entry_is_rebuilt(files, tmp_path, builds, damage, caplog):
 
 
 def test_prepare_then_train_reuses_the_cache(files, tmp_path, builds, monkeypatch):
-    cfg_args = [a for item in [*TINY, "data.source=files", f"data.dir={files}", f"data.cache_dir={tmp_path / 'c'}",
-                               "train.max_steps=2"] for a in ("--set", item)]
+    cfg_args = [a for item in [*TINY, "data.source=files", f"data.dir={files}",
+                               f"data.cache_dir={tmp_path / 'c'}", "train.max_steps=2"]
+                for a in ("--set", item)]
     (tmp_path / "tiny.yaml").write_text("name: tiny\n")
     cfg_args = ["--config", str(tmp_path / "tiny.yaml"), *cfg_args]
     result = CliRunner().invoke(app, ["prepare", *cfg_args])
     assert result.exit_code == 0, result.output
     assert "300 training pairs" in result.output and len(builds) == 1
-    monkeypatch.setattr(builder, "write_pairs", lambda *a: pytest.fail("the training split was read again"))
+    monkeypatch.setattr(builder, "write_pairs",
+                        lambda *a: pytest.fail("the training split was read again"))
     result = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "run"), *cfg_args])
     assert result.exit_code == 0, result.output
     assert len(builds) == 1 and (tmp_path / "run" / "spm.model").exists()
-    record = json.loads((tmp_path / "run" / "tokenizer.json").read_text())  # which entry the run used
+    # which entry the run used
+    record = json.loads((tmp_path / "run" / "tokenizer.json").read_text())
     assert (tmp_path / "c" / record["fingerprint"]).is_dir() and record["vocab_size"] == 120
 
 
-def test_a_resumed_run_rebuilds_a_deleted_entry_with_its_own_tokenizer(files, tmp_path, monkeypatch):
+def test_a_resumed_run_rebuilds_a_deleted_entry_with_its_own_tokenizer(files, tmp_path,
+                                                                       monkeypatch):
     cfg = cfg_for(files, tmp_path)
     (tmp_path / "run").mkdir()
     first = load_corpus(cfg, 256)
@@ -143,12 +151,15 @@ def test_a_resumed_run_rebuilds_a_deleted_entry_with_its_own_tokenizer(files, tm
     (tmp_path / "run" / "tokenizer.json").write_text(json.dumps(note))
     state = first.tok.state()
     shutil.rmtree(first.entry.path)
-    monkeypatch.setattr(builder, "train_tokenizer", lambda *a: pytest.fail("trained a new tokenizer"))
+    monkeypatch.setattr(builder, "train_tokenizer",
+                        lambda *a: pytest.fail("trained a new tokenizer"))
     again = load_corpus(cfg, 256, Resumed.of(RunDir(tmp_path / "run").entry_key(), state))
     assert again.tok.state() == state and again.entry.path == first.entry.path
     monkeypatch.undo()
-    # a run directory of another entry (its data changed since) lends nothing: that entry gets its own
-    (tmp_path / "run" / "tokenizer.json").write_text(json.dumps({"fingerprint": "0" * 32, "vocab_size": 120}))
+    # a run directory of another entry (its data changed since) lends nothing: that entry gets its
+    # own
+    (tmp_path / "run" / "tokenizer.json").write_text(
+        json.dumps({"fingerprint": "0" * 32, "vocab_size": 120}))
     shutil.rmtree(first.entry.path)
     trained, real = [], builder.train_tokenizer
     monkeypatch.setattr(builder, "train_tokenizer", lambda *a: trained.append(1) or real(*a))
@@ -164,7 +175,8 @@ def test_bad_input_and_unwritable_cache_are_one_line_errors(files, tmp_path, mon
         load_corpus(cfg_for(files, tmp_path, f"data.cache_dir={tmp_path / 'file' / 'sub'}"), 256)
     monkeypatch.undo()
     (files / "train.de").write_bytes((files / "train.de").read_bytes() + b"gut\n")
-    with pytest.raises(DataError, match=r"line counts differ: .*train\.en has 300 lines, .*train\.de has 301"):
+    with pytest.raises(DataError, match=r"line counts differ: .*train\.en has 300 lines, "
+                       r".*train\.de has 301"):
         prepare(cfg_for(files, tmp_path))
     (files / "train.de").write_bytes((files / "train.de").read_bytes()[:-4] + b"\xff\n")
     with pytest.raises(DataError, match=r"train\.de:301: invalid UTF-8"):
@@ -176,19 +188,24 @@ def test_bad_input_and_unwritable_cache_are_one_line_errors(files, tmp_path, mon
 
 
 def test_prepare_lists_and_cleans_the_cache(files, tmp_path):
-    config = write_config(tmp_path / "c.yaml", "data.source=files", f"data.dir={files}", "data.src_lang=en",
-                          "data.tgt_lang=de", f"data.cache_dir={tmp_path / 'cache'}")
+    config = write_config(tmp_path / "c.yaml", "data.source=files", f"data.dir={files}",
+                          "data.src_lang=en", "data.tgt_lang=de",
+                          f"data.cache_dir={tmp_path / 'cache'}")
     assert cli("prepare", "-c", config).exit_code == 0
     good = entries(tmp_path)[0]
-    damaged = shutil.copytree(good, tmp_path / "cache" / ("f" * 32))  # complete.json names another key
-    left = shutil.copytree(good, tmp_path / "cache" / f"{'e' * 32}.tmp-999999")  # a build that was killed
-    (tmp_path / "cache" / f"{'e' * 32}.lock").write_text("999999\n")  # its lock: held by no process now
+    # complete.json names another key
+    damaged = shutil.copytree(good, tmp_path / "cache" / ("f" * 32))
+    # a build that was killed
+    left = shutil.copytree(good, tmp_path / "cache" / f"{'e' * 32}.tmp-999999")
+    # its lock: held by no process now
+    (tmp_path / "cache" / f"{'e' * 32}.lock").write_text("999999\n")
     (tmp_path / "cache" / "notes.txt").write_text("not the cache's")
     listed = cli("prepare", "-c", config, "--list")
     assert listed.exit_code == 0, listed.output
     lines = listed.stdout.splitlines()
     assert lines[0] == f"data cache {tmp_path / 'cache'}" and len(lines) == 5
-    assert f"{good.name}  300 pairs" in listed.stdout and f"{damaged.name}  damaged: complete.json" in listed.stdout
+    assert (f"{good.name}  300 pairs" in listed.stdout and f"{damaged.name}  damaged: complete.json"
+            in listed.stdout)
     assert f"{left.name}  left by a build that was stopped" in listed.stdout
     assert f"{'e' * 32}.lock  held by no process" in listed.stdout
     cleaned = cli("prepare", "-c", config, "--clean")
@@ -200,13 +217,17 @@ def test_prepare_lists_and_cleans_the_cache(files, tmp_path):
 
 
 def test_clean_keeps_an_entry_of_another_layout_version(files, tmp_path):
-    config = write_config(tmp_path / "c.yaml", "data.source=files", f"data.dir={files}", "data.src_lang=en",
-                          "data.tgt_lang=de", f"data.cache_dir={tmp_path / 'cache'}")
+    config = write_config(tmp_path / "c.yaml", "data.source=files", f"data.dir={files}",
+                          "data.src_lang=en", "data.tgt_lang=de",
+                          f"data.cache_dir={tmp_path / 'cache'}")
     assert cli("prepare", "-c", config).exit_code == 0
-    newer = shutil.copytree(entries(tmp_path)[0], tmp_path / "cache" / ("a" * 32))  # as a newer attn-mt writes it
+    # as a newer attn-mt writes it
+    newer = shutil.copytree(entries(tmp_path)[0], tmp_path / "cache" / ("a" * 32))
     marker = json.loads((newer / "complete.json").read_text())
-    (newer / "complete.json").write_text(json.dumps({**marker, "version": 2, "key": newer.name, "new": {}}))
-    assert f"{newer.name}  an entry of layout version 2" in cli("prepare", "-c", config, "--list").stdout
+    (newer / "complete.json").write_text(json.dumps({**marker, "version": 2, "key": newer.name,
+                                                     "new": {}}))
+    assert (f"{newer.name}  an entry of layout version 2"
+            in cli("prepare", "-c", config, "--list").stdout)
     cleaned = cli("prepare", "-c", config, "--clean").stdout
     assert f"kept {newer.name}: an entry of layout version 2" in cleaned and newer.is_dir()
 

@@ -1,5 +1,5 @@
-"""The memory-mapped corpus: the same tokenizer, batches and losses as the in-memory path it replaced, and
-torchrun ranks sharing one cache entry."""
+"""The memory-mapped corpus: the same tokenizer, batches and losses as the in-memory path it
+replaced, and torchrun ranks sharing one cache entry."""
 
 import json
 import os
@@ -36,14 +36,17 @@ class ListCorpus:
         return [len(s) for s in src], [len(t) for t in tgt]
 
     def batches(self, split, index, sampling=0.0, seed=(), pin=False):
-        assert not sampling and not pin  # the path it replaced had no subword sampling, no pinned buffers
+        # the path it replaced had no subword sampling, no pinned buffers
+        assert not sampling and not pin
         src, tgt = self.ids[split]
         for b in index:
-            yield collate([src[i] for i in b], [tgt[i] for i in b], self.tok.pad_id, self.tok.bos_id, self.tok.eos_id)
+            yield collate([src[i] for i in b], [tgt[i] for i in b], self.tok.pad_id,
+                          self.tok.bos_id, self.tok.eos_id)
 
 
 def test_same_tokenizer_batches_and_losses_as_in_memory(files, tmp_path):
-    cfg = cfg_for(files, tmp_path, "data.max_len=12")  # some toy pairs are longer: the length filter is tested
+    # some toy pairs are longer: the length filter is tested
+    cfg = cfg_for(files, tmp_path, "data.max_len=12")
     corpus = load_corpus(cfg, cfg.model.max_positions)
     src, tgt = read_lines(files / "train.en"), read_lines(files / "train.de")
     tok = train_tokenizer(cfg.tokenizer, src, tgt)
@@ -51,12 +54,14 @@ def test_same_tokenizer_batches_and_losses_as_in_memory(files, tmp_path):
     keep = [i for i, (s, t) in enumerate(zip(tok.encode_src(src), tok.encode_tgt(tgt), strict=True))
             if len(s) <= 12 and len(t) <= 12]
     assert 0 < len(keep) < len(src)
-    ids = {"train": ([tok.encode_src([src[i]])[0] for i in keep], [tok.encode_tgt([tgt[i]])[0] for i in keep])}
+    ids = {"train": ([tok.encode_src([src[i]])[0] for i in keep],
+                     [tok.encode_tgt([tgt[i]])[0] for i in keep])}
     ref = ListCorpus(tok, ids)
     assert [list(x) for x in corpus.lengths("train")] == list(ref.lengths("train"))
     index = token_batches(*corpus.lengths("train"), 200, seed=3, epoch=1)
     for a, b in zip(corpus.batches("train", index), ref.batches("train", index), strict=True):
-        assert torch.equal(a.src, b.src) and torch.equal(a.tgt_in, b.tgt_in) and torch.equal(a.tgt_out, b.tgt_out)
+        assert (torch.equal(a.src, b.src) and torch.equal(a.tgt_in, b.tgt_in)
+                and torch.equal(a.tgt_out, b.tgt_out))
     losses = []
     for c in (corpus, ref):
         torch.manual_seed(0)
@@ -77,17 +82,21 @@ def test_subword_sampling_splits_sources_anew_and_keeps_targets(files, tmp_path)
     plain, sampled = draw(0.0), draw(0.3)
     for a, b in zip(plain, sampled, strict=True):
         assert torch.equal(a.tgt_in, b.tgt_in) and torch.equal(a.tgt_out, b.tgt_out)
-        texts = [tok.src.decode([i for i in row.tolist() if i != tok.pad_id]) for row in (a.src, b.src)]
+        texts = [tok.src.decode([i for i in row.tolist() if i != tok.pad_id])
+                 for row in (a.src, b.src)]
         assert texts[0] == texts[1]  # the same sentences, split another way
     def differ(x, y):  # torch.equal is False for different shapes
         return any(not torch.equal(a.src, b.src) for a, b in zip(x, y, strict=True))
 
     assert differ(plain, sampled)
-    assert sum((b.src != tok.pad_id).sum() for b in sampled) > sum((a.src != tok.pad_id).sum() for a in plain)
+    assert (sum((b.src != tok.pad_id).sum() for b in sampled)
+            > sum((a.src != tok.pad_id).sum() for a in plain))
     again, other = draw(0.3), draw(0.3, (1, 0, 1))
-    assert not differ(sampled, again) and differ(sampled, other)  # seeded by (seed, epoch, batch): resumable
+    # seeded by (seed, epoch, batch): resumable
+    assert not differ(sampled, again) and differ(sampled, other)
     ids = corpus.ids["train"][0].get(range(20))
-    kept = resample_src(tok, ids, 0.5, seed=5, limit=max(map(len, ids)))  # none may grow past the longest
+    # none may grow past the longest
+    kept = resample_src(tok, ids, 0.5, seed=5, limit=max(map(len, ids)))
     assert max(map(len, kept)) <= max(map(len, ids)) and kept != ids
 
 
@@ -107,8 +116,8 @@ cfg = load_config(None, sys.argv[2:])
 corpus = load_corpus(cfg, 256)  # both ranks at once: the lock makes one build
 maps = {line.split()[-1] for line in open("/proc/self/maps") if line.rstrip().endswith(".ids")}
 index = token_batches(*corpus.lengths("train"), 300, 1, 0)
-print(json.dumps({"built": len(built), "maps": sorted(maps), "batches": [b.src.tolist() for b in corpus.batches(
-    "train", index[:3])]}))
+batches = [b.src.tolist() for b in corpus.batches("train", index[:3])]
+print(json.dumps({"built": len(built), "maps": sorted(maps), "batches": batches}))
 dist.destroy_process_group()
 """
 
@@ -121,10 +130,12 @@ def test_two_ranks_build_once_and_map_the_same_files(files, tmp_path):
     script = tmp_path / "ranks.py"
     script.write_text(RANK_SCRIPT)
     cfg = [*TINY, "data.source=files", f"data.dir={files}", f"data.cache_dir={tmp_path / 'cache'}"]
-    out = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(script), str(tmp_path), *cfg],
-                         capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(script),
+                          str(tmp_path), *cfg], capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr
     ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert len(ranks) == 2 and sum(r["built"] for r in ranks) == 1
-    assert ranks[0]["maps"] == ranks[1]["maps"] and len(ranks[0]["maps"]) == 2  # src.ids, tgt.ids of one entry
+    # src.ids, tgt.ids of one entry
+    assert ranks[0]["maps"] == ranks[1]["maps"] and len(ranks[0]["maps"]) == 2
     assert ranks[0]["batches"] == ranks[1]["batches"]

@@ -1,5 +1,5 @@
-"""The build lock: held by the building process only, never by its forked children, taken over when its
-holder dies, and waited for (said once) while its holder lives."""
+"""The build lock: held by the building process only, never by its forked children, taken over when
+its holder dies, and waited for (said once) while its holder lives."""
 
 import logging
 import signal
@@ -25,10 +25,10 @@ with exclusive(Path(sys.argv[1]), "x"):
 
 @contextmanager
 def hold(path):
-    """A process that takes the lock, forks a child and keeps both alive until a line on its stdin (`let_go`);
-    yields (process, child pid), and kills both at the end."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    """A process that takes the lock, forks a child and keeps both alive until a line on its stdin
+    (`let_go`); yields (process, child pid), and kills both at the end."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
     child = int(proc.stdout.readline())
     try:
         yield proc, child
@@ -51,7 +51,8 @@ def test_a_killed_holder_s_lock_is_free_though_its_child_lives(tmp_path):
             assert not mine
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        with exclusive(lock, "x", wait=False) as mine:  # the forked child, still alive, does not hold it
+        # the forked child, still alive, does not hold it
+        with exclusive(lock, "x", wait=False) as mine:
             assert mine
         assert not lock.exists()  # removed by its holder on release
 
@@ -68,7 +69,8 @@ def test_a_waiter_says_so_once_and_gets_the_lock_when_its_holder_lets_go(tmp_pat
     with hold(lock) as (proc, _child):
         log.addHandler(handler)
         try:
-            with caplog.at_level(logging.INFO, logger="attn_mt"), exclusive(lock, "the entry") as mine:
+            with caplog.at_level(logging.INFO, logger="attn_mt"), exclusive(lock,
+                                                                            "the entry") as mine:
                 assert mine
         finally:
             log.removeHandler(handler)

@@ -1,4 +1,5 @@
-"""The toy corpus's pronoun variant: "it" decided by the predicate's meaning, and its contrastive set."""
+"""The toy corpus's pronoun variant: "it" decided by the predicate's meaning, and its contrastive
+set."""
 
 from attn_mt.data import pronoun
 from attn_mt.data.pronoun import classic, contrastive_records, make_pronoun_corpus, pronoun_pairs
@@ -47,11 +48,13 @@ def test_the_predicate_decides_the_antecedent_in_either_role():
 def test_contrastive_records_swap_only_the_pronoun():
     examples = make_pronoun_corpus(2000, seed=0)["test"]
     records = contrastive_records(examples)
-    assert 0.4 * len(examples) < len(records) < len(examples)  # the nouns' pronouns differ in these only
+    # the nouns' pronouns differ in these only
+    assert 0.4 * len(examples) < len(records) < len(examples)
     for r in records:
         assert r["pronoun"] != r["other_pronoun"] and len(r["variants"]) == 2
         position = r["tgt_positions"]["pronoun"]
         for variant in r["variants"]:
             ref, var = r["ref"].split(), variant.split()
-            assert [i for i, (a, b) in enumerate(zip(ref, var, strict=True)) if a != b] == [position]
+            assert ([i for i, (a, b) in enumerate(zip(ref, var, strict=True)) if a != b]
+                    == [position])
         assert {v.split()[position] for v in r["variants"]} | {r["pronoun"]} == {"er", "sie", "es"}

@@ -1,6 +1,7 @@
-"""data/sampling.py: subword samples drawn by our own seeded generator. The same seed gives the same draw in
-another process and after any other draws (SentencePiece 0.2.x's own sampling did not: resume was not exact),
-the text is kept, BPE-dropout at rate 0 is SentencePiece's own BPE, and two fresh sampled runs are identical."""
+"""data/sampling.py: subword samples drawn by our own seeded generator. The same seed gives the same
+draw in another process and after any other draws (SentencePiece 0.2.x's own sampling did not:
+resume was not exact), the text is kept, BPE-dropout at rate 0 is SentencePiece's own BPE, and two
+fresh sampled runs are identical."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ TEXTS = [s for pair in make_toy_corpus(300)["train"] for s in pair]
 
 def _model(kind: str) -> bytes:
     out = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXTS), model_writer=out, vocab_size=150, model_type=kind,
-                                   minloglevel=2, hard_vocab_limit=False, pad_id=0, unk_id=1, bos_id=2, eos_id=3)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXTS), model_writer=out, vocab_size=150,
+                                   model_type=kind, minloglevel=2, hard_vocab_limit=False, pad_id=0,
+                                   unk_id=1, bos_id=2, eos_id=3)
     return out.getvalue()
 
 
@@ -52,12 +54,14 @@ def test_a_draw_depends_on_its_seed_alone_in_any_process(tok, tmp_path):
     (tmp_path / "spm.model").write_bytes(tok.src_proto)
     ids = tok.encode_src(TEXTS[:40])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    draws = [json.loads(subprocess.run([sys.executable, "-c", DRAW, str(tmp_path / "spm.model"), json.dumps(ids),
-                                        how], capture_output=True, text=True, env=env, check=True).stdout)
+    draws = [json.loads(subprocess.run([sys.executable, "-c", DRAW, str(tmp_path / "spm.model"),
+                                        json.dumps(ids), how], capture_output=True, text=True,
+                                       env=env, check=True).stdout)
              for how in ("fresh", "busy")]
     here = resample_src(tok, ids, 0.3, 12345, 10**6)
     assert draws[0] == draws[1] == here
-    assert here != ids and here != resample_src(tok, ids, 0.3, 12346, 10**6)  # it samples, by its seed
+    # it samples, by its seed
+    assert here != ids and here != resample_src(tok, ids, 0.3, 12346, 10**6)
 
 
 def test_a_sample_keeps_the_text_and_uses_the_models_pieces(tok):
@@ -77,7 +81,8 @@ def test_bpe_dropout_at_rate_zero_is_sentencepieces_bpe():
     words = sorted({w for t in TEXTS for w in t.split()})
     for word in words:  # each word merged in SentencePiece's order: its own pieces
         assert bpe_dropout("▁" + word, sampler.scores, 0.0, iter(())) == tok.src_pieces(word), word
-    dropped = [bpe_dropout("▁" + w, sampler.scores, 0.5, iter(random.Random(0).random, None)) for w in words]
+    dropped = [bpe_dropout("▁" + w, sampler.scores, 0.5, iter(random.Random(0).random, None))
+               for w in words]
     assert sum(map(len, dropped)) > sum(len(tok.src_pieces(w)) for w in words)
 
 
@@ -87,7 +92,9 @@ def test_two_fresh_sampled_runs_train_the_same_weights(tmp_path):
                           "train.max_epochs=1", "train.bleu_sentences=5")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     for run in ("a", "b"):
-        subprocess.run([sys.executable, "-m", "attn_mt", "--quiet", "train", "-c", str(config), "--out",
-                        str(tmp_path / run)], env=env, check=True, capture_output=True, timeout=600)
-    a, b = (torch.load(tmp_path / run / "checkpoint_last.pt", weights_only=True)["model"] for run in ("a", "b"))
+        subprocess.run([sys.executable, "-m", "attn_mt", "--quiet", "train", "-c", str(config),
+                        "--out", str(tmp_path / run)], env=env, check=True, capture_output=True,
+                       timeout=600)
+    a, b = (torch.load(tmp_path / run / "checkpoint_last.pt", weights_only=True)["model"]
+            for run in ("a", "b"))
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -40,7 +40,8 @@ def test_missing_file_and_bad_utf8(tmp_path):
 
 
 def test_jsonl(tmp_path):
-    rows = [{"translation": {"de": "ein Hund", "en": "a dog"}}, {"translation": {"de": "Haus", "en": "house"}}]
+    rows = [{"translation": {"de": "ein Hund", "en": "a dog"}},
+            {"translation": {"de": "Haus", "en": "house"}}]
     (tmp_path / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     src, tgt = read_pairs(data_cfg("data.source=jsonl", f"data.dir={tmp_path}"), "train")
     assert src == ["ein Hund", "Haus"] and tgt == ["a dog", "house"]
@@ -74,13 +75,15 @@ def test_hf_hub_offline_is_one_line_error(monkeypatch):
 
 
 def test_toy_source():
-    src, tgt = read_pairs(data_cfg("data.source=toy", "data.toy_size=50", "data.src_lang=en", "data.tgt_lang=de"),
+    src, tgt = read_pairs(data_cfg("data.source=toy", "data.toy_size=50", "data.src_lang=en",
+                                   "data.tgt_lang=de"),
                           "valid")
     assert len(src) == len(tgt) == 100
 
 
 @pytest.mark.parametrize("line,text", [("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-                                       ('{"translation": {"en": 1' + "0" * 5000 + ', "de": "x"}}', ":1: expected")])
+                                       ('{"translation": {"en": 1' + "0" * 5000 + ', "de": "x"}}',
+                                        ":1: expected")])
 def test_hostile_jsonl_lines_are_one_line_errors(line, text, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
@@ -99,7 +102,8 @@ def test_hf_rows_without_a_language_are_one_line_errors(rows, text, tmp_path):
 
     for split in ("train", "valid", "test"):
         datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "ds" / split))
-    datasets.DatasetDict({s: datasets.load_from_disk(str(tmp_path / "ds" / s)) for s in ("train", "valid", "test")}
+    datasets.DatasetDict({s: datasets.load_from_disk(str(tmp_path / "ds" / s))
+                          for s in ("train", "valid", "test")}
                          ).save_to_disk(str(tmp_path / "hf"))
     config = write_config(tmp_path / "c.yaml", "data.source=hf", f"data.dir={tmp_path / 'hf'}")
     one_line_error(cli("train", "-c", config, "--out", tmp_path / "run"), 1, "row 0", text)

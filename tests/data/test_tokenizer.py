@@ -11,7 +11,8 @@ SRC, TGT = [s for s, _ in PAIRS], [t for _, t in PAIRS]
 
 def test_round_trip_and_special_ids():
     tok = train_tokenizer(TokenizerConfig(vocab_size=150), SRC, TGT)
-    assert (tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+    assert ((tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
+            == (0, 1, 2, 3))
     assert tok.src.id_to_piece(0) == "<pad>" and tok.src.id_to_piece(3) == "</s>"
     ids = tok.encode_tgt(TGT[:5])
     assert tok.decode_tgt(ids) == TGT[:5]
@@ -25,7 +26,8 @@ def test_few_texts_are_coded_one_at_a_time_as_sentencepiece_codes_them_together(
         texts = [*SRC[:n - 1], ""][:n]  # an empty text among them
         ids = tok.encode_src(texts)
         assert ids == tok.src.encode(texts) and len(ids) == n
-        assert tok.decode_tgt(ids) == (tok.tgt.decode(ids) if n else [])  # SentencePiece decodes [] as ""
+        # SentencePiece decodes [] as ""
+        assert tok.decode_tgt(ids) == (tok.tgt.decode(ids) if n else [])
 
 
 def test_separate_vocabularies_and_state():
@@ -39,4 +41,5 @@ def test_separate_vocabularies_and_state():
 
 def test_a_vocabulary_too_small_for_the_characters_is_a_config_error(tmp_path):
     config = write_config(tmp_path / "c.yaml", "tokenizer.vocab_size=16")
-    one_line_error(cli("train", "-c", config, "--out", tmp_path / "run"), 2, "tokenizer.vocab_size=16")
+    one_line_error(cli("train", "-c", config, "--out", tmp_path / "run"), 2,
+                   "tokenizer.vocab_size=16")

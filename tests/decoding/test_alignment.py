@@ -39,13 +39,15 @@ def test_pieces_map_to_whitespace_words():
 
 
 def test_source_pieces_add_target_pieces_average_and_eos_is_left_out():
-    # 3 source pieces (words 0, 0, 1) and </s>; 2 target pieces of one word; rows: predicting piece 0, 1, </s>
+    # 3 source pieces (words 0, 0, 1) and </s>; 2 target pieces of one word; rows: predicting piece
+    # 0, 1, </s>
     w = torch.tensor([[0.30, 0.30, 0.35, 0.05],  # word 0 gets 0.6 in all, word 1 0.35
                       [0.20, 0.20, 0.10, 0.50],  # much on </s>, which links nothing
                       [0.00, 0.00, 1.00, 0.00]])[None, None]  # (1, 1, 3, 4)
     pair = attended(w, [0, 0, 1], [0, 0])
     assert links(pair, Method(1)) == {(0, 0)}
-    assert links(pair, Method(1, shift=True)) == {(1, 0)}  # rows 1 and 2: word 1 gets (0.1 + 1.0) / 2
+    # rows 1 and 2: word 1 gets (0.1 + 1.0) / 2
+    assert links(pair, Method(1, shift=True)) == {(1, 0)}
 
 
 def test_head_and_layer_average_read_their_own_weights():
@@ -60,14 +62,16 @@ def test_head_and_layer_average_read_their_own_weights():
 
 
 def test_methods_are_named_and_checked():
-    for name in ("layer2", "head1.3", "shift-layer1", "gdf:shift-head2.1", "union:layer1", "intersect:head2.4"):
+    for name in ("layer2", "head1.3", "shift-layer1", "gdf:shift-head2.1", "union:layer1",
+                 "intersect:head2.4"):
         assert parse_method(name, 2, 4).name == name
     assert parse_method("head2.1", 2, 4) == Method(2, 1)
     for bad in ("layer3", "head1.5", "head0.1", "layer", "gdf:", "shift:layer1", "layer1.1"):
         with pytest.raises(InputError, match="method"):
             parse_method(bad, 2, 4)
     names = [m.name for m in all_methods(2, 2, combined=True)]
-    assert len(names) == len(set(names)) == 2 * (1 + 2) * 2 * 4  # layers x (average, heads) x shift x 4 ways
+    # layers x (average, heads) x shift x 4 ways
+    assert len(names) == len(set(names)) == 2 * (1 + 2) * 2 * 4
 
 
 def test_grow_diag_final_grows_from_the_intersection_to_neighbours():
@@ -75,7 +79,8 @@ def test_grow_diag_final_grows_from_the_intersection_to_neighbours():
     backward = {(0, 0), (1, 1), (2, 1), (3, 3)}  # each source word to one target word
     assert combine(forward, backward, "intersect") == {(0, 0), (1, 1)}
     assert combine(forward, backward, "union") == forward | backward
-    # (2, 1) neighbours (1, 1) and aligns source word 2; the final step adds (3, 2) and (3, 3) of unaligned words
+    # (2, 1) neighbours (1, 1) and aligns source word 2; the final step adds (3, 2) and (3, 3) of
+    # unaligned words
     assert grow_diag_final(forward, backward) == {(0, 0), (1, 1), (2, 1), (3, 2), (3, 3)}
     assert grow_diag_final(set(), set()) == set()
 
@@ -94,13 +99,16 @@ def test_a_trained_reverser_aligns_each_output_with_the_mirrored_input():
     xs = [s[:-1] for s in sources(40, 7)]
     src, tgt_in = pad([x + [EOS] for x in xs], PAD), pad([[BOS, *x[::-1]] for x in xs], PAD)
     cross = cross_attention(model, src, tgt_in)  # (B, L, H, T + 1, S)
-    pairs = [attended(cross[b, :, :, : len(x) + 1, : len(x) + 1], list(range(len(x))), list(range(len(x))))
+    pairs = [attended(cross[b, :, :, : len(x) + 1, : len(x) + 1], list(range(len(x))),
+                      list(range(len(x))))
              for b, x in enumerate(xs)]
     gold = [Gold(frozenset((len(x) - 1 - j, j) for j in range(len(x)))) for x in xs]
     diagonal = score([{(j, j) for j in range(len(x))} for x in xs], gold)
-    table = report(pairs, gold, all_methods(2, 4))  # half-trained (100 steps): 59% against the diagonal's 91%
+    # half-trained (100 steps): 59% against the diagonal's 91%
+    table = report(pairs, gold, all_methods(2, 4))
     assert table.rows[table.best].aer < 0.7 * diagonal.aer, table.table()
-    assert all(r.links == sum(map(len, xs)) for r in table.rows.values())  # one link per target word
+    # one link per target word
+    assert all(r.links == sum(map(len, xs)) for r in table.rows.values())
 
 
 def test_aer_precision_and_recall_by_their_definitions():
@@ -114,7 +122,8 @@ def test_aer_precision_and_recall_by_their_definitions():
 def test_pharaoh_lines_read_and_write():
     g = parse_line("0-0 1p2 2-1", "x", (3, 3))
     assert g.sure == {(0, 0), (2, 1)} and g.possible == {(0, 0), (2, 1), (1, 2)}
-    assert parse_line("1-1 2p3", "x", (2, 3), one_indexed=True) == Gold(frozenset({(0, 0)}), frozenset({(1, 2)}))
+    assert (parse_line("1-1 2p3", "x", (2, 3), one_indexed=True)
+            == Gold(frozenset({(0, 0)}), frozenset({(1, 2)})))
     assert format_links({(2, 1), (0, 0), (1, 2)}) == "0-0 1-2 2-1"
     assert parse_line("", "x", (0, 0)) == Gold(frozenset())
 
@@ -140,8 +149,10 @@ def test_the_toy_gold_links_every_word_of_both_sides_and_only_punctuation_is_pos
     for p in corpus["test"]:
         en, de = p.en.split(), p.de.split()
         gold = parse_line(p.pharaoh(), "toy", (len(en), len(de)))
-        assert {i for i, _ in gold.sure} == set(range(len(en))) and {j for _, j in gold.sure} == set(range(len(de)))
-        assert gold.possible - gold.sure <= {(len(en) - 1, len(de) - 1)}  # the full stops' link, where not sure
+        assert ({i for i, _ in gold.sure} == set(range(len(en)))
+                and {j for _, j in gold.sure} == set(range(len(de))))
+        # the full stops' link, where not sure
+        assert gold.possible - gold.sure <= {(len(en) - 1, len(de) - 1)}
 
 
 def test_the_toy_gold_follows_the_rules_reordering():
@@ -149,10 +160,12 @@ def test_the_toy_gold_follows_the_rules_reordering():
     verbs = {v for row in VERBS for v in row[:2]}
     that = [p for p in pairs if " that " in p.en and " because " not in p.en]
     assert len(that) > 100
-    for p in that:  # "... that S V O." -> "..., dass S O V.": German's last word links to the clause's verb
+    # "... that S V O." -> "..., dass S O V.": German's last word links to the clause's verb
+    for p in that:
         sure = {j: i for i, j, s in p.links if s}
         assert p.en.split()[sure[len(p.de.split()) - 1]] in verbs, p
-    tomorrow = next(p for p in pairs if p.en.startswith("tomorrow "))  # one word, three: "am nächsten Tag"
+    # one word, three: "am nächsten Tag"
+    tomorrow = next(p for p in pairs if p.en.startswith("tomorrow "))
     assert {(0, 0, True), (0, 1, True), (0, 2, True)} <= set(tomorrow.links)
 
 
@@ -162,4 +175,5 @@ def test_the_pronoun_variant_links_the_pronoun_and_every_word_it_can():
         gold = parse_line(ex.links, "pronoun", (len(en), len(de)))
         assert (ex.src_positions["pronoun"], ex.tgt_positions["pronoun"]) in gold.sure
         assert (ex.src_positions["antecedent"], ex.tgt_positions["antecedent"]) in gold.sure
-        assert {i for i, _ in gold.sure} == set(range(len(en)))  # every English word has a counterpart
+        # every English word has a counterpart
+        assert {i for i, _ in gold.sure} == set(range(len(en)))

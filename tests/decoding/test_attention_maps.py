@@ -19,7 +19,8 @@ def run(tiny_run):
 
 def test_maps_cover_every_layer_and_head_and_are_distributions(run):
     model, cfg, tok = run
-    translation, maps = attention_maps(model, tok, "the dog sees the cat.", DecodeConfig(max_len_b=4))
+    translation, maps = attention_maps(model, tok, "the dog sees the cat.",
+                                       DecodeConfig(max_len_b=4))
     layers, heads = cfg.model.n_layers, cfg.model.n_heads
     assert sorted((m.kind, m.layer) for m in maps) == sorted(
         (k, i) for k in ("encoder_self", "decoder_self", "cross") for i in range(1, layers + 1))
@@ -42,6 +43,6 @@ def test_cli_writes_one_png_per_layer_and_kind(tiny_run, tmp_path):
     names = sorted(p.name for p in out.iterdir())
     assert names == ["cross_layer1.png", "decoder_self_layer1.png", "encoder_self_layer1.png"]
     assert all((out / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
-    empty = CliRunner().invoke(app, ["attention", "--checkpoint", str(tiny_run / "checkpoint_best.pt"),
-                                     "--out", str(out), " "])
+    empty = CliRunner().invoke(app, ["attention", "--checkpoint",
+                                     str(tiny_run / "checkpoint_best.pt"), "--out", str(out), " "])
     assert empty.exit_code == 2

@@ -1,4 +1,5 @@
-"""Beam search: batch-independence, cache, n-best lists, length limits, exactness on a tiny search space."""
+"""Beam search: batch-independence, cache, n-best lists, length limits, exactness on a tiny search
+space."""
 
 from __future__ import annotations
 
@@ -81,12 +82,14 @@ def test_nbest_lists_are_sorted_scored_and_within_limits(model, alpha):
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
 def test_a_beam_as_wide_as_the_search_space_finds_the_exact_n_best(alpha):
-    """Vocabulary 6, at most 3 output tokens: 30 beams hold every prefix; compare with brute force."""
+    """Vocabulary 6, at most 3 output tokens: 30 beams hold every prefix; compare with brute
+    force."""
     model = train_reverser(vocab=6, steps=20)
     src = [4, 5, 4, EOS]
     outputs = [list(p) for n in range(3) for p in itertools.product([0, 1, 2, 4, 5], repeat=n)]
     log_probs = teacher_forced_log_probs(model, src, outputs)
-    scores = [lp / length_penalty(len(o) + 1, alpha) for lp, o in zip(log_probs, outputs, strict=True)]
+    scores = [lp / length_penalty(len(o) + 1, alpha) for lp,
+              o in zip(log_probs, outputs, strict=True)]
     best = sorted(zip(scores, outputs, strict=True), reverse=True)
     found = beam_search(model, torch.tensor([src]), torch.tensor([3]), bos_id=BOS, eos_id=EOS,
                         beam_size=30, nbest=5, alpha=alpha)[0]
@@ -97,7 +100,8 @@ def test_output_limit_is_per_sentence(model):
     srcs = sources(8, seed=6)
     src, _ = batch(srcs)
     max_len = torch.tensor([1, 2, 3, 4, 1, 2, 3, 4])
-    for n, limit in zip(beam_search(model, src, max_len, bos_id=BOS, eos_id=EOS, beam_size=3, nbest=3),
+    for n, limit in zip(beam_search(model, src, max_len, bos_id=BOS, eos_id=EOS, beam_size=3,
+                                    nbest=3),
                         max_len.tolist(), strict=True):
         assert n and all(len(h.tokens) + 1 <= limit for h in n)
         if limit == 1:  # only eos fits: the empty output is the whole search space

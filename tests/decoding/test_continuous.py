@@ -1,5 +1,5 @@
-"""Continuous decoding: sentences that join a running batch at any step, and leave it when they end, get
-what offline search gives them; the batch's rows and cache shrink as they leave."""
+"""Continuous decoding: sentences that join a running batch at any step, and leave it when they end,
+get what offline search gives them; the batch's rows and cache shrink as they leave."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from attn_mt.decoding.continuous import RunningBatch, RunningLimit, supports
 from attn_mt.decoding.search import beam_search, greedy_search
 from attn_mt.models import build_model
 
-SETTINGS = [DecodeConfig(beam_size=1, alpha=0.0, max_len_b=3), DecodeConfig(beam_size=5, nbest=3, max_len_b=3),
+SETTINGS = [DecodeConfig(beam_size=1, alpha=0.0, max_len_b=3),
+            DecodeConfig(beam_size=5, nbest=3, max_len_b=3),
             DecodeConfig(beam_size=4, nbest=4, alpha=1.0, max_len_b=3)]
 
 
@@ -27,18 +28,21 @@ def model():
 def offline(model, srcs, cfg):
     src, max_len = batch(srcs)  # max_len 1.5 |src| + 3, as the settings above
     if cfg.beam_size == 1:
-        return [[h] for h in greedy_search(model, src, max_len, bos_id=BOS, eos_id=EOS, alpha=cfg.alpha)]
-    return beam_search(model, src, max_len, bos_id=BOS, eos_id=EOS, beam_size=cfg.beam_size, nbest=cfg.nbest,
-                       alpha=cfg.alpha)
+        return [[h] for h in greedy_search(model, src, max_len, bos_id=BOS, eos_id=EOS,
+                                           alpha=cfg.alpha)]
+    return beam_search(model, src, max_len, bos_id=BOS, eos_id=EOS, beam_size=cfg.beam_size,
+                       nbest=cfg.nbest, alpha=cfg.alpha)
 
 
 def test_the_length_rule_reads_each_rows_own_step():
     logp = torch.randn(4, 6).log_softmax(-1)
     limit = RunningLimit(torch.tensor([1, 2, 3, 1]), eos_id=5)
-    per_row = limit.apply(torch.tensor([0, 1, 1, 0]), logp.clone(), torch.zeros(4, 0, dtype=torch.long))
+    per_row = limit.apply(torch.tensor([0, 1, 1, 0]), logp.clone(),
+                          torch.zeros(4, 0, dtype=torch.long))
     assert per_row[:2].isfinite().sum() == 2 and torch.equal(per_row[2], logp[2])
     assert per_row[[0, 1], 5].tolist() == logp[[0, 1], 5].tolist()
-    assert torch.equal(limit.apply(torch.tensor([-1, 0, 1, -1]), logp.clone(), logp[:, :0]), logp)  # none at it
+    # none at it
+    assert torch.equal(limit.apply(torch.tensor([-1, 0, 1, -1]), logp.clone(), logp[:, :0]), logp)
 
 
 def running(model, cfg) -> RunningBatch:
@@ -46,7 +50,8 @@ def running(model, cfg) -> RunningBatch:
 
 
 def run_staggered(rb: RunningBatch, srcs, seed: int, room: int = 12):
-    """Sentences join a few at a time (0-4 a step, at most `room` at once); their events, and the rows seen."""
+    """Sentences join a few at a time (0-4 a step, at most `room` at once); their events, and the
+    rows seen."""
     rng, todo, done, tokens, rows = random.Random(seed), list(range(len(srcs))), {}, {}, []
     with torch.inference_mode():
         while todo or len(rb):
@@ -94,7 +99,8 @@ def test_greedy_streams_each_token_and_beams_each_hypothesis(model):
     done, tokens, _ = run_staggered(running(model, SETTINGS[0]), srcs, seed=2)
     for i, nbest in done.items():
         steps = tokens.get(i, [])
-        assert [list(t) for t in steps] == [nbest[0].tokens[:n] for n in range(1, len(nbest[0].tokens) + 1)]
+        assert [list(t) for t in steps] == [nbest[0].tokens[:n]
+                                            for n in range(1, len(nbest[0].tokens) + 1)]
     rb = running(model, SETTINGS[1])
     rb.add([(0, srcs[0])])
     events = []
@@ -118,7 +124,8 @@ def test_sentences_leave_when_they_end_and_the_cache_shrinks(model):
             events = rb.step()
             for e in events:
                 if e.kind == "done":
-                    seen[e.tag] = rb.cache and (rb.rows, rb.cache.memory_mask.size(-1), len(rb.cache), rb.steps[0])
+                    seen[e.tag] = rb.cache and (rb.rows, rb.cache.memory_mask.size(-1),
+                                                len(rb.cache), rb.steps[0])
     rows, source, columns, decoded = seen["short"]
     assert (rows, source) == (1, len(long))  # its row left; the memory is the long source's alone
     assert columns == decoded  # the column only the short one used is gone
@@ -142,17 +149,18 @@ def test_dropped_sentences_leave_and_the_others_are_unchanged(model):
 
 
 def test_only_a_transformer_decodes_in_a_running_batch(model):
-    rnn = build_model(RNNConfig(d_embed=8, d_hidden=8, d_attn=8), src_vocab=16, tgt_vocab=16, pad_id=PAD,
-                      shared_vocab=True)
+    rnn = build_model(RNNConfig(d_embed=8, d_hidden=8, d_attn=8), src_vocab=16, tgt_vocab=16,
+                      pad_id=PAD, shared_vocab=True)
     assert supports(model) and not supports(rnn)
 
 
 def test_sentences_with_their_own_alpha_and_nbest_share_a_batch_and_get_their_offline_result(model):
-    """Alpha and n-best are each sentence's own: sentences that differ only in them decode in one batch (one
-    decoder call a step), each as offline search with its settings decodes it."""
+    """Alpha and n-best are each sentence's own: sentences that differ only in them decode in one
+    batch (one decoder call a step), each as offline search with its settings decodes it."""
     srcs = sources(24, seed=11)
-    mixed = [DecodeConfig(beam_size=4, alpha=a, nbest=n, max_len_b=3) for a, n in [(0.0, 1), (0.6, 4), (1.0, 2),
-                                                                                    (2.0, 3)]]
+    mixed = [DecodeConfig(beam_size=4, alpha=a, nbest=n, max_len_b=3) for a,
+             n in [(0.0, 1), (0.6, 4), (1.0, 2),
+                   (2.0, 3)]]
     want = {i: offline(model, [src], mixed[i % 4])[0] for i, src in enumerate(srcs)}
     rb, got = running(model, mixed[0]), {}
     rng, todo = random.Random(3), list(range(len(srcs)))

@@ -1,5 +1,6 @@
-"""Decode options are defined once (attn_mt.DECODE_OPTIONS, in attn_mt/config); every surface that takes them
-follows it: DecodeConfig, the API's arguments, the CLI's options, serve's request fields and the page's controls."""
+"""Decode options are defined once (attn_mt.DECODE_OPTIONS, in attn_mt/config); every surface that
+takes them follows it: DecodeConfig, the API's arguments, the CLI's options, serve's request fields
+and the page's controls."""
 
 from __future__ import annotations
 
@@ -26,13 +27,16 @@ def test_every_option_is_a_decode_config_field():
 
 def test_the_apis_decode_keywords_are_the_options():
     assert Decoding.__optional_keys__ == {o.arg for o in DECODE_OPTIONS}
-    assert OneBest.__optional_keys__ == {o.arg for o in DECODE_OPTIONS} - {"nbest"}  # translate: the best only
+    # translate: the best only
+    assert OneBest.__optional_keys__ == {o.arg for o in DECODE_OPTIONS} - {"nbest"}
 
 
-@pytest.mark.parametrize("method,keywords", [(Model.options, "Decoding"), (Model.translate, "OneBest"),
+@pytest.mark.parametrize("method,keywords", [(Model.options, "Decoding"),
+                                             (Model.translate, "OneBest"),
                                              (Model.translate_nbest, "Decoding")])
 def test_the_api_takes_the_options_as_keywords(method, keywords):
-    steering = {"target_prefix", "temperature", "seed", "return_attention"}  # decoding steered, beyond the config
+    # decoding steered, beyond the config
+    steering = {"target_prefix", "temperature", "seed", "return_attention"}
     params = inspect.signature(method).parameters
     assert set(params) - {"self", "texts", "names"} - steering == {"options"}
     assert params["options"].kind is inspect.Parameter.VAR_KEYWORD
@@ -41,9 +45,11 @@ def test_the_api_takes_the_options_as_keywords(method, keywords):
 
 def test_the_api_refuses_another_keyword_as_python_does():
     model = object.__new__(Model)  # the keywords are checked before the model is used
-    with pytest.raises(TypeError, match=r"^Model.translate\(\) got an unexpected keyword argument 'nbest'$"):
+    with pytest.raises(TypeError, match=r"^Model.translate\(\) got an unexpected keyword argument "
+                       r"'nbest'$"):
         model.translate("a", nbest=2)
-    with pytest.raises(TypeError, match=r"^Model.translate_nbest\(\) got an unexpected keyword argument 'beam_size'$"):
+    with pytest.raises(TypeError, match=r"^Model.translate_nbest\(\) got an unexpected keyword "
+                       r"argument 'beam_size'$"):
         model.translate_nbest("a", beam_size=2)
 
 
@@ -55,7 +61,8 @@ def test_the_cli_options_carry_the_flags_and_their_help():
         params = {opt: p for p in command.get_command(ctx, verb).params for opt in p.opts}
         for o in DECODE_OPTIONS:
             if o.key in wanted:
-                assert flag(o.arg) in params and params[flag(o.arg)].help.startswith(o.help), (verb, o.arg)
+                assert (flag(o.arg) in params
+                        and params[flag(o.arg)].help.startswith(o.help)), (verb, o.arg)
             else:
                 assert flag(o.arg) not in params, (verb, o.arg)
 

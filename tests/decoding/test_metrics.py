@@ -1,4 +1,5 @@
-"""Metrics: sacrebleu scores with signatures (validation and test scoring: tests/training/test_validation.py)."""
+"""Metrics: sacrebleu scores with signatures (validation and test scoring:
+tests/training/test_validation.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Decoding rules: each rules out what it says and nothing else, in every loop; a rule may read the tokens."""
+"""Decoding rules: each rules out what it says and nothing else, in every loop; a rule may read the
+tokens."""
 
 from __future__ import annotations
 
@@ -31,18 +32,22 @@ def test_ban_max_length_prefix_and_sample_rule_out_what_they_say():
     logp = torch.randn(4, 6).log_softmax(-1)
     tokens = torch.zeros(4, 0, dtype=torch.long)
     banned = BanIds([1, 3]).apply(0, logp.clone(), tokens)
-    assert banned[:, [1, 3]].eq(-math.inf).all() and torch.equal(banned[:, [0, 2, 4, 5]], logp[:, [0, 2, 4, 5]])
+    assert (banned[:, [1, 3]].eq(-math.inf).all()
+            and torch.equal(banned[:, [0, 2, 4, 5]], logp[:, [0, 2, 4, 5]]))
     limit = MaxLength(torch.tensor([1, 2, 3, 1]), eos_id=5)
-    assert torch.equal(limit.apply(0, logp.clone(), tokens)[1:3], logp[1:3])  # rows 1, 2 are not at their limit
+    # rows 1, 2 are not at their limit
+    assert torch.equal(limit.apply(0, logp.clone(), tokens)[1:3], logp[1:3])
     last = limit.apply(0, logp.clone(), tokens)
-    assert last[[0, 3], 5].tolist() == logp[[0, 3], 5].tolist() and last[[0, 3]].isfinite().sum() == 2
+    assert last[[0, 3], 5].tolist() == logp[[0,
+                                             3], 5].tolist() and last[[0, 3]].isfinite().sum() == 2
     prefix = Prefix([[4], [], [2, 2], [0]], "cpu")
     assert prefix.apply(0, logp.clone(), tokens).isfinite().sum(-1).tolist() == [1, 6, 1, 1]
     assert prefix.apply(1, logp.clone(), tokens).isfinite().sum(-1).tolist() == [6, 6, 1, 6]
     assert torch.equal(prefix.apply(2, logp.clone(), tokens), logp)
     drawn = Sample(1.0, [1, 2, 3, 4], "cpu").apply(0, logp.clone(), tokens)
     assert drawn.isfinite().sum(-1).tolist() == [1, 1, 1, 1]
-    assert torch.equal(drawn, Sample(1.0, [1, 2, 3, 4], "cpu").apply(0, logp.clone(), tokens))  # seeded
+    # seeded
+    assert torch.equal(drawn, Sample(1.0, [1, 2, 3, 4], "cpu").apply(0, logp.clone(), tokens))
 
 
 class NoRepeat:
@@ -60,11 +65,13 @@ class NoRepeat:
 
 @pytest.mark.parametrize("beam", [1, 3])
 def test_a_rule_sees_the_tokens_so_far_in_greedy_and_beam(reverser, beam):
-    srcs = [s + s[-1:] * 3 for s in sources(6, seed=5)]  # a source repeating a token: the reverser would too
+    # a source repeating a token: the reverser would too
+    srcs = [s + s[-1:] * 3 for s in sources(6, seed=5)]
     src, max_len = batch(srcs)
     rule = NoRepeat()
     if beam == 1:
-        outs = [h.tokens for h in greedy_search(reverser, src, max_len, bos_id=BOS, eos_id=EOS, rules=[rule])]
+        outs = [h.tokens for h in greedy_search(reverser, src, max_len, bos_id=BOS, eos_id=EOS,
+                                                rules=[rule])]
         free = [h.tokens for h in greedy_search(reverser, src, max_len, bos_id=BOS, eos_id=EOS)]
     else:
         search = dict(bos_id=BOS, eos_id=EOS, beam_size=beam)
@@ -72,4 +79,5 @@ def test_a_rule_sees_the_tokens_so_far_in_greedy_and_beam(reverser, beam):
         free = [n[0].tokens for n in beam_search(reverser, src, max_len, **search)]
     assert [t.shape for t in rule.seen[:3]] == [(6 * beam, 0), (6 * beam, 1), (6 * beam, 2)]
     assert all(a != b for out in outs for a, b in zip(out, out[1:], strict=False))
-    assert any(a == b for out in free for a, b in zip(out, out[1:], strict=False))  # the rule did something
+    # the rule did something
+    assert any(a == b for out in free for a, b in zip(out, out[1:], strict=False))

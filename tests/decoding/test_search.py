@@ -1,4 +1,5 @@
-"""Greedy decoding and `translate`: cache, eos, length limits, input order, awkward input, the CLI."""
+"""Greedy decoding and `translate`: cache, eos, length limits, input order, awkward input, the
+CLI."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from attn_mt.config import DecodeConfig
 from attn_mt.decoding.search import Greedy, greedy_search, steps
 from attn_mt.decoding.translate import max_lengths, translate, translate_nbest
 
-TEXTS = ["the dog sees the cat.", "", "a woman likes the old horses because the child finds a book.",
-         "   ", "the child finds a book.", "some birds.", "today the small man hears a red house."]
+TEXTS = ["the dog sees the cat.", "", "a woman likes the old horses because the child finds a "
+         "book.", "   ", "the child finds a book.", "some birds.",
+         "today the small man hears a red house."]
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +45,12 @@ def test_the_search_loop_yields_each_steps_tokens_and_ends_where_greedy_search_d
     chooser = Greedy(max_len, EOS)
     with torch.inference_mode():
         seen = list(steps(reverser, src, chooser, bos_id=BOS))
-    assert [ys.shape for ys in seen] == [(8, 2 + i) for i in range(len(seen))]  # bos, then a token a step
-    assert all(torch.equal(a, b[:, :-1]) for a, b in zip(seen[:-1], seen[1:], strict=True))  # rows stay in place
-    assert [n[0] for n in chooser.nbest(seen[-1])] == greedy_search(reverser, src, max_len, bos_id=BOS, eos_id=EOS)
+    # bos, then a token a step
+    assert [ys.shape for ys in seen] == [(8, 2 + i) for i in range(len(seen))]
+    # rows stay in place
+    assert all(torch.equal(a, b[:, :-1]) for a, b in zip(seen[:-1], seen[1:], strict=True))
+    assert ([n[0] for n in chooser.nbest(seen[-1])]
+            == greedy_search(reverser, src, max_len, bos_id=BOS, eos_id=EOS))
 
 
 def test_greedy_stops_at_eos_and_respects_max_len(reverser):
@@ -56,19 +61,22 @@ def test_greedy_stops_at_eos_and_respects_max_len(reverser):
     for h, n in zip(out, max_len.tolist(), strict=True):
         assert len(h.tokens) + 1 <= n and EOS not in h.tokens
     free = greedy_search(reverser, src, torch.full((16,), 40), bos_id=BOS, eos_id=EOS)
-    assert all(len(h.tokens) < 39 for h in free)  # the reverser ends by itself, long before the limit
+    # the reverser ends by itself, long before the limit
+    assert all(len(h.tokens) < 39 for h in free)
 
 
 def test_max_lengths_follow_a_times_src_plus_b_capped_by_the_model():
     lens = torch.tensor([1, 10, 100])
-    assert max_lengths(lens, DecodeConfig(max_len_a=1.5, max_len_b=10), limit=64).tolist() == [11, 25, 64]
+    assert (max_lengths(lens, DecodeConfig(max_len_a=1.5, max_len_b=10), limit=64).tolist()
+            == [11, 25, 64])
 
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_outputs_keep_input_order_for_any_batch_size(run, beam):
     model, cfg, tok = run
     texts = TEXTS * 3
-    outs = [translate(model, tok, texts, DecodeConfig(beam_size=beam, batch_size=b)) for b in (1, 3, 64)]
+    outs = [translate(model, tok, texts, DecodeConfig(beam_size=beam, batch_size=b))
+            for b in (1, 3, 64)]
     assert outs[0] == outs[1] == outs[2]
     assert [o == "" for o in outs[0]] == [t.strip() == "" for t in texts]
     alone = [translate(model, tok, [t], DecodeConfig(beam_size=beam))[0] for t in TEXTS]
@@ -96,7 +104,8 @@ def test_over_long_lines_are_truncated_with_one_warning(run, caplog):
     model, cfg, tok = run
     long = " ".join(["the dog sees the cat."] * 200)
     with caplog.at_level(logging.WARNING, logger="attn_mt.decoding.translate"):
-        out = translate(model, tok, [long, "a cat.", long], DecodeConfig(beam_size=2, max_len_a=0.1))
+        out = translate(model, tok, [long, "a cat.", long],
+                        DecodeConfig(beam_size=2, max_len_a=0.1))
     assert len(out) == 3
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "2 input line(s)" in warnings[0].getMessage()
@@ -104,8 +113,9 @@ def test_over_long_lines_are_truncated_with_one_warning(run, caplog):
 
 def test_any_unicode_translates(run):
     model, cfg, tok = run
-    texts = ["😀🎉 the dog 🐕", "猫が好きです。", "汉字 한국어 العربية", "a\x00b\x01\x07\x1b[31m red",
-             "\t\x0b\x0c\r", "\u200b\u2028\ufeff", "e\u0301\u0301", "\udcff lone surrogate", "\U0010ffff"]
+    texts = ["😀🎉 the dog 🐕", "猫が好きです。", "汉字 한국어 العربية",
+             "a\x00b\x01\x07\x1b[31m red", "\t\x0b\x0c\r", "\u200b\u2028\ufeff", "e\u0301\u0301",
+             "\udcff lone surrogate", "\U0010ffff"]
     for beam in (1, 3):
         out = translate(model, tok, texts, DecodeConfig(beam_size=beam))
         # each text is translated as it would be alone (no odd input disturbs its batch), and the
@@ -125,17 +135,20 @@ def test_cli_translate_jsonl_nbest(tiny_run):
     for row in rows:
         hyps = row["hypotheses"]
         assert len(hyps) == (2 if row["source"].strip() else 1)
-        assert hyps[0]["score"] >= hyps[-1]["score"] and {"text", "score", "log_prob"} <= set(hyps[0])
+        assert (hyps[0]["score"] >= hyps[-1]["score"]
+                and {"text", "score", "log_prob"} <= set(hyps[0]))
 
 
 def test_cli_translate_text_from_a_file(tiny_run, tmp_path):
     ckpt = str(tiny_run / "checkpoint_best.pt")
     (tmp_path / "in.txt").write_text("\n".join(TEXTS) + "\n")
-    base = ["translate", "--checkpoint", ckpt, "--input", str(tmp_path / "in.txt"), "--device", "cpu"]
+    base = ["translate", "--checkpoint", ckpt, "--input", str(tmp_path / "in.txt"), "--device",
+            "cpu"]
     one = CliRunner().invoke(app, [*base, "--beam", "3"])
     assert one.exit_code == 0, one.output
     lines = one.stdout.split("\n")[:-1]
-    assert len(lines) == len(TEXTS) and [line == "" for line in lines] == [not t.strip() for t in TEXTS]
+    assert (len(lines) == len(TEXTS)
+            and [line == "" for line in lines] == [not t.strip() for t in TEXTS])
     nbest = CliRunner().invoke(app, [*base, "--beam", "3", "--nbest", "2"])
     assert [line.split(" ||| ")[0] for line in nbest.stdout.splitlines()][:2] == ["0", "0"]
     bad = CliRunner().invoke(app, [*base, "--beam", "2", "--nbest", "3"])
@@ -146,8 +159,9 @@ def test_cli_translate_text_from_a_file(tiny_run, tmp_path):
 def test_cli_evaluate_takes_decoding_flags(tiny_run, tmp_path):
     (tmp_path / "src.txt").write_text("the dog sees the cat.\nsome birds.\n")
     (tmp_path / "ref.txt").write_text("der Hund sieht die Katze.\neinige Vögel.\n")
-    args = ["evaluate", "--checkpoint", str(tiny_run / "checkpoint_best.pt"), "--beam", "2", "--alpha", "0.8",
-            "--src", str(tmp_path / "src.txt"), "--ref", str(tmp_path / "ref.txt"), "--json"]
+    args = ["evaluate", "--checkpoint", str(tiny_run / "checkpoint_best.pt"), "--beam", "2",
+            "--alpha", "0.8", "--src", str(tmp_path / "src.txt"), "--ref",
+            str(tmp_path / "ref.txt"), "--json"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -158,9 +172,10 @@ def test_cli_evaluate_takes_decoding_flags(tiny_run, tmp_path):
 WEIRD = [
     "", "   ", "\t", "a", ".", "hello world",
     "the cat " * 3000,  # far past the model's position limit
-    "\x00\x01\x02 control \x1b[31m red \x7f", "zero\u200bwidth\u200djoiner\ufeff", "emoji 😀🎉👩‍👩‍👧",
-    "日本語のテキスト", "Ελληνικά και русский", "עברית والعربية", "देवनागरी ไทย", "\u0301\u0301 combining",
-    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 math", "\u2028line\u2029separators\x85", "\ufffd replacement", "a" * 20000,
+    "\x00\x01\x02 control \x1b[31m red \x7f", "zero\u200bwidth\u200djoiner\ufeff",
+    "emoji 😀🎉👩‍👩‍👧", "日本語のテキスト", "Ελληνικά και русский", "עברית والعربية",
+    "देवनागरी ไทย", "\u0301\u0301 combining", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 math", "\u2028line\u2029separators\x85",
+    "\ufffd replacement", "a" * 20000,
 ]
 
 
@@ -169,11 +184,13 @@ def test_translate_takes_any_line(tiny_run, tmp_path):
     out = translate(model, tok, WEIRD, cfg.decode)
     assert len(out) == len(WEIRD) and all(isinstance(t, str) for t in out) and out[0] == ""
     assert translate(model, tok, [], cfg.decode) == []
-    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", input="\n".join(WEIRD) + "\n")
+    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt",
+                 input="\n".join(WEIRD) + "\n")
     assert result.exit_code == 0, result.output
     assert result.stdout.count("\n") == len(WEIRD)
     (tmp_path / "in.txt").write_text("\n".join(WEIRD) + "\n", encoding="utf-8")
-    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "-i", tmp_path / "in.txt")
+    result = cli("translate", "--checkpoint", tiny_run / "checkpoint_best.pt", "-i",
+                 tmp_path / "in.txt")
     assert result.exit_code == 0, result.output
 
 
@@ -182,10 +199,12 @@ def test_interrupt_runs_before_every_decoder_step_and_abandons_the_call(run, bea
     model, cfg, tok = run
     dcfg = DecodeConfig(beam_size=beam, nbest=1, batch_size=2)
     steps, decode = [], model.decode
-    model.decode = lambda *a, **k: steps.append("decode") or decode(*a, **k)  # counts the model's steps
+    # counts the model's steps
+    model.decode = lambda *a, **k: steps.append("decode") or decode(*a, **k)
     try:
         translate_nbest(model, tok, TEXTS, dcfg, interrupt=lambda: steps.append("check"))
-        assert steps[::2] == ["check"] * (len(steps) // 2) and steps[1::2] == ["decode"] * (len(steps) // 2)
+        assert (steps[::2] == ["check"] * (len(steps) // 2)
+                and steps[1::2] == ["decode"] * (len(steps) // 2))
 
         class Gone(Exception):
             pass

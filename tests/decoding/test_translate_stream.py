@@ -1,4 +1,5 @@
-"""attn-mt translate, live: a prompt on a terminal, and --stream on a pipe answer each line before the next."""
+"""attn-mt translate, live: a prompt on a terminal, and --stream on a pipe answer each line before
+the next."""
 
 import os
 import select
@@ -19,7 +20,8 @@ runner = CliRunner()
 
 
 def _command(checkpoint: Path) -> list[str]:
-    return [sys.executable, "-m", "attn_mt", "--quiet", "translate", "--checkpoint", str(checkpoint), "--beam", "1"]
+    return [sys.executable, "-m", "attn_mt", "--quiet", "translate", "--checkpoint",
+            str(checkpoint), "--beam", "1"]
 
 
 def _read_until(fd: int, token: bytes, timeout: float = 60.0) -> bytes:
@@ -38,13 +40,15 @@ def _read_until(fd: int, token: bytes, timeout: float = 60.0) -> bytes:
 
 
 def _expected(checkpoint: Path) -> list[str]:
-    result = runner.invoke(app, ["translate", "--checkpoint", str(checkpoint), "--beam", "1", *LINES])
+    result = runner.invoke(app, ["translate", "--checkpoint", str(checkpoint), "--beam", "1",
+                                 *LINES])
     assert result.exit_code == 0, result.output
     return result.stdout.splitlines()
 
 
 def _exported_or_checkpoint(tiny_run: Path, tmp_path: Path) -> Path:
-    """The CTranslate2 export of the tiny run where ctranslate2 is installed, else its checkpoint."""
+    """The CTranslate2 export of the tiny run where ctranslate2 is installed, else its
+    checkpoint."""
     try:
         from attn_mt.export.ctranslate2 import export_ct2
 
@@ -60,15 +64,18 @@ def test_terminal_gets_a_prompt_and_each_line_is_translated_as_entered(tiny_run)
     checkpoint = tiny_run / "checkpoint_best.pt"
     expected = _expected(checkpoint)
     master, slave = os.openpty()
-    proc = subprocess.Popen(_command(checkpoint), stdin=slave, stdout=slave, stderr=slave, cwd=ROOT, env=ENV)
+    proc = subprocess.Popen(_command(checkpoint), stdin=slave, stdout=slave, stderr=slave, cwd=ROOT,
+                            env=ENV)
     os.close(slave)
     try:
         assert _read_until(master, b"> ").endswith(b"> ")  # the prompt, before any input
         for line, translation in zip(LINES, expected, strict=True):
             os.write(master, line.encode() + b"\n")
-            seen = _read_until(master, b"> ").decode()  # the terminal echoes the line, then our answer
+            # the terminal echoes the line, then our answer
+            seen = _read_until(master, b"> ").decode()
             lines = [x for x in seen.replace("\r", "").split("\n") if x.strip()]
-            assert lines == [line, *[translation] * bool(translation.strip()), "> "], seen  # and the next prompt
+            # and the next prompt
+            assert lines == [line, *[translation] * bool(translation.strip()), "> "], seen
         os.write(master, b"\x04")  # Ctrl-D: end of input
         assert proc.wait(timeout=60) == 0
     finally:
@@ -97,10 +104,12 @@ def test_stream_answers_each_line_before_the_next_arrives(tiny_run, tmp_path):
 def test_stream_and_batched_output_agree(tiny_run):
     ckpt = str(tiny_run / "checkpoint_best.pt")
     text = "\n".join([*LINES, "", LINES[0]]) + "\n"
-    batched = runner.invoke(app, ["translate", "--checkpoint", ckpt, "--format", "jsonl"], input=text)
-    streamed = runner.invoke(app, ["translate", "--checkpoint", ckpt, "--format", "jsonl", "--stream"], input=text)
+    batched = runner.invoke(app, ["translate", "--checkpoint", ckpt, "--format", "jsonl"],
+                            input=text)
+    streamed = runner.invoke(app, ["translate", "--checkpoint", ckpt, "--format", "jsonl",
+                                   "--stream"], input=text)
     assert batched.exit_code == streamed.exit_code == 0
     assert streamed.stdout == batched.stdout and streamed.stdout.count("\n") == 4
-    nbest = runner.invoke(app, ["translate", "--checkpoint", ckpt, "--beam", "3", "--nbest", "2", "--stream",
-                                *LINES])
+    nbest = runner.invoke(app, ["translate", "--checkpoint", ckpt, "--beam", "3", "--nbest", "2",
+                                "--stream", *LINES])
     assert [line.split(" ||| ")[0] for line in nbest.stdout.splitlines()] == ["0", "0", "1", "1"]

@@ -14,8 +14,10 @@ def test_export_scores_equal_the_checkpoints(tiny_run, tiny_ct2):
 
     pairs = make_toy_corpus(300)["test"][:20]
     sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
-    refs[3], refs[5] = "", " ".join([refs[5]] * 60)  # an empty target, and one over the position limit
-    ours = checkpoint_translator(tiny_run / "checkpoint_best.pt", "cpu").score(sources, refs, batch_size=7)
+    # an empty target, and one over the position limit
+    refs[3], refs[5] = "", " ".join([refs[5]] * 60)
+    ours = checkpoint_translator(tiny_run / "checkpoint_best.pt", "cpu").score(
+        sources, refs, batch_size=7)
     theirs = score_texts(load_exported(tiny_ct2), sources, refs, batch_size=7)
     assert export_translator(tiny_ct2, "cpu").score(sources, refs) == theirs
     for a, b in zip(ours, theirs, strict=True):
@@ -29,7 +31,8 @@ def test_contrastive_accuracy_of_the_export_is_the_checkpoints(tiny_run, tiny_ct
     from attn_mt.imports.ct2_translator import export_translator
 
     items = items_from_records(contrastive_records(make_pronoun_corpus(200, seed=0)["test"]))[:20]
-    a = evaluate_contrastive(checkpoint_translator(tiny_run / "checkpoint_best.pt", "cpu").score, items)
+    a = evaluate_contrastive(checkpoint_translator(tiny_run / "checkpoint_best.pt", "cpu").score,
+                             items)
     b = evaluate_contrastive(export_translator(tiny_ct2, "cpu").score, items)
     assert a.results == b.results
     src, ref = toy_test_files(tmp_path, 4)

@@ -33,14 +33,16 @@ def test_publish_into_an_empty_or_absent_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     publish(tmp_path / "empty", _writer(x="1"))
     publish(tmp_path / "new" / "deeper", _writer(x="1"))
-    assert (tmp_path / "empty" / "x").read_text() == (tmp_path / "new" / "deeper" / "x").read_text() == "1"
+    assert ((tmp_path / "empty" / "x").read_text()
+            == (tmp_path / "new" / "deeper" / "x").read_text() == "1")
 
 
 def test_publish_never_deletes_user_files(tmp_path):
     out = tmp_path / "ex"
     publish(out, _writer(**{"model.bin": "old"}))
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(FolderError, match=r"ex: holds files an earlier export did not write: notes\.txt"):
+    with pytest.raises(FolderError, match=r"ex: holds files an earlier export did not write: "
+                       r"notes\.txt"):
         publish(out, _writer(**{"model.bin": "new"}))
     assert (out / "notes.txt").read_text() == "mine" and (out / "model.bin").read_text() == "old"
     other = tmp_path / "other"
@@ -88,11 +90,13 @@ def test_publish_into_the_working_directory(tmp_path, monkeypatch):
     publish(Path("."), _writer(**{"a.bin": "1", "sub/b.txt": "2"}))  # `attn-mt export --out .`
     publish(Path("."), _writer(**{"c.bin": "3"}))  # replaces the earlier export
     assert sorted(p.name for p in Path(".").iterdir()) == [MANIFEST, "c.bin"]
-    assert here.stat().st_ino == inode and Path.cwd().samefile(here)  # the shell's folder still exists
+    # the shell's folder still exists
+    assert here.stat().st_ino == inode and Path.cwd().samefile(here)
     assert _siblings(here) == ["ex"]  # no temporary folder left beside it
     (here / "notes.txt").write_text("mine")
     with pytest.raises(FolderError, match="notes.txt"):
         publish(Path("."), _writer(x="1"))
     monkeypatch.chdir(here / "..")
-    publish(Path("ex/sub"), _writer(y="1"))  # not the working directory: renamed into place as always
+    # not the working directory: renamed into place as always
+    publish(Path("ex/sub"), _writer(y="1"))
     assert (here / "sub" / "y").exists()

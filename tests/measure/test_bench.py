@@ -35,21 +35,26 @@ def test_bench_cli_writes_every_figure(tmp_path, tiny_run):
     r = json.loads(out.read_text())
     precisions = list(r["matmul_peak_gflops"])
     assert precisions == precisions_for(torch.device("cpu")) and r["device"] == "cpu"
-    assert r["threads"] == torch.get_num_threads() == 1 and r["torch"] == torch.__version__  # conftest: one thread
+    # conftest: one thread
+    assert r["threads"] == torch.get_num_threads() == 1 and r["torch"] == torch.__version__
     assert {(row["model"], row["precision"]) for row in r["train"]} == {
         (m, p) for m in ("ours", "ours_refattn", "torch") for p in precisions}
     by = {(row["model"], row["precision"]): row for row in r["train"]}
-    # every model is timed on the same batches: tokens/s x seconds per step is the same tokens per step
+    # every model is timed on the same batches: tokens/s x seconds per step is the same tokens per
+    # step
     per_step = {round(row["tokens_per_s"] * row["step_s"]) for row in r["train"]}
     assert len(per_step) == 1 and per_step.pop() >= 100
     for p in precisions:
         assert r["ours_tokens_per_s"][p] == by["ours", p]["tokens_per_s"]
         assert r["reference_tokens_per_s"][p] == by["torch", p]["tokens_per_s"]
-        assert r["ratio"][p] == pytest.approx(r["ours_tokens_per_s"][p] / r["reference_tokens_per_s"][p])
-        for m in ("ours", "ours_refattn", "torch"):  # GFLOP/s from the FLOPs formula, MFU against the peak
+        assert r["ratio"][p] == pytest.approx(r["ours_tokens_per_s"][p]
+                                              / r["reference_tokens_per_s"][p])
+        # GFLOP/s from the FLOPs formula, MFU against the peak
+        for m in ("ours", "ours_refattn", "torch"):
             row = by[m, p]
             assert row["gflops"] == pytest.approx(r["flops_per_token"] * row["tokens_per_s"] / 1e9)
-            assert r["mfu"][m][p] == pytest.approx(row["gflops"] / r["matmul_peak_gflops"][p]) and r["mfu"][m][p] < 1
+            assert (r["mfu"][m][p] == pytest.approx(row["gflops"] / r["matmul_peak_gflops"][p])
+                    and r["mfu"][m][p] < 1)
     assert 0 < r["data_share"] < 1
     assert {(t["search"], t["precision"]) for t in r["translate"]} == {
         (s, p) for s in ("greedy", "beam5") for p in precisions}
@@ -62,8 +67,10 @@ def test_bench_cli_writes_every_figure(tmp_path, tiny_run):
 def test_reference_has_our_parameter_count(norm_first, shared):
     cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, norm_first=norm_first)
     sizes = dict(src_vocab=50, tgt_vocab=50 if shared else 40, pad_id=0, shared_vocab=shared)
-    ours, ref = count_params(build_model(cfg, **sizes)), count_params(TorchTransformer(cfg, **sizes))
-    # post-norm: nn.Transformer keeps a final LayerNorm on both stacks, ours does not (4 D parameters)
+    ours, ref = (count_params(build_model(cfg, **sizes)),
+                 count_params(TorchTransformer(cfg, **sizes)))
+    # post-norm: nn.Transformer keeps a final LayerNorm on both stacks, ours does not (4 D
+    # parameters)
     assert ref - ours == (0 if norm_first else 4 * cfg.d_model)
     out = TorchTransformer(cfg, **sizes)(torch.randint(1, 40, (3, 7)), torch.randint(1, 40, (3, 5)))
     assert out.shape == (3, 5, sizes["tgt_vocab"])
@@ -81,18 +88,20 @@ def test_train_flops_by_hand():
 def test_train_flops_match_torch_flop_counter():
     """The formula equals what torch counts for a forward pass of one unpadded sentence pair
     (on the reference attention path: FlopCounterMode does not count the CPU flash SDPA kernel)."""
-    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=48, dropout=0.0, attention="reference")
+    cfg = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=48, dropout=0.0,
+                            attention="reference")
     model = build_model(cfg, src_vocab=50, tgt_vocab=50, pad_id=0, shared_vocab=True).eval()
     src, tgt = torch.randint(1, 50, (1, 9)), torch.randint(1, 50, (1, 6))
     with FlopCounterMode(display=False) as counter:
         model(src, tgt)
-    assert 3 * counter.get_total_flops() == train_flops(cfg, 50, torch.tensor([9]), torch.tensor([6]))
+    assert 3 * counter.get_total_flops() == train_flops(cfg, 50, torch.tensor([9]),
+                                                        torch.tensor([6]))
 
 
 @pytest.mark.parametrize("json_out", ["none/b.json", "b.txt", "c.json"])
 def test_bench_checks_its_json_before_any_work(tmp_path, monkeypatch, json_out):
-    """A --json in a missing folder, of another kind, or over the config: one line naming --json before the
-    benchmark starts (run_bench fails if called); the API refuses it the same way."""
+    """A --json in a missing folder, of another kind, or over the config: one line naming --json
+    before the benchmark starts (run_bench fails if called); the API refuses it the same way."""
     def work(*args, **kwargs):
         raise AssertionError("the benchmark ran")
 
@@ -108,9 +117,11 @@ def test_bench_checks_its_json_before_any_work(tmp_path, monkeypatch, json_out):
 
 @pytest.mark.parametrize("optimizer", ["muon", "adamw"])
 def test_bench_times_adamw_beside_another_optimizer_and_the_parts_of_a_step(tiny_cfg, optimizer):
-    """With train.optimizer=muon an ours_adamw row per precision (same batches, same rounds) and the ratio of the
-    step times; with AdamW no such row. The parts of our step come after the rows, in the JSON and the text."""
-    r = attn_mt.measure.bench.run_bench(tiny_cfg(f"train.optimizer={optimizer}", "train.precision=auto"),
+    """With train.optimizer=muon an ours_adamw row per precision (same batches, same rounds) and the
+    ratio of the step times; with AdamW no such row. The parts of our step come after the rows, in
+    the JSON and the text."""
+    r = attn_mt.measure.bench.run_bench(tiny_cfg(f"train.optimizer={optimizer}",
+                                                 "train.precision=auto"),
                                         repeats=1, steps=1)
     precisions = list(r["matmul_peak_gflops"])
     by = {(row["model"], row["precision"]): row for row in r["train"]}

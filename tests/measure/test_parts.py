@@ -1,4 +1,5 @@
-"""The parts of a training step (attn_mt/measure/parts.py): all there, positive, tiling the real step."""
+"""The parts of a training step (attn_mt/measure/parts.py): all there, positive, tiling the real
+step."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from attn_mt.measure.prelude import prelude
 from attn_mt.models import build_model
 from attn_mt.training.trainer import Trainer
 
-EVERY_PART = ("train.optimizer=muon", "train.ema_decay=0.99", "train.clip_norm=1.0")  # EMA on: all nine parts
+# EMA on: all nine parts
+EVERY_PART = ("train.optimizer=muon", "train.ema_decay=0.99", "train.clip_norm=1.0")
 
 
 def trainer(cfg) -> Trainer:
@@ -35,8 +37,8 @@ def test_every_part_is_timed_and_the_parts_add_up_to_the_step(tiny_cfg):
 
 
 def test_the_parts_tile_one_step_and_leave_it_as_it_was(tiny_cfg):
-    """A step with timers: its parts sum to the step's time measured around it, it trains exactly as a plain
-    step, and the timers are gone after it. Without EMA there is no ema part."""
+    """A step with timers: its parts sum to the step's time measured around it, it trains exactly as
+    a plain step, and the timers are gone after it. Without EMA there is no ema part."""
     timed, plain = trainer(tiny_cfg()), trainer(tiny_cfg())
     for _ in range(3):
         t0 = time.perf_counter()
@@ -44,8 +46,10 @@ def test_the_parts_tile_one_step_and_leave_it_as_it_was(tiny_cfg):
         outside = time.perf_counter() - t0
         whole_step(plain, time.perf_counter)
         assert set(seconds) == set(PARTS) - {"ema"} and all(s > 0 for s in seconds.values())
-        assert sum(seconds.values()) <= outside and sum(seconds.values()) == pytest.approx(outside, rel=0.2)
-    assert "update" not in vars(timed) and timed.net is timed.model and "scale" not in vars(timed.scaler)
+        assert (sum(seconds.values()) <= outside
+                and sum(seconds.values()) == pytest.approx(outside, rel=0.2))
+    assert ("update" not in vars(timed) and timed.net is timed.model
+            and "scale" not in vars(timed.scaler))
     assert not {"before", "after"} & set(vars(timed.checks))
     for a, b in zip(timed.model.parameters(), plain.model.parameters(), strict=True):
         assert torch.equal(a, b)

@@ -1,4 +1,5 @@
-"""The timing helpers every measurement shares: rotating rounds, timed calls, counted calls, load meter."""
+"""The timing helpers every measurement shares: rotating rounds, timed calls, counted calls, load
+meter."""
 
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ def test_rounds_rotate_so_no_contestant_always_goes_first():
     order: list[str] = []
     fns = {name: (lambda name=name: order.append(name) or 0.5) for name in "abc"}
     seen = []
-    times = timing.alternate(fns, 3, warmup=True, after=lambda name, r, s: seen.append((name, r, s)))
-    assert order == list("abc" "bca" "cab" "abc")  # the warm-up round, then 3 rounds, each starting one later
-    assert times == {name: [0.5] * 4 for name in "abc"}  # the warm-up round's time first in every list
+    times = timing.alternate(fns, 3, warmup=True, after=lambda name, r,
+                             s: seen.append((name, r, s)))
+    # the warm-up round, then 3 rounds, each starting one later
+    assert order == list("abc" "bca" "cab" "abc")
+    # the warm-up round's time first in every list
+    assert times == {name: [0.5] * 4 for name in "abc"}
     assert seen[:4] == [("a", 0, 0.5), ("b", 0, 0.5), ("c", 0, 0.5), ("b", 1, 0.5)]
 
 
@@ -34,7 +38,8 @@ def test_two_contestants_simply_alternate_and_none_is_fine():
 
 
 def test_timed_returns_the_seconds_of_the_call():
-    seconds = timing.timed(lambda: time.sleep(0.05), torch.device("cpu"))()  # a call that takes 0.05 s at least
+    # a call that takes 0.05 s at least
+    seconds = timing.timed(lambda: time.sleep(0.05), torch.device("cpu"))()
     assert 0.05 <= seconds < 1.0
     assert timing.timed(lambda: None)() < 0.05  # well under the sleep: not the same call's time
 
@@ -47,7 +52,8 @@ def test_load_meter_reports_the_window():
     inner = time.perf_counter() - inner
     load = meter.stop()
     outer = time.perf_counter() - outer
-    assert set(load) == {"seconds", "background_cores", "own_cores", "loadavg_1min_start", "loadavg_1min_end"}
+    assert set(load) == {"seconds", "background_cores", "own_cores", "loadavg_1min_start",
+                         "loadavg_1min_end"}
     assert 0 <= load["own_cores"] < 0.5  # asleep: this process used little of a core
     # the window between start and stop (in tenths), whatever the load
     assert 0.3 <= inner and round(inner, 1) <= load["seconds"] <= round(outer, 1)
@@ -57,8 +63,9 @@ def test_load_meter_reports_the_window():
 def test_load_meter_sees_another_process_keep_a_core_busy():
     """A child spinning on one core for the whole window counts as about one background core (other
     processes on the machine can only add to it); this process's own work is not counted."""
-    spin = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 5\nprint(flush=True)\n"
-                             "while time.time() < end: pass"], stdout=subprocess.PIPE)
+    spin = subprocess.Popen([sys.executable, "-c",
+                             "import time\nend = time.time() + 5\nprint(flush=True)\nwhile "
+                             "time.time() < end: pass"], stdout=subprocess.PIPE)
     try:
         spin.stdout.readline()  # the child is running
         meter = timing.LoadMeter().start()
@@ -72,7 +79,8 @@ def test_load_meter_sees_another_process_keep_a_core_busy():
     assert load["background_cores"] >= 0.6
 
 
-@pytest.mark.parametrize("cfg", [TransformerConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64, max_positions=16),
+@pytest.mark.parametrize("cfg", [TransformerConfig(d_model=32, n_heads=2, n_layers=1, d_ff=64,
+                                                   max_positions=16),
                                  RNNConfig(d_embed=16, d_hidden=16, d_attn=16, max_positions=16)],
                          ids=["transformer", "rnn"])
 def test_length_scaling_times_each_model_at_each_length(cfg):
@@ -83,13 +91,15 @@ def test_length_scaling_times_each_model_at_each_length(cfg):
         def update(self, n):
             ticks.append(n)
 
-    rows = timing.length_scaling({kind: model}, [4, 8, 32], 32, 50, 2, torch.device("cpu"), contextlib.nullcontext,
-                                 Bar())
-    assert [r["length"] for r in rows] == [4, 8, 32] and [r["batch_size"] for r in rows] == [8, 4, 1]
+    rows = timing.length_scaling({kind: model}, [4, 8, 32], 32, 50, 2, torch.device("cpu"),
+                                 contextlib.nullcontext, Bar())
+    assert ([r["length"] for r in rows] == [4, 8, 32]
+            and [r["batch_size"] for r in rows] == [8, 4, 1])
     assert rows[0][f"{kind}_ms"] > 0 and rows[0][f"{kind}_mb"] > 0
     assert rows[2][f"{kind}_ms"] is None  # longer than the model's positions: not timed
     assert rows[1][f"{kind}_sequential_steps"] == (8 if kind == "rnn" else 1)
-    assert rows[0][f"{kind}_spread"] >= 0 and rows[0][f"{kind}_outliers"] == 0  # two rounds: none is an outlier
+    # two rounds: none is an outlier
+    assert rows[0][f"{kind}_spread"] >= 0 and rows[0][f"{kind}_outliers"] == 0
     assert len(ticks) == 2 * 2  # two rounds at each length that fits
 
 
@@ -100,7 +110,8 @@ def _burn(seconds: float) -> None:
 
 
 def test_the_cpu_clock_counts_only_this_process_working():
-    """Time the process waits (asleep here, descheduled on a busy machine) is on the wall clock, not the CPU one."""
+    """Time the process waits (asleep here, descheduled on a busy machine) is on the wall clock, not
+    the CPU one."""
     with timing.watch("cpu") as cpu, timing.watch("wall") as wall:
         time.sleep(0.3)
         _burn(0.1)
@@ -111,10 +122,13 @@ def test_the_cpu_clock_counts_only_this_process_working():
 
 
 def test_robust_median_drops_an_interrupted_round():
-    assert timing.robust_median([0.100, 0.104, 5.0]) == (pytest.approx(0.102), pytest.approx(0.04 / 1.02), 1)
+    assert timing.robust_median([0.100, 0.104, 5.0]) == (pytest.approx(0.102),
+                                                         pytest.approx(0.04 / 1.02), 1)
     assert timing.robust_median([1.0, 1.05, 1.08, 1.1, 9.0, 7.0])[2] == 2  # two slow rounds of six
-    assert timing.robust_median([1.0, 1.09, 0.95]) == (1.0, pytest.approx(0.14), 0)  # close rounds: all kept
-    assert timing.robust_median([2.0, 2.0, 2.0, 3.0]) == (2.0, 0.0, 1)  # no spread among most: the odd one goes
+    # close rounds: all kept
+    assert timing.robust_median([1.0, 1.09, 0.95]) == (1.0, pytest.approx(0.14), 0)
+    # no spread among most: the odd one goes
+    assert timing.robust_median([2.0, 2.0, 2.0, 3.0]) == (2.0, 0.0, 1)
     assert timing.robust_median([1.0, 3.0])[:2] == (2.0, 1.0)  # two rounds: no majority to judge by
     with pytest.raises(ValueError):
         timing.robust_median([])
@@ -125,19 +139,23 @@ def _load(background, own):
 
 
 def test_untrusted_says_when_the_load_starved_the_clock():
-    """Wall clock: others took cores torch's threads needed. CPU clock, one thread: only a nearly starved process.
-    CPU clock, two threads: a thread waiting for a descheduled one spins, so as the wall clock."""
+    """Wall clock: others took cores torch's threads needed. CPU clock, one thread: only a nearly
+    starved process. CPU clock, two threads: a thread waiting for a descheduled one spins, so as the
+    wall clock."""
     busy, quiet = {"training": _load(1.4, 0.6)}, {"training": _load(0.05, 1.9)}
-    assert timing.untrusted(quiet, "wall", 2, 2) == [] and timing.untrusted(quiet, "cpu", 2, 2) == []
+    assert (timing.untrusted(quiet, "wall", 2, 2) == [] and timing.untrusted(quiet, "cpu", 2, 2)
+            == [])
     [reason] = timing.untrusted(busy, "wall", 2, 2)
     assert reason.startswith("training: other processes kept 1.40 of 2 cores busy")
-    assert timing.untrusted({"training": _load(1.2, 0.8)}, "wall", 1, 2) == []  # a core for them, 0.2 of ours
+    # a core for them, 0.2 of ours
+    assert timing.untrusted({"training": _load(1.2, 0.8)}, "wall", 1, 2) == []
     assert "0.40 of the cores torch's 1 threads needed" in timing.untrusted(busy, "wall", 1, 2)[0]
     assert timing.untrusted(busy, "cpu", 1, 2) == []
     assert "count as CPU time" in timing.untrusted(busy, "cpu", 2, 2)[0]
     starved = {"length_scaling": _load(1.9, 0.05), "decoding": _load(1.8, 0.2)}
     assert [r.split(":")[0] for r in timing.untrusted(starved, "cpu", 1, 2)] == ["length scaling"]
-    assert timing.untrusted({"training": _load(None, 0.5)}, "wall", 2, 2) == []  # not measurable: no claim
+    # not measurable: no claim
+    assert timing.untrusted({"training": _load(None, 0.5)}, "wall", 2, 2) == []
 
 
 def test_noisy_rows_names_the_scattered_timings():

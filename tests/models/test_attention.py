@@ -2,7 +2,13 @@ import torch
 
 from attn_mt.config import TransformerConfig
 from attn_mt.models import build_model
-from attn_mt.models.attention import CrossAttention, SelfAttention, attention, causal_mask, padding_mask
+from attn_mt.models.attention import (
+    CrossAttention,
+    SelfAttention,
+    attention,
+    causal_mask,
+    padding_mask,
+)
 
 
 def both_paths(mha, *args, **kwargs):
@@ -34,7 +40,8 @@ def test_reference_hands_back_its_steps():
     steps = {}
     _, w = attention(q, k, v, mask, trace=steps)
     torch.testing.assert_close(steps["scores"], q @ k.transpose(-1, -2))
-    torch.testing.assert_close(steps["scaled"], steps["scores"] / 8**0.5)  # unmasked: the masked key shows too
+    # unmasked: the masked key shows too
+    torch.testing.assert_close(steps["scaled"], steps["scores"] / 8**0.5)
     assert torch.all(w[..., 2] == 0)
 
 

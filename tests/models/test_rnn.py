@@ -1,4 +1,5 @@
-"""The RNN baseline: shapes, source masking, caching, overfitting, training, checkpoints, beam search."""
+"""The RNN baseline: shapes, source masking, caching, overfitting, training, checkpoints, beam
+search."""
 
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def test_cached_decoding_matches_full_decoding():
     memory = model.encode(src, mask)
     full = model.decode(tgt, memory, mask)
     cache = model.new_cache()
-    steps = [model.decode(tgt[:, :2], memory, mask, cache)]  # several positions at once, then one by one
+    # several positions at once, then one by one
+    steps = [model.decode(tgt[:, :2], memory, mask, cache)]
     steps += [model.decode(tgt[:, t : t + 1], memory, mask, cache) for t in range(2, 5)]
     assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
 
@@ -146,7 +148,8 @@ def test_trains_through_the_shared_loop(rnn_run):
     model, cfg, tok = checkpoint.load_model(best)
     assert isinstance(model, RNNSeq2Seq) and cfg.model.kind == "rnn"
     assert results["params"] == sum(p.numel() for p in model.parameters())
-    # the reported score is sacrebleu's on the run's own test texts, and those are the tested model's
+    # the reported score is sacrebleu's on the run's own test texts, and those are the tested
+    # model's
     hyps = (run_dir / "test_hyps.txt").read_text(encoding="utf-8").splitlines()
     sources = (run_dir / "test.en").read_text(encoding="utf-8").splitlines()
     refs = (run_dir / "test.de").read_text(encoding="utf-8").splitlines()
@@ -177,7 +180,8 @@ def test_beam_search(rnn_run, monkeypatch):
     calls = []
     reorder = RNNCache.reorder
     monkeypatch.setattr(RNNCache, "reorder", lambda c, i: calls.append(i) or reorder(c, i))
-    texts = ["the small dog sees the cat.", "a woman likes the old horses.", "the child finds a book."]
+    texts = ["the small dog sees the cat.", "a woman likes the old horses.",
+             "the child finds a book."]
     nbest = translate_nbest(model, tok, texts, DecodeConfig(beam_size=4, nbest=4))
     assert calls, "beam search never reordered the RNN's cache"
     # four hypotheses per sentence, best first, and the best one is what translate returns

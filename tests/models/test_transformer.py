@@ -8,9 +8,10 @@ from attn_mt.models import build_model
 
 def make(**kw):
     torch.manual_seed(0)
-    cfg = TransformerConfig(**{"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64, "dropout": 0.0, **kw})
-    return build_model(cfg, src_vocab=40, tgt_vocab=30 if not kw.get("shared", True) else 40, pad_id=0,
-                       shared_vocab=True)
+    cfg = TransformerConfig(**{"d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64,
+                               "dropout": 0.0, **kw})
+    return build_model(cfg, src_vocab=40, tgt_vocab=30 if not kw.get("shared", True) else 40,
+                       pad_id=0, shared_vocab=True)
 
 
 def test_shapes_encode_decode():
@@ -26,9 +27,10 @@ def test_tied_embeddings():
     model = make()
     assert model.src_embed is model.tgt_embed
     assert model.out_proj.weight is model.tgt_embed.weight
-    separate = build_model(TransformerConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64), src_vocab=40,
-                           tgt_vocab=30, pad_id=0, shared_vocab=False)
-    assert separate.src_embed is not separate.tgt_embed and separate.out_proj.weight is separate.tgt_embed.weight
+    separate = build_model(TransformerConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64),
+                           src_vocab=40, tgt_vocab=30, pad_id=0, shared_vocab=False)
+    assert (separate.src_embed is not separate.tgt_embed
+            and separate.out_proj.weight is separate.tgt_embed.weight)
     untied = make(tie_embeddings=False)
     assert untied.out_proj.weight is not untied.tgt_embed.weight
 
@@ -81,19 +83,23 @@ def test_separate_attention_and_activation_dropout():
 
 
 @pytest.mark.parametrize("kw", [dict(qk_norm=True), dict(norm="rms"), dict(activation="relu2"),
-                                dict(activation="gelu"), dict(activation="swiglu"), dict(zero_init=True),
-                                dict(positions="rotary", qk_norm=True), dict(positions="learned")],
-                         ids=["qk_norm", "rms", "relu2", "gelu", "swiglu", "zero_init", "rotary", "learned"])
+                                dict(activation="gelu"), dict(activation="swiglu"),
+                                dict(zero_init=True), dict(positions="rotary", qk_norm=True),
+                                dict(positions="learned")],
+                         ids=["qk_norm", "rms", "relu2", "gelu", "swiglu", "zero_init", "rotary",
+                              "learned"])
 def test_speedrun_layers_decode_step_by_step_as_in_one_pass(kw):
     model = make(**kw).eval()
     with torch.no_grad():
-        for p in model.parameters():  # zero_init's zeros and the norms' ones made noisy: every weight counts
+        # zero_init's zeros and the norms' ones made noisy: every weight counts
+        for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
     src, tgt = torch.randint(4, 40, (3, 7)), torch.randint(4, 40, (3, 5))
     mask = model.src_mask(src)
     memory = model.encode(src, mask)
     cache = model.new_cache()
-    steps = torch.cat([model.decode(tgt[:, i : i + 1], memory, mask, cache) for i in range(5)], dim=1)
+    steps = torch.cat([model.decode(tgt[:, i : i + 1], memory, mask, cache) for i in range(5)],
+                      dim=1)
     torch.testing.assert_close(steps, model.decode(tgt, memory, mask), atol=1e-5, rtol=0)
 
 
@@ -101,17 +107,21 @@ def test_speedrun_layers_are_what_they_say():
     plain, qk, rms = make(), make(qk_norm=True), make(norm="rms")
     assert isinstance(qk.encoder[0].self_attn.q_norm, torch.nn.RMSNorm)
     assert isinstance(plain.encoder[0].self_attn.k_norm, torch.nn.Identity)
-    assert isinstance(rms.enc_norm, torch.nn.RMSNorm) and isinstance(rms.decoder[0].sub[2].norm, torch.nn.RMSNorm)
+    assert (isinstance(rms.enc_norm, torch.nn.RMSNorm)
+            and isinstance(rms.decoder[0].sub[2].norm, torch.nn.RMSNorm))
     x = torch.randn(4, 32)
     assert torch.equal(make(activation="relu2").encoder[0].ff[1](x), F.relu(x) ** 2)
     glu = make(activation="swiglu")
     n = sum(p.numel() for p in glu.encoder[0].ff.parameters())
-    assert abs(n - sum(p.numel() for p in plain.encoder[0].ff.parameters())) <= 32 * 3  # equal weights, +- rounding
+    # equal weights, +- rounding
+    assert abs(n - sum(p.numel() for p in plain.encoder[0].ff.parameters())) <= 32 * 3
     zero = make(zero_init=True)
-    assert not zero.encoder[0].self_attn.out_proj.weight.any() and not zero.decoder[1].ff[-1].weight.any()
+    assert (not zero.encoder[0].self_attn.out_proj.weight.any()
+            and not zero.decoder[1].ff[-1].weight.any())
     src = torch.randint(4, 40, (2, 6))
     emb = zero._embed(zero.src_embed, zero.pos, src)
-    torch.testing.assert_close(zero.encode(src, zero.src_mask(src)), zero.enc_norm(emb))  # layers add nothing yet
+    # layers add nothing yet
+    torch.testing.assert_close(zero.encode(src, zero.src_mask(src)), zero.enc_norm(emb))
 
 
 def test_z_loss_adds_the_squared_log_normaliser_of_real_tokens():
@@ -125,5 +135,6 @@ def test_z_loss_adds_the_squared_log_normaliser_of_real_tokens():
     tgt_out[1, 2:] = 0  # padding
     batch = SimpleNamespace(src=src, tgt_in=tgt_in, tgt_out=tgt_out)
     lz = model(src, tgt_in).float().logsumexp(-1)[tgt_out != 0]
-    torch.testing.assert_close(loss_sum(model, batch, 0.0, 0, z_loss=1e-2) - loss_sum(model, batch, 0.0, 0),
-                               1e-2 * lz.square().sum(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(loss_sum(model, batch, 0.0, 0, z_loss=1e-2)
+                               - loss_sum(model, batch, 0.0, 0), 1e-2 * lz.square().sum(),
+                               atol=1e-4, rtol=1e-4)

@@ -1,4 +1,5 @@
-"""scripts/api_train_speed.py on the tiny config: the CLI and the Python API, one run each, and their ratio."""
+"""scripts/api_train_speed.py on the tiny config: the CLI and the Python API, one run each, and
+their ratio."""
 
 from __future__ import annotations
 

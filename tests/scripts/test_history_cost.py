@@ -1,4 +1,5 @@
-"""scripts/history_cost.py on the tiny config: recording on and off in turns, in one process, and the ratios."""
+"""scripts/history_cost.py on the tiny config: recording on and off in turns, in one process, and
+the ratios."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_history_cost_alternates_recording_on_and_off_and_gives_the_ratios(tmp_path):
     sets = [x for o in [*TINY, "train.max_steps=6", "train.eval_every=3"] for x in ("--set", o)]
     script, config = ROOT / "scripts" / "history_cost.py", ROOT / "configs" / "toy.yaml"
-    done = subprocess.run([sys.executable, str(script), "--config", str(config), *sets, "--rounds", "2",
-                           "--json", str(tmp_path / "c.json")], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(script), "--config", str(config), *sets, "--rounds",
+                           "2", "--json", str(tmp_path / "c.json")], capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
-    assert re.findall(r"round (\d) recording (on|off)", done.stdout) == [("1", "on"), ("1", "off"), ("2", "off"),
-                                                                         ("2", "on")]
+    assert (re.findall(r"round (\d) recording (on|off)", done.stdout)
+            == [("1", "on"), ("1", "off"), ("2", "off"),
+                ("2", "on")])
     got = json.loads((tmp_path / "c.json").read_text())
     assert [r["steps"] for r in got["runs"]["on"] + got["runs"]["off"]] == [6] * 4
     for m in ("train_s", "cpu_s"):

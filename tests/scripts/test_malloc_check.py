@@ -1,4 +1,5 @@
-"""scripts/malloc_check.py on the toy config: both allocator settings, in fresh processes, taking turns."""
+"""scripts/malloc_check.py on the toy config: both allocator settings, in fresh processes, taking
+turns."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_malloc_check_measures_both_settings(tmp_path):
     sets = [x for o in TINY for x in ("--set", o)]
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "malloc_check.py"), "--config",
-                           str(ROOT / "configs" / "toy.yaml"), *sets, "--rounds", "1", "--steps", "2",
-                           "--warmup", "1"], capture_output=True, text=True, timeout=300)
+                           str(ROOT / "configs" / "toy.yaml"), *sets, "--rounds", "1", "--steps",
+                           "2", "--warmup", "1"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    rounds = re.findall(r"round 1 (system|attn-mt)\s+(\d+) tokens/s\s+(\d+) page faults/step", done.stdout)
+    rounds = re.findall(r"round 1 (system|attn-mt)\s+(\d+) tokens/s\s+(\d+) page faults/step",
+                        done.stdout)
     assert sorted(name for name, _, _ in rounds) == ["attn-mt", "system"]
     assert all(int(tokens) > 0 for _, tokens, _ in rounds)
     assert re.search(r"median tokens/s: system \d+, attn-mt \d+ \(\d+\.\d\dx\)", done.stdout)

@@ -1,4 +1,5 @@
-"""scripts/muon_spectra.py on the tiny config: the normalised singular values Muon's iterations see."""
+"""scripts/muon_spectra.py on the tiny config: the normalised singular values Muon's iterations
+see."""
 
 from __future__ import annotations
 
@@ -16,12 +17,16 @@ def test_muon_spectra_gives_quantiles_per_step(tmp_path):
     sets = [x for o in TINY for x in ("--set", o)]
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "muon_spectra.py"), "--config",
                            str(ROOT / "configs" / "toy.yaml"), *sets, "--steps", "1,4", "--json",
-                           str(tmp_path / "s.json")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                           str(tmp_path / "s.json")], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     rows = json.loads((tmp_path / "s.json").read_text())["rows"]
-    assert [(r["step"], r["quantile"]) for r in rows] == [(s, q) for s in (1, 4) for q in (0, 0.1, 0.25, 0.5, 0.9, 1)]
-    assert all(r["matrices"] == 11 for r in rows)  # 1+1 layers: encoder qkv, out, ff x2; decoder + cross q, kv, out
+    assert [(r["step"], r["quantile"]) for r in rows] == [(s, q) for s in (1, 4)
+                                                          for q in (0, 0.1, 0.25, 0.5, 0.9, 1)]
+    # 1+1 layers: encoder qkv, out, ff x2; decoder + cross q, kv, out
+    assert all(r["matrices"] == 11 for r in rows)
     for step in (1, 4):
         medians = [r["median"] for r in rows if r["step"] == step]
-        assert medians == sorted(medians) and 0 <= medians[0] and medians[-1] <= 1 + 1e-5  # under the Frobenius norm
+        # under the Frobenius norm
+        assert medians == sorted(medians) and 0 <= medians[0] and medians[-1] <= 1 + 1e-5
     assert "step     4  quantile 0.50: median" in done.stdout

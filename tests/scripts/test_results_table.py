@@ -30,13 +30,15 @@ def test_readme_shows_a_short_summary_of_the_full_table():
         assert any(row.startswith(measurement + " | ") for row in full), measurement
     assert all(f"commit {row['at']}" in "\n".join(full) for row in table["rows"])
     with pytest.raises(results_table.StaleError, match="1 to 6"):
-        results_table.render({**table, "rows": [{**r, "summary": True} for r in table["rows"]]}, ROOT, summary=True)
+        results_table.render({**table, "rows": [{**r, "summary": True} for r in table["rows"]]},
+                             ROOT, summary=True)
 
 
 def test_every_row_names_machine_commit_and_command():
     table = json.loads((ROOT / "docs/readme_results.json").read_text())
     for row in table["rows"]:
-        assert row["machine"] and len(row["at"]) >= 7 and row["command"].split()[0] in ("attn-mt", "python")
+        assert (row["machine"] and len(row["at"]) >= 7
+                and row["command"].split()[0] in ("attn-mt", "python"))
         assert all(c in table["changes"] for c in row.get("predates", []))
 
 

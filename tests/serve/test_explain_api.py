@@ -1,5 +1,5 @@
-"""POST /api/explain: what `attn-mt explain --json` writes, the weights /api/attention sends, and bad input
-answered in one JSON error naming the field."""
+"""POST /api/explain: what `attn-mt explain --json` writes, the weights /api/attention sends, and
+bad input answered in one JSON error naming the field."""
 
 from __future__ import annotations
 
@@ -28,25 +28,29 @@ def test_the_response_model_has_every_field_of_the_explanation():
 
 @pytest.mark.parametrize("kind,token", [("encoder", 2), ("decoder", 1), ("cross", "</s>")])
 def test_explain_answers_what_the_cli_writes(client, ckpt, kind, token):
-    r = client.post("/api/explain", json={"text": TEXT, "kind": kind, "layer": 1, "head": 2, "token": token,
-                                          "beam": 1})
+    r = client.post("/api/explain", json={"text": TEXT, "kind": kind, "layer": 1, "head": 2,
+                                          "token": token, "beam": 1})
     assert r.status_code == 200, r.text
-    expected = attn_mt.load(ckpt, device="cpu").explain(TEXT, kind=kind, layer=1, head=2, token=token, beam=1)
+    expected = attn_mt.load(ckpt, device="cpu").explain(TEXT, kind=kind, layer=1, head=2,
+                                                        token=token, beam=1)
     assert r.json() == json.loads(expected.to_json())
     assert r.json()["max_abs_diff"] < 1e-5
 
 
 def test_explain_weights_are_those_of_api_attention(client):
     maps = client.post("/api/attention", json={"text": TEXT, "beam": 3}).json()
-    for kind, name in [("encoder", "encoder_self"), ("decoder", "decoder_self"), ("cross", "cross")]:
+    for kind, name in [("encoder", "encoder_self"), ("decoder", "decoder_self"),
+                       ("cross", "cross")]:
         rows = maps[name][0][1]  # layer 1, head 2: [query][key]
         for query in (0, len(rows) - 1):
-            e = client.post("/api/explain", json={"text": TEXT, "kind": kind, "head": 2, "token": query,
-                                                  "beam": 3}).json()  # the same translation as the maps'
+            e = client.post("/api/explain", json={"text": TEXT, "kind": kind, "head": 2,
+                                                  # the same translation as the maps'
+                                                  "token": query, "beam": 3}).json()
             assert e["translation"] == maps["translation"]
             weights = [k["weight"] for k in e["keys"]]
             assert len(weights) == len(rows[query])
-            assert max(abs(a - b) for a, b in zip(weights, rows[query], strict=True)) <= 5.1e-5  # sent rounded
+            # sent rounded
+            assert max(abs(a - b) for a, b in zip(weights, rows[query], strict=True)) <= 5.1e-5
 
 
 BAD = [
@@ -60,7 +64,8 @@ BAD = [
     ({"text": "a dog", "kind": "encoder", "token": 99}, 422, "token"),
     ({"text": "a dog", "kind": "encoder", "token": "Katze"}, 422, "token"),
     ({"text": "a dog", "token": 1.5}, 422, "token"),
-    ({"text": "a dog", "token": "\u00b2"}, 422, "token"),  # str.isdigit says yes, int() says no: was a 500
+    # str.isdigit says yes, int() says no: was a 500
+    ({"text": "a dog", "token": "\u00b2"}, 422, "token"),
     ({"text": "a dog", "token": "--1"}, 422, "token"),
     ({"text": "a dog", "token": "1" * 5000}, 422, "token"),  # int() refuses over 4300 digits
     ({"text": "a dog", "beam": 7}, 422, "beam"),
@@ -73,7 +78,8 @@ def test_bad_input_names_the_field(client, body, status, field):
     r = client.post("/api/explain", json=body)
     assert r.status_code == status, r.text
     assert r.json()["field"] == field and r.json()["error"].startswith(f"{field}: ")
-    assert client.post("/api/explain", json={"text": "a dog"}).status_code == 200  # and the server goes on
+    # and the server goes on
+    assert client.post("/api/explain", json={"text": "a dog"}).status_code == 200
 
 
 def test_an_export_has_nothing_to_explain(ckpt, tmp_path):
@@ -94,9 +100,11 @@ def test_an_rnn_checkpoint_says_what_explain_supports(tiny_run, tmp_path):
     from attn_mt.models import build_model
 
     _, cfg, tok = checkpoint.load_model(tiny_run / "checkpoint_best.pt")
-    rnn = load_config(None, ["model.kind=rnn", "model.d_embed=16", "model.d_hidden=16", "model.d_attn=16"]).model
-    checkpoint.save({"model": build_model(rnn, **tok.sizes()).state_dict(), "config": to_dict(replace(cfg, model=rnn)),
-                     "tokenizer": tok.state()}, tmp_path / "rnn.pt")
+    rnn = load_config(None, ["model.kind=rnn", "model.d_embed=16", "model.d_hidden=16",
+                             "model.d_attn=16"]).model
+    checkpoint.save({"model": build_model(rnn, **tok.sizes()).state_dict(),
+                     "config": to_dict(replace(cfg, model=rnn)), "tokenizer": tok.state()},
+                    tmp_path / "rnn.pt")
     with TestClient(create_app(tmp_path / "rnn.pt", device="cpu"), base_url=LOCAL) as c:
         r = c.post("/api/explain", json={"text": "a dog"})
         assert r.status_code == 422 and r.json()["field"] == "checkpoint"

@@ -1,4 +1,5 @@
-"""Iteration-level scheduling with a fake model: who joins when, limits, early answers, cancellation, stop."""
+"""Iteration-level scheduling with a fake model: who joins when, limits, early answers,
+cancellation, stop."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ class Fake:
     """A running batch whose items are (name, steps): each sentence ends after that many steps."""
 
     def __init__(self, key, log: list, fail: bool = False, pause: float = 0.002, hold=None) -> None:
-        self.key, self.log, self.fail, self.pause, self.left, self.names = key, log, fail, pause, {}, {}
+        self.key, self.log, self.fail, self.pause, self.left, self.names = (
+            key, log, fail, pause, {}, {})
         self.hold = hold  # called with the log before each step: a test stops the worker there
 
     def __len__(self) -> int:
@@ -63,8 +65,9 @@ def scheduler(log, run_one=lambda item: item, bad=(), hold=None, **kw) -> Schedu
 
 
 class Pause:
-    """A Fake's hold: the worker stops before the first step at which `when(log)` holds, until `go` is set;
-    the test acts meanwhile: `p = Pause(lambda log: ...); scheduler(log, hold=p); p.paused.wait(30)`."""
+    """A Fake's hold: the worker stops before the first step at which `when(log)` holds, until `go`
+    is set; the test acts meanwhile: `p = Pause(lambda log: ...); scheduler(log, hold=p);
+    p.paused.wait(30)`."""
 
     def __init__(self, when) -> None:
         self.when, self.paused, self.go = when, threading.Event(), threading.Event()
@@ -88,11 +91,14 @@ def test_a_newcomer_joins_at_the_next_free_row_before_the_rest_of_a_huge_request
     small = s.submit("k", [("small", 2)])
     pause.go.set()
     assert small.result(30) == ["small"] and huge.result(30) == [f"h{i}" for i in range(40)]
-    assert max(len(names) for what, _, names in log if what == "step") == 4  # never more than max_batch
+    # never more than max_batch
+    assert max(len(names) for what, _, names in log if what == "step") == 4
     joined = next(i for i, (what, _, names) in enumerate(log) if what == "add" and "small" in names)
     adds_before = [names for what, _, names in log[:joined] if what == "add"]
-    assert sum(map(len, adds_before)) <= 4 + 1  # it joined when the first rows came free (the huge one's first 4)
-    assert steps_of(log, "small")[-1] < steps_of(log, "h4")[0] + 5  # answered while the huge one was running
+    # it joined when the first rows came free (the huge one's first 4)
+    assert sum(map(len, adds_before)) <= 4 + 1
+    # answered while the huge one was running
+    assert steps_of(log, "small")[-1] < steps_of(log, "h4")[0] + 5
 
 
 def test_a_sentence_that_ends_early_is_answered_at_once():
@@ -109,7 +115,8 @@ def test_a_sentence_that_ends_early_is_answered_at_once():
 def test_rows_and_work_are_bounded_and_a_larger_sentence_runs_alone():
     log = []
     s = scheduler(log, max_batch=3, max_batch_work=25)
-    jobs = [s.submit("k", [(f"a{i}", 3)], costs=[10]) for i in range(5)] + [s.submit("k", [("big", 3)], costs=[40])]
+    jobs = ([s.submit("k", [(f"a{i}", 3)], costs=[10]) for i in range(5)]
+            + [s.submit("k", [("big", 3)], costs=[40])])
     assert [j.result(30) for j in jobs][-1] == ["big"]
     live = [names for what, _, names in log if what == "step"]
     assert max(map(len, live)) == 2  # 2 x 10 units fit in 25, a third does not
@@ -145,7 +152,8 @@ def test_settings_take_turns_and_attention_jobs_run_between_steps():
     m = s.submit(None, ["map"])
     assert a.result(30) == ["a"] and b.result(30) == ["b"] and m.result(30) == "map"
     stepped = [key for what, key, _ in log if what == "step"]
-    assert stepped[:4] in (["a", "b", "a", "b"], ["a", "a", "b", "a"])  # b joined at once or one step later
+    # b joined at once or one step later
+    assert stepped[:4] in (["a", "b", "a", "b"], ["a", "a", "b", "a"])
     one = log.index(("one", None, ["map"]))
     assert one < steps_of(log, "a")[-1]  # the map ran while a was still decoding, not after
 
@@ -153,9 +161,11 @@ def test_settings_take_turns_and_attention_jobs_run_between_steps():
 def test_watch_gets_progress_then_the_result():
     log, seen = [], []
     s = scheduler(log)
-    f = s.submit("k", [("x", 3), ("y", 1)], watch=lambda i, kind, value: seen.append((i, kind, value)))
+    f = s.submit("k", [("x", 3), ("y", 1)], watch=lambda i, kind,
+                 value: seen.append((i, kind, value)))
     assert f.result(30) == ["x", "y"]
-    assert [e for e in seen if e[0] == 0] == [(0, "token", 2), (0, "token", 1), (0, "token", 0), (0, "done", "x")]
+    assert [e for e in seen if e[0] == 0] == [(0, "token", 2), (0, "token", 1), (0, "token", 0),
+                                              (0, "done", "x")]
     assert (1, "done", "y") in seen
 
 
@@ -181,7 +191,8 @@ def test_the_queue_is_bounded_and_stop_fails_the_waiting_and_the_running():
     for f in (running, waiting):
         with pytest.raises(Exception, match="shutting down"):
             f.result(30)
-    assert time.monotonic() - start < 5 and not s._thread.is_alive()  # not the 10_000 steps (20 s) of r
+    # not the 10_000 steps (20 s) of r
+    assert time.monotonic() - start < 5 and not s._thread.is_alive()
     assert not any(what == "add" and "w" in names for what, _, names in log)
 
 
@@ -211,7 +222,9 @@ def test_newcomers_join_a_running_batch_every_join_every_steps_and_an_empty_one_
         wait_until(lambda done=done: len([e for e in log if e[0] == "step"]) > done, what="a step")
     steps.release(1000)
     assert long.result(30) == ["long"]
-    steps_before = [sum(1 for e in log[:i] if e[0] == "step") for i, e in enumerate(log) if e[0] == "add"]
+    steps_before = [sum(1 for e in log[:i] if e[0] == "step") for i, e in enumerate(log)
+                    if e[0] == "add"]
     gaps = [b - a for a, b in itertools.pairwise(steps_before[1:])]
     assert gaps and min(gaps) >= 3  # joins while decoding are 3 steps apart
-    assert max(len(names) for what, _, names in log if what == "add") >= 2  # so newcomers joined together
+    # so newcomers joined together
+    assert max(len(names) for what, _, names in log if what == "add") >= 2

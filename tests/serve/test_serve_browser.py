@@ -38,7 +38,8 @@ from attn_mt.config import to_dict  # noqa: E402
 from attn_mt.models import build_model  # noqa: E402
 from attn_mt.serve import create_app  # noqa: E402
 
-LANGUAGES = {"en": ("English", "the old man sees a small dog."), "de": ("German", "Ein Hund rennt über die Wiese.")}
+LANGUAGES = {"en": ("English", "the old man sees a small dog."),
+             "de": ("German", "Ein Hund rennt über die Wiese.")}
 FLAGS = ["--disable-quic", "--window-size=1360,1250"]  # besides conftest's
 # every cell's colour, the map's name and the hover classes: what a user sees change
 SIGNATURE = """const cells = [...document.querySelectorAll('#heatmaps td')];
@@ -57,7 +58,8 @@ def two_layer_ckpt(tiny_run, tmp_path_factory):
     model = build_model(cfg.model, src_vocab=tok.src_vocab_size, tgt_vocab=tok.tgt_vocab_size,
                         pad_id=tok.pad_id, shared_vocab=tok.joint)
     path = tmp_path_factory.mktemp("browser") / "two_layers.pt"
-    checkpoint.save({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tok.state(), "step": 0},
+    checkpoint.save({"model": model.state_dict(), "config": to_dict(cfg), "tokenizer": tok.state(),
+                     "step": 0},
                     path)
     return path
 
@@ -70,7 +72,8 @@ def browser():
 
 @pytest.fixture(scope="module")
 def url(two_layer_ckpt):
-    with serving(create_app(os.environ.get("ATTN_MT_SERVE_CHECKPOINT", str(two_layer_ckpt)), device="cpu")) as url:
+    with serving(create_app(os.environ.get("ATTN_MT_SERVE_CHECKPOINT", str(two_layer_ckpt)),
+                            device="cpu")) as url:
         yield url
 
 
@@ -78,44 +81,53 @@ def open_page(browser, url: str, width: int = 1360, height: int = 1250) -> WebDr
     browser.set_window_size(width, height)
     browser.get(url)
     wait = WebDriverWait(browser, 30)
-    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") is not None)
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready")
+               is not None)
     return wait
 
 
 def translated(n: int):
-    return lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-translations") == str(n)
+    return (lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-translations")
+            == str(n))
 
 
 def screenshot(browser, path: Path, width: int) -> None:
     """The whole page at `width`: the window grows to the page's height (its frame takes some)."""
-    browser.set_window_size(width, browser.execute_script("return document.documentElement.scrollHeight") + 140)
+    browser.set_window_size(
+        width, browser.execute_script("return document.documentElement.scrollHeight") + 140)
     browser.save_screenshot(str(path))
     assert path.stat().st_size > 10_000
 
 
 def overflow(browser) -> tuple[int, int]:
-    return tuple(browser.execute_script("return [document.documentElement.scrollWidth, innerWidth]"))
+    return tuple(
+        browser.execute_script("return [document.documentElement.scrollWidth, innerWidth]"))
 
 
 def options(browser, select_id: str) -> list[str]:
-    return [o.get_attribute("value") for o in Select(browser.find_element(By.ID, select_id)).options]
+    return [o.get_attribute("value")
+            for o in Select(browser.find_element(By.ID, select_id)).options]
 
 
 @pytest.mark.slow
 def test_empty_state_says_what_to_do_with_the_example_ready(browser, url, tmp_path):
     info = json.load(urlopen(f"{url}/api/info"))
-    source, target, arch = info["languages"]["source"], info["languages"]["target"], info["architecture"]
-    example = info.get("example") or LANGUAGES[source][1]  # the server's, else the page's for the language
+    source, target, arch = (info["languages"]["source"], info["languages"]["target"],
+                            info["architecture"])
+    # the server's, else the page's for the language
+    example = info.get("example") or LANGUAGES[source][1]
     open_page(browser, f"{url}/")
     assert browser.find_element(By.ID, "text").get_attribute("value") == example
     hint = browser.find_element(By.ID, "hint")
     assert "Press Translate" in hint.text
-    assert LANGUAGES[source][0] in hint.text and LANGUAGES[target][0] in hint.text  # "... into German ... English"
+    # "... into German ... English"
+    assert LANGUAGES[source][0] in hint.text and LANGUAGES[target][0] in hint.text
     assert not browser.find_element(By.ID, "share").is_displayed()  # nothing to share yet
     assert not browser.find_elements(By.CSS_SELECTOR, "#nbest-list li")
     # the map menus show the model's shape before there are maps, not blanks
     assert options(browser, "kind") == info["attention"]
-    assert Select(browser.find_element(By.ID, "kind")).first_selected_option.text == "cross-attention"
+    assert (Select(browser.find_element(By.ID, "kind")).first_selected_option.text
+            == "cross-attention")
     assert options(browser, "layer") == [str(i + 1) for i in range(arch["n_layers"])]
     assert options(browser, "head") == [*(str(i + 1) for i in range(arch["n_heads"])), "all"]
     assert "source tokens it attends to" in browser.find_element(By.ID, "explain").text
@@ -127,27 +139,31 @@ def test_empty_state_says_what_to_do_with_the_example_ready(browser, url, tmp_pa
     browser.set_window_size(1280, 900)
     browser.find_element(By.ID, "text").send_keys(Keys.ENTER)  # the example, as it stands
     WebDriverWait(browser, 30).until(translated(1))
-    assert not hint.is_displayed() and len(browser.find_elements(By.CSS_SELECTOR, "#nbest-list li")) == 1
+    assert (not hint.is_displayed()
+            and len(browser.find_elements(By.CSS_SELECTOR, "#nbest-list li")) == 1)
     query = parse_qs(urlsplit(browser.current_url).query)
-    assert query == {"text": [example], "beam": [str(info["decode"]["beam"])], "nbest": ["1"], "kind": ["cross"],
-                     "layer": ["1"], "head": ["1"]}
+    assert query == {"text": [example], "beam": [str(info["decode"]["beam"])], "nbest": ["1"],
+                     "kind": ["cross"], "layer": ["1"], "head": ["1"]}
 
 
 @pytest.mark.slow
 def test_share_link_keeps_every_setting(browser, url):
-    settings = {"text": "the old man sees a small dog.", "beam": "3", "nbest": "2", "kind": "encoder_self",
-                "layer": "2", "head": "all"}
+    settings = {"text": "the old man sees a small dog.", "beam": "3", "nbest": "2",
+                "kind": "encoder_self", "layer": "2", "head": "all"}
     wait = open_page(browser, f"{url}/?{urlencode(settings)}")
     wait.until(translated(1))
     for control in ("beam", "nbest", "kind", "layer", "head"):
-        assert browser.find_element(By.ID, control).get_attribute("value") == settings[control], control
+        assert (browser.find_element(By.ID, control).get_attribute("value")
+                == settings[control]), control
     assert len(browser.find_elements(By.CSS_SELECTOR, "#nbest-list li")) == 2  # n-best 2, honoured
     assert browser.find_element(By.ID, "heatmaps").get_attribute("data-map") == "encoder_self/2/all"
     share = browser.find_element(By.ID, "share")
     assert share.is_displayed()
-    assert parse_qs(urlsplit(share.get_attribute("href")).query) == {k: [v] for k, v in settings.items()}
+    assert (parse_qs(urlsplit(share.get_attribute("href")).query)
+            == {k: [v] for k, v in settings.items()})
 
-    Select(browser.find_element(By.ID, "head")).select_by_value("2")  # the link follows the map shown
+    # the link follows the map shown
+    Select(browser.find_element(By.ID, "head")).select_by_value("2")
     assert parse_qs(urlsplit(share.get_attribute("href")).query)["head"] == ["2"]
     assert parse_qs(urlsplit(browser.current_url).query)["head"] == ["2"]
 
@@ -156,7 +172,8 @@ def test_share_link_keeps_every_setting(browser, url):
 def test_page_translates_switches_maps_and_hovers(browser, url, tmp_path):
     text = os.environ.get("ATTN_MT_SERVE_TEXT", "the old man sees a small dog.")
     shot = Path(os.environ.get("ATTN_MT_SCREENSHOT", tmp_path / "serve.png"))
-    wait = open_page(browser, f"{url}/?text={quote(text)}&beam=1")  # a shared link translates on load
+    # a shared link translates on load
+    wait = open_page(browser, f"{url}/?text={quote(text)}&beam=1")
     wait.until(translated(1))
     assert browser.find_element(By.ID, "text").get_attribute("value") == text
     assert browser.find_element(By.CSS_SELECTOR, "#nbest-list li .hyp").text
@@ -172,7 +189,8 @@ def test_page_translates_switches_maps_and_hovers(browser, url, tmp_path):
 
     seen = [signature()]
     assert seen[0].startswith("cross/1/1|")
-    for control, value in [("kind", "encoder_self"), ("layer", "2"), ("head", "2"), ("kind", "decoder_self")]:
+    for control, value in [("kind", "encoder_self"), ("layer", "2"), ("head", "2"),
+                           ("kind", "decoder_self")]:
         Select(browser.find_element(By.ID, control)).select_by_value(value)
         seen.append(signature())
     assert [s.split("|")[0] for s in seen] == ["cross/1/1", "encoder_self/1/1", "encoder_self/2/1",
@@ -191,11 +209,13 @@ def test_page_translates_switches_maps_and_hovers(browser, url, tmp_path):
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmaps tr.hl-row"))
     assert signature() != before  # the row of the hovered token stands out
     tinted = browser.execute_script(
-        "return [...document.querySelectorAll('#src-tokens .tok')].map(t => t.style.getPropertyValue('--to'))")
+        "return [...document.querySelectorAll('#src-tokens .tok')].map(t => "
+        "t.style.getPropertyValue('--to'))")
     assert any(float(x or 0) == 1.0 for x in tinted)  # the source token it attends to most
     shot.parent.mkdir(parents=True, exist_ok=True)
     screenshot(browser, shot, 1360)
-    browser.set_window_size(390, 900)  # a phone: the maps scroll inside their panel, the page does not
+    # a phone: the maps scroll inside their panel, the page does not
+    browser.set_window_size(390, 900)
     assert overflow(browser)[0] <= overflow(browser)[1]
 
     browser.execute_script("document.getElementById('text').value = ''")
@@ -217,7 +237,8 @@ def test_an_export_translates_and_says_why_there_are_no_maps(browser, tiny_run, 
         assert not browser.find_element(By.ID, "tokens").is_displayed()
         assert not browser.find_element(By.ID, "kind").is_displayed()
         share = browser.find_element(By.ID, "share").get_attribute("href")
-        assert parse_qs(urlsplit(share).query) == {k: [v] for k, v in settings.items()}  # no map to name
+        # no map to name
+        assert parse_qs(urlsplit(share).query) == {k: [v] for k, v in settings.items()}
 
 
 @pytest.mark.slow
@@ -237,16 +258,20 @@ def test_clicking_a_cell_opens_the_steps_inside(browser, url, tmp_path):
     wait.until(shown("cross/2/2/1"))
     assert [s.find_element(By.TAG_NAME, "h3").text.split("\n")[0] for s in
             inside.find_elements(By.CSS_SELECTOR, "#inside-steps > li")] == ["1", "2–4", "5", "W_o"]
-    for words in ("q = x W_q", "q · k", "softmax", "Σ weight · v", "W_o", "max |recomputed − model| = "):
+    for words in ("q = x W_q", "q · k", "softmax", "Σ weight · v", "W_o",
+                  "max |recomputed − model| = "):
         assert words in inside.text, words
-    assert inside.find_element(By.CSS_SELECTOR, ".diff.ok")  # the recomputation is the model's output
+    # the recomputation is the model's output
+    assert inside.find_element(By.CSS_SELECTOR, ".diff.ok")
     rows = inside.find_elements(By.CSS_SELECTOR, "#inside-steps table.keys:not(.mix) tbody tr")
     weights = [float(r.find_elements(By.CSS_SELECTOR, "td .num")[2].text) for r in rows]
-    assert weights == pytest.approx(att["cross"][1][1][1], abs=6e-4)  # the map's row, as the page shows it
+    # the map's row, as the page shows it
+    assert weights == pytest.approx(att["cross"][1][1][1], abs=6e-4)
     assert head2.find_elements(By.CSS_SELECTOR, "tr.picked")  # the row explained stands out
 
     grid = inside.find_elements(By.CSS_SELECTOR, "#inside-grid button")
-    assert len(grid) == 4 and len(inside.find_elements(By.CSS_SELECTOR, "#inside-grid button.open")) == 1
+    assert (len(grid) == 4
+            and len(inside.find_elements(By.CSS_SELECTOR, "#inside-grid button.open")) == 1)
     grid[0].click()  # layer 1, head 1
     wait.until(shown("cross/1/1/1"))
 
@@ -254,15 +279,18 @@ def test_clicking_a_cell_opens_the_steps_inside(browser, url, tmp_path):
     browser.find_elements(By.CSS_SELECTOR, "#tgt-tokens .tok")[2].click()  # a query's chip
     wait.until(shown("decoder_self/2/1/2"))
     notes = [n.text for n in inside.find_elements(By.CSS_SELECTOR, "#inside-steps .mask-note")]
-    assert notes == ["masked (future)"] * (len(att["target_input_tokens"]) - 3)  # keys after position 2
+    # keys after position 2
+    assert notes == ["masked (future)"] * (len(att["target_input_tokens"]) - 3)
     screenshot(browser, tmp_path / "inside.png", 1280)
     browser.set_window_size(390, 900)
     assert overflow(browser)[0] <= overflow(browser)[1]
     screenshot(browser, tmp_path / "inside_390.png", 390)
 
 
-# for each endpoint and the intro: content wider than its box (a <pre> scrolls inside, which is fine)
-SPILLS = "return [...document.querySelectorAll('#api > section')].filter(s => s.scrollWidth > s.clientWidth).length"
+# for each endpoint and the intro: content wider than its box (a <pre> scrolls inside, which is
+# fine)
+SPILLS = ("return [...document.querySelectorAll('#api > section')].filter(s => s.scrollWidth > "
+          "s.clientWidth).length")
 GAP = """const [intro, first] = document.querySelectorAll('#api > section');
 const a = intro.getBoundingClientRect(), b = first.getBoundingClientRect();
 return [b.top - a.bottom, Math.abs(a.width - b.width)];"""
@@ -272,25 +300,32 @@ return [b.top - a.bottom, Math.abs(a.width - b.width)];"""
 def test_docs_read_well_at_desktop_and_phone_width(browser, url, tmp_path):
     browser.set_window_size(1280, 900)
     browser.get(f"{url}/docs")
-    WebDriverWait(browser, 30).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "section.endpoint")) == 4)
+    WebDriverWait(browser, 30).until(
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, "section.endpoint")) == 4)
     browser.execute_script("document.querySelectorAll('details').forEach(d => d.open = true)")
     assert browser.find_elements(By.CSS_SELECTOR, ".intro p code")  # `...` in a description is code
     fields = browser.find_element(By.CSS_SELECTOR, "#post--api-translate .fields").text
     assert "texts" in fields and "nbest" in fields and "optional" in fields
-    assert "results[].hypotheses[].log_prob" in browser.find_element(By.ID, "post--api-translate").text
+    assert ("results[].hypotheses[].log_prob"
+            in browser.find_element(By.ID, "post--api-translate").text)
     info = json.load(urlopen(f"{url}/api/info"))
-    examples = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "section.endpoint pre.example")]
+    examples = [e.text for e in browser.find_elements(By.CSS_SELECTOR,
+                                                      "section.endpoint pre.example")]
     sentence = info.get("example") or LANGUAGES[info["languages"]["source"]][1]
-    assert len(examples) == 4 and json.dumps({"texts": [sentence]}, ensure_ascii=False) in examples[0]
+    assert (len(examples) == 4 and json.dumps({"texts": [sentence]}, ensure_ascii=False)
+            in examples[0])
     for example in examples if shutil.which("curl") else []:  # each runs as shown
-        answer = json.loads(subprocess.run(["bash", "-c", example], capture_output=True, check=True, timeout=60).stdout)
+        answer = json.loads(subprocess.run(["bash", "-c", example], capture_output=True, check=True,
+                                           timeout=60).stdout)
         assert "error" not in answer, (example, answer)
     for width in (1280, 390):
         browser.set_window_size(width, 900)
         assert "`" not in browser.find_element(By.TAG_NAME, "body").text
         scroll_width, inner_width = overflow(browser)
         assert scroll_width <= inner_width, f"{width} px: the page is {scroll_width} px wide"
-        assert browser.execute_script(SPILLS) == 0, f"{width} px: a section's content spills sideways"
+        assert (browser.execute_script(SPILLS)
+                == 0), f"{width} px: a section's content spills sideways"
         gap, widths = browser.execute_script(GAP)
-        assert gap < 40 and widths < 1, f"{width} px: the intro and the endpoints are not one column"
+        assert (gap < 40
+                and widths < 1), f"{width} px: the intro and the endpoints are not one column"
         screenshot(browser, tmp_path / f"docs_{width}.png", width)

@@ -1,5 +1,5 @@
-"""Continuous batching under load: 1000 sentences sent by 8 and by 32 concurrent clients get, every one,
-the translation `attn-mt translate` gives them (greedy and beam 5, fp32)."""
+"""Continuous batching under load: 1000 sentences sent by 8 and by 32 concurrent clients get, every
+one, the translation `attn-mt translate` gives them (greedy and beam 5, fp32)."""
 
 from __future__ import annotations
 
@@ -22,16 +22,18 @@ from attn_mt.serve import Limits, create_app  # noqa: E402
 
 @pytest.fixture(scope="module")
 def server(tiny_run):
-    # room for 64 sentences of beam 5 at once (the default work bound holds about 5): the answers do not
-    # depend on the bounds, and the test takes a third of the time
-    app = create_app(tiny_run / "checkpoint_best.pt", Limits(max_queue=64, max_batch_work=16384), device="cpu")
+    # room for 64 sentences of beam 5 at once (the default work bound holds about 5): the answers do
+    # not depend on the bounds, and the test takes a third of the time
+    app = create_app(tiny_run / "checkpoint_best.pt", Limits(max_queue=64, max_batch_work=16384),
+                     device="cpu")
     with serving(app) as url:
         yield app, url
 
 
 def load(url: str, texts: list[str], clients: int, beam: int) -> list[dict]:
-    """The texts in requests of 1 to 12 sentences, sent by `clients` closed-loop clients (one kept-alive
-    http.client connection each: cheaper than httpx, so the server has the CPU); the answers in order."""
+    """The texts in requests of 1 to 12 sentences, sent by `clients` closed-loop clients (one
+    kept-alive http.client connection each: cheaper than httpx, so the server has the CPU); the
+    answers in order."""
     chunks, start = [], 0
     for i in itertools.count():
         if start >= len(texts):
@@ -70,8 +72,9 @@ def load(url: str, texts: list[str], clients: int, beam: int) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("beam", [1, 5])
 def test_sentences_served_under_load_get_translate_s_translation(server, tiny_run, beam):
-    """A test2016-sized input (1000 sentences), in requests of 1 to 12 sentences, by 8 and by 32 concurrent
-    clients: every answer is what `attn-mt translate` gives for the file (fp32), none differs."""
+    """A test2016-sized input (1000 sentences), in requests of 1 to 12 sentences, by 8 and by 32
+    concurrent clients: every answer is what `attn-mt translate` gives for the file (fp32), none
+    differs."""
     from attn_mt.data.toy import make_toy_corpus
 
     app, url = server
@@ -84,9 +87,12 @@ def test_sentences_served_under_load_get_translate_s_translation(server, tiny_ru
     for clients in (8, 32):
         rows, steps = batcher.rows, batcher.steps
         got = load(url, texts, clients, beam)
-        assert (batcher.rows - rows) / (batcher.steps - steps) > clients / 2  # clients' sentences share steps
+        # clients' sentences share steps
+        assert (batcher.rows - rows) / (batcher.steps - steps) > clients / 2
         differ = [i for i, (a, b) in enumerate(zip(got, want, strict=True))
-                  if not isinstance(a, dict) or a["hypotheses"][0]["text"] != b["hypotheses"][0]["text"]]
+                  if not isinstance(a, dict)
+                  or a["hypotheses"][0]["text"] != b["hypotheses"][0]["text"]]
         assert not differ, (clients, len(differ), [(got[i], want[i]) for i in differ[:3]])
-        scores = [(a["hypotheses"][0]["score"], b["hypotheses"][0]["score"]) for a, b in zip(got, want, strict=True)]
+        scores = [(a["hypotheses"][0]["score"], b["hypotheses"][0]["score"]) for a,
+                  b in zip(got, want, strict=True)]
         assert max(abs(a - b) for a, b in scores) <= 2e-4

@@ -17,8 +17,9 @@ from attn_mt.training.run import train
 
 # the venv's torchrun (pytest may run as .venv/bin/python without the venv on PATH), else PATH's
 _VENV_TORCHRUN = Path(sys.executable).parent / "torchrun"
-TORCHRUN = (str(_VENV_TORCHRUN) if _VENV_TORCHRUN.exists() else shutil.which("torchrun")) or pytest.skip(
-    "torchrun not found", allow_module_level=True)
+TORCHRUN = ((str(_VENV_TORCHRUN) if _VENV_TORCHRUN.exists() else shutil.which("torchrun"))
+            or pytest.skip(
+    "torchrun not found", allow_module_level=True))
 pytestmark = pytest.mark.slow
 
 
@@ -36,9 +37,11 @@ def records(run_dir: Path) -> list[dict]:
 
 
 def test_two_processes_match_one(tmp_path):
-    cfg = write_config(tmp_path / "tiny.yaml", "train.max_steps=8", "train.eval_every=4", "train.log_every=4")
+    cfg = write_config(tmp_path / "tiny.yaml", "train.max_steps=8", "train.eval_every=4",
+                       "train.log_every=4")
     one, two = tmp_path / "one", tmp_path / "two"
-    train(load_config(cfg, []), one, observers=(Recorder(one),))  # the one-process run, in this process (one torch
+    # the one-process run, in this process (one torch
+    train(load_config(cfg, []), one, observers=(Recorder(one),))
     # thread, as the ranks), recording its attention as the CLI's does
     multi = subprocess.run(torchrun("train", "--config", str(cfg), "--out", str(two)),
                            capture_output=True, text=True, env=env(), timeout=300)
@@ -53,20 +56,23 @@ def test_two_processes_match_one(tmp_path):
     assert sorted(p.name for p in two.iterdir() if not p.name.startswith(".")) == \
         sorted(p.name for p in one.iterdir() if not p.name.startswith("."))
 
-    # resumed to step 12; the same job shows that rank 0 tests alone, without a barrier to time out (one torchrun
-    # job fewer than a run of its own: 4-5 s): the other ranks leave when training ends, and rank 0's test decoding
-    # outlasts the 2 s group timeout. The tested model (checkpoint_best.pt, of 12 steps at most) is barely trained:
-    # its beam-8 translations run to the length limit, about 3 s of decoding the test split on a quiet 2-core machine
-    # (more on a loaded one); validation decodes 4 sentences only. Decoding settings may change on resuming.
-    decoding = ("train.bleu_sentences=4", "decode.beam_size=8", "decode.max_len_a=8.0", "decode.max_len_b=100",
-                "decode.batch_size=10")
+    # resumed to step 12; the same job shows that rank 0 tests alone, without a barrier to time out
+    # (one torchrun job fewer than a run of its own: 4-5 s): the other ranks leave when training
+    # ends, and rank 0's test decoding outlasts the 2 s group timeout. The tested model
+    # (checkpoint_best.pt, of 12 steps at most) is barely trained: its beam-8 translations run to
+    # the length limit, about 3 s of decoding the test split on a quiet 2-core machine (more on a
+    # loaded one); validation decodes 4 sentences only. Decoding settings may change on resuming.
+    decoding = ("train.bleu_sentences=4", "decode.beam_size=8", "decode.max_len_a=8.0",
+                "decode.max_len_b=100", "decode.batch_size=10")
     resumed = subprocess.run(torchrun("train", "--config", str(cfg), "--out", str(two), "--resume",
-                                      *(x for s in ("train.max_steps=12", *decoding) for x in ("--set", s))),
-                             capture_output=True, text=True, env={**env(), "ATTN_MT_DIST_TIMEOUT_S": "2"},
+                                      *(x for s in ("train.max_steps=12", *decoding)
+                                        for x in ("--set", s))), capture_output=True, text=True,
+                             env={**env(), "ATTN_MT_DIST_TIMEOUT_S": "2"},
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert [r["step"] for r in records(two)] == [4, 8, 12]
-    assert load_history(two).steps == [0, 4, 8, 12]  # rank 0 records (step 0 too), and rewinds on resume
+    # rank 0 records (step 0 too), and rewinds on resume
+    assert load_history(two).steps == [0, 4, 8, 12]
     assert json.loads((two / "results.json").read_text())["steps"] == 12
 
 
@@ -77,10 +83,11 @@ def test_a_crashed_rank_ends_the_job(tmp_path):
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
                            start_new_session=True)
     try:
-        wait_until(lambda: (run_dir / "checkpoint_last.pt").exists() or job.poll() is not None, timeout=120,
-                   interval=0.1, what="training to start")
+        wait_until(lambda: (run_dir / "checkpoint_last.pt").exists() or job.poll() is not None,
+                   timeout=120, interval=0.1, what="training to start")
         assert job.poll() is None, "training ended before a checkpoint"
-        rank1 = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_rank(p, job.pid, "1")]
+        rank1 = [p for p in Path("/proc").iterdir() if p.name.isdigit()
+                 and _is_rank(p, job.pid, "1")]
         assert rank1, "rank 1 not found"
         os.kill(int(rank1[0].name), signal.SIGKILL)
         job.wait(timeout=120)  # the job must end, not hang

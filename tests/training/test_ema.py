@@ -1,4 +1,5 @@
-"""training/ema.py: the moving average of the weights, what a run evaluates and saves with it, and resume."""
+"""training/ema.py: the moving average of the weights, what a run evaluates and saves with it, and
+resume."""
 
 from __future__ import annotations
 
@@ -71,19 +72,23 @@ def test_state_dict_keeps_buffers_and_ties_and_round_trips():
     assert torch.equal(state["scale"], model.scale)
     fresh = WeightEMA(model, decay=0.5)
     fresh.load(state, ema.updates)
-    assert fresh.updates == 1 and all(torch.equal(x, y) for x, y in zip(fresh.weights, ema.weights, strict=True))
+    assert fresh.updates == 1 and all(torch.equal(x, y) for x,
+                                      y in zip(fresh.weights, ema.weights, strict=True))
 
 
 def test_a_run_evaluates_saves_and_tests_the_average(tiny_cfg, tmp_path):
     train(tiny_cfg("train.ema_decay=0.9", "train.max_epochs=1"), tmp_path)
     saved = checkpoint.load(tmp_path / "checkpoint_last.pt")
     assert saved["step"] > 0 and "ema_updates" not in saved  # the update count is the step count
-    assert any(not torch.equal(saved["model"][k], saved["trained_model"][k]) for k in saved["model"])
+    assert any(not torch.equal(saved["model"][k], saved["trained_model"][k])
+               for k in saved["model"])
     model, cfg, _ = load_model(tmp_path / "checkpoint_last.pt")  # what translate reads: the average
     corpus = load_corpus(cfg, cfg.model.max_positions)
-    loss = validation_loss(model, corpus, cfg.data.splits.valid, cfg.train.batch_tokens, torch.device("cpu"), "fp32")
+    loss = validation_loss(model, corpus, cfg.data.splits.valid, cfg.train.batch_tokens,
+                           torch.device("cpu"), "fp32")
     record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
-    assert record["valid_loss"] == pytest.approx(loss, abs=1e-4)  # the validation scored the average
+    # the validation scored the average
+    assert record["valid_loss"] == pytest.approx(loss, abs=1e-4)
     assert json.loads((tmp_path / "results.json").read_text())["tested"] == "checkpoint_best.pt"
 
 

@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHORT, TINY, cli, ctrl_c_able, one_line_error, snapshot, wait_until, write_config
+from conftest import (
+    SHORT,
+    TINY,
+    cli,
+    ctrl_c_able,
+    one_line_error,
+    snapshot,
+    wait_until,
+    write_config,
+)
 from torch import nn
 from typer.testing import CliRunner
 
@@ -60,7 +69,8 @@ def kill_at_step(monkeypatch, n: int) -> None:
 
 
 def kill_saving(name: str):
-    """A killer that dies while `name` of a given step is being saved (its metrics record is written)."""
+    """A killer that dies while `name` of a given step is being saved (its metrics record is
+    written)."""
 
     def kill(monkeypatch, step: int) -> None:
         real = checkpoint.save
@@ -81,14 +91,16 @@ def records(run_dir) -> list[dict]:
 
 
 def results(run_dir) -> dict:
-    return {k: v for k, v in json.loads((run_dir / "results.json").read_text()).items() if k not in TIMING}
+    return {k: v for k, v in json.loads((run_dir / "results.json").read_text()).items()
+            if k not in TIMING}
 
 
 def assert_same_state(a: dict, b: dict) -> None:
     """Model and optimizer state of two checkpoints are equal, bit for bit."""
     assert a["step"] == b["step"] and a["model"].keys() == b["model"].keys()
     assert a.keys() == b.keys()
-    for weights in ("model", "trained_model") if "trained_model" in a else ("model",):  # with train.ema_decay
+    # with train.ema_decay
+    for weights in ("model", "trained_model") if "trained_model" in a else ("model",):
         for name in a[weights]:
             assert torch.equal(a[weights][name], b[weights][name]), (weights, name)
     opt_a, opt_b = a["optimizer"]["state"], b["optimizer"]["state"]
@@ -118,17 +130,25 @@ def reference(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kill, at, saved_step, overrides", [
-    (kill_at_step, 11, 8, ()),  # mid epoch 1: resumes from the checkpoint_every checkpoint of step 8
-    (kill_at_step, 20, 18, ()),  # early in epoch 2: resumes from the end-of-epoch evaluation's checkpoint
-    (kill_saving("checkpoint_best.pt"), 18, 16, ()),  # the evaluation's record is written, no checkpoint
-    (kill_saving("checkpoint_last.pt"), 18, 16, ()),  # ... checkpoint_best.pt is written, but not the last
+    # mid epoch 1: resumes from the checkpoint_every checkpoint of step 8
+    (kill_at_step, 11, 8, ()),
+    # early in epoch 2: resumes from the end-of-epoch evaluation's checkpoint
+    (kill_at_step, 20, 18, ()),
+    # the evaluation's record is written, no checkpoint
+    (kill_saving("checkpoint_best.pt"), 18, 16, ()),
+    # ... checkpoint_best.pt is written, but not the last
+    (kill_saving("checkpoint_last.pt"), 18, 16, ()),
     (kill_at_step, 8, 4, ("train.accum_steps=2",)),  # 9 steps an epoch, 2 batches a step
-    (kill_at_step, 11, 8, ("train.ema_decay=0.9",)),  # the average and the trained weights both come back
-    (kill_at_step, 11, 8, ("train.optimizer=muon", "train.schedule=wsd", "model.qk_norm=true",  # Muon's momenta,
-                           "train.subword_sampling=0.2", "model.positions=learned")),  # the same subword draws
-], ids=["mid-epoch", "after-epoch-end", "saving-best", "saving-last", "accumulation", "ema", "speedrun-options"])
-def test_killed_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch, reference, kill, at, saved_step,
-                                      overrides):
+    # the average and the trained weights both come back
+    (kill_at_step, 11, 8, ("train.ema_decay=0.9",)),
+    # Muon's momenta,
+    (kill_at_step, 11, 8, ("train.optimizer=muon", "train.schedule=wsd", "model.qk_norm=true",
+                           # the same subword draws
+                           "train.subword_sampling=0.2", "model.positions=learned")),
+], ids=["mid-epoch", "after-epoch-end", "saving-best", "saving-last", "accumulation", "ema",
+        "speedrun-options"])
+def test_killed_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch, reference, kill, at,
+                                      saved_step, overrides):
     cfg = tiny_cfg(*RESUMABLE, *overrides)
     kill(monkeypatch, at)
     with pytest.raises(Killed):
@@ -165,26 +185,30 @@ def test_evaluation_leaves_training_unchanged(tiny_cfg, tmp_path, reference):
 @pytest.mark.slow
 def test_checkpoint_last_at_every_evaluation_and_every_n_steps(tiny_cfg, tmp_path, monkeypatch):
     saved, real = [], checkpoint.save
-    monkeypatch.setattr(checkpoint, "save", lambda state, path: (saved.append((path.name, state["step"])),
-                                                                  real(state, path)))
+    monkeypatch.setattr(checkpoint, "save", lambda state,
+                        path: (saved.append((path.name, state["step"])),
+                               real(state, path)))
     train(tiny_cfg("train.checkpoint_every=5", "train.eval_every=0"), tmp_path)
     last = [step for name, step in saved if name == "checkpoint_last.pt"]
-    assert last == [5, 10, 15, 18, 20, 25, 30, 35, 36]  # 18 steps an epoch, an evaluation after each
+    # 18 steps an epoch, an evaluation after each
+    assert last == [5, 10, 15, 18, 20, 25, 30, 35, 36]
 
 
 @pytest.mark.slow
 def test_ctrl_c_saves_and_resume_continues(tmp_path):
-    """SIGINT to a real `attn-mt train`: exit 130, a loadable checkpoint, one line, then --resume."""
+    """SIGINT to a real `attn-mt train`: exit 130, a loadable checkpoint, one line, then
+    --resume."""
     overrides = [*TINY, "train.max_epochs=1000", "train.checkpoint_every=3", "train.threads=1"]
     sets = [arg for kv in overrides for arg in ("--set", kv)]
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text("name: tiny\n")
     run = tmp_path / "run"
     proc = subprocess.Popen([ATTN_MT, "--quiet", "train", "-c", str(cfg), "--out", str(run), *sets],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_able)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_able)
     try:
-        wait_until(lambda: (run / "checkpoint_last.pt").exists() or proc.poll() is not None, timeout=120,
-                   what="a checkpoint")
+        wait_until(lambda: (run / "checkpoint_last.pt").exists() or proc.poll() is not None,
+                   timeout=120, what="a checkpoint")
         assert proc.poll() is None, proc.communicate()[1]
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
@@ -198,8 +222,8 @@ def test_ctrl_c_saves_and_resume_continues(tmp_path):
     assert checkpoint.load(run / "checkpoint_last.pt")["step"] == step
 
     handlers = logging.getLogger().handlers[:]
-    result = CliRunner().invoke(app, ["--quiet", "train", "-c", str(cfg), "--out", str(run), "--resume",
-                                      *sets, "--set", f"train.max_steps={step + 3}"])
+    result = CliRunner().invoke(app, ["--quiet", "train", "-c", str(cfg), "--out", str(run),
+                                      "--resume", *sets, "--set", f"train.max_steps={step + 3}"])
     logging.getLogger().handlers[:] = handlers  # the CLI pointed logging at the runner's stream
     assert result.exit_code == 0, result.output
     assert json.loads((run / "results.json").read_text())["steps"] == step + 3
@@ -207,8 +231,8 @@ def test_ctrl_c_saves_and_resume_continues(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_while_saving_never_leaves_a_broken_checkpoint(tmp_path):
-    """Kill a process that saves checkpoints back to back, 25 times at random moments: the file that is
-    left always loads, and holds one whole save."""
+    """Kill a process that saves checkpoints back to back, 25 times at random moments: the file that
+    is left always loads, and holds one whole save."""
     path = tmp_path / "checkpoint_last.pt"
     payload = torch.randn(1 << 20)  # 4 MiB: saving takes a while, so most kills land inside a save
     rng, mid_save, last_step = random.Random(0), 0, 0
@@ -219,8 +243,8 @@ def test_sigkill_while_saving_never_leaves_a_broken_checkpoint(tmp_path):
                 step = last_step
                 while True:
                     step += 1
-                    checkpoint.save({"model": {"w": payload, "step": torch.tensor(step)}, "config": {},
-                                     "step": step}, path)
+                    checkpoint.save({"model": {"w": payload, "step": torch.tensor(step)},
+                                     "config": {}, "step": step}, path)
             finally:
                 os._exit(0)
         wait_until(path.exists, timeout=60, interval=0.001, what="the first save")
@@ -229,12 +253,14 @@ def test_sigkill_while_saving_never_leaves_a_broken_checkpoint(tmp_path):
         os.waitpid(pid, 0)
         mid_save += any(tmp_path.glob(".checkpoint_last.pt.*.tmp"))
         state = checkpoint.load(path)
-        assert torch.equal(state["model"]["w"], payload) and state["model"]["step"].item() == state["step"]
+        assert (torch.equal(state["model"]["w"], payload)
+                and state["model"]["step"].item() == state["step"])
         assert state["step"] >= last_step
         last_step = state["step"]
     assert mid_save >= 10  # the kills did land while a file was being written
     checkpoint.save({"model": {}, "config": {}}, path)
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # temp files of killed savers are gone
+    # temp files of killed savers are gone
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 def poison_losses(monkeypatch, bad_calls) -> None:
@@ -266,7 +292,8 @@ def test_non_finite_loss_skips_the_step_and_is_counted(tiny_cfg, tmp_path, monke
 
 def test_too_many_non_finite_losses_stop_the_run(tiny_cfg, tmp_path, monkeypatch):
     poison_losses(monkeypatch, set(range(3, 100)))
-    with pytest.raises(TrainError, match=r"at step 2: 4 non-finite losses in a row \(train.max_bad_steps\)"):
+    with pytest.raises(TrainError, match=r"at step 2: 4 non-finite losses in a row "
+                       r"\(train.max_bad_steps\)"):
         train(tiny_cfg("train.max_bad_steps=4"), tmp_path)
 
 
@@ -285,14 +312,16 @@ def test_non_finite_gradient_skips_the_step():
     assert not torch.equal(before[0], layer.weight)
 
 
-@pytest.mark.parametrize("change", [*map(SLOW, ["train.batch_tokens=500", "train.accum_steps=2", "data.max_len=30",
-                                                 "train.lr=1e-3", "tokenizer.vocab_size=100"]), "train.seed=7"])
+@pytest.mark.parametrize("change", [*map(SLOW, ["train.batch_tokens=500", "train.accum_steps=2",
+                                                "data.max_len=30", "train.lr=1e-3",
+                                                "tokenizer.vocab_size=100"]), "train.seed=7"])
 def test_resume_refuses_changes_that_alter_the_run(change, tmp_path):
     config = write_config(tmp_path / "c.yaml", "train.max_steps=3", "train.bleu_sentences=5")
     run = tmp_path / "run"
     assert cli("train", "-c", config, "--out", run).exit_code == 0
     before = snapshot(run)
-    result = cli("train", "-c", config, "--out", run, "--resume", "--set", "train.max_steps=6", "--set", change)
+    result = cli("train", "-c", config, "--out", run, "--resume", "--set", "train.max_steps=6",
+                 "--set", change)
     one_line_error(result, 1, f"--resume: {change.split('=')[0]} is")
     assert snapshot(run) == before
 
@@ -309,11 +338,13 @@ def test_resuming_a_finished_run_trains_nothing_and_a_larger_budget_goes_on(tmp_
         {k: v for k, v in before.items() if k != "config.yaml"}
     more = cli("train", "-c", config, "--out", run, "--resume", "--set", "train.max_steps=5")
     assert more.exit_code == 0, more.output
-    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [3, 5]
+    assert ([json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+            == [3, 5])
 
 
 def test_resuming_after_early_stopping_does_not_train_again(tiny_cfg, tmp_path):
-    cfg = tiny_cfg("train.max_epochs=50", "train.eval_every=2", "train.patience=1", "train.bleu_sentences=5")
+    cfg = tiny_cfg("train.max_epochs=50", "train.eval_every=2", "train.patience=1",
+                   "train.bleu_sentences=5")
     train(cfg, tmp_path)
     records = (tmp_path / "metrics.jsonl").read_text()
     assert len(records.splitlines()) < 25  # it stopped early

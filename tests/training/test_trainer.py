@@ -1,5 +1,5 @@
-"""The training step: accumulated gradients equal one big batch's, and the Trainer walks each epoch's
-batches in the order (seed, epoch) fixes, `accum_steps` batches per optimizer step."""
+"""The training step: accumulated gradients equal one big batch's, and the Trainer walks each
+epoch's batches in the order (seed, epoch) fixes, `accum_steps` batches per optimizer step."""
 
 from __future__ import annotations
 
@@ -40,9 +40,11 @@ def test_accumulated_halves_give_the_whole_batch_gradient(corpus):
     one, two = TrainStep(whole, cfg.train, CPU, "fp32"), TrainStep(halves, cfg.train, CPU, "fp32")
     loss_one = one.backward(corpus.batches(split, [index]), n_tokens)
     loss_two = two.backward(corpus.batches(split, [index[:half], index[half:]]), n_tokens)
-    torch.testing.assert_close(loss_one, loss_two, rtol=1e-5, atol=0)  # the summed loss of the same tokens
+    # the summed loss of the same tokens
+    torch.testing.assert_close(loss_one, loss_two, rtol=1e-5, atol=0)
     for (name, a), b in zip(whole.named_parameters(), halves.parameters(), strict=True):
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-7, msg=lambda m,
+                                   name=name: f"{name}: {m}")
     before = copy.deepcopy(whole.state_dict())
     assert one.update(loss_one, 1e-3) == pytest.approx(loss_one.item())
     assert all(p.grad is None for p in whole.parameters())  # the step cleared the gradients
@@ -70,7 +72,8 @@ def test_trainer_walks_the_epoch_in_seeded_order(corpus, accum):
     assert tr.state.tokens == sum(expected) == sum(t + 1 for t in lens[1])  # every pair once
     tr.next_epoch()
     assert (tr.state.epoch, tr.state.batch_in_epoch) == (1, 0)
-    assert tr.epoch_batches() == token_batches(*lens, cfg.train.batch_tokens, cfg.train.seed, 1) != plan
+    assert (tr.epoch_batches() == token_batches(*lens, cfg.train.batch_tokens, cfg.train.seed, 1)
+            != plan)
 
 
 def test_a_copy_of_the_trainer_state_replays_the_same_step(corpus):
@@ -89,8 +92,8 @@ def test_a_copy_of_the_trainer_state_replays_the_same_step(corpus):
 
 @pytest.mark.parametrize("overrides", [{"accum_steps": 2}, {"subword_sampling": 0.2}])
 def test_batches_built_ahead_in_a_thread_train_exactly_as_in_place(corpus, overrides):
-    """The GPU path's prefetch thread (and pinned buffers, where pinning is possible) on the CPU: the same
-    losses and weights, bit for bit, as building each step's batches when it starts."""
+    """The GPU path's prefetch thread (and pinned buffers, where pinning is possible) on the CPU:
+    the same losses and weights, bit for bit, as building each step's batches when it starts."""
     from dataclasses import replace
 
     from attn_mt.data.prefetch import Prefetcher
@@ -115,8 +118,9 @@ def test_batches_built_ahead_in_a_thread_train_exactly_as_in_place(corpus, overr
 
 @pytest.mark.parametrize("skip_check", ["host", "device"])
 def test_without_clipping_a_non_finite_gradient_skips_the_step_too(skip_check):
-    """train.clip_norm: 0 used to leave the gradient norm unread: a finite loss with an infinite gradient was
-    applied and every weight became NaN. The norm is checked, clipped or not, with either skip check."""
+    """train.clip_norm: 0 used to leave the gradient norm unread: a finite loss with an infinite
+    gradient was applied and every weight became NaN. The norm is checked, clipped or not, with
+    either skip check."""
     layer = nn.Linear(2, 2)
     step = TrainStep(layer, TrainConfig(clip_norm=0.0, skip_check=skip_check), CPU, "fp32")
     before = [p.detach().clone() for p in layer.parameters()]

@@ -1,5 +1,5 @@
-"""training/validation.py: the validation loss against a pair-by-pair computation, validation BLEU that
-leaves the RNG alone, and test scoring."""
+"""training/validation.py: the validation loss against a pair-by-pair computation, validation BLEU
+that leaves the RNG alone, and test scoring."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def test_validation_loss_is_the_mean_token_cross_entropy(trained):
     split, tok = cfg.data.splits.valid, corpus.tok
     total, n = 0.0, 0
     with torch.no_grad():
-        for src, tgt in zip(*corpus.text[split], strict=True):  # one pair at a time: no padding at all
+        # one pair at a time: no padding at all
+        for src, tgt in zip(*corpus.text[split], strict=True):
             s = torch.tensor([tok.encode_src([src])[0][: model.max_positions - 1] + [tok.eos_id]])
             ids = tok.encode_tgt([tgt])[0][: model.max_positions - 1]
             t_in, t_out = torch.tensor([[tok.bos_id] + ids]), torch.tensor([ids + [tok.eos_id]])
@@ -38,7 +39,8 @@ def test_validation_loss_is_the_mean_token_cross_entropy(trained):
             n += t_out.numel()
     loss = validation_loss(model, corpus, split, cfg.train.batch_tokens, CPU, "fp32")
     assert loss == pytest.approx(total / n, rel=1e-4)
-    assert loss < math.log(tok.tgt_vocab_size)  # below a uniform guess: the tiny model learnt something
+    # below a uniform guess: the tiny model learnt something
+    assert loss < math.log(tok.tgt_vocab_size)
 
 
 def test_validate_gives_loss_and_greedy_bleu_and_keeps_the_rng(trained):
@@ -49,9 +51,11 @@ def test_validate_gives_loss_and_greedy_bleu_and_keeps_the_rng(trained):
     loss, value = metrics["valid_loss"], metrics["valid_bleu"]
     assert torch.equal(torch.get_rng_state(), state)  # training goes on with the same random stream
     assert model.training  # and in training mode
-    assert loss == validation_loss(model, corpus, cfg.data.splits.valid, cfg.train.batch_tokens, CPU, "fp32")
+    assert loss == validation_loss(model, corpus, cfg.data.splits.valid, cfg.train.batch_tokens,
+                                   CPU, "fp32")
     src, ref = (x[: cfg.train.bleu_sentences] for x in corpus.text[cfg.data.splits.valid])
-    greedy = translate(model.eval(), corpus.tok, src, replace(cfg.decode, beam_size=1, nbest=1), CPU)
+    greedy = translate(model.eval(), corpus.tok, src, replace(cfg.decode, beam_size=1, nbest=1),
+                       CPU)
     assert value == valid_bleu(model, corpus, cfg, CPU, "fp32") == bleu(greedy, ref)
 
 
