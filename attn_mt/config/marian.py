@@ -36,7 +36,7 @@ def upgrade(raw: dict[str, Any]) -> dict[str, Any]:
     """A config dict whose model section was written by an attn-mt without `kind: marian`: a
     MarianMT model's (`output_bias: true`) becomes one; every other model's drops the two keys
     it wrote at their defaults (`output_bias: false`, `banned_ids: []`)."""
-    model = raw.get("model")
+    model = raw.get("model") if isinstance(raw, dict) else None  # build() names what is not a dict
     if not isinstance(model, dict) or model.get("kind", "transformer") != "transformer" \
             or "output_bias" not in model:
         return raw

@@ -227,9 +227,9 @@ class Engine:
 
 class Detokenizer:
     """The text of one sentence's growing token ids, decoding only what follows a committed word
-    boundary: a piece that starts a word (▁) does not depend on what precedes it, so text = head + "
-    " + decode(tail). A boundary is committed, every `every` tokens, only where that equals the
-    whole decode; a sequence that is not an extension of the last starts again."""
+    boundary: a piece that starts a word (▁x) does not depend on what precedes it, so text =
+    head + " " + decode(tail). A boundary is committed, every `every` tokens, only where that
+    equals the whole decode; a sequence that is not an extension of the last starts again."""
 
     def __init__(self, tok, every: int = 16) -> None:
         self.tok, self.every = tok, every
@@ -248,7 +248,7 @@ class Detokenizer:
         if len(ids) - max(self.cut, self.tried) >= self.every:
             self.tried = len(ids)
             cut = next((c for c in range(len(ids) - 1, self.cut, -1)
-                        if self.tok.tgt.id_to_piece(ids[c]).startswith("▁")), None)
+                        if _starts_word(self.tok.tgt.id_to_piece(ids[c]))), None)
             whole = self.tok.tgt.decode(list(ids))
             if cut is not None:
                 head = self.tok.tgt.decode(list(ids[:cut]))
@@ -256,6 +256,12 @@ class Detokenizer:
                     self.cut, self.head = cut, head
             return whole
         return text
+
+
+def _starts_word(piece: str) -> bool:
+    """A piece that starts a word (▁x): its text does not depend on what precedes it. A bare ▁
+    does (what follows decides whether it is a space of its own), so it is no boundary."""
+    return piece.startswith("▁") and piece != "▁"
 
 
 class Live:
