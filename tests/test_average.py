@@ -58,8 +58,8 @@ def test_keep_last_keeps_n_and_tests_the_better_of_average_and_best(tmp_path, ti
     assert sum(p.numel() for p in model.parameters()) == results["params"]
 
 
-def test_the_kept_snapshots_average_into_checkpoint_avg_and_the_better_is_tested(tmp_path,
-                                                                                 tiny_run):
+def test_the_kept_snapshots_average_into_checkpoint_avg_and_the_better_is_tested(
+        tmp_path, tiny_run):
     """`average_snapshots` (the end of a run): checkpoint_avg.pt written and loaded into the model,
     then the average is tested only where its valid BLEU beats the best single checkpoint's."""
     files, state = RunDir(tmp_path), checkpoint.load(tiny_run / "checkpoint_last.pt")

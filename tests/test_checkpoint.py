@@ -175,8 +175,8 @@ def test_resuming_a_format_1_run_restores_the_moments_by_name(tiny_run, tiny_cfg
             == checkpoint.FORMAT_VERSION)
 
 
-def test_optimizer_state_that_fits_no_parameter_is_refused_in_one_line(tiny_run, tiny_cfg,
-                                                                       tmp_path):
+def test_optimizer_state_that_fits_no_parameter_is_refused_in_one_line(
+        tiny_run, tiny_cfg, tmp_path):
     state = load(tiny_run / "checkpoint_last.pt")
     group = state["optimizer"]["param_groups"][0]
     group["param_names"] = [n.replace("qkv_proj", "qkv") for n in group["param_names"]]

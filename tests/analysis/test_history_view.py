@@ -254,8 +254,7 @@ def test_serve_has_a_history_page_only_when_the_run_recorded_one(tiny_run, tmp_p
 
 
 def test_history_is_drawn_once_per_file_version_by_the_model_worker_under_the_queue_limit(
-        tiny_run, tmp_path,
-                                                                                          monkeypatch):
+        tiny_run, tmp_path, monkeypatch):
     """/history read and drew the file at every request (0.8-1.4 s), each in a thread of its own: 40
     requests at once saturated the CPU, took RSS from 330 MB to 1.6 GB and kept /api/info waiting
     5.2 s. Now the page is drawn once per version of the file, by the model worker, as a job of the

@@ -417,8 +417,8 @@ def test_the_stored_tutorials_views_draw_from_its_outputs_saved_as_a_page(browse
 
 
 @pytest.mark.slow
-def test_the_model_view_draws_answers_and_shows_its_picture_without_scripts(browser, made,
-                                                                            tmp_path):
+def test_the_model_view_draws_answers_and_shows_its_picture_without_scripts(
+        browser, made, tmp_path):
     from selenium.webdriver.common.action_chains import ActionChains
 
     att = attn_mt.Attention(TEXT, made["translation"], made["maps"])

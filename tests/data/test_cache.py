@@ -139,8 +139,8 @@ def test_prepare_then_train_reuses_the_cache(files, tmp_path, builds, monkeypatc
     assert (tmp_path / "c" / record["fingerprint"]).is_dir() and record["vocab_size"] == 120
 
 
-def test_a_resumed_run_rebuilds_a_deleted_entry_with_its_own_tokenizer(files, tmp_path,
-                                                                       monkeypatch):
+def test_a_resumed_run_rebuilds_a_deleted_entry_with_its_own_tokenizer(
+        files, tmp_path, monkeypatch):
     cfg = cfg_for(files, tmp_path)
     (tmp_path / "run").mkdir()
     first = load_corpus(cfg, 256)

@@ -167,8 +167,7 @@ TINY_LADDER = (Shape("t32", 32, 2, 1, 64, 600), Shape("t16", 16, 2, 1, 32, 300))
 
 @pytest.mark.slow
 def test_an_auto_sized_run_says_what_it_measured_and_chose_and_resumes_with_that_shape(
-        tiny_cfg, tmp_path, monkeypatch,
-                                                                                        caplog):
+        tiny_cfg, tmp_path, monkeypatch, caplog):
     """A real short budget run on the toy corpus, with a two-rung ladder of tiny shapes whose curves
     favour the bigger one once it gets a few epochs."""
     import json

@@ -123,15 +123,13 @@ def final_files(run_dir: Path) -> dict:
 
 @pytest.mark.slow
 def test_a_run_killed_at_any_write_is_empty_resumable_or_finished_and_ends_as_if_never_killed(
-        tmp_path,
-                                                                                             monkeypatch):
+        tmp_path, monkeypatch):
     torch.set_num_threads(1)  # forked children: a single-threaded parent is safe to fork
     # a tiny model's BLEU stays 0: a score that grows as the loss falls instead, so that
     real = evaluation_module.validate
     for module in (evaluation_module, finish_module):  # validation rounds and the average's test
-        monkeypatch.setattr(module, "validate",
-                            lambda *a: (lambda m: {**m, "valid_bleu": 100 - 10 * m["valid_loss"]})(
-            real(*a)))
+        monkeypatch.setattr(module, "validate", lambda *a: (
+            lambda m: {**m, "valid_bleu": 100 - 10 * m["valid_loss"]})(real(*a)))
     cfg = load_config(None, [*TINY, *OVERRIDES])  # every evaluation writes checkpoint_best.pt
     ref = tmp_path / "ref"
     with monkeypatch.context() as mp:
