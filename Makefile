@@ -42,7 +42,7 @@ demo: setup  ## train the built-in toy config once (later runs reuse it), transl
 clean-demo:  ## delete the demo's run (runs/toy), so the next `make demo` trains afresh
 	rm -rf $(DEMO)
 
-lint: setup  ## ruff check (the code is wrapped by hand at 120 columns; no ruff format)
+lint: setup  ## ruff check (the code is wrapped by hand at 100 columns; no ruff format)
 	$(BIN)/ruff check attn_mt tests scripts
 
 smoke: setup  ## a few hundred steps of the toy config
