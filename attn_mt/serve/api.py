@@ -112,12 +112,12 @@ TranslateRequest = create_model(  # texts, each served option (DECODE_OPTIONS' `
     **{o.field: served(o) for o in DECODE_OPTIONS if o.field},
     stream=(bool, Field(False, description="Answer as server-sent events while decoding: `token` "
                         "(greedy: the translation so far), `hypothesis` (beam: one finished), "
-                        "`result` (a sentence done), then `done` with the whole answer, or "
-                        "`error`.")),
+                        "`result` (a sentence done), then `done` with the whole answer, "
+                        "or `error`.")),
     align=(bool, Field(False, description="Give each hypothesis its word alignment with the "
-                       "source, `alignment`: Pharaoh links i-j (source word i, target word j, from "
-                       "0; words split at spaces), from cross-attention (docs/alignment.md). Not "
-                       "with stream.")))
+                       "source, `alignment`: Pharaoh links i-j (source word i, target word j, "
+                       "from 0; words split at spaces), from cross-attention (docs/alignment.md). "
+                       "Not with stream.")))
 
 
 def check_work(field: str, costs: list[int], limits: Limits) -> None:
@@ -182,8 +182,8 @@ class AttentionResponse(BaseModel):
                                            "self-attention keys.")
     encoder_self: Maps = Field(description="[layer][head][source][source]; empty for an RNN.")
     decoder_self: Maps = Field(description="[layer][head][target][target input]; empty for an RNN.")
-    cross: Maps = Field(description="[layer][head][target][source]; an RNN has one layer, one "
-                        "head.")
+    cross: Maps = Field(description="[layer][head][target][source]; "
+                        "an RNN has one layer, one head.")
 
 
 class ExplainRequest(AttentionRequest):
@@ -239,16 +239,16 @@ class ExplainResponse(BaseModel):
     scale: float = Field(description="1 / sqrt(d_k).")
     x: Vector = Field(description="(d_model) The query's input to the attention module.")
     q: Vector = Field(description="(d_k) This head's query, x W_q.")
-    keys: list[ExplainKey] = Field(description="Every key token: score, scaled score, mask, "
-                                   "weight.")
+    keys: list[ExplainKey] = Field(description="Every key token: "
+                                   "score, scaled score, mask, weight.")
     k: list[Vector] = Field(description="(keys, d_k) This head's keys.")
     v: list[Vector] = Field(description="(keys, d_k) This head's values.")
     head_output: Vector = Field(description="(d_k) sum_j weight_j v_j.")
-    head_outputs: list[Vector] = Field(description="(heads, d_k) Every head's output for this "
-                                       "query.")
+    head_outputs: list[Vector] = Field(description="(heads, d_k) "
+                                       "Every head's output for this query.")
     output: Vector = Field(description="(d_model) W_o [head_1; ...; head_H] + b_o, recomputed.")
-    model_output: Vector = Field(description="(d_model) The model's own attention output for this "
-                                 "query.")
+    model_output: Vector = Field(description="(d_model) "
+                                 "The model's own attention output for this query.")
     max_abs_diff: float = Field(description="max |output - model_output|: about 1e-7 in fp32.")
 
 

@@ -51,8 +51,8 @@ from .scheduler import Scheduler
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
 # the page loads nothing from elsewhere; this keeps it so (and keeps injected markup inert)
-CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; object-src "
-       "'none'")
+CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
+       "object-src 'none'")
 DESCRIPTION = """Translate with an attn-mt checkpoint and look at its attention.
 Requests from concurrent clients are decoded together in batches by one model worker.
 Errors are `{"error": "<field>: <why>", "field": "<field>"}` with a 4xx status."""
