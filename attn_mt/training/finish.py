@@ -27,8 +27,11 @@ def wind_up(run: Training, tested: bool) -> Path:
     was tested); returns the path of the tested checkpoint."""
     if run.board is not None:
         run.board.close()
-    run.trainer.net = run.trainer.model  # a wrapper for several processes goes before their group
-    gc.collect()  # (its reference cycles; distributed.py's `close` says why)
+    if run.trainer.net is not run.trainer.model:
+        # a wrapper for several processes goes before their group, its reference cycles too
+        # (distributed.py's `close` says why); only then, as a full collection is slow
+        run.trainer.net = run.trainer.model
+        gc.collect()
     run.world.close()  # every rank is past its last collective; rank 0 tests alone
     if tested:
         if run.world.main:
