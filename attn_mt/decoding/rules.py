@@ -35,10 +35,10 @@ class Rule(Protocol):
 
 
 def only(logp: Tensor, keep: Tensor) -> Tensor:
-    """logp (N, V) with every token but keep[i] at -inf where keep[i] >= 0 (elsewhere as it is);
-    a kept token that a rule before ruled out gets log P 0: it is the one way on."""
-    mask = torch.full_like(logp, -math.inf).scatter(1, keep.clamp(min=0)[:, None], 0.0)
-    return torch.where((keep < 0)[:, None], logp, logp.nan_to_num(neginf=0.0) + mask)  # no sync
+    """logp (N, V) with all but keep[i] at -inf where keep[i] >= 0; a kept -inf (ruled out) is 0."""
+    k = keep.clamp(min=0)[:, None]  # (N, 1)
+    kept = torch.full_like(logp, -math.inf).scatter(1, k, logp.gather(1, k).nan_to_num(neginf=0.0))
+    return torch.where((keep < 0)[:, None], logp, kept)  # no host sync per token
 
 
 class BanIds:
