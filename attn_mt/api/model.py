@@ -198,8 +198,8 @@ class Model(Inspection):
     def stream(self, text: str, *, target_prefix: str | None = None,
                **options: Unpack[Streamed]) -> Iterator[str]:
         """Translate one text greedily, giving the text of each new token as it is decoded (a
-        generator); the pieces joined are `translate(text, beam=1)` with the same `Streamed`
-        options (DECODE_OPTIONS' rows a stream takes: max_len_a, max_len_b).
+        generator); the pieces joined are `translate(text, beam=1)` with the same options
+        (`Streamed`'s keywords: the rows of DECODE_OPTIONS whose `calls` name "stream").
 
         >>> for piece in model.stream("the old man sees a small dog."):
         ...     print(piece, end="", flush=True)

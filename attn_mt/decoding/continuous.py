@@ -238,8 +238,8 @@ class RunningBatch:
 
     Args:
         model: a Transformer in eval mode (add, step and drop run under torch.inference_mode).
-        cfg: beam size and length limits, the same for every sentence; alpha and n-best are each
-            sentence's own (`add`'s `cfgs`, else these): settings that share shapes share calls.
+        cfg: every sentence's settings (beam, length limits, options' rules) but alpha and n-best,
+            each one's own (`add`'s `cfgs`, else these): settings that share shapes share calls.
     """
 
     def __init__(self, model: Transformer, cfg: DecodeConfig, *, bos_id: int, eos_id: int,
@@ -264,7 +264,7 @@ class RunningBatch:
     def add(self, items: list[tuple[Hashable, list[int]]],
             cfgs: list[DecodeConfig] | None = None) -> None:
         """Sentences (tag, source ids with eos) join; they take part from the next step on. `cfgs`:
-        each one's settings (alpha, nbest; the beam size and length limits must be this batch's)."""
+        each one's settings (alpha, nbest; every other must be this batch's)."""
         if not items:
             return
         cfgs = cfgs or [self.cfg] * len(items)
