@@ -56,7 +56,7 @@ def with_decode_options(call: str, annotation: Callable[[DecodeOption], Any]) ->
 
         @functools.wraps(command)
         def run(**given: Any) -> Any:
-            options = {o.arg: given.pop(o.arg) for o in rows}
+            options = {o.arg: given.pop(o.arg, None) for o in rows}
             return command(**given, options=options)
 
         run.__signature__ = inspect.Signature(own + added)  # type: ignore[attr-defined]
