@@ -13,6 +13,7 @@ from typer import Argument, Option
 from typer.core import TyperCommand, TyperGroup
 
 import attn_mt
+from attn_mt.api.arguments import with_decode_options  # a verb's decode flags, from the table
 from attn_mt.api.limits import Limits  # the served limits' defaults (no web extra needed)
 from attn_mt.errors import AttnMTError
 
@@ -77,22 +78,19 @@ class _Verb(TyperCommand):
 
 
 _verb = functools.partial(app.command, cls=_Verb)  # @_verb(): a subcommand of `attn-mt`
+DECODE_FLAGS = {o.key: flag(o.arg) for o in attn_mt.DECODE_OPTIONS}  # the decode options' flags
 
 
-OPTION = {o.key: o for o in attn_mt.DECODE_OPTIONS}  # the decode options (attn_mt/config)
-DECODE_FLAGS = {o.key: flag(o.arg) for o in attn_mt.DECODE_OPTIONS}  # their flags
-
-
-def _decode_opt(kind, key: str, default: str = "default: the checkpoint's decode section"):
-    return _opt(kind | None, DECODE_FLAGS[key], help=f"{OPTION[key].help} ({default}).")
+def _decode_opt(o):  # a decode option's flag (DECODE_OPTIONS' row), with its help
+    default = f"default {o.default}" if o.default else "default: the checkpoint's decode section"
+    return _opt(o.type | None, DECODE_FLAGS[o.key], help=f"{o.help} ({default}).")
 
 ConfigOpt = _opt(Path, "--config", "-c", help="YAML experiment config.")
 SetOpt = _opt(list[str] | None, "--set", help="Override a key: section.key=value.")
 CkptOpt = _opt(Path, "--checkpoint", help="A checkpoint written by `attn-mt train`.")
 ModelOpt = _opt(Path, "--checkpoint", help="A checkpoint, or a folder of `attn-mt export`.")
 DeviceOpt = _opt(str, help="cpu, cuda, mps or auto.")
-BeamOpt, AlphaOpt = _decode_opt(int, "beam_size"), _decode_opt(float, "alpha")
-BatchOpt, NbestOpt = _decode_opt(int, "batch_size"), _decode_opt(int, "nbest", "default 1")
+BeamOpt = _decode_opt({o.key: o for o in attn_mt.DECODE_OPTIONS}["beam_size"])
 SrcOpt = _opt(Path, help="Source sentences, one a line.")
 RefOpt = _opt(Path, help="Their reference translations, line-aligned with --src.")
 TextArg = Annotated[str, Argument(help="A source sentence.")]
@@ -111,20 +109,20 @@ def train(config: ConfigOpt, overrides: SetOpt = None,
 
 
 @_verb()
+@with_decode_options("translate_nbest", _decode_opt)
 def translate(checkpoint: ModelOpt,
               texts: Annotated[list[str] | None, Argument(help="Sentences to translate.")] = None,
               input: _opt(Path | None, "--input", "-i", help="Input file.") = None,
-              beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None,
-              device: DeviceOpt = "auto", nbest: NbestOpt = None,
+              device: DeviceOpt = "auto",
               fmt: _opt(Literal["text", "jsonl"], "--format", help="text or jsonl.") = "text",
               stream: _opt(bool, help="Each line as soon as it is done (else in 1000s).") = False,
-              align: _opt(bool, help="Add ' ||| ' and the word links.") = False) -> None:
+              align: _opt(bool, help="Add ' ||| ' and the word links.") = False,
+              options: dict | None = None) -> None:
     """Translate arguments, --input FILE or stdin (a prompt on a terminal), a line per result."""
     from attn_mt.api.terminal import translate_command
 
     for out in translate_command(checkpoint, texts, input, fmt=fmt, stream=stream, align=align,
-                                 device=device, names=DECODE_FLAGS, beam=beam, alpha=alpha,
-                                 nbest=nbest, batch_size=batch_size):
+                                 device=device, names=DECODE_FLAGS, **options):
         typer.echo(out)  # click.echo flushes
 
 
@@ -146,14 +144,15 @@ def align(checkpoint: CkptOpt, src: SrcOpt,
 
 
 @_verb()
+@with_decode_options("translate", _decode_opt)
 def evaluate(checkpoint: ModelOpt, src: SrcOpt, ref: RefOpt, device: DeviceOpt = "auto",
-             beam: BeamOpt = None, alpha: AlphaOpt = None, batch_size: BatchOpt = None,
-             as_json: _opt(bool, "--json", help="Print JSON.") = False) -> None:
+             as_json: _opt(bool, "--json", help="Print JSON.") = False,
+             options: dict | None = None) -> None:
     """Translate --src and score it against --ref with sacrebleu BLEU and chrF."""
     from attn_mt.api.terminal import evaluate_command
 
     typer.echo(evaluate_command(checkpoint, src, ref, as_json=as_json, device=device,
-                                names=DECODE_FLAGS, beam=beam, alpha=alpha, batch_size=batch_size))
+                                names=DECODE_FLAGS, **options))
 
 
 @_verb()

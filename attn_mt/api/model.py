@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Unpack, overload
 
 from attn_mt.config import ARGS, DECODE_OPTIONS, DecodeConfig
-from attn_mt.config.decode import Decoding, OneBest
+from attn_mt.config.decode import Decoding, OneBest, Streamed
 from attn_mt.data import checks
 from attn_mt.decoding.translate import Translation
 from attn_mt.decoding.translator import decode_options, evaluate_texts
@@ -195,18 +195,20 @@ class Model(Inspection):
         out = self._nbest(items, dcfg, self._steer(items, target_prefix, None, None))
         return out[0] if one else out
 
-    def stream(self, text: str, *, max_len_a: float | None = None, max_len_b: int | None = None,
-               target_prefix: str | None = None) -> Iterator[str]:
+    def stream(self, text: str, *, target_prefix: str | None = None,
+               **options: Unpack[Streamed]) -> Iterator[str]:
         """Translate one text greedily, giving the text of each new token as it is decoded (a
-        generator); the pieces joined are `translate(text, beam=1)`.
+        generator); the pieces joined are `translate(text, beam=1)` with the same options
+        (`Streamed`'s keywords: the rows of DECODE_OPTIONS whose `calls` name "stream").
 
         >>> for piece in model.stream("the old man sees a small dog."):
         ...     print(piece, end="", flush=True)
         """
         from . import steering
 
+        refuse_others("stream", options, Streamed.__optional_keys__)
         text = checks.text(text, "text", empty=True)
-        dcfg = self.options(beam=1, nbest=1, max_len_a=max_len_a, max_len_b=max_len_b)
+        dcfg = self.options(**options, beam=1, nbest=1)
         steer = steering.Steer.of(self.translator, [text], target_prefix, None, None)
         return steering.stream(self.translator, self.shared, text, dcfg, steer)
 
@@ -272,17 +274,17 @@ class Model(Inspection):
             return evaluate_contrastive(
                 lambda s, t: self.translator.score(s, t, batch_size=batch_size), found)
 
-    def evaluate(self, sources: Lines, refs: Lines, *, beam: int | None = None,
-                 alpha: float | None = None, batch_size: int | None = None) -> dict:
-        """Translate `sources` and score them against `refs`: sacreBLEU BLEU and chrF with their
-        signatures.
+    def evaluate(self, sources: Lines, refs: Lines, **options: Unpack[OneBest]) -> dict:
+        """Translate `sources` (with `translate`'s decode options) and score them against `refs`:
+        sacreBLEU BLEU and chrF with their signatures.
 
         >>> model.evaluate(Path("runs/toy/test.en"), Path("runs/toy/test.de"))["bleu"]
         """
         from . import analyses
 
+        refuse_others("evaluate", options, OneBest.__optional_keys__)
         srcs, references = analyses.pairs(sources, refs)
-        dcfg = self.options(beam=beam, alpha=alpha, batch_size=batch_size, nbest=1)
+        dcfg = self.options(**options, nbest=1)
         with self.shared.reading():
             return evaluate_texts(self.translator, srcs, references, dcfg)
 

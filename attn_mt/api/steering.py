@@ -28,11 +28,12 @@ from attn_mt.config import DecodeConfig
 from attn_mt.data import checks
 from attn_mt.data.batching import pad
 from attn_mt.decoding.beam import Hypothesis
-from attn_mt.decoding.rules import Rule, only
+from attn_mt.decoding.rules import DRAW, FORCE, Rule, only
 from attn_mt.decoding.search import Greedy, steps
 from attn_mt.decoding.translate import (
     Translation,
     max_lengths,
+    option_rules,
     prepare_sources,
     search,
     translate_batches,
@@ -48,6 +49,8 @@ MAX_TEMPERATURE = 1e6  # above it every token is as likely already; a float32 in
 
 class Prefix:
     """A target prefix per sentence (each of its k hypotheses): inside it, its next token only."""
+
+    order = FORCE
 
     def __init__(self, prefixes: list[list[int]], device: torch.device | str) -> None:
         self.width = max((len(p) for p in prefixes), default=0)
@@ -65,6 +68,8 @@ class Prefix:
 class Sample:
     """Sampling: only a token drawn from softmax(log P / temperature), each sentence from its own
     generator (one hypothesis per sentence). Where another rule left one token, it is drawn."""
+
+    order = DRAW
 
     def __init__(self, temperature: float, seeds: list[int], device: torch.device | str) -> None:
         self.temperature = max(temperature, 1e-30)  # a float32 divisor (below: greedy all the same)
@@ -234,7 +239,8 @@ def _pieces(translator: Translator, shared: Shared, text: str, dcfg: DecodeConfi
         with shared.reading(), torch.inference_mode():
             if place != _place(module):  # the first step, or Model.to moved or cast it since
                 place = _place(module)
-                loop = _search(module, tok, src_ids, ids, prefix, max_len, steer, place[0])
+                loop = _search(module, tok, src_ids, ids, prefix, max_len, dcfg, steer,
+                               place[0])
             nxt = int(next(loop)[0, -1])  # eos at the limit
         if nxt == tok.eos_id:
             break
@@ -249,15 +255,18 @@ def _pieces(translator: Translator, shared: Shared, text: str, dcfg: DecodeConfi
 
 
 def _search(module: Any, tok: Any, src_ids: list[list[int]], ids: list[int], prefix: list[int],
-            max_len: int, steer: Steer, device: torch.device) -> Iterator[Tensor]:
+            max_len: int, dcfg: DecodeConfig, steer: Steer,
+            device: torch.device) -> Iterator[Tensor]:
     """The search loop (search.steps, greedy) of a stream on the module as placed, past the tokens
     decoded so far (`ids`): they are forced as the start of the target prefix, so the next step goes
-    on as if the module had always been placed so. `max_len` is the output limit, eos included."""
+    on as if the module had always been placed so. `max_len` is the output limit, eos included;
+    dcfg's options add their rules (translate.option_rules), as in every search."""
     module.eval()
     src = torch.tensor(src_ids, device=device)  # (1, S)
     chooser = Greedy(torch.tensor([max_len], device=device), tok.eos_id)
     loop = steps(module, src, chooser, bos_id=tok.bos_id,
-                 rules=steer.rules([ids + prefix[len(ids):]], device))
+                 rules=[*steer.rules([ids + prefix[len(ids):]], device),
+                        *option_rules(dcfg, tok.eos_id)])
     for _ in ids:
         next(loop)
     return loop

@@ -20,8 +20,9 @@ class DecodeOption:
     (`Model.options`, `Model.translate`, ...; the command line spells it its own way); `field`: its
     JSON field in serve's `/api/translate` (None: not served); `type`, `least`, `most`: the values
     allowed; `default`: what a caller gets without it (None: the model's decode section); `help`:
-    what it means. Public as `attn_mt.DECODE_OPTIONS`; the one-best surfaces (`translate`,
-    `evaluate`) leave `nbest` out."""
+    what it means; `calls`: the `Model` methods that take it (CALLS; `translate` also stands for
+    `evaluate` and the command line's `evaluate`, `translate_nbest` for its `translate`; `stream`
+    decodes greedily, one sentence). Public as `attn_mt.DECODE_OPTIONS`."""
 
     key: str
     arg: str
@@ -31,6 +32,7 @@ class DecodeOption:
     help: str
     field: str | None = None
     default: str | None = None
+    calls: tuple[str, ...] = ("translate_nbest", "translate", "stream")
 
     def problem(self, value: int | float) -> str | None:
         """Why `value` is not allowed (the end of the message: "must be >= 1"), or None."""
@@ -41,12 +43,18 @@ class DecodeOption:
         return f"must be >= {self.least:g}" if value < self.least else None
 
 
+CALLS = ("translate_nbest", "translate", "stream")  # the Model's calls that decode
+WHOLE = CALLS[:2]  # calls that decode whole sentences, in batches
+
 DECODE_OPTIONS = (
-    DecodeOption("beam_size", "beam", int, 1, 1000, "Beam size; 1 is greedy", field="beam"),
-    DecodeOption("alpha", "alpha", float, 0.0, 100.0, "Length penalty exponent", field="alpha"),
+    DecodeOption("beam_size", "beam", int, 1, 1000, "Beam size; 1 is greedy", field="beam",
+                 calls=WHOLE),
+    DecodeOption("alpha", "alpha", float, 0.0, 100.0, "Length penalty exponent", field="alpha",
+                 calls=WHOLE),
     DecodeOption("nbest", "nbest", int, 1, 1000, "Hypotheses per sentence, at most the beam size",
-                 field="nbest", default="1"),
-    DecodeOption("batch_size", "batch_size", int, 1, 1_000_000, "Sentences per batch"),
+                 field="nbest", default="1", calls=CALLS[:1]),
+    DecodeOption("batch_size", "batch_size", int, 1, 1_000_000, "Sentences per batch",
+                 calls=WHOLE),
     DecodeOption("max_len_a", "max_len_a", float, 0.0, 1000.0,
                  "Output length limit a x source length + b: its a"),
     DecodeOption("max_len_b", "max_len_b", int, 1, 1_000_000,
@@ -58,16 +66,26 @@ ARGS = {o.key: o.arg for o in DECODE_OPTIONS}  # DecodeConfig field -> the API's
 FIELDS = {o.key: o.field for o in DECODE_OPTIONS if o.field}
 
 
-class OneBest(TypedDict, total=False):
-    """The API's decode keywords, DECODE_OPTIONS' `arg`s, for a one-best call (`Model.translate`);
-    each is None or left out for the model's default. Written out for type checkers;
-    tests/decoding/test_decode_options.py keeps it equal to the table."""
+def taking(call: str) -> tuple[DecodeOption, ...]:
+    """The rows whose options `call` (one of CALLS) takes."""
+    return tuple(o for o in DECODE_OPTIONS if call in o.calls)
+
+
+class Streamed(TypedDict, total=False):
+    """The API's decode keywords, DECODE_OPTIONS' `arg`s, for a stream (`Model.stream`); each is
+    None or left out for the model's default. Written out for type checkers, as OneBest and
+    Decoding are; tests/decoding/test_decode_options.py keeps each equal to its rows (`taking`)."""
+
+    max_len_a: float | None
+    max_len_b: int | None
+
+
+class OneBest(Streamed, total=False):
+    """The decode keywords of a one-best call (`Model.translate`, `Model.evaluate`)."""
 
     beam: int | None
     alpha: float | None
     batch_size: int | None
-    max_len_a: float | None
-    max_len_b: int | None
 
 
 class Decoding(OneBest, total=False):

@@ -17,7 +17,7 @@ One job: decoding a running batch: its cache (`RunningCache`, `begin`), length r
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,7 @@ from attn_mt.data.batching import pad
 from attn_mt.decoding.beam import Beam, Hypothesis, candidates, length_penalty
 from attn_mt.decoding.rules import MaxLength, decode_step, only, step_rules
 from attn_mt.decoding.search import Greedy
-from attn_mt.decoding.translate import max_lengths
+from attn_mt.decoding.translate import max_lengths, option_rules
 from attn_mt.models.attention import KV
 from attn_mt.models.transformer import KVCache, Transformer
 
@@ -238,13 +238,14 @@ class RunningBatch:
 
     Args:
         model: a Transformer in eval mode (add, step and drop run under torch.inference_mode).
-        cfg: beam size and length limits, the same for every sentence; alpha and n-best are each
-            sentence's own (`add`'s `cfgs`, else these): settings that share shapes share calls.
+        cfg: every sentence's settings (beam, length limits, options' rules) but alpha and n-best,
+            each one's own (`add`'s `cfgs`, else these): settings that share shapes share calls.
     """
 
     def __init__(self, model: Transformer, cfg: DecodeConfig, *, bos_id: int, eos_id: int,
                  pad_id: int) -> None:
         self.model, self.cfg, self.k = model, cfg, cfg.beam_size
+        self.rules = option_rules(cfg, eos_id)  # those of its decode options, for every sentence
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
         self.cache: RunningCache | None = None  # of all rows, from begin
         self.chooser: RunningGreedy | RunningBeam | None = None  # each sentence's, in row order
@@ -263,13 +264,13 @@ class RunningBatch:
     def add(self, items: list[tuple[Hashable, list[int]]],
             cfgs: list[DecodeConfig] | None = None) -> None:
         """Sentences (tag, source ids with eos) join; they take part from the next step on. `cfgs`:
-        each one's settings (alpha, nbest; the beam size and length limits must be this batch's)."""
+        each one's settings (alpha, nbest; every other must be this batch's)."""
         if not items:
             return
         cfgs = cfgs or [self.cfg] * len(items)
-        shape = (self.k, self.cfg.max_len_a, self.cfg.max_len_b)
-        if any((c.beam_size, c.max_len_a, c.max_len_b) != shape for c in cfgs):
-            raise ValueError("a sentence's beam size and length limits must be its running batch's")
+        if any(replace(c, alpha=self.cfg.alpha, nbest=self.cfg.nbest) != self.cfg for c in cfgs):
+            raise ValueError("a sentence's beam size and length limits (every setting but alpha "
+                             "and n-best) must be its running batch's")
         dev = next(self.model.parameters()).device
         src = pad([ids for _, ids in items], self.pad_id).to(dev)  # (m, S)
         cache = begin(self.model, src)
@@ -306,7 +307,7 @@ class RunningBatch:
         step = torch.tensor(self.steps, device=self.ys.device).repeat_interleave(k)  # (R,)
         if self.ys.size(1) < max(self.steps) + 2:  # room for this step's token
             self.ys = torch.cat([self.ys, torch.full_like(self.ys[:, :1], self.pad_id)], dim=1)
-        rules = step_rules(self.model, (), chooser.limit)  # its length rule: a RunningLimit
+        rules = step_rules(self.model, self.rules, chooser.limit)  # the limit: a RunningLimit
         tgt_in = self.ys.gather(1, step[:, None])  # (R, 1) each row's newest token
         logp = decode_step(self.model, tgt_in, None, self.cache.memory_mask, self.cache,
                            step=step, predicted=self.ys[:, 1:], rules=rules)  # (R, V)

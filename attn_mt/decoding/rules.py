@@ -4,11 +4,11 @@ A rule sees the step, the log P of each hypothesis's next token and its tokens s
 tokens out (sets them to -inf); the search then picks among the rest, so log P stays the model's.
 A batch holds one hypothesis per sentence (greedy) or k consecutive ones (beam search).
 
-    rule            rules out
-    BanIds          the model's banned ids (model.banned), always
-    MaxLength       everything but eos at an output's last position
+    rule        order   rules out
+    BanIds      BAN     the model's banned ids (model.banned), always
+    MaxLength   LIMIT   everything but eos at an output's last position
 
-A caller adds its own: api/steering.py's forced target prefix and sampling.
+A caller adds its own (api/steering.py's prefix, FORCE; sampling, DRAW); all run in `order`.
 
 Tested in tests/decoding/test_rules.py.
 """
@@ -24,22 +24,27 @@ from torch import Tensor
 
 from attn_mt.models import DecoderCache, Seq2Seq
 
+BAN, FORCE, DRAW, LIMIT = range(4)  # a rule's place: what it rules out, then what it keeps
+
 
 class Rule(Protocol):
+    order: int  # BAN, FORCE, DRAW or LIMIT: its place among a step's rules
     def apply(self, step: int, logp: Tensor, predicted: Tensor) -> Tensor:
         """logp (N, V) with tokens ruled out at -inf; predicted (N, step): the ids so far."""
         ...
 
 
 def only(logp: Tensor, keep: Tensor) -> Tensor:
-    """logp (N, V) with every token but keep[i] at -inf where keep[i] >= 0 (elsewhere as it is)."""
-    mask = torch.full_like(logp, -math.inf).scatter(1, keep.clamp(min=0)[:, None], 0.0)
-    return torch.where((keep < 0)[:, None], logp, logp + mask)  # no host sync per token
+    """logp (N, V) with all but keep[i] at -inf where keep[i] >= 0; a kept -inf (ruled out) is 0."""
+    k = keep.clamp(min=0)[:, None]  # (N, 1)
+    kept = torch.full_like(logp, -math.inf).scatter(1, k, logp.gather(1, k).nan_to_num(neginf=0.0))
+    return torch.where((keep < 0)[:, None], logp, kept)  # no host sync per token
 
 
 class BanIds:
-    """Ids never generated, at -inf after the softmax (as transformers' generate() bans them: the
-    other tokens keep their probabilities)."""
+    """Ids never generated: -inf after the softmax, so the rest keep their probabilities."""
+
+    order = BAN
 
     def __init__(self, ids: Sequence[int]) -> None:
         self.ids = list(ids)
@@ -51,6 +56,8 @@ class BanIds:
 
 class MaxLength:
     """Only eos at the last position of each output: step + 1 >= max_len (N,), eos included."""
+
+    order = LIMIT
 
     def __init__(self, max_len: Tensor, eos_id: int) -> None:
         self.max_len, self.eos_id = max_len, eos_id
@@ -67,9 +74,9 @@ class MaxLength:
 
 
 def step_rules(model: Seq2Seq, rules: Sequence[Rule], limit: MaxLength) -> list[Rule]:
-    """A search's rules in order: the model's banned ids (if any), the caller's, the length."""
+    """A search's rules in `order` (stable): the model's banned ids, the caller's, the limit."""
     banned = getattr(model, "banned", None)
-    return [*([BanIds(banned)] if banned else []), *rules, limit]
+    return sorted([*([BanIds(banned)] if banned else []), *rules, limit], key=lambda r: r.order)
 
 
 def decode_step(model: Seq2Seq, tgt_in: Tensor, memory: Tensor | None, src_mask: Tensor,

@@ -53,9 +53,9 @@ def steps(model: Seq2Seq, src: Tensor, chooser: Greedy | Beam, *, bos_id: int,
           rules: Sequence[Rule] = ()) -> Iterator[Tensor]:
     """The search loop (run it under torch.inference_mode()): encode src (B, S), then a step at a
     time yield ys (N, 2 + step): bos and the tokens so far, until the chooser is done or every
-    output is at its length limit. `rules` (a target prefix, sampling) come between the model's
-    banned ids and the length limit. Without the cache each step feeds the whole output so far
-    (the slow way, kept for comparison and tests).
+    output is at its length limit. `rules` (a target prefix, sampling) join the model's banned
+    ids and the length limit, each in its `order`. Without the cache each step feeds the whole
+    output so far (the slow way, kept for comparison and tests).
     """
     src_mask = model.src_mask(src)
     memory = model.encode(src, src_mask)  # (B, S, D)
@@ -96,7 +96,7 @@ class Greedy:
         self.ended = torch.zeros(len(max_len), dtype=torch.bool, device=max_len.device)  # (B,)
 
     def choose(self, step: int, logp: Tensor, ys: Tensor) -> tuple[Tensor, None]:
-        # eos at the limit, even where the rules left no token (a sampled draw that was not eos)
+        # eos at the limit (the one token the length rule leaves) and after an output's eos
         out = logp.argmax(-1).masked_fill(self.limit.forced(step) | self.ended, self.eos_id)  # (B,)
         self.log_prob += logp.gather(1, out[:, None])[:, 0].masked_fill(self.ended, 0.0)
         self.ended |= out == self.eos_id
@@ -113,10 +113,3 @@ class Greedy:
     def hypothesis(self, out: list[int], log_prob: float, alpha: float | Penalty) -> Hypothesis:
         tokens = out[: out.index(self.eos_id)] if self.eos_id in out else out
         return Hypothesis(tokens, log_prob, log_prob / length_penalty(len(tokens) + 1, alpha))
-
-
-def greedy(model: Seq2Seq, src: Tensor, max_len: Tensor, bos_id: int, eos_id: int,
-           use_cache: bool = True) -> list[list[int]]:
-    """Greedy token ids (without bos/eos) for a batch; see `greedy_search`."""
-    hyps = greedy_search(model, src, max_len, bos_id=bos_id, eos_id=eos_id, use_cache=use_cache)
-    return [h.tokens for h in hyps]

@@ -33,13 +33,25 @@ def max_lengths(src_lens: Tensor, cfg: DecodeConfig, limit: int) -> Tensor:
     return (src_lens.float() * cfg.max_len_a + cfg.max_len_b).long().clamp(max=limit)
 
 
+# The decode options that rule tokens out: DECODE_OPTIONS' key -> the rule (decoding/rules.py) a
+# DecodeConfig asks for, given the target's eos id; None where it leaves the option off. Every
+# search adds them (`search`, Model.stream's loop, a running batch), each at its `order`; a rule
+# here is the same for every sentence of a call (in a running batch `step` is each row's, (N,)).
+OPTION_RULES: dict[str, Callable[[DecodeConfig, int], Rule | None]] = {}
+
+
+def option_rules(cfg: DecodeConfig, eos_id: int) -> list[Rule]:
+    """The rules that `cfg`'s decode options ask for (OPTION_RULES)."""
+    return [r for make in OPTION_RULES.values() if (r := make(cfg, eos_id)) is not None]
+
+
 def search(model: Seq2Seq, tok: Tokenizer, src: Tensor, max_len: Tensor, cfg: DecodeConfig,
            use_cache: bool = True, interrupt: Interrupt | None = None,
            rules: Sequence[Rule] = ()) -> list[list[Hypothesis]]:
-    """n-best lists for src (B, S): greedy for beam_size 1, else beam search; `rules` between
-    the model's and the length limit (decoding/rules.py)."""
+    """n-best lists for src (B, S): greedy for beam_size 1, else beam search; the caller's `rules`
+    and those of cfg's options join the model's and the length limit (decoding/rules.py)."""
     how = dict(bos_id=tok.bos_id, eos_id=tok.eos_id, alpha=cfg.penalty, use_cache=use_cache,
-               interrupt=interrupt, rules=rules)
+               interrupt=interrupt, rules=[*rules, *option_rules(cfg, tok.eos_id)])
     if cfg.beam_size == 1:
         return [[h] for h in greedy_search(model, src, max_len, **how)]
     return beam_search(model, src, max_len, beam_size=cfg.beam_size, nbest=cfg.nbest, **how)
@@ -117,3 +129,10 @@ def translate(model: Seq2Seq, tok: Tokenizer, texts: list[str], cfg: DecodeConfi
               device: torch.device | str = "cpu", use_cache: bool = True) -> list[str]:
     """The best translation of each text, in input order (beam search if beam_size > 1)."""
     return [n[0].text for n in translate_nbest(model, tok, texts, cfg, device, use_cache)]
+
+
+def greedy(model: Seq2Seq, src: Tensor, max_len: Tensor, bos_id: int, eos_id: int,
+           use_cache: bool = True) -> list[list[int]]:
+    """Greedy token ids (without bos/eos) for a batch; see `greedy_search`."""
+    hyps = greedy_search(model, src, max_len, bos_id=bos_id, eos_id=eos_id, use_cache=use_cache)
+    return [h.tokens for h in hyps]

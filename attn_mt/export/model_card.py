@@ -64,9 +64,11 @@ def card_header(cfg: ExperimentConfig, results: dict, data_name: str, remote: bo
 
 
 def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict, files: RunDir, *,
-               route: str, params: int, length_penalty: float) -> str:
+               route: str, params: int, length_penalty: float,
+               not_held: dict[str, str] | None = None) -> str:
     """README.md for the hub: YAML header, what the model is, how it was trained and scored, how to
-    use it."""
+    use it; `not_held`: the decode options generation_config.json cannot hold, and why (by
+    DecodeConfig field)."""
     m, d, dec, src, tgt = cfg.model, cfg.data, cfg.decode, cfg.data.src_lang, cfg.data.tgt_lang
     data_name = d.name or (Path(d.dir).name if d.dir else "") or "attn-mt toy corpus"
     remote = route == "attn_mt"
@@ -110,13 +112,15 @@ def model_card(cfg: ExperimentConfig, tok: Tokenizer, state: dict, results: dict
                   f"`{results['tested']}`):", "", f"- BLEU **{results['test_bleu']:.2f}** "
                   f"(sacreBLEU `{results['sacrebleu_signature']}`)",
                   f"- chrF **{results['test_chrf']:.2f}** (`{results['chrf_signature']}`)", ""]
-    lines += usage(cfg, example, trust, length_penalty)
+    lines += usage(cfg, example, trust, length_penalty, not_held or {})
     return "\n".join(lines)
 
 
-def usage(cfg: ExperimentConfig, example: str, trust: str, length_penalty: float) -> list[str]:
+def usage(cfg: ExperimentConfig, example: str, trust: str, length_penalty: float,
+          not_held: dict[str, str]) -> list[str]:
     """The card's usage section: the transformers code, and how its decoding differs from ours."""
     dec = cfg.decode
+    missing = "; ".join(f"`{k}` {getattr(dec, k)}: {why}" for k, why in not_held.items())
     lp = f"`length_penalty={length_penalty}`, `early_stopping=\"never\"`"
     beam = (f"beam {dec.beam_size}, {lp}" if dec.beam_size > 1
             else f"greedy (for beam search pass `num_beams`, {lp})")
@@ -132,5 +136,6 @@ def usage(cfg: ExperimentConfig, example: str, trust: str, length_penalty: float
               f"by GNMT's ((5 + |Y|) / 6)^alpha (alpha {dec.alpha}; the length penalty above "
               "changes with |Y| as GNMT's does at the mean length of the test translations), and "
               f"attn-mt stops each output at {dec.max_len_a} x source length + {dec.max_len_b} "
-              "tokens (`max_new_tokens`: one limit per call).", "", "## Training config", "",
+              "tokens." + (f" Not in `generation_config.json`: {missing}." if missing else ""),
+              "", "## Training config", "",
               "```yaml", yaml.safe_dump(_shareable(cfg), sort_keys=False).rstrip(), "```", ""]

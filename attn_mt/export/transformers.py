@@ -11,21 +11,24 @@ Two routes, by where the LayerNorm sits (docs/export.md says why):
                 so the folder ships `modeling_attn_mt.py`, our model written against transformers
                 alone, loaded with `trust_remote_code=True`; its weights are ours under the names it
                 gives them.
-Both: `model.safetensors`, `config.json`, `generation_config.json` (beam, length penalty, max length
-from the checkpoint's decode section), a MarianTokenizer over our SentencePiece model(s) (it adds
-eos to a source as we do; pieces in id order, so pad 0, unk 1, bos 2 = decoder start, eos 3),
-README.md.
+Both: `model.safetensors`, `config.json`, `generation_config.json` (the checkpoint's decode section
+as GENERATION maps it: beam, length penalty; max length), a MarianTokenizer over our SentencePiece
+model(s) (it adds eos to a source as we do; pieces in id order, so pad 0, unk 1, bos 2 = decoder
+start, eos 3), README.md.
+
+One job: a checkpoint as a transformers folder. Tested in tests/export/test_transformers.py.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from attn_mt.config import ExperimentConfig
+from attn_mt.config import DecodeConfig, ExperimentConfig
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.export.checkpoint_reader import ExportError, read_transformer
 from attn_mt.export.folder import FolderError, publish
@@ -171,14 +174,30 @@ def mean_output_length(files: RunDir, tok: Tokenizer) -> float | None:
     return sum(len(ids) + 1 for ids in tok.encode_tgt(lines)) / len(lines) if lines else None
 
 
+# How generate() decodes with each decode option (DECODE_OPTIONS' key): its GenerationConfig values,
+# from the decode section and the mapped length penalty, or why generation_config.json cannot hold
+# it (the model card says so, with our value). tests/decoding/test_decode_options.py fails for a
+# row without an entry.
+GENERATION: dict[str, Callable[[DecodeConfig, float], dict] | str] = {
+    "beam_size": lambda d, lp: {"num_beams": d.beam_size},
+    # transformers refuses beam settings with num_beams=1 (greedy)
+    "alpha": lambda d, lp: (dict(length_penalty=lp, early_stopping="never") if d.beam_size > 1
+                            else {}),
+    "nbest": "a call asks for its hypotheses (`num_return_sequences`)",
+    "batch_size": "a call decodes the batch it is given",
+    "max_len_a": "generate() has one length limit per call (`max_new_tokens`)",
+    "max_len_b": "generate() has one length limit per call (`max_new_tokens`)",
+}
+
+
 def generation_config(cfg: ExperimentConfig, tok: Tokenizer, length_penalty: float):
-    """Our decode defaults in transformers' terms: beam, length penalty, the length cap, eos forced
-    there."""
+    """Our decode defaults in transformers' terms (GENERATION: beam, length penalty), the length
+    cap and eos forced there."""
     from transformers import GenerationConfig
 
-    d = cfg.decode  # transformers refuses beam settings with num_beams=1 (greedy)
-    beam = dict(length_penalty=length_penalty, early_stopping="never") if d.beam_size > 1 else {}
-    return GenerationConfig(num_beams=d.beam_size, **beam, max_length=cfg.model.max_positions + 1,
+    mapped = [how(cfg.decode, length_penalty) for how in GENERATION.values() if callable(how)]
+    return GenerationConfig(**{k: v for m in mapped for k, v in m.items()},
+                            max_length=cfg.model.max_positions + 1,
                             forced_eos_token_id=tok.eos_id, **_special_ids(tok))
 
 
@@ -226,7 +245,8 @@ def export_hf(checkpoint: Path, out: Path) -> list[Path]:
         # tied once
         params = sum(t.numel() for t in {t.data_ptr(): t for t in state["model"].values()}.values())
         card = model_card(cfg, tok, state, results, files, route=route, params=params,
-                          length_penalty=penalty)
+                          length_penalty=penalty, not_held={k: why for k, why in GENERATION.items()
+                                                            if isinstance(why, str)})
         (folder / "README.md").write_text(card, encoding="utf-8")
 
     try:

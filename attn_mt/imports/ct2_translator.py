@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 from attn_mt.checkpoint import tokenizer_from_protos
-from attn_mt.config import ConfigError, DecodeConfig
+from attn_mt.config import ARGS, ConfigError, DecodeConfig
 from attn_mt.config.yamlconf import first_line
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.beam import Hypothesis, length_penalty
@@ -37,6 +38,7 @@ from attn_mt.decoding.scoring import Score, check_pairs, prepare_targets
 from attn_mt.decoding.search import Interrupt
 from attn_mt.decoding.translate import Translation, max_lengths, prepare_sources, translate_batches
 from attn_mt.decoding.translator import Translator
+from attn_mt.errors import ModelError
 from attn_mt.export.checkpoint_reader import ExportError
 from attn_mt.export.ctranslate2 import META, require_ctranslate2
 
@@ -131,14 +133,41 @@ def export_translator(path: Path | str, device: str = "auto", threads: int = 0) 
                           "step": exported.step}, scorer=functools.partial(score_texts, exported))
 
 
-def search_options(cfg: DecodeConfig, patience: float = PATIENCE) -> dict:
-    """CTranslate2 `translate_batch` options for our decode settings (see the module docstring)."""
-    beam = cfg.beam_size > 1
-    return dict(beam_size=cfg.beam_size, patience=patience if beam else 1.0,
-                # all finished ones, for rescoring
-                num_hypotheses=round(cfg.beam_size * patience) if beam else 1,
-                length_penalty=cfg.alpha if beam else 0.0, return_scores=True,
-                return_end_token=True, min_decoding_length=0, max_input_length=0)
+def _ours(cfg: DecodeConfig) -> dict:
+    """No CTranslate2 option: our loop around it decodes with the setting, as for a checkpoint
+    (translate_batches' batches, max_lengths' limits, the n-best of `_hypotheses`)."""
+    return {}
+
+
+def _beam(cfg: DecodeConfig) -> dict:
+    beam = cfg.beam_size > 1  # all finished hypotheses, for rescoring
+    return dict(beam_size=cfg.beam_size, patience=PATIENCE if beam else 1.0,
+                num_hypotheses=round(cfg.beam_size * PATIENCE) if beam else 1)
+
+
+# How an export decodes with each decode option (DECODE_OPTIONS' key; the module docstring says
+# where the two differ): its CTranslate2 `translate_batch` options for a DecodeConfig, or why an
+# export cannot decode with it (a call that sets it off its default is refused, naming it).
+# tests/decoding/test_decode_options.py fails for a row without an entry.
+CT2_OPTIONS: dict[str, Callable[[DecodeConfig], dict] | str] = {
+    "beam_size": _beam,
+    "alpha": lambda cfg: dict(length_penalty=cfg.alpha if cfg.beam_size > 1 else 0.0),
+    "nbest": _ours, "batch_size": _ours, "max_len_a": _ours, "max_len_b": _ours,
+}
+
+
+def search_options(cfg: DecodeConfig) -> dict:
+    """CTranslate2 `translate_batch` options for our decode settings (CT2_OPTIONS); ModelError
+    naming an option an export cannot decode with, set off its default."""
+    options = dict(return_scores=True, return_end_token=True, min_decoding_length=0,
+                   max_input_length=0)
+    for key, how in CT2_OPTIONS.items():
+        if not isinstance(how, str):
+            options.update(how(cfg))
+        elif getattr(cfg, key) != getattr(DecodeConfig(), key):
+            raise ModelError(f"a CTranslate2 export cannot decode with it ({how}); a PyTorch "
+                             "checkpoint can", ARGS[key])
+    return options
 
 
 def _hypotheses(result, limit: int, cfg: DecodeConfig, tok: Tokenizer) -> list[Hypothesis]:

@@ -167,7 +167,7 @@ def _translation_routes(app: FastAPI, engine: Engine, batcher: Batcher | Schedul
         """Translate sentences; n-best lists with scores, in input order (translate's jsonl
         lines)."""
         body.check(limits)
-        dcfg = engine.decode_config(body.beam, body.alpha, body.nbest)
+        dcfg = engine.decode_config(body)
         costs = engine.work(body.texts, dcfg.beam_size)
         check_work("texts", costs, limits)
         if body.align:
@@ -187,7 +187,7 @@ def _translation_routes(app: FastAPI, engine: Engine, batcher: Batcher | Schedul
         [layer][head][query][key]."""
         body.check(limits)
         engine.require_weights("attention maps")
-        dcfg = engine.decode_config(body.beam)
+        dcfg = engine.decode_config(body)
         check_work("text", engine.work([body.text], dcfg.beam_size), limits)
         future = batcher.submit(None, [("attention", (body.text, dcfg))], hold=True)
         # encoded by the model worker: a big answer does not stall the loop
@@ -200,7 +200,7 @@ def _translation_routes(app: FastAPI, engine: Engine, batcher: Batcher | Schedul
         recomputed from the model's weights (explain's JSON)."""
         body.check(limits)
         engine.check_explain(body)
-        dcfg = engine.decode_config(body.beam)
+        dcfg = engine.decode_config(body)
         check_work("text", engine.work([body.text], dcfg.beam_size), limits)
         result = await answer(request, batcher.submit(None, [("explain", (body, dcfg))]))
         if isinstance(result, ApiError):  # a token the sentence or its translation does not have

@@ -14,12 +14,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel
 from pydantic_core import to_json
 
 from attn_mt.analysis.explain import ExplainError, check, explain
 from attn_mt.api.history_pages import history_page
 from attn_mt.api.model import Model
-from attn_mt.config import FIELDS, DecodeConfig
+from attn_mt.config import DECODE_OPTIONS, FIELDS, DecodeConfig
 from attn_mt.config.yamlconf import OptionError
 from attn_mt.decoding.attention_maps import attention_maps
 from attn_mt.decoding.continuous import Event, RunningBatch, supports
@@ -54,12 +55,17 @@ class Engine:
     def decode(self) -> DecodeConfig:
         return self.translator.decode
 
-    def decode_config(self, beam: int | None, alpha: float | None = None, nbest: int | None = None,
-                      ) -> DecodeConfig:
-        """The model's decode defaults with the request's values; nbest defaults to 1."""
+    def decode_config(self, request: BaseModel) -> DecodeConfig:
+        """The model's decode defaults with the request's value of every served option it has
+        (DECODE_OPTIONS' rows with a `field`); one it leaves out is its row's `default`, if any
+        (nbest: 1), else the model's."""
+        given = {}
+        for o in DECODE_OPTIONS:
+            if o.field in type(request).model_fields:
+                value = getattr(request, o.field)
+                given[o.key] = o.type(o.default) if value is None and o.default else value
         try:  # the same rules as the CLI's flags, here naming the request's fields
-            return decode_options(self.decode, FIELDS, beam_size=beam or None, alpha=alpha,
-                                  nbest=nbest or 1)
+            return decode_options(self.decode, FIELDS, **given)
         except OptionError as e:
             raise ApiError(422, e.option or "nbest", str(e)) from None
 

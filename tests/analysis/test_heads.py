@@ -19,8 +19,7 @@ from attn_mt import checkpoint
 from attn_mt.analysis.masking import Head, all_heads, masked, prune
 from attn_mt.analysis.roles import Keys, RoleSums, key_info, spearman
 from attn_mt.config import load_config
-from attn_mt.decoding.search import greedy
-from attn_mt.decoding.translate import translate
+from attn_mt.decoding.translate import greedy, translate
 from attn_mt.errors import InputError
 from attn_mt.models import build_model
 

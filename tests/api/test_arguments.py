@@ -201,3 +201,23 @@ def test_return_attention_gives_an_attention_per_text_with_the_translation(model
     with pytest.raises(attn_mt.InputError) as e:
         model.translate(["a dog.", " "], return_attention=True)
     assert e.value.field == "texts"
+
+
+def test_a_command_gets_a_keyword_for_each_decode_option_its_call_takes():
+    import inspect
+
+    from attn_mt.api.arguments import with_decode_options
+    from attn_mt.config.decode import taking
+
+    @with_decode_options("stream", lambda o: f"<{o.key}>")
+    def command(text: str, *, loud: bool = False, options: dict | None = None) -> tuple:
+        return text, loud, options
+
+    params = inspect.signature(command).parameters
+    rows = taking("stream")
+    assert list(params) == ["text", "loud", *(o.arg for o in rows)]
+    assert all(params[o.arg].annotation == f"<{o.key}>" and params[o.arg].default is None
+               for o in rows)
+    first = rows[0].arg
+    assert command(text="x", loud=True, **{first: 3}) == ("x", True, {o.arg: None for o in rows}
+                                                          | {first: 3})

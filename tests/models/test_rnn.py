@@ -14,8 +14,7 @@ from attn_mt import checkpoint
 from attn_mt.config import DecodeConfig, RNNConfig, to_dict
 from attn_mt.data.tokenizer import Tokenizer
 from attn_mt.decoding.metrics import score
-from attn_mt.decoding.search import greedy
-from attn_mt.decoding.translate import translate, translate_nbest
+from attn_mt.decoding.translate import greedy, translate, translate_nbest
 from attn_mt.models import AttentionWeights, build_model
 from attn_mt.models.rnn import RNNCache, RNNSeq2Seq
 

@@ -24,6 +24,7 @@ pytest.importorskip("fastapi")  # the serve extra
 from conftest import ctrl_c_able, serving, wait_until  # noqa: E402
 
 from attn_mt.serve import Limits, create_app  # noqa: E402
+from attn_mt.serve.api import TranslateRequest  # noqa: E402
 from attn_mt.serve.guards import host_name  # noqa: E402
 
 LIMITS = Limits(max_texts=4, max_chars=200, max_beam=6, header_timeout_s=1.0, body_timeout_s=1.0)
@@ -405,7 +406,8 @@ def test_ctrl_c_ends_the_server_within_seconds_with_a_full_queue(tiny_run):
     with serving(app) as url:
         server = app.state.server
         texts = ["the old man sees a small dog and the big cat"] * 2
-        futures = [batcher.submit(*engine.job(engine.decode_config(1), texts)) for _ in range(39)]
+        dcfg = engine.decode_config(TranslateRequest(texts=texts, beam=1))
+        futures = [batcher.submit(*engine.job(dcfg, texts)) for _ in range(39)]
         assert decoding.wait(30)  # the worker is decoding the first job
         start = time.monotonic()
         server.handle_exit(signal.SIGINT, None)  # what Ctrl-C does

@@ -26,6 +26,7 @@ httpx = pytest.importorskip("httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from attn_mt.serve import Limits, create_app  # noqa: E402
+from attn_mt.serve.api import TranslateRequest  # noqa: E402
 from attn_mt.serve.batcher import Batcher, QueueFull  # noqa: E402
 
 LIMITS = Limits(**SERVE_LIMITS)  # those of conftest's `client`
@@ -566,13 +567,18 @@ def test_requests_that_differ_in_alpha_or_nbest_share_the_running_batch(ckpt):
     settings = [(1, a, 1) for a in (0.0, 0.2, 0.4, 0.6, 0.8,
                                     1.0)] + [(3, 0.0, 1), (3, 1.0, 3), (3, 0.5, 2)]
     text = SENTENCES[0]
-    jobs = [batcher.submit(*engine.job(engine.decode_config(*s), [text])) for s in settings]
+
+    def dcfg(beam: int, alpha: float, nbest: int):  # a request's decode settings
+        return engine.decode_config(TranslateRequest(texts=[text], beam=beam, alpha=alpha,
+                                                     nbest=nbest))
+
+    jobs = [batcher.submit(*engine.job(dcfg(*s), [text])) for s in settings]
     gate.set()
     held.result(30)
     results = [job.result(30)[0] for job in jobs]
     assert len(keys) == 2 and {k.beam_size for k in keys} == {1, 3}
     for s, result in zip(settings, results, strict=True):  # each as it is decoded alone
-        assert result == engine.translate(engine.decode_config(*s), [text])[0], s
+        assert result == engine.translate(dcfg(*s), [text])[0], s
     batcher.close()
 
 
