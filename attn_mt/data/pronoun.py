@@ -19,6 +19,7 @@ the antecedent and the other noun on both sides, the antecedent's role and its d
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
@@ -202,10 +203,17 @@ def make_pronoun_corpus(n_train: int, seed: int = 0) -> dict[str, list[Example]]
     """Disjoint train/valid/test splits of examples (sizes as toy.make_toy_corpus: valid and test
     each max(100, n_train // 20)); the classic sentence and its "too wide" twin are never in
     train."""
+    return {split: list(examples) for split, examples in _pronoun_corpus(n_train, seed).items()}
+
+
+@functools.lru_cache(maxsize=4)
+def _pronoun_corpus(n_train: int, seed: int) -> dict[str, tuple[Example, ...]]:
+    """The splits, made once per process for each size and seed (a run reads each split, its
+    contrastive set and its links)."""
     rng = random.Random(seed)
     n_eval = max(100, n_train // 20)
     seen = {classic("tired").en, classic("wide").en}
-    out: dict[str, list[Example]] = {}
+    out: dict[str, tuple[Example, ...]] = {}
     for split, size in {"valid": n_eval, "test": n_eval, "train": n_train}.items():
         examples: list[Example] = []
         while len(examples) < size:
@@ -213,7 +221,7 @@ def make_pronoun_corpus(n_train: int, seed: int = 0) -> dict[str, list[Example]]
             if ex.en not in seen:
                 seen.add(ex.en)
                 examples.append(ex)
-        out[split] = examples
+        out[split] = tuple(examples)
     return out
 
 

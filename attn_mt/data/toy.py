@@ -15,6 +15,7 @@ its gold word alignment (`Aligned`; the run writes the test split's as `test.ali
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
@@ -200,11 +201,18 @@ def make_toy_corpus(n_train: int, seed: int = 0) -> dict[str, list[tuple[str, st
 
 def make_aligned_corpus(n_train: int, seed: int = 0) -> dict[str, list[Aligned]]:
     """make_toy_corpus's splits with each pair's gold word alignment."""
+    return {split: list(pairs) for split, pairs in _aligned_corpus(n_train, seed).items()}
+
+
+@functools.lru_cache(maxsize=4)
+def _aligned_corpus(n_train: int, seed: int) -> dict[str, tuple[Aligned, ...]]:
+    """The splits, made once per process for each size and seed (a run reads each split and its
+    links: several calls, each as long as the generator)."""
     rng = random.Random(seed)
     n_eval = max(100, n_train // 20)
     sizes = {"valid": n_eval, "test": n_eval, "train": n_train}
     seen: set[str] = set()
-    out: dict[str, list[Aligned]] = {}
+    out: dict[str, tuple[Aligned, ...]] = {}
     for split, size in sizes.items():
         pairs: list[Aligned] = []
         while len(pairs) < size:
@@ -212,5 +220,5 @@ def make_aligned_corpus(n_train: int, seed: int = 0) -> dict[str, list[Aligned]]
             if pair.en not in seen:
                 seen.add(pair.en)
                 pairs.append(pair)
-        out[split] = pairs
+        out[split] = tuple(pairs)
     return out
