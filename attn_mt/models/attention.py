@@ -117,8 +117,9 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.project(x, context, cache, positions)  # (B, H, T, d_k), 2 x (B, H, S, d_k)
         t, s = q.size(2), k.size(2)
         bias = None if positions is None else positions.bias  # (H, T, S), (B, H, T, S) or None
-        if causal and not (mask is None and bias is None and t == s):  # a cache, mask or bias
-            future = causal_mask(t, s, q.device)  # one mask for both
+        # a cache, a mask or a bias: the future joins the mask (SDPA's is_causal takes none of them)
+        if causal and not (mask is None and bias is None and t == s):
+            future = causal_mask(t, s, q.device)
             mask, causal = (future if mask is None else mask & future), False
         p_drop = self.p_drop if self.training else 0.0
         if self.impl == "sdpa" and not need_weights and fused_is_faster(q, self.training):
