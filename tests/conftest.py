@@ -283,6 +283,30 @@ def batch(srcs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return pad(srcs, PAD), (lens * 1.5 + 3).long()
 
 
+def with_distance_bias(model, slopes: tuple[float, ...] | None = None):
+    """`model` (a Transformer, changed in place) with a position scheme that only adds a bias to
+    self-attention's scores, in place of its own: -slope_h |i - j| on head h (ALiBi's form, both
+    directions; slopes 1/2, 1/4, ... unless given, one per head)."""
+    import torch
+
+    slopes = slopes or tuple(0.5 ** (h + 1) for h in range(model.cfg.n_heads))
+
+    from attn_mt.models.positions import InAttention, Positions
+
+    class DistanceBias(Positions):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("slopes", torch.tensor(slopes), persistent=False)
+
+        def attending(self, offset, t: int, s: int, device) -> InAttention:
+            queries = torch.arange(s - t, s, device=device)  # the last t of the s keys
+            distance = (queries[:, None] - torch.arange(s, device=device)).abs()  # (T, S)
+            return InAttention(bias=-self.slopes[:, None, None] * distance)  # (H, T, S)
+
+    model.pos = model.tgt_pos = DistanceBias()
+    return model
+
+
 # ---- waiting for another thread or process ----
 
 def wait_until(pred, timeout: float = 30.0, interval: float = 0.01, what: str = "the condition"):

@@ -4,8 +4,9 @@ once.
 A forward hook (`recording`, there only while its block runs) records what the module was given and
 returned; `gather` joins a pass's calls (the decoder's steps along T) into one `Call`; `recompute`
 redoes, for one query: q = x W_q, k_j = c_j W_k, v_j = c_j W_v (c = x for self-attention, the
-encoder's memory for cross-attention); the scores q . k_j; divided by sqrt(d_k); masked (padding,
-the decoder's future) and softmaxed into weights; the weighted sum of the values; then every head's
+encoder's memory for cross-attention), turned by the position scheme's rotation if it has one; the
+scores q . k_j; divided by sqrt(d_k), plus the scheme's bias if it has one; masked (padding, the
+decoder's future) and softmaxed into weights; the weighted sum of the values; then every head's
 output, concatenated and multiplied by W_o. The projections are redone here from the weights; the
 attention itself is the model's own `attention()`, which hands back its steps before the softmax.
 
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from attn_mt.models.attention import (
@@ -29,7 +31,7 @@ from attn_mt.models.attention import (
     attention,
     causal_mask,
 )
-from attn_mt.models.positions import Rotation
+from attn_mt.models.positions import InAttention, Rotation
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,8 @@ class Call:
     # (B, T, S) bool, True = may attend: padding and, in decoder self-attention, the future
     mask: Tensor
     output: Tensor  # (B, T, D) the module's own output
-    # rotary positions 0..T-1 of the queries (self-attention: and keys)
-    rotation: Rotation | None = None
+    # what self-attention did with positions 0..T-1 of the queries and keys: a rotation, a bias
+    positions: InAttention | None = None
 
 
 @contextmanager
@@ -78,11 +80,21 @@ def gather(attn: MultiHeadAttention, calls: list[dict]) -> Call:
                else mask[:, 0].expand(b, t, s))
     if calls[0].get("causal"):  # with a cache the steps' queries are positions 0..T-1 of the keys
         allowed = allowed & causal_mask(t, s, x.device)
-    rotations = [c["rotation"] for c in calls if c.get("rotation") is not None]
-    # the steps' rotations as one
-    rotation = Rotation(torch.cat([r.cos for r in rotations], dim=-2),
-                        torch.cat([r.sin for r in rotations], dim=-2)) if rotations else None
-    return Call(x, context, allowed, output, rotation)
+    return Call(x, context, allowed, output, joined([c.get("positions") for c in calls], s))
+
+
+def joined(steps: list[InAttention | None], s: int) -> InAttention | None:
+    """The steps' positions as one pass's, of T queries over S keys: rotations joined along T, each
+    step's bias (H, t, s_i) over the first s_i keys and 0 over the later ones (masked: the future).
+    None where self-attention had none (cross-attention, a scheme that adds a table)."""
+    done = [p for p in steps if p is not None]
+    if not done:
+        return None
+    turns = [p.rotation for p in done if p.rotation is not None]
+    rotation = Rotation(torch.cat([r.cos for r in turns], dim=-2),
+                        torch.cat([r.sin for r in turns], dim=-2)) if turns else None
+    biases = [F.pad(p.bias, (0, s - p.bias.size(-1))) for p in done if p.bias is not None]
+    return InAttention(rotation, torch.cat(biases, dim=-2) if biases else None)
 
 
 def projections(attn: MultiHeadAttention) -> list[tuple[Tensor, Tensor]]:
@@ -106,7 +118,7 @@ class Recomputed:
     k: Tensor  # (H, S, Dh)
     v: Tensor  # (H, S, Dh)
     scores: Tensor  # (H, S) q . k
-    scaled: Tensor  # (H, S) q . k / sqrt(d_k)
+    scaled: Tensor  # (H, S) q . k / sqrt(d_k) (+ the position scheme's bias, if it adds one)
     allowed: Tensor  # (S,) bool, False where a mask removes the key
     weights: Tensor  # (H, S) softmax over the allowed keys
     heads: Tensor  # (H, Dh) each head's output, sum_j w_j v_j
@@ -123,17 +135,15 @@ def recompute(attn: MultiHeadAttention, call: Call, row: int, query: int) -> Rec
     q = attn.q_norm((wq @ x + bq).view(h, dh))
     k = attn.k_norm((context @ wk.T + bk).view(-1, h, dh).transpose(0, 1))  # (H, S, Dh)
     v = (context @ wv.T + bv).view(-1, h, dh).transpose(0, 1)  # (H, S, Dh)
-    # self-attention turned by positions: the query at `query`, keys at 0..S-1
-    if call.rotation is not None:
-        r = call.rotation
-        q = (
-            Rotation(r.cos[..., query : query + 1, :], r.sin[..., query : query + 1,
-                                                             :])(q[:, None])[:, 0])
-        k = call.rotation(k)
+    pos, bias = call.positions, None  # self-attention's: queries and keys at 0..T-1 (S = T)
+    if pos is not None and pos.rotation is not None:  # the query turned as at position `query`
+        q, k = pos.rotation(q[:, None].expand(-1, k.size(1), -1))[:, query], pos.rotation(k)
+    if pos is not None and pos.bias is not None:
+        bias = pos.bias[..., query : query + 1, :]  # (H, 1, S)
     allowed = call.mask[row, query]  # (S,)
     steps: dict[str, Tensor] = {}
     # (H, 1, Dh), (H, 1, S): one query
-    heads, weights = attention(q[:, None], k, v, allowed, trace=steps)
+    heads, weights = attention(q[:, None], k, v, allowed, trace=steps, bias=bias)
     heads, weights = heads[:, 0], weights[:, 0]
     output = attn.out_proj.weight @ heads.reshape(-1) + attn.out_proj.bias  # (D,)
     return Recomputed(q, k, v, steps["scores"][:, 0], steps["scaled"][:, 0], allowed, weights,

@@ -69,7 +69,7 @@ class Inside:
     # (S, D) what the positional encoding adds at positions 0..S-1 (zeros for rotary)
     positions: Tensor
     module: MultiHeadAttention = field(repr=False)
-    # the positions of its side (rotary: turns q, k)
+    # the positions of its side (rotary: turns q, k; a bias scheme: adds to the scores)
     scheme: Positions | None = field(default=None, repr=False)
 
     def attend(self, x: Tensor, context: Tensor | None = None,
@@ -81,9 +81,9 @@ class Inside:
             if self.kind == "cross":
                 out, w = self.module(x, x if context is None else context, m, need_weights=True)
             else:
-                rotation = (self.scheme.rotation(0, x.size(1), x.device) if self.scheme is not None
-                            else None)
-                out, w = self.module(x, mask=m, rotation=rotation, need_weights=True)
+                t = x.size(1)
+                at = self.scheme.attending(0, t, t, x.device) if self.scheme is not None else None
+                out, w = self.module(x, mask=m, positions=at, need_weights=True)
         return out, w
 
 

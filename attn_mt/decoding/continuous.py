@@ -29,8 +29,8 @@ from attn_mt.decoding.beam import Beam, Hypothesis, candidates, length_penalty
 from attn_mt.decoding.rules import MaxLength, decode_step, only, step_rules
 from attn_mt.decoding.search import Greedy
 from attn_mt.decoding.translate import max_lengths, option_rules
-from attn_mt.models.attention import KV
-from attn_mt.models.transformer import KVCache, Transformer
+from attn_mt.models.cache import KV, KVCache
+from attn_mt.models.transformer import Transformer
 
 
 @dataclass(frozen=True)

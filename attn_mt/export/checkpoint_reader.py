@@ -11,6 +11,7 @@ from pathlib import Path
 from attn_mt.checkpoint import CheckpointError, load, model_from_state
 from attn_mt.config import ConfigError, ExperimentConfig, from_dict
 from attn_mt.data.tokenizer import Tokenizer
+from attn_mt.models.positions import SCHEMES
 
 
 class ExportError(CheckpointError):
@@ -30,9 +31,10 @@ def check_exportable(cfg: ExperimentConfig, checkpoint: Path, target: str) -> No
         if getattr(m, key) != standard:
             raise ExportError(f"{checkpoint}: model.{key}={getattr(m, key)} cannot be exported to "
                               f"{target} (only model.{key}={standard}; docs/export.md)")
-    if m.positions in ("rotary", "learned"):
+    why = SCHEMES[m.positions].not_exported  # the scheme says
+    if why is not None:
         raise ExportError(f"{checkpoint}: model.positions={m.positions} cannot be exported to "
-                          f"{target} (sinusoidal positions only; docs/export.md)")
+                          f"{target} ({why}; docs/export.md)")
     if m.activation in NEW_ACTIVATIONS:
         raise ExportError(f"{checkpoint}: model.activation={m.activation} cannot be exported to "
                           f"{target} (relu or swish only; docs/export.md)")

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from .cache import KV
 from .fast import Dropout, RMSNorm, fused_attention, fused_is_faster
-from .positions import Rotation
+from .positions import InAttention
 
 
 def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
@@ -36,24 +37,20 @@ def causal_mask(t: int, s: int | None = None, device: torch.device | None = None
     return torch.ones(t, s, dtype=torch.bool, device=device).tril(s - t)
 
 
-def with_future_masked(mask: Tensor | None, t: int, s: int, device: torch.device) -> Tensor:
-    """`mask` and the causal mask of T queries over S keys."""
-    future = causal_mask(t, s, device)
-    return future if mask is None else mask & future
-
-
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-              drop: nn.Module | None = None,
-              trace: dict[str, Tensor] | None = None) -> tuple[Tensor, Tensor]:
-    """softmax(Q K^T / sqrt(d_k)) V, also returning the weights.
+              drop: nn.Module | None = None, trace: dict[str, Tensor] | None = None,
+              bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """softmax(Q K^T / sqrt(d_k) + bias) V, also returning the weights.
 
-    q: (B, H, T, d_k), k and v: (B, H, S, d_k), mask: broadcastable to (B, H, T, S).
-    Returns the output (B, H, T, d_k) and the weights (B, H, T, S). `drop` is applied to the
-    weights. `trace`, when given, receives the steps before the softmax, unmasked: "scores"
-    Q K^T and "scaled" Q K^T / sqrt(d_k).
+    q: (B, H, T, d_k), k and v: (B, H, S, d_k), mask and a position scheme's `bias`: broadcastable
+    to (B, H, T, S). Returns the output (B, H, T, d_k) and the weights (B, H, T, S). `drop` is
+    applied to the weights. `trace`, when given, receives the steps before the softmax, unmasked:
+    "scores" Q K^T and "scaled" Q K^T / sqrt(d_k) (+ bias).
     """
     scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
     scaled = scores / math.sqrt(q.size(-1))
+    if bias is not None:
+        scaled = scaled + bias
     if trace is not None:
         trace.update(scores=scores, scaled=scaled)
     if mask is not None:
@@ -62,29 +59,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     if drop is not None:
         weights = drop(weights)
     return weights @ v, weights
-
-
-@dataclass
-class KV:
-    """The keys and values (B, H, L, d_k) one attention module keeps while decoding step by step."""
-
-    k: Tensor | None = None
-    v: Tensor | None = None
-
-    def __len__(self) -> int:
-        return 0 if self.k is None else self.k.size(2)
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """The keys and values so far, with these (B, H, T, d_k) after them."""
-        if self.k is not None:
-            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)  # (B, H, L+T, d_k)
-        self.k, self.v = k, v
-        return k, v
-
-    def select(self, index: Tensor) -> None:
-        """Keep the sentences `index` (B',) of the batch, in place (beam search)."""
-        if self.k is not None:
-            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
 
 
 @dataclass
@@ -128,28 +102,31 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2).reshape(b, t, self.d_model)  # (B, T, D)
 
     def project(self, x: Tensor, context: Tensor | None, cache: KV | None,
-                rotation: Rotation | None) -> tuple[Tensor, Tensor, Tensor]:
+                positions: InAttention | None) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError  # Q (B, H, T, d_k) of x; K and V (B, H, S, d_k) of the context
 
     def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None, *,
-                causal: bool = False, cache: KV | None = None, rotation: Rotation | None = None,
+                causal: bool = False, cache: KV | None = None, positions: InAttention | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """x: (B, T, D), context: (B, S, D) (None for self-attention) -> (B, T, D), and the
         weights (B, H, T, S) if need_weights.
 
-        `causal` masks the future. With `cache`, x holds only the new positions. `rotation`
-        turns self-attention's queries and keys (rotary positions).
+        `causal` masks the future. With `cache`, x holds only the new positions. `positions`
+        turns self-attention's queries and keys, or adds a bias to its scores (positions.py).
         """
-        q, k, v = self.project(x, context, cache, rotation)  # (B, H, T, d_k), 2 x (B, H, S, d_k)
+        q, k, v = self.project(x, context, cache, positions)  # (B, H, T, d_k), 2 x (B, H, S, d_k)
         t, s = q.size(2), k.size(2)
-        if causal and not (mask is None and t == s):  # a cache or a mask: one mask for both
-            mask, causal = with_future_masked(mask, t, s, q.device), False
+        bias = None if positions is None else positions.bias  # (H, T, S), (B, H, T, S) or None
+        # a cache, a mask or a bias: the future joins the mask (SDPA's is_causal takes none of them)
+        if causal and not (mask is None and bias is None and t == s):
+            future = causal_mask(t, s, q.device)
+            mask, causal = (future if mask is None else mask & future), False
         p_drop = self.p_drop if self.training else 0.0
         if self.impl == "sdpa" and not need_weights and fused_is_faster(q, self.training):
-            y, weights = fused_attention(q, k, v, mask, causal, p_drop), None  # same numbers
+            y, weights = fused_attention(q, k, v, mask, causal, p_drop, bias), None  # same numbers
         else:
             mask = causal_mask(t, s, q.device) if causal else mask
-            y, weights = attention(q, k, v, mask, self.drop if p_drop else None)  # (B, H, T, d_k)
+            y, weights = attention(q, k, v, mask, self.drop if p_drop else None, bias=bias)
         return self.out_proj(self._merge_heads(y)), (weights.detach() if need_weights else None)
 
 
@@ -163,13 +140,13 @@ class SelfAttention(MultiHeadAttention):
         self.qkv_proj = nn.Linear(d_model, 3 * d_model)
 
     def project(self, x: Tensor, context: Tensor | None, cache: KV | None,
-                rotation: Rotation | None) -> tuple[Tensor, Tensor, Tensor]:
+                positions: InAttention | None) -> tuple[Tensor, Tensor, Tensor]:
         if context is not None:
             raise ValueError("self-attention attends to x itself: pass the mask by name, mask=...")
         q, k, v = (self._split_heads(y) for y in self.qkv_proj(x).chunk(3, dim=-1))
         q, k = self.q_norm(q), self.k_norm(k)  # keys are cached normalised (and turned)
-        if rotation is not None:
-            q, k = rotation(q), rotation(k)
+        if positions is not None and positions.rotation is not None:
+            q, k = positions.rotation(q), positions.rotation(k)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H, past + T, d_k)
         return q, k, v
@@ -192,7 +169,7 @@ class CrossAttention(MultiHeadAttention):
         return self.k_norm(self._split_heads(k)), self._split_heads(v)
 
     def project(self, x: Tensor, context: Tensor | None, cache: KV | None,
-                rotation: Rotation | None) -> tuple[Tensor, Tensor, Tensor]:
+                positions: InAttention | None) -> tuple[Tensor, Tensor, Tensor]:
         q = self.q_norm(self._split_heads(self.q_proj(x)))  # (B, H, T, d_k)
         if cache is not None and cache.k is not None:
             return q, cache.k, cache.v

@@ -19,9 +19,14 @@ def fused_is_faster(q: Tensor, training: bool) -> bool:
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool,
-                    p_drop: float) -> Tensor:
+                    p_drop: float, bias: Tensor | None = None) -> Tensor:
     """`attention`'s output (B, H, T, d_k) by F.scaled_dot_product_attention, with dropout p_drop
-    on the weights; `causal` (with no mask, T = S) masks the future without a mask tensor."""
+    on the weights; `causal` (with no mask or bias, T = S) masks the future without a mask tensor.
+    A `bias` goes in as SDPA's float mask, which it adds to the scaled scores: -inf where `mask`
+    removes a key."""
+    if bias is not None:
+        bias = bias.to(q.dtype)
+        mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p_drop,
                                           is_causal=causal)
 

@@ -1,10 +1,10 @@
 """Position schemes: how a Transformer tells where each token stands, one small class per scheme.
 
-A scheme adds a table to the token embeddings (`forward`), or gives self-attention a `Rotation` to
-turn its queries and keys by (`rotation`), or both; the base class does neither. A new scheme is a
-class here and its name in `SCHEMES` (and in `TransformerConfig.positions`). Tables are `pe` (L, D):
-a buffer, not saved, for the sinusoids; a parameter, saved as `pos.pe` (and `tgt_pos.pe`), when
-learned.
+A scheme adds a table to the token embeddings (`forward`), or tells self-attention what to do
+(`attending`): turn its queries and keys by a `Rotation`, add a bias to its scores; the base class
+does nothing. A new scheme is a class here and its name in `SCHEMES` (and in
+`TransformerConfig.positions`). Tables are `pe` (L, D): a buffer, not saved, for the sinusoids; a
+parameter, saved as `pos.pe` (and `tgt_pos.pe`), when learned.
 
 Tested in tests/models/test_positions.py.
 """
@@ -38,10 +38,26 @@ class Rotation:
         return torch.cat(turned, dim=-1).type_as(x)
 
 
-class Positions(nn.Module):
-    """A scheme that does nothing; subclasses add a table, or turn queries and keys."""
+@dataclass(frozen=True)
+class InAttention:
+    """What self-attention does with one pass's positions: turn queries and keys by `rotation`, add
+    `bias` (H, T, S), or (B, H, T, S), to the scaled scores; either may be None."""
 
-    pe: Tensor  # (L, D) the table added to the embeddings; (L, 0) for none
+    rotation: Rotation | None = None
+    bias: Tensor | None = None
+
+
+class Positions(nn.Module):
+    """A scheme that does nothing; subclasses add a table, or act in self-attention."""
+
+    pe: Tensor  # (L, D) the table added to the embeddings; (0, 0) for none
+    keeps_init = True  # the weight init leaves its parameters as the scheme made them
+    # why the exports (export/) cannot write it; None: they can
+    not_exported: str | None = "both formats hold our fixed sinusoid table only"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("pe", torch.zeros(0, 0), persistent=False)
 
     @classmethod
     def from_config(cls, cfg: TransformerConfig) -> Positions:
@@ -55,8 +71,10 @@ class Positions(nn.Module):
             return x + self.pe[offset + torch.arange(x.size(1), device=x.device)]  # (B, T, D)
         return x + self.pe[offset : offset + x.size(1)]
 
-    def rotation(self, offset: int | Tensor, t: int, device: torch.device) -> Rotation | None:
-        """What self-attention turns the queries and keys of positions offset..offset+t-1 by."""
+    def attending(self, offset: int | Tensor, t: int, s: int,
+                  device: torch.device) -> InAttention | None:
+        """What self-attention does with queries at offset..offset+t-1 and S keys, the queries the
+        last T of them (None: nothing)."""
         return None
 
     def for_target(self) -> Positions:
@@ -66,6 +84,8 @@ class Positions(nn.Module):
 
 class Sinusoidal(Positions):
     """Sinusoids (section 3.5), sin and cos in alternating dimensions."""
+
+    not_exported = None
 
     def __init__(self, d_model: int, max_positions: int) -> None:
         super().__init__()
@@ -101,20 +121,20 @@ class Rotary(Positions):
     def __init__(self, d_k: int, max_positions: int, base: float = 10000.0) -> None:
         super().__init__()
         self.d_k, self.base = d_k, base
-        self.register_buffer("pe", torch.zeros(max_positions, 0), persistent=False)  # (L, 0)
 
     @classmethod
     def from_config(cls, cfg: TransformerConfig) -> Positions:
         return cls(cfg.d_model // cfg.n_heads, cfg.max_positions)
 
-    def rotation(self, offset: int | Tensor, t: int, device: torch.device) -> Rotation:
+    def attending(self, offset: int | Tensor, t: int, s: int,
+                  device: torch.device) -> InAttention:
         positions = offset + torch.arange(t, device=device)  # (T,), or (B, T) for an offset each
         positions = positions[:, None] if positions.dim() == 2 else positions  # (T,) or (B, 1, T)
         half = self.d_k // 2
         exponent = -torch.arange(half, device=device, dtype=torch.float32) / half
         freq = torch.pow(self.base, exponent)  # (d_k/2,)
         angle = positions.to(torch.float32)[..., None] * freq  # (T, d_k/2) or (B, 1, T, d_k/2)
-        return Rotation(angle.cos(), angle.sin())
+        return InAttention(Rotation(angle.cos(), angle.sin()))
 
 
 SCHEMES: dict[str, type[Positions]] = {"interleaved": Sinusoidal, "learned": Learned,

@@ -5,15 +5,15 @@ layers are attention.py's, its position schemes positions.py's.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from torch import Tensor, nn
 
 from attn_mt.config import TransformerConfig
 
-from .attention import KV, AttentionWeights, CrossAttention, MultiHeadAttention, SelfAttention
+from .attention import AttentionWeights, CrossAttention, MultiHeadAttention, SelfAttention
+from .cache import KV, KVCache
 from .fast import Dropout
-from .positions import SCHEMES, Positions, Rotation
+from .positions import SCHEMES, InAttention, Positions
 from .seq2seq import Seq2Seq, init_embeddings, make_embeddings
 from .variants import ACTIVATIONS, GatedFeedForward, make_norm, zero_init
 
@@ -66,43 +66,15 @@ class EncoderLayer(nn.Module):
         self.ff = feed_forward(cfg)
         self.sub = nn.ModuleList(Sublayer(cfg) for _ in range(2))
 
-    def forward(self, x: Tensor, src_mask: Tensor, rotation: Rotation | None = None,
+    def forward(self, x: Tensor, src_mask: Tensor, positions: InAttention | None = None,
                 weights: AttentionWeights | None = None) -> Tensor:
         attn, ff = self.sub
-        y, w = self.self_attn(attn.pre(x), mask=src_mask, rotation=rotation,
+        y, w = self.self_attn(attn.pre(x), mask=src_mask, positions=positions,
                               need_weights=weights is not None)
         if weights is not None:
             weights.encoder_self.append(w)
         x = attn.post(x, y)
         return ff.post(x, self.ff(ff.pre(x)))
-
-
-@dataclass
-class KVCache:
-    """The Transformer's `DecoderCache`, per decoder layer: self-attention keys/values of the
-    positions so far, and the cross-attention keys/values of the memory (computed at the first step,
-    then reused). Every sentence of the batch is at the same step.
-
-    `decode` asks `advance` for the new positions' offset and the self-attention mask: the seam
-    where decoding/continuous.py's `RunningCache` gives each sentence its own (continuous batching).
-    """
-
-    self_attn: list[KV]
-    cross_attn: list[KV]
-
-    def __len__(self) -> int:  # positions decoded so far
-        return len(self.self_attn[0])
-
-    def advance(self, t: int) -> tuple[int | Tensor, Tensor | None]:
-        """Before decoding t new positions: their first position and a self-attention mask (None:
-        the causal mask alone). decoding/continuous.py's cache gives one per sentence instead."""
-        return len(self), None
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep the entries `index` (B',) of the self-attention caches, in place (beam search).
-        Cross-attention's stay: beam search moves entries only among one sentence's copies."""
-        for kv in self.self_attn:
-            kv.select(index)
 
 
 class DecoderLayer(nn.Module):
@@ -115,13 +87,13 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor | None, src_mask: Tensor, self_kv: KV | None = None,
                 cross_kv: KV | None = None, weights: AttentionWeights | None = None,
-                self_mask: Tensor | None = None, rotation: Rotation | None = None) -> Tensor:
+                self_mask: Tensor | None = None, positions: InAttention | None = None) -> Tensor:
         # Target padding follows every real token, so the causal mask alone keeps real queries
         # off pad keys; the loss ignores the outputs at pads.
         want = weights is not None
         attn, cross, ff = self.sub
         y, w = self.self_attn(attn.pre(x), mask=self_mask, causal=True, cache=self_kv,
-                              rotation=rotation, need_weights=want)
+                              positions=positions, need_weights=want)
         x = attn.post(x, y)
         y, c = self.cross_attn(cross.pre(x), memory, src_mask, cache=cross_kv, need_weights=want)
         x = cross.post(x, y)
@@ -162,11 +134,14 @@ class Transformer(Seq2Seq):
         return SCHEMES[cfg.positions].from_config(cfg)
 
     def init_weights(self) -> None:
-        """Xavier-uniform matrices, zero biases."""
+        """Xavier-uniform matrices, zero biases; a module that `keeps_init` (a position scheme)
+        keeps the init it gave its parameters."""
+        kept = {p for m in self.modules() if getattr(m, "keeps_init", False)
+                for p in m.parameters()}
         for name, p in self.named_parameters():
-            if p.dim() > 1 and not name.endswith("pos.pe"):  # learned positions keep their init
+            if p.dim() > 1 and p not in kept:
                 nn.init.xavier_uniform_(p)
-            elif name.endswith("bias"):
+            elif name.endswith("bias") and p not in kept:
                 nn.init.zeros_(p)
 
     def _embed(self, emb: nn.Embedding, pos: Positions, ids: Tensor,
@@ -177,9 +152,9 @@ class Transformer(Seq2Seq):
                weights: AttentionWeights | None = None) -> Tensor:
         """src: (B, S) ids -> memory (B, S, D)."""
         x = self._embed(self.src_embed, self.pos, src)
-        rotation = self.pos.rotation(0, src.size(1), src.device)  # None unless rotary
+        positions = self.pos.attending(0, src.size(1), src.size(1), src.device)  # None: a table's
         for layer in self.encoder:
-            x = layer(x, src_mask, rotation, weights)
+            x = layer(x, src_mask, positions, weights)
         return self.enc_norm(x)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, cache: KVCache | None = None,
@@ -188,10 +163,12 @@ class Transformer(Seq2Seq):
         that holds cross-attention's keys already needs no memory: None)."""
         offset, self_mask = (0, None) if cache is None else cache.advance(tgt_in.size(1))
         x = self._embed(self.tgt_embed, self.tgt_pos, tgt_in, offset)
-        rotation = self.tgt_pos.rotation(offset, tgt_in.size(1), tgt_in.device)
+        t = tgt_in.size(1)  # the last t of s self-attention keys
+        s = t if cache is None else len(cache) + t
+        positions = self.tgt_pos.attending(offset, t, s, tgt_in.device)
         for i, layer in enumerate(self.decoder):
             kv = (None, None) if cache is None else (cache.self_attn[i], cache.cross_attn[i])
-            x = layer(x, memory, src_mask, *kv, weights, self_mask, rotation)
+            x = layer(x, memory, src_mask, *kv, weights, self_mask, positions)
         return self.out_proj(self.dec_norm(x))  # (B, T, V)
 
     def new_cache(self) -> KVCache:

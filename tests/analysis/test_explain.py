@@ -4,6 +4,7 @@ attention maps'; the CLI prints and writes them, and refuses bad input in one li
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from contextlib import ExitStack
@@ -11,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import cli, one_line_error, random_checkpoint
+from conftest import cli, one_line_error, random_checkpoint, with_distance_bias
 
 import attn_mt
 from attn_mt.analysis.explain import explain
@@ -71,6 +72,14 @@ def test_recomputation_holds_with_the_speedrun_layers(tiny_run, tmp_path, cached
                                    tmp_path / "qk.pt", "model.qk_norm=true", "model.norm=rms",
                                    "model.activation=relu2", "model.positions=rotary")
     check_recomputation(model, tok, cached)
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["teacher-forced", "cache"])
+def test_recomputation_holds_with_a_bias_on_the_scores(noisy, cached):
+    """A position scheme that adds a bias to self-attention's scores: the recomputation adds the
+    bias the module was given (each decoder step's, joined), and its "scaled" step holds it."""
+    model, tok, _ = noisy
+    check_recomputation(with_distance_bias(copy.deepcopy(model)), tok, cached)
 
 
 @torch.inference_mode()

@@ -3,12 +3,13 @@ get what offline search gives them; the batch's rows and cache shrink as they le
 
 from __future__ import annotations
 
+import copy
 import functools
 import random
 
 import pytest
 import torch
-from conftest import BOS, EOS, PAD, batch, sources, train_reverser
+from conftest import BOS, EOS, PAD, batch, sources, train_reverser, with_distance_bias
 
 from attn_mt.config import DecodeConfig, RNNConfig
 from attn_mt.decoding.continuous import RunningBatch, RunningLimit, supports
@@ -76,6 +77,13 @@ def test_joining_at_any_step_gives_the_offline_result(model, cfg):
 def test_rows_at_different_positions_with_rotary_positions(cfg):
     """Rotary positions turn each row's keys by its own positions, however late it joined."""
     check_joining(rotary_model(), cfg)
+
+
+@pytest.mark.parametrize("cfg", SETTINGS[:2], ids=["greedy", "beam5-nbest3"])
+def test_rows_at_different_positions_with_a_bias_on_the_scores(model, cfg):
+    """A position scheme's bias over each row's own keys (right-aligned in the cache), however
+    late the row joined."""
+    check_joining(with_distance_bias(copy.deepcopy(model)), cfg)
 
 
 @functools.cache

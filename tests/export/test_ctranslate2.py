@@ -162,6 +162,26 @@ def test_rnn_and_other_inputs_are_refused_in_one_line(tiny_run, tmp_path):
                             f"model.{key}=", "cannot be exported", "docs/export.md")
 
 
+def test_the_position_scheme_says_whether_it_exports(tiny_cfg, monkeypatch):
+    """Both exports ask the scheme (`not_exported`: why not, or None), not a list of names: each
+    scheme's answer is what they do, and a scheme that changes its answer changes theirs."""
+    from attn_mt.export.checkpoint_reader import ExportError, check_exportable
+    from attn_mt.models.positions import SCHEMES, Sinusoidal
+
+    assert [name for name, scheme in SCHEMES.items() if scheme.not_exported is None] == [
+        "interleaved"]
+    for name, scheme in SCHEMES.items():
+        cfg = tiny_cfg(f"model.positions={name}")
+        if scheme.not_exported is None:
+            check_exportable(cfg, "c.pt", "CTranslate2")
+        else:
+            with pytest.raises(ExportError, match=f"positions={name} .*{scheme.not_exported}"):
+                check_exportable(cfg, "c.pt", "CTranslate2")
+    monkeypatch.setattr(Sinusoidal, "not_exported", "no table today")
+    with pytest.raises(ExportError, match="positions=interleaved .*no table today"):
+        check_exportable(tiny_cfg(), "c.pt", "transformers")
+
+
 def test_missing_ctranslate2_says_what_to_install(tiny_run, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
     result = runner.invoke(app, ["export", "--checkpoint", str(tiny_run / "checkpoint_best.pt"),

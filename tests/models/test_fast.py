@@ -7,25 +7,31 @@ from attn_mt.models.attention import attention, causal_mask
 from attn_mt.models.fast import Dropout, RMSNorm, fused_attention, fused_is_faster
 
 
+@pytest.mark.parametrize("biased", [False, True], ids=["", "bias"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("cached", [False, True], ids=["whole", "cache"])
-def test_fused_kernel_is_the_reference_on_random_inputs(causal, cached):
+def test_fused_kernel_is_the_reference_on_random_inputs(causal, cached, biased):
     """The fused kernel gives `attention`'s output (dropout off), with padding and causal masks,
-    queries as many as the keys or the last few of them (a cache)."""
+    queries as many as the keys or the last few of them (a cache), and with a position scheme's
+    bias on the scores (per head, or per sentence and head)."""
     torch.manual_seed(0)
-    for _ in range(5):
+    for n in range(5):
         b, h, dh, s = 3, 4, 8, int(torch.randint(2, 12, ()))
         t = int(torch.randint(1, s + 1, ())) if cached else s
         q, k, v = torch.randn(b, h, t, dh), torch.randn(b, h, s, dh), torch.randn(b, h, s, dh)
         keep = torch.rand(b, 1, 1, s) > 0.3
         keep[..., 0] = True  # every query keeps a key: the first, which the causal mask never hides
+        bias = 3 * torch.randn(*((b,) if n % 2 else ()), h, t, s) if biased else None
         for mask in (None, keep):
             future = causal_mask(t, s)
             full = mask if not causal else (future if mask is None else mask & future)
-            ref, _ = attention(q, k, v, full)
-            plain = causal and mask is None and t == s  # SDPA's is_causal, as the modules call it
-            got = fused_attention(q, k, v, None if plain else full, plain, 0.0)
+            ref, _ = attention(q, k, v, full, bias=bias)
+            # SDPA's is_causal, as the modules call it
+            plain = causal and mask is None and t == s and bias is None
+            got = fused_attention(q, k, v, None if plain else full, plain, 0.0, bias)
             torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+            if biased:  # the bias counts
+                assert not torch.allclose(got, attention(q, k, v, full)[0], atol=1e-3)
 
 
 def test_cpu_training_takes_the_explicit_formula_and_everything_else_the_fused_kernel():
