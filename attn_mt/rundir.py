@@ -14,8 +14,8 @@ checkpoint.save.
                                                test_hyps.txt
     {test split}.contrastive.jsonl             the test split's contrastive set, where the data has
                                                one
-    {test split}.align                         its gold word alignment (Pharaoh), where the data
-                                               knows it
+    {split}.align                              the test and training splits' gold word alignments
+                                               (Pharaoh), where the data knows them
     attention_history.npz                      the attention on a few fixed sentences at step 0 and
                                                each evaluation (train.record_attention;
                                                analysis/history.py)
@@ -295,11 +295,12 @@ class RunDir:
                                                        for r in records))
 
     def gold_links(self, split: str) -> Path:
-        """Where the test split's gold word alignment lies (align's `gold` file)."""
+        """Where a split's gold word alignment lies (align's `gold` file for the test split,
+        train.guided_alignment's for the training split)."""
         return self.path / f"{split}.align"
 
     def write_gold_links(self, split: str, lines: list[str]) -> None:
-        """The gold word alignment (data.toy's), one Pharaoh line per test pair."""
+        """A split's gold word alignment (data.toy's), one Pharaoh line per pair."""
         _write_atomic(self.gold_links(split), "".join(f"{line}\n" for line in lines))
 
     def snapshots(self) -> list[Path]:

@@ -5,6 +5,7 @@ Tested in tests/config/test_config.py.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -12,7 +13,8 @@ from attn_mt.config.yamlconf import ConfigError, check_limits
 
 # upper bounds far above any sensible value (lower bounds: __post_init__)
 MOST = {"lr": 10.0, "warmup_steps": 1e9, "weight_decay": 10.0, "z_loss": 10.0,
-        "batch_tokens": 10_000_000, "accum_steps": 100_000, "clip_norm": 1e6,
+        "guided_weight": 1000.0, "batch_tokens": 10_000_000, "accum_steps": 100_000,
+        "clip_norm": 1e6,
         "max_epochs": 1_000_000, "max_steps": 1e12, "max_tokens": 1e15, "max_minutes": 1e7,
         "eval_every": 1e12, "bleu_sentences": 10_000_000, "patience": 1e6, "checkpoint_every": 1e12,
         "keep_last": 1000, "max_bad_steps": 1e6, "log_every": 1e12, "threads": 4096,
@@ -61,6 +63,12 @@ class TrainConfig:
     #     budget counts)
     # add z_loss * log(Z)^2 per target token to the training loss (1e-4 in PaLM); 0: off
     z_loss: float = 0.0
+    # guided alignment (Garg et al. 2019; attn_mt/training/guided.py): a Pharaoh file of word links
+    # of the training pairs (`i-j`, line i for pair i, words the whitespace tokens) that one
+    # cross-attention head learns to match; "": off
+    guided_alignment: str = ""
+    guided_weight: float = 0.05  # the alignment loss's weight beside the token loss (lambda)
+    guided_head: str = ""  # headL.H (from 1) that is guided; "": the last layer's head 1
     batch_tokens: int = 4096  # target tokens per optimizer step (before accumulation)
     accum_steps: int = 1
     clip_norm: float = 1.0  # 0 disables clipping
@@ -143,9 +151,9 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)}: must be > 0", f"train.{key}")
-        nonneg = ("warmup_steps", "weight_decay", "z_loss", "clip_norm", "max_steps", "max_tokens",
-                  "max_minutes", "eval_every", "patience", "checkpoint_every", "keep_last",
-                  "threads", "seed")
+        nonneg = ("warmup_steps", "weight_decay", "z_loss", "guided_weight", "clip_norm",
+                  "max_steps", "max_tokens", "max_minutes", "eval_every", "patience",
+                  "checkpoint_every", "keep_last", "threads", "seed")
         for key in nonneg:
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}={getattr(self, key)}: must be >= 0", f"train.{key}")
@@ -182,6 +190,10 @@ class TrainConfig:
             or list(self.length_buckets) != sorted(set(self.length_buckets))):
             raise ConfigError(f"train.length_buckets={list(self.length_buckets)}: must be "
                               "increasing widths >= 2", "train.length_buckets")
+        if self.guided_head and not re.fullmatch(r"head[1-9]\d*\.[1-9]\d*", self.guided_head):
+            raise ConfigError(f"train.guided_head={self.guided_head!r}: expected headL.H, layer "
+                              "L's head H counted from 1 (e.g. head2.1), or \"\"",
+                              "train.guided_head")
         if len(set(self.freeze)) != len(self.freeze):
             raise ConfigError(f"train.freeze={list(self.freeze)}: names a part twice",
                               "train.freeze")

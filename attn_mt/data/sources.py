@@ -237,12 +237,17 @@ def source(cfg: DataConfig) -> Source:
     return SOURCES[cfg.source](cfg)
 
 
+def non_empty(src: list[str], tgt: list[str]) -> list[int]:
+    """The pairs of a chunk that are kept: both sides non-empty."""
+    return [i for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s and t]
+
+
 def iter_pairs(cfg: DataConfig, split: str) -> Chunks:
     """The named split in chunks of (src, tgt) texts, empty pairs dropped; DataError if none is
     left."""
     kept = dropped = 0
     for src, tgt in source(cfg).chunks(split):
-        keep = [i for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s and t]
+        keep = non_empty(src, tgt)
         if len(keep) < len(src):
             dropped += len(src) - len(keep)
             src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]

@@ -87,5 +87,6 @@ def write_test_texts(run: Training, missing: bool = False) -> None:
     # the score command's contrastive mode reads these
     if (records := source(data).contrastive(data.splits.test)) is not None:
         run.files.write_contrastive(data.splits.test, records)
-    if (links := source(data).gold_links(data.splits.test)) is not None:  # the align command's gold
-        run.files.write_gold_links(data.splits.test, links)
+    for split in dict.fromkeys((data.splits.test, data.splits.train)):  # the align command's gold,
+        if (links := source(data).gold_links(split)) is not None:  # guided training's links
+            run.files.write_gold_links(split, links)

@@ -4,8 +4,8 @@ a corpus's batches with the run's counters around it (`Trainer`).
 `TrainStep` is that step for any model and any batches (`attn-mt bench` times it on fixed
 batches). `Trainer` walks a corpus's token batches epoch by epoch; `train` drives one Trainer,
 `compare-rnn` two of them on one clock. The parts a config may vary (the optimizer, several
-processes, the checks for a non-finite loss, how batches are made) are chosen once, at set-up, by
-training/variants.py; the step reads the same with each.
+processes, the checks for a non-finite loss, how batches are made, a guided alignment loss) are
+chosen once, at set-up, by training/variants.py; the step reads the same with each.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class TrainStep:
         self.opt = variants.make_optimizer(model, cfg, precision)  # AdamW, or Muon for matrices
         self.scaler = variants.make_scaler(device, precision)  # fp16's loss scaling, or none
         self.ema = variants.make_ema(model, cfg)  # the weights' moving average, or None
+        self.guide = variants.make_guide(model, cfg)  # guided alignment's loss term, or none
         self.checks = variants.make_checks(cfg, device, self.ema, self.scaler.is_enabled())
 
     @property
@@ -52,8 +53,7 @@ class TrainStep:
 
     def backward(self, batches: Iterable[Batch], n_tokens: int,
                  weights: list[float] | None = None) -> torch.Tensor:
-        """Accumulate the gradient of the mean token loss over `batches`; returns their summed
-        loss."""
+        """Accumulate the gradient of the mean loss over `batches`; returns their summed loss."""
         batches = list(batches)
         weights = weights or [1.0] * len(batches)
         total = torch.zeros((), device=self.device)
@@ -63,7 +63,8 @@ class TrainStep:
                 with autocast(self.device, self.precision):
                     logits = self.net(batch.src, batch.tgt_in)  # (B, T, V)
                     loss = token_loss(logits, batch.tgt_out, self.cfg.label_smoothing,
-                                      self.model.pad_id, self.cfg.z_loss) * weight
+                                      self.model.pad_id, self.cfg.z_loss)
+                    loss = self.guide(loss, batch) * weight
                 self.scaler.scale(loss * self.world.size / n_tokens).backward()
             total += loss.detach()
         return total

@@ -6,6 +6,8 @@ in a module of its own, loaded only where the config asks for it.
   for several processes or compiled);
 - the optimizer (`make_optimizer`: AdamW, or training/muon.py's Muon for the weight matrices),
   fp16's gradient scaler (`make_scaler`) and the weights' moving average (`make_ema`, ema.py);
+- guided alignment's loss term (`make_guide`: none, or training/guided.py's `GuidedLoss`) and
+  the links its batches carry (`make_collate`);
 - the non-finite checks (`make_checks`: checks.py's `HostChecks` read every step; deferred.py
   keeps them on the device);
 - how a step's batches are made (`make_collate`: pinned on a GPU, padded to static shapes with
@@ -154,6 +156,21 @@ def make_ema(model: nn.Module, cfg: TrainConfig) -> WeightEMA | None:
     return WeightEMA(model, cfg.ema_decay)
 
 
+def unguided(loss: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """A batch's loss as it is: no guided alignment."""
+    return loss
+
+
+def make_guide(model: nn.Module, cfg: TrainConfig) -> Callable[[torch.Tensor, Batch], torch.Tensor]:
+    """What a batch's token loss becomes: itself, or with train.guided_alignment plus the guided
+    head's alignment loss (training/guided.py)."""
+    if not cfg.guided_alignment:
+        return unguided
+    from attn_mt.training.guided import GuidedLoss
+
+    return GuidedLoss(model, cfg)
+
+
 def make_checks(cfg: TrainConfig, device: torch.device, ema: WeightEMA | None,
                 scaled: bool) -> HostChecks | DeviceChecks:
     """A step's checks, chosen once by train.skip_check: deferred to the device
@@ -173,7 +190,8 @@ def make_collate(cfg: ExperimentConfig, corpus: Corpus, device: torch.device,
                  world: World) -> Collate:
     """A function from a step's index batches and its subword draws' seed to its collated
     batches: into pinned memory on a GPU (copied asynchronously), padded to static shapes with
-    train.length_buckets (data/arrays.py's `to_bucket`)."""
+    train.length_buckets (data/arrays.py's `to_bucket`), with train.guided_alignment carrying
+    their pairs' links (training/guided.py)."""
     tc, tok, split, pin = cfg.train, corpus.tok, cfg.data.splits.train, device.type == "cuda"
 
     def collate(index: list[list[int]], draws: tuple[int, ...]) -> list[Batch]:
@@ -183,6 +201,10 @@ def make_collate(cfg: ExperimentConfig, corpus: Corpus, device: torch.device,
                               tc.batch_tokens, world.size) for b in made]
         return made
 
+    if cfg.train.guided_alignment:
+        from attn_mt.training.guided import with_links
+
+        return with_links(collate, cfg, corpus, pin)
     return collate
 
 
