@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
-from urllib.request import urlopen
+from urllib.request import Request, urlopen
 
 import pytest
 
@@ -221,6 +221,40 @@ def test_page_translates_switches_maps_and_hovers(browser, url, tmp_path):
     browser.execute_script("document.getElementById('text').value = ''")
     browser.find_element(By.ID, "go").click()
     assert "Type a sentence" in browser.find_element(By.ID, "status").text
+
+
+@pytest.mark.slow
+def test_an_output_word_lights_up_the_source_words_it_is_aligned_with(browser, url):
+    text = "the old man sees a small dog."
+    open_page(browser, f"{url}/?text={quote(text)}&beam=2&nbest=2").until(translated(1))
+    body = json.dumps({"texts": [text], "beam": 2, "nbest": 2, "align": True}).encode()
+    answer = json.load(urlopen(Request(f"{url}/api/translate", data=body,
+                                       headers={"Content-Type": "application/json"})))
+    source = browser.find_elements(By.CSS_SELECTOR, "#source-words .word")
+    assert [w.text for w in source] == text.split()
+
+    def lit() -> list[int]:
+        return [i for i, w in enumerate(source) if "linked" in w.get_attribute("class").split()]
+
+    items = browser.find_elements(By.CSS_SELECTOR, "#nbest-list li")
+    hyps = answer["results"][0]["hypotheses"]
+    assert len(items) == len(hyps) == 2
+    for item, h in zip(items, hyps, strict=True):
+        out = item.find_elements(By.CSS_SELECTOR, ".word")
+        assert [w.text for w in out] == h["text"].split()
+        links = [tuple(map(int, link.split("-"))) for link in h["alignment"].split()]
+        for j, word in enumerate(out[:6]):
+            ActionChains(browser).move_to_element(word).perform()
+            assert lit() == sorted(i for i, t in links if t == j) != []
+    # a click keeps them lit after the pointer has gone; a second click lets them go
+    first = items[0].find_elements(By.CSS_SELECTOR, ".word")[0]
+    first.click()
+    want = lit()
+    ActionChains(browser).move_to_element(browser.find_element(By.ID, "facts")).perform()
+    assert lit() == want != []
+    first.click()
+    ActionChains(browser).move_to_element(browser.find_element(By.ID, "facts")).perform()
+    assert lit() == []
 
 
 @pytest.mark.slow

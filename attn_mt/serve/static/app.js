@@ -15,7 +15,7 @@ const EXPLAIN = {
 const SHAPE_KEYS = ["n_layers", "d_model", "n_heads", "d_ff", "cell", "d_embed", "d_hidden", "d_attn"];
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 // shown: the sentence, beam and n-best of the translation on the page (the share link names them)
-const state = {info: null, att: null, shown: null, hover: null, request: 0, translations: 0};
+const state = {info: null, att: null, shown: null, hover: null, request: 0, translations: 0, pinned: null};
 
 function el(tag, props = {}, children = []) {
   const node = Object.assign(document.createElement(tag), props);
@@ -120,6 +120,7 @@ async function init() {
   $("kind").addEventListener("change", () => { fillView(); drawMaps(); });
   for (const id of ["layer", "head"]) $(id).addEventListener("change", drawMaps);
   document.addEventListener("mouseover", onHover);
+  for (const type of ["mouseover", "mouseout", "click"]) $("nbest-list").addEventListener(type, onWord);
   showEmptyState(params.get("text") || exampleSentence(state.info));
   document.body.dataset.ready = "";  // for tests: the controls are filled
   if (params.get("text")) translate();
@@ -137,10 +138,12 @@ async function translate() {
   try {
     const maps = state.info.attention.length > 0;
     const growing = (event) => { if (id === state.request) showProgress(event); };
-    const [tr, att] = await Promise.all([
-      streamed({texts: [text], beam, nbest}, growing), maps ? api("/api/attention", {text, beam}) : null]);
+    // with weights, the same translation once more as a whole answer with its word links (`align`)
+    const [tr, att, aligned] = await Promise.all([
+      streamed({texts: [text], beam, nbest}, growing), maps ? api("/api/attention", {text, beam}) : null,
+      maps ? api("/api/translate", {texts: [text], beam, nbest, align: true}) : null]);
     if (id !== state.request) return;  // a newer request is on its way
-    showNbest(tr.results[0].hypotheses);
+    showNbest((aligned || tr).results[0]);
     state.shown = {text, beam, nbest};
     if (maps) {
       state.att = att;
@@ -202,11 +205,50 @@ function showProgress(event) {
   if (event.name === "token") list.replaceChildren(item); else list.append(item);
 }
 
-function showNbest(hypotheses) {
+// The hypotheses; with word links (`alignment`, Pharaoh i-j), the source's words above them, and each output
+// word lights up the source words it links to when hovered, or until clicked again when clicked.
+function showNbest({source, hypotheses}) {
+  const linked = hypotheses.some((h) => h.alignment != null);
+  $("source-words").replaceChildren(...(linked ? spaced(words(source).map((w) => el("span", {className: "word",
+    textContent: w}))) : []));
+  $("source-words").hidden = !linked;
+  state.pinned = null;
   $("nbest-list").replaceChildren(...hypotheses.map((h) => el("li", {}, [
-    el("span", {className: "hyp", textContent: h.text || "(empty)"}),
+    h.alignment == null ? el("span", {className: "hyp", textContent: h.text || "(empty)"})
+      : el("span", {className: "hyp"}, spaced(linkedWords(h))),
     el("span", {className: "score", textContent: `score ${h.score.toFixed(3)} · log P ${h.log_prob.toFixed(3)}`}),
   ])));
+}
+
+function words(text) {
+  return text.split(/\s+/).filter(Boolean);
+}
+
+function spaced(nodes) {
+  return nodes.flatMap((node, i) => (i ? [" ", node] : [node]));
+}
+
+// A hypothesis's words, each with the source words it links to (data-links: their indexes).
+function linkedWords(h) {
+  const links = h.alignment.split(" ").filter(Boolean).map((link) => link.split("-").map(Number));
+  return words(h.text).map((w, j) => {
+    const node = el("span", {className: "word", textContent: w});
+    node.dataset.links = links.filter(([, t]) => t === j).map(([s]) => s).join(" ");
+    return node;
+  });
+}
+
+// The source words `word` (an output word, or null: none) links to, lit, and the word itself.
+function lightLinks(word) {
+  const on = new Set(word ? words(word.dataset.links).map(Number) : []);
+  $("source-words").querySelectorAll(".word").forEach((n, i) => n.classList.toggle("linked", on.has(i)));
+  $("nbest-list").querySelectorAll(".word").forEach((n) => n.classList.toggle("linked", n === word));
+}
+
+function onWord(e) {
+  const word = e.target.closest ? e.target.closest("#nbest-list .word[data-links]") : null;
+  if (e.type === "click" && word) state.pinned = state.pinned === word ? null : word;
+  lightLinks(e.type === "mouseover" && word ? word : state.pinned);
 }
 
 function tokenNode(tag, token, side, index, className) {
