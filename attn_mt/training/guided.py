@@ -129,18 +129,17 @@ class Links:
         p = np.asarray(index, np.int64)
         p = p if self.rows is None else self.rows[p]
         b, n = batch.src.size(0), len(p)
-        counts = np.zeros(b, np.int32)
-        counts[:n] = self.pairs.words[p, 0]
-        src_w = words_of(batch.src.numpy(), self.starts[0], counts, self.skip)  # (B, S)
-        counts[:n] = self.pairs.words[p, 1]
-        tgt_w = words_of(batch.tgt_out.numpy(), self.starts[1], counts, self.skip)  # (B, T)
-        first = self.pairs.offsets[p]  # (n,)
-        counts = self.pairs.offsets[p + 1] - first
-        row = np.repeat(np.arange(n), counts)  # the batch row of each link
-        at = np.arange(len(row)) + np.repeat(first - (np.cumsum(counts) - counts), counts)
+        n_words = np.zeros((2, b), np.int32)  # (source, target) words of each row; added rows 0
+        n_words[:, :n] = self.pairs.words[p].T
+        src_w = words_of(batch.src.numpy(), self.starts[0], n_words[0], self.skip)  # (B, S)
+        tgt_w = words_of(batch.tgt_out.numpy(), self.starts[1], n_words[1], self.skip)  # (B, T)
+        first = self.pairs.offsets[p]  # (n,) where each pair's links begin
+        per_pair = self.pairs.offsets[p + 1] - first
+        row = np.repeat(np.arange(n), per_pair)  # (links,) the batch row of each link
+        at = np.arange(len(row)) + np.repeat(first - (np.cumsum(per_pair) - per_pair), per_pair)
         i, j = self.pairs.links[at].T  # (links,) source and target words
         words = np.zeros((b, max(tgt_w.max(), 0) + 1, max(src_w.max(), 0) + 1), bool)
-        inside = (j <= tgt_w.max()) & (i <= src_w.max())  # words of pieces cut by max_len: none
+        inside = (j <= tgt_w.max()) & (i <= src_w.max())  # a word no piece reaches: no link
         words[row[inside], j[inside], i[inside]] = True  # (B, target words, source words)
         links = words[np.arange(b)[:, None, None], tgt_w.clip(0)[:, :, None],
                       src_w.clip(0)[:, None, :]]
