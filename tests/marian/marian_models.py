@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -45,13 +47,18 @@ def _train(model, tok, pairs: list[tuple[str, str]], steps: int) -> None:
     sentences of many lengths that end with </s> (what greedy and beam search must agree on)."""
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     model.train()
+    batches: dict[int, dict] = {}  # the batches come round again: each tokenized once
     for step in range(steps):
-        chunk = pairs[(step * 32) % len(pairs):][:32]
-        batch = tok([s for s, _ in chunk], text_target=[t for _, t in chunk], return_tensors="pt",
-                    padding=True)
-        batch["labels"] = batch["labels"].masked_fill(batch["labels"] == tok.pad_token_id, -100)
+        start = (step * 32) % len(pairs)
+        if start not in batches:
+            chunk = pairs[start:][:32]
+            batch = tok([s for s, _ in chunk], text_target=[t for _, t in chunk],
+                        return_tensors="pt", padding=True)
+            batch["labels"] = batch["labels"].masked_fill(batch["labels"] == tok.pad_token_id,
+                                                          -100)
+            batches[start] = batch
         opt.zero_grad()
-        model(**batch).loss.backward()
+        model(**batches[start]).loss.backward()
         opt.step()
 
 
@@ -107,18 +114,31 @@ def build(folder: Path, *, shared: bool, multilingual: bool = False, seed: int =
     return folder
 
 
-def folders(root: Path):
-    """kind ("shared", "separate", "multilingual") -> a tiny MarianMT folder under `root`, built on
-    first use (the tests' `marian` fixture: `folders(tmp_path_factory.mktemp("marian"))`)."""
+def folders(tmp_path_factory: pytest.TempPathFactory):
+    """kind ("shared", "separate", "multilingual") -> a tiny MarianMT folder, built on first use
+    once per test session (the tests' `marian` fixture: `folders(tmp_path_factory)`).
+    pytest-xdist's workers share the session's temporary folder: the first to ask builds under a
+    lock, the others read. Tests never write into these folders (one that spoils a folder spoils a
+    copy)."""
     pytest.importorskip("transformers")
     pytest.importorskip("safetensors")
-    made: dict[str, Path] = {}
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "marian_models"
+    root.mkdir(exist_ok=True)
+    seeds = {"shared": 0, "separate": 1, "multilingual": 2}
 
     def get(kind: str) -> Path:
-        if kind not in made:
-            made[kind] = build(root / f"opus-mt-en-{kind}", shared=kind != "separate",
-                               multilingual=kind == "multilingual", seed=len(made),
-                               steps=0 if kind == "multilingual" else STEPS)
-        return made[kind]
+        folder = root / f"opus-mt-en-{kind}"
+        with FileLock(str(root / f"{kind}.lock")):
+            if not folder.exists():
+                try:
+                    build(folder, shared=kind != "separate", multilingual=kind == "multilingual",
+                          seed=seeds[kind], steps=0 if kind == "multilingual" else STEPS)
+                except BaseException:  # never a half-built folder for the next to read
+                    shutil.rmtree(folder, ignore_errors=True)
+                    raise
+        return folder
 
     return get

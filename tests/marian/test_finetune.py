@@ -21,7 +21,7 @@ FT = [o for o in TINY if not o.startswith(("model.d_", "model.n_", "tokenizer.")
 
 @pytest.fixture(scope="module")
 def marian(tmp_path_factory):
-    return folders(tmp_path_factory.mktemp("marian"))
+    return folders(tmp_path_factory)
 
 
 def _weights(path) -> dict[str, torch.Tensor]:

@@ -20,7 +20,7 @@ N, LIMIT = 200, 48  # sentences compared; output tokens at most (eos included), 
 
 @pytest.fixture(scope="module")
 def marian(tmp_path_factory):
-    return folders(tmp_path_factory.mktemp("marian"))
+    return folders(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import TINY
+from in_process import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,10 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_api_train_speed_times_both_and_gives_the_ratio(tmp_path):
     sets = [x for o in [*TINY, "train.max_epochs=1", "train.eval_every=5"] for x in ("--set", o)]
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "api_train_speed.py"), "--config",
-                           str(ROOT / "configs" / "toy.yaml"), *sets, "--rounds", "1", "--json",
-                           str(tmp_path / "s.json")],
-                          capture_output=True, text=True, timeout=300)
+    done = run_script("api_train_speed", "--config", ROOT / "configs" / "toy.yaml", *sets,
+                      "--rounds", "1", "--json", tmp_path / "s.json")
     assert done.returncode == 0, done.stderr
     assert re.findall(r"round 1 (cli|api) ", done.stdout) == ["cli", "api"]
     figures = json.loads((tmp_path / "s.json").read_text())

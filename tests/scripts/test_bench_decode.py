@@ -4,25 +4,19 @@ the cache."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from conftest import toy_test_files
-
-ROOT = Path(__file__).resolve().parents[2]
+from in_process import run_script
 
 
 @pytest.mark.slow
 def test_bench_decode_times_every_variant(tiny_run, tmp_path):
     src, ref = toy_test_files(tmp_path)
     out = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_decode.py"),
-                           "--checkpoint", str(tiny_run / "checkpoint_best.pt"), "--src", str(src),
-                           "--ref", str(ref), "--repeats", "2", "--threads", "1", "--batch-size",
-                           "4", "--check-batch1", "--out-json", str(out)], capture_output=True,
-                          text=True, timeout=300)
+    done = run_script("bench_decode", "--checkpoint", tiny_run / "checkpoint_best.pt", "--src", src,
+                      "--ref", ref, "--repeats", "2", "--threads", "1", "--batch-size", "4",
+                      "--check-batch1", "--out-json", out)
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     assert set(report["rows"]) == {"greedy, cache", "greedy, no cache", "beam 5, cache",

@@ -4,14 +4,11 @@ rounds."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from conftest import toy_test_files
+from in_process import run_script
 
-ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("ctranslate2")
 
 
@@ -19,11 +16,9 @@ pytest.importorskip("ctranslate2")
 def test_bench_export_rows_for_every_decoder(tiny_run, tmp_path):
     src, ref = toy_test_files(tmp_path)
     out = tmp_path / "export.json"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_export.py"),
-                           "--checkpoint", str(tiny_run / "checkpoint_best.pt"), "--src", str(src),
-                           "--ref", str(ref), "--rounds", "1", "--threads", "1", "--batch-size",
-                           "4", "--beam", "2", "--json", str(out)], capture_output=True, text=True,
-                          timeout=300)
+    done = run_script("bench_export", "--checkpoint", tiny_run / "checkpoint_best.pt", "--src", src,
+                      "--ref", ref, "--rounds", "1", "--threads", "1", "--batch-size", "4",
+                      "--beam", "2", "--json", out)
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     decoders = {r["decoder"] for r in result["rows"]}

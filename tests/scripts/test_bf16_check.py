@@ -4,12 +4,11 @@ every point."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import TINY
+from in_process import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,10 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bf16_check_gives_two_curves(tmp_path):
     out = tmp_path / "bf16.json"
     sets = [x for o in TINY for x in ("--set", o)]
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bf16_check.py"), "--config",
-                           str(ROOT / "configs" / "toy.yaml"), *sets, "--steps", "4",
-                           "--eval-every", "2", "--json", str(out)], capture_output=True, text=True,
-                          timeout=300)
+    done = run_script("bf16_check", "--config", ROOT / "configs" / "toy.yaml", *sets, "--steps",
+                      "4", "--eval-every", "2", "--json", out)
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     for p in ("fp32", "bf16"):

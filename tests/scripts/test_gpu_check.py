@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from in_process import run_script
 
 from attn_mt.device import precisions_for
 
@@ -31,9 +32,7 @@ def gpu_check():
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check")
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run",
-                           "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
+    done = run_script("gpu_check", "--dry-run", "--out", out)  # each step a process of its own
     return out, done
 
 
@@ -115,19 +114,17 @@ def test_a_dry_run_or_a_machine_without_a_gpu_never_writes_the_docs(tmp_path):
     without a CUDA GPU is."""
     copy = a_checkout(tmp_path)
     before = snapshot(copy)
-    script = str(copy / "scripts" / "gpu_check.py")
-    done = subprocess.run([sys.executable, script, "--dry-run", "--only", "prepare", "bench",
-                           "--docs", "--out", str(tmp_path / "out")], capture_output=True,
-                          text=True, timeout=120)
+    script = copy / "scripts" / "gpu_check.py"
+    done = run_script(script, "--dry-run", "--only", "prepare", "bench", "--docs", "--out",
+                      tmp_path / "out")
     assert (done.returncode == 2 and "--docs: a dry run measures the CPU"
             in done.stderr), (done.stdout + done.stderr)
     assert not (tmp_path / "out").exists()
     if not torch.cuda.is_available():
         (tmp_path / "multi30k").mkdir()
         (tmp_path / "multi30k" / "train.de").write_text("ein Hund.\n")
-        done = subprocess.run([sys.executable, script, "--data", str(tmp_path / "multi30k"),
-                               "--only", "prepare", "--docs", "--out", str(tmp_path / "out")],
-                              capture_output=True, text=True, timeout=120)
+        done = run_script(script, "--data", tmp_path / "multi30k", "--only", "prepare", "--docs",
+                          "--out", tmp_path / "out")
         assert (done.returncode == 2 and done.stderr == "error: --docs: no CUDA GPU here; the docs "
                 "hold GPU measurements\n"), done.stdout + done.stderr
         assert not (tmp_path / "out" / "gpu_prepare.json").exists()
@@ -175,9 +172,8 @@ def test_a_bare_python_is_told_what_to_bring_before_any_work(tmp_path):
 
 
 def test_a_step_cut_at_its_limit_still_writes_its_json(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run",
-                           "--only", "compare", "--budget-s", "2", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    done = run_script("gpu_check", "--dry-run", "--only", "compare", "--budget-s", "2", "--out",
+                      tmp_path)
     assert done.returncode == 1 and "compare: timeout" in done.stdout
     step = json.loads((tmp_path / "gpu_compare.json").read_text())
     assert step["status"] == "timeout" and step["seconds"] < 30 and "compare-rnn" in step["command"]

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import TINY
+from in_process import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,10 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_history_cost_alternates_recording_on_and_off_and_gives_the_ratios(tmp_path):
     sets = [x for o in [*TINY, "train.max_steps=6", "train.eval_every=3"] for x in ("--set", o)]
-    script, config = ROOT / "scripts" / "history_cost.py", ROOT / "configs" / "toy.yaml"
-    done = subprocess.run([sys.executable, str(script), "--config", str(config), *sets, "--rounds",
-                           "2", "--json", str(tmp_path / "c.json")], capture_output=True, text=True,
-                          timeout=300)
+    done = run_script("history_cost", "--config", ROOT / "configs" / "toy.yaml", *sets, "--rounds",
+                      "2", "--json", tmp_path / "c.json")
     assert done.returncode == 0, done.stderr
     assert (re.findall(r"round (\d) recording (on|off)", done.stdout)
             == [("1", "on"), ("1", "off"), ("2", "off"),

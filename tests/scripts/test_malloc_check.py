@@ -4,12 +4,11 @@ turns."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import TINY
+from in_process import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_malloc_check_measures_both_settings(tmp_path):
     sets = [x for o in TINY for x in ("--set", o)]
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "malloc_check.py"), "--config",
-                           str(ROOT / "configs" / "toy.yaml"), *sets, "--rounds", "1", "--steps",
-                           "2", "--warmup", "1"], capture_output=True, text=True, timeout=300)
+    # the two settings run in fresh processes the script starts
+    done = run_script("malloc_check", "--config", ROOT / "configs" / "toy.yaml", *sets, "--rounds",
+                      "1", "--steps", "2", "--warmup", "1")
     assert done.returncode == 0, done.stderr
     rounds = re.findall(r"round 1 (system|attn-mt)\s+(\d+) tokens/s\s+(\d+) page faults/step",
                         done.stdout)

@@ -4,21 +4,19 @@ see."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from conftest import TINY
+from in_process import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_muon_spectra_gives_quantiles_per_step(tmp_path):
+def test_muon_spectra_gives_quantiles_per_step(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     sets = [x for o in TINY for x in ("--set", o)]
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "muon_spectra.py"), "--config",
-                           str(ROOT / "configs" / "toy.yaml"), *sets, "--steps", "1,4", "--json",
-                           str(tmp_path / "s.json")], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    done = run_script("muon_spectra", "--config", ROOT / "configs" / "toy.yaml", *sets, "--steps",
+                      "1,4", "--json", tmp_path / "s.json")
     assert done.returncode == 0, done.stderr
     rows = json.loads((tmp_path / "s.json").read_text())["rows"]
     assert [(r["step"], r["quantile"]) for r in rows] == [(s, q) for s in (1, 4)

@@ -5,12 +5,11 @@ others."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import toy_test_files
+from in_process import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("fastapi")
@@ -20,11 +19,10 @@ pytest.importorskip("fastapi")
 def test_serve_load_answers_every_request(tiny_run, tmp_path):
     src, _ = toy_test_files(tmp_path, n=12)
     out = tmp_path / "load.json"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "serve_load.py"), "--checkpoint",
-                           str(tiny_run / "checkpoint_best.pt"), "--src", str(src), "--sentences",
-                           "12", "--single", "3", "--big", "4", "--clients", "1", "8", "--rounds",
-                           "1", "--threads", "1", "--baseline", str(ROOT), "--out-json", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    # the servers are processes the script starts
+    done = run_script("serve_load", "--checkpoint", tiny_run / "checkpoint_best.pt", "--src", src,
+                      "--sentences", "12", "--single", "3", "--big", "4", "--clients", "1", "8",
+                      "--rounds", "1", "--threads", "1", "--baseline", ROOT, "--out-json", out)
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     # every request answered, no error or timeout

@@ -4,24 +4,21 @@ reference."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import TINY
+from in_process import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_speedrun_cost_times_each_recipe_against_the_first(tmp_path):
     sets = [x for o in TINY for x in ("--set", o)]
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "speedrun_cost.py"), "--config",
-                           str(ROOT / "configs" / "toy.yaml"), *sets, "--recipe", "old:",
-                           "--recipe",
-                           "new:train.optimizer=muon,model.qk_norm=true,train.subword_sampling=0.3",
-                           "--steps", "1", "--repeats", "1", "--json", str(tmp_path / "c.json")],
-                          capture_output=True, text=True, timeout=300)
+    done = run_script("speedrun_cost", "--config", ROOT / "configs" / "toy.yaml", *sets,
+                      "--recipe", "old:", "--recipe",
+                      "new:train.optimizer=muon,model.qk_norm=true,train.subword_sampling=0.3",
+                      "--steps", "1", "--repeats", "1", "--json", tmp_path / "c.json")
     assert done.returncode == 0, done.stderr
     r = json.loads((tmp_path / "c.json").read_text())
     assert (r["reference"] == "old"
