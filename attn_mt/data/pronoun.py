@@ -1,6 +1,8 @@
 """The toy corpus's pronoun variant (`data.toy_variant: pronoun`): "it" resolved by meaning, as in
 "the animal didn't cross the street because it was too tired" (Vaswani et al. 2017, Figure 4).
 
+One job: make that corpus, its gold links and its contrastive test set.
+
 Every sentence has two noun phrases, one animate (animal, dog, cat ...) and one inanimate (street,
 river, wall ...), in either role: the animate noun is the subject of some verbs ("the dog didn't
 cross the river") and the object of others ("the wall stopped the dog"). A "because it/they ..."
