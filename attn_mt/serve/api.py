@@ -116,8 +116,8 @@ TranslateRequest = create_model(  # texts, each served option (DECODE_OPTIONS' `
                         "or `error`.")),
     align=(bool, Field(False, description="Give each hypothesis its word alignment with the "
                        "source, `alignment`: Pharaoh links i-j (source word i, target word j, "
-                       "from 0; words split at spaces), from cross-attention (docs/alignment.md). "
-                       "Not with stream.")))
+                       "from 0; words split at spaces), from cross-attention (docs/alignment.md); "
+                       "with stream, in the `done` event.")))
 
 
 def check_work(field: str, costs: list[int], limits: Limits) -> None:

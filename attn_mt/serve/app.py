@@ -171,9 +171,9 @@ def _translation_routes(app: FastAPI, engine: Engine, batcher: Batcher | Schedul
         costs = engine.work(body.texts, dcfg.beam_size)
         check_work("texts", costs, limits)
         if body.align:
-            engine.check_align(body.stream)
+            engine.require_weights("word alignment")
         if body.stream:
-            return stream_answer(batcher, engine, dcfg, body.texts, costs)
+            return stream_answer(batcher, engine, dcfg, body.texts, costs, body.align)
         future = batcher.submit(*engine.job(dcfg, body.texts), costs, hold=True)
         with releasing(batcher, future):
             results = await answer(request, future)

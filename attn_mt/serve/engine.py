@@ -157,13 +157,6 @@ class Engine:
             log.error("GET /history: %s", e)
             return None
 
-    def check_align(self, stream: bool) -> None:
-        """Refuse (ApiError) `align` on an export or with `stream`."""
-        self.require_weights("word alignment")
-        if stream:
-            raise ApiError(422, "align", "word alignment comes with the whole answer, not with "
-                           "`stream`")
-
     def align(self, results: list[dict]) -> list[dict]:
         """`translate`'s results with each hypothesis's word alignment (`alignment`, Pharaoh
         links)."""

@@ -49,11 +49,11 @@ class Answer(Response):
 
 
 def stream_answer(batcher: Batcher | Scheduler, engine: Engine, dcfg, texts: list[str],
-                  costs: list[int],
-                  ) -> StreamingResponse:
+                  costs: list[int], align: bool = False) -> StreamingResponse:
     """A translation answered as server-sent events while it is decoded (`"stream": true`): what the
     worker reports (engine.progress: `token`, `hypothesis`, `result`, each with the sentence's
-    `index`), then `done` with the answer a plain request gets, or `error`. The job holds its place
+    `index`), then `done` with the answer a plain request gets (with `align`, its word links, a job
+    of the worker's once the translation is done), or `error`. The job holds its place
     in the queue until the stream ends; a client that leaves cancels it (its rows leave the running
     batch at the next step)."""
     loop = asyncio.get_running_loop()
@@ -78,11 +78,18 @@ def stream_answer(batcher: Batcher | Scheduler, engine: Engine, dcfg, texts: lis
                 yield _event(name, {"index": i, **payload})
             if future.cancelled():
                 return
-            error = future.exception()
+            error, results = future.exception(), None
+            if error is None:
+                try:
+                    results = future.result()
+                    if align:
+                        linking = batcher.submit(None, [("align", results)])
+                        results = await asyncio.wrap_future(linking)
+                except Exception as e:  # noqa: BLE001 (answered as an error event)
+                    error = e
             if error is not None and not isinstance(error, QueueFull | Stopping):
                 log.error("POST /api/translate (streamed) failed: %r", error)
-            yield _event("error", failure(error)) if error else _event(
-                "done", {"results": future.result()})
+            yield _event("error", failure(error)) if error else _event("done", {"results": results})
         finally:
             future.cancel()  # the client left: the job leaves the queue or the running batch
             batcher.release(future)

@@ -151,14 +151,19 @@ def test_the_server_gives_links_when_asked(client, model):
     r = client.post("/api/translate", json={"texts": [SRC, "a dog."], "align": True, "beam": 2,
                                             "nbest": 2})
     assert r.status_code == 200, r.text
-    for result in r.json()["results"]:
+    aligned = r.json()
+    for result in aligned["results"]:
         for h in result["hypotheses"]:
             assert h["alignment"] == model.align(result["source"], h["text"]).pharaoh
     plain = client.post("/api/translate",
                         json={"texts": [SRC]}).json()["results"][0]["hypotheses"][0]
     assert "alignment" not in plain
-    r = client.post("/api/translate", json={"texts": [SRC], "align": True, "stream": True})
-    assert r.status_code == 422 and "stream" in r.text
+    # streamed: the same links in the last event
+    r = client.post("/api/translate", json={"texts": [SRC, "a dog."], "align": True, "beam": 2,
+                                            "nbest": 2, "stream": True})
+    done = [json.loads(block.split("data: ", 1)[1]) for block in r.text.split("\n\n")
+            if block.startswith("event: done")]
+    assert r.status_code == 200 and done == [aligned], r.text
 
 
 

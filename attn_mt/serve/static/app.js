@@ -138,12 +138,11 @@ async function translate() {
   try {
     const maps = state.info.attention.length > 0;
     const growing = (event) => { if (id === state.request) showProgress(event); };
-    // with weights, the same translation once more as a whole answer with its word links (`align`)
-    const [tr, att, aligned] = await Promise.all([
-      streamed({texts: [text], beam, nbest}, growing), maps ? api("/api/attention", {text, beam}) : null,
-      maps ? api("/api/translate", {texts: [text], beam, nbest, align: true}) : null]);
+    // with weights, the answer's word links too (`align`: they come with the stream's last event)
+    const [tr, att] = await Promise.all([
+      streamed({texts: [text], beam, nbest}, growing, {align: maps}), maps ? api("/api/attention", {text, beam}) : null]);
     if (id !== state.request) return;  // a newer request is on its way
-    showNbest((aligned || tr).results[0]);
+    showNbest(tr.results[0]);
     state.shown = {text, beam, nbest};
     if (maps) {
       state.att = att;
@@ -164,9 +163,9 @@ async function translate() {
 
 // /api/translate with "stream": true: each server-sent event goes to `onEvent` as it arrives (the translation
 // growing token by token, or beam hypotheses as they finish); resolves to the answer of the final `done` event.
-async function streamed(body, onEvent) {
+async function streamed(body, onEvent, extra = {}) {
   const response = await fetch("/api/translate", {
-    method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify({...body, stream: true}),
+    method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify({...body, ...extra, stream: true}),
   });
   if (!response.ok) {
     const data = await response.json().catch(() => ({}));
