@@ -26,10 +26,17 @@ def sentence_stats(hyps: list[str], refs: list[str]) -> np.ndarray:
         len(hyps), -1)
 
 
-def _bleu(stats: np.ndarray) -> float:
+def _bleus(stats: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """(resamples,) the BLEU of each resampled sentence set `idx` (resamples, n), from the (n, 10)
+    statistics, summed as (times each sentence is drawn) @ stats: one product for all draws."""
     from sacrebleu.metrics import BLEU
 
-    return BLEU()._compute_score_from_stats(stats.tolist()).score
+    resamples, n = idx.shape
+    counts = np.bincount((np.arange(resamples)[:, None] * n + idx).ravel(),
+                         minlength=resamples * n).reshape(resamples, n)  # (resamples, n)
+    bleu = BLEU()
+    return np.array([bleu._compute_score_from_stats(row).score
+                     for row in (counts @ stats).tolist()])
 
 
 def draws(n: int, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
@@ -42,6 +49,6 @@ def delta_interval(base: np.ndarray, changed: np.ndarray, idx: np.ndarray, level
                    ) -> tuple[float, float]:
     """The `level` interval of BLEU(changed) - BLEU(base) over the resampled sentence sets `idx`
     (rounded to 2 decimals)."""
-    deltas = [_bleu(changed[i].sum(0)) - _bleu(base[i].sum(0)) for i in idx]
+    deltas = _bleus(changed, idx) - _bleus(base, idx)  # (resamples,)
     lo, hi = np.quantile(deltas, [(1 - level) / 2, (1 + level) / 2])
     return round(float(lo), 2), round(float(hi), 2)
