@@ -20,24 +20,31 @@ def model(tiny_run):
     return attn_mt.load(tiny_run / "checkpoint_best.pt", device="cpu")
 
 
-def test_importing_attn_mt_loads_no_torch_and_every_public_name_resolves():
-    code = ("import sys, attn_mt; assert 'torch' not in sys.modules, 'torch'; "
-            "names = [n for n in attn_mt.__all__ if n != 'Score']; [getattr(attn_mt, n) for n in "
-            "names]; print(len(names))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert int(out.stdout) == len(attn_mt.__all__) - 1
-
-
-def test_plain_translation_loads_neither_the_analyses_nor_steering(tiny_run):
-    code = ("import sys, attn_mt; m = attn_mt.load(sys.argv[1], device='cpu'); m.translate('a "
-            "dog.', beam=2); m.translate_nbest(['a dog.'], beam=2, nbest=2); m.score('a dog.', "
-            "'ein Hund.'); print(sorted(n for n in ('attn_mt.api.analyses', "
-            "'attn_mt.api.steering') if n in sys.modules))")
+@pytest.fixture(scope="module")
+def fresh(tiny_run) -> dict:
+    """What a fresh interpreter saw (one for both tests below: each costs 2 s of importing torch):
+    torch loaded by `import attn_mt`; the analyses and steering modules loaded by a plain load,
+    translate, translate_nbest and score; then how many public names resolved."""
+    code = ("import json, sys, attn_mt; torch = 'torch' in sys.modules; "
+            "m = attn_mt.load(sys.argv[1], device='cpu'); m.translate('a dog.', beam=2); "
+            "m.translate_nbest(['a dog.'], beam=2, nbest=2); m.score('a dog.', 'ein Hund.'); "
+            "loaded = sorted(n for n in ('attn_mt.api.analyses', 'attn_mt.api.steering') "
+            "if n in sys.modules); names = [n for n in attn_mt.__all__ if n != 'Score']; "
+            "[getattr(attn_mt, n) for n in names]; "
+            "print(json.dumps({'torch': torch, 'loaded': loaded, 'names': len(names)}))")
     out = subprocess.run([sys.executable, "-c", code, str(tiny_run / "checkpoint_best.pt")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    return json.loads(out.stdout)
+
+
+def test_importing_attn_mt_loads_no_torch_and_every_public_name_resolves(fresh):
+    assert not fresh["torch"], "torch"
+    assert fresh["names"] == len(attn_mt.__all__) - 1
+
+
+def test_plain_translation_loads_neither_the_analyses_nor_steering(fresh):
+    assert fresh["loaded"] == []
 
 
 def test_translate_one_text_or_many_in_input_order_equal_to_the_cli(model, tiny_run):
