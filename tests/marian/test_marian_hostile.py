@@ -125,32 +125,43 @@ FITS = {"max_position_embeddings": 10_000}  # 0.6 MB of positions: a model that 
 
 
 @pytest.fixture(scope="module")
-def crafted(marian, tmp_path_factory) -> list[dict]:
-    """The answers for CRAFTED's folders and then FITS's, loaded under a 160 MiB limit beyond a load
-    of the tiny model (the folder that fits last, so that nothing it holds counts against the
-    others)."""
-    folders = []
-    for i, (fields, _) in enumerate([*CRAFTED, (FITS, "")]):
-        folder = shutil.copytree(marian, tmp_path_factory.mktemp(f"crafted{i}") / "opus-mt-en-de")
-        _edit(folder, **fields)
-        folders.append(folder)
-    return load_limited(marian, folders, 160 << 20)
+def limited(marian, tmp_path_factory) -> dict:
+    """load_limited's answers under a 160 MiB limit beyond a load of the tiny model, in one child:
+    for CRAFTED's folders ("crafted"), (folder, answer) for each folder with one file READ a link
+    to /dev/zero ("links"), and last for FITS's folder ("fits": so that nothing it holds counts
+    against the others)."""
+    def copy(name: str):
+        return shutil.copytree(marian, tmp_path_factory.mktemp(name) / "opus-mt-en-de")
+
+    crafted, links = [], []
+    for i, (fields, _) in enumerate(CRAFTED):
+        crafted.append(copy(f"crafted{i}"))
+        _edit(crafted[-1], **fields)
+    for name in READ if os.path.exists("/dev/zero") else []:
+        links.append(copy(f"link_{name}"))
+        (links[-1] / name).unlink()
+        (links[-1] / name).symlink_to("/dev/zero")
+    fits = copy("fits")
+    _edit(fits, **FITS)
+    answers = load_limited(marian, [*crafted, *links, fits], 160 << 20)
+    return {"crafted": answers[: len(crafted)],
+            "links": list(zip(links, answers[len(crafted):-1], strict=True)), "fits": answers[-1]}
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux: RLIMIT_AS and /proc")
 @pytest.mark.parametrize("case", range(len(CRAFTED)), ids=[f"fields{i}-{says}" for i,
                                                            (_, says) in enumerate(CRAFTED)])
-def test_crafted_sizes_are_refused_before_allocation(crafted, case):
+def test_crafted_sizes_are_refused_before_allocation(limited, case):
     """Under a 160 MiB limit beyond a load of the tiny model: a position table of 1e6 x 16 floats
     (64 MB, its float64 sinusoids 3 times that) is refused by the memory check, a vocabulary of 1e8
     pieces by its limit."""
-    says = CRAFTED[case][1]
-    assert says in crafted[case].get("error", ""), crafted[case]
+    says, answer = CRAFTED[case][1], limited["crafted"][case]
+    assert says in answer.get("error", ""), answer
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux: RLIMIT_AS and /proc")
-def test_the_limit_of_the_crafted_sizes_leaves_room_for_the_model(crafted):
-    assert crafted[-1] == {"loaded": True}
+def test_the_limit_of_the_crafted_sizes_leaves_room_for_the_model(limited):
+    assert limited["fits"] == {"loaded": True}
 
 
 def _truncate(folder):
@@ -238,18 +249,11 @@ def test_a_fifo_in_place_of_a_file_is_refused_at_once(folder, name):
 
 @pytest.mark.skipif(not os.path.exists("/dev/zero") or not os.path.exists("/proc/self/statm"),
                     reason="Linux: /dev/zero, RLIMIT_AS and /proc")
-def test_a_link_to_a_device_in_place_of_a_file_is_refused_unread(marian, tmp_path):
+def test_a_link_to_a_device_in_place_of_a_file_is_refused_unread(limited):
     """config.json as a link to /dev/zero was read until memory ran out (a MemoryError traceback
     under a 3 GB limit); here under a limit of 160 MiB beyond a load of the tiny model, for each
     file read."""
-    folders = []
-    for name in READ:
-        folder = shutil.copytree(marian, tmp_path / name / "opus-mt-en-de")
-        (folder / name).unlink()
-        (folder / name).symlink_to("/dev/zero")
-        folders.append(folder)
-    answers = load_limited(marian, folders, 160 << 20)
-    for folder, name, answer in zip(folders, READ, answers, strict=True):
+    for (folder, answer), name in zip(limited["links"], READ, strict=True):
         assert answer.get("error") == f"{folder / name}: not a regular file", answer
 
 
