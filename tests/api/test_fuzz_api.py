@@ -5,6 +5,7 @@ IndexError from inside escapes."""
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -36,6 +37,12 @@ VALUES = st.one_of(
     st.builds(lambda xs: (x for x in xs), st.lists(TEXTS, max_size=3)),  # a generator
 )
 
+@functools.cache
+def _maps(model: attn_mt.Model) -> attn_mt.Attention:
+    """TEXT's attention maps, computed once: the weights cases fuzz `weights`' arguments."""
+    return model.attention(TEXT)
+
+
 CALLS = {  # name: (call with the value in one argument's place, the argument)
     "translate.texts": lambda m, v: m.translate(v),
     "translate.beam": lambda m, v: m.translate(TEXT, beam=v),
@@ -56,9 +63,9 @@ CALLS = {  # name: (call with the value in one argument's place, the argument)
     "evaluate.beam": lambda m, v: m.evaluate([TEXT], [TARGET], beam=v),
     "attention.text": lambda m, v: m.attention(v),
     "attention.target": lambda m, v: m.attention(TEXT, target=v),
-    "weights.kind": lambda m, v: m.attention(TEXT).weights(v),
-    "weights.layer": lambda m, v: m.attention(TEXT).weights("cross", layer=v),
-    "weights.head": lambda m, v: m.attention(TEXT).weights("encoder", layer=1, head=v),
+    "weights.kind": lambda m, v: _maps(m).weights(v),
+    "weights.layer": lambda m, v: _maps(m).weights("cross", layer=v),
+    "weights.head": lambda m, v: _maps(m).weights("encoder", layer=1, head=v),
     "explain.text": lambda m, v: m.explain(v),
     "explain.kind": lambda m, v: m.explain(TEXT, kind=v),
     "explain.layer": lambda m, v: m.explain(TEXT, layer=v),
