@@ -187,7 +187,7 @@ def test_our_export_reads_back_the_same_model(hf, tiny_cfg, tiny_run, tmp_path, 
             and cfg.model.norm_first == pre)
     assert cfg.model.kind == ("transformer" if pre else "marian")
     assert cfg.model.activation == "relu" and not getattr(cfg.model, "banned_ids", ())
-    pairs = texts(40)
+    pairs = texts(20)
     srcs, refs = [s for s, _ in pairs], [t for _, t in pairs]
     assert (back_tok.encode_src(srcs) == tok.encode_src(srcs)
             and back_tok.encode_tgt(refs) == tok.encode_tgt(refs))
