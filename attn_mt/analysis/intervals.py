@@ -28,15 +28,17 @@ def sentence_stats(hyps: list[str], refs: list[str]) -> np.ndarray:
 
 def _bleus(stats: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """(resamples,) the BLEU of each resampled sentence set `idx` (resamples, n), from the (n, 10)
-    statistics, summed as (times each sentence is drawn) @ stats: one product for all draws."""
+    statistics, summed as (times each sentence is drawn) @ stats: one product for all draws; each
+    distinct sum is scored once (few sentences have few: one sentence, one)."""
     from sacrebleu.metrics import BLEU
 
     resamples, n = idx.shape
     counts = np.bincount((np.arange(resamples)[:, None] * n + idx).ravel(),
                          minlength=resamples * n).reshape(resamples, n)  # (resamples, n)
+    sums, which = np.unique(counts @ stats, axis=0, return_inverse=True)  # (distinct, 10)
     bleu = BLEU()
-    return np.array([bleu._compute_score_from_stats(row).score
-                     for row in (counts @ stats).tolist()])
+    scores = np.array([bleu._compute_score_from_stats(row).score for row in sums.tolist()])
+    return scores[which.reshape(-1)]
 
 
 def draws(n: int, resamples: int = RESAMPLES, seed: int = 0) -> np.ndarray:
