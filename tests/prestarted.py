@@ -3,7 +3,7 @@ torch and attn-mt once, and forks a child per command; the command's `attn-mt` o
 client that hands the child its arguments, folder, environment and standard streams, forwards
 SIGINT/SIGTERM/SIGHUP to it and exits with its status. A command then starts in milliseconds, not
 the 2-3 s of importing torch (and, for training, torch._dynamo, which the optimizers import).
-`python/python SCRIPT ARGS` runs a script so.
+`python/python SCRIPT ARGS` (or `-m MODULE ARGS`) runs a script (a module) so.
 
 The child runs what the installed `attn-mt` runs (`attn_mt.cli:app`, as `python -m attn_mt` does),
 or the script as `__main__`, in a fresh fork of a process that ran no torch operation: no thread
@@ -77,8 +77,11 @@ def _run(conn: socket.socket, request: dict, fds: list[int]) -> None:
     sys.argv = request["argv"] if script else ["attn-mt", *request["argv"]]
     status = 0
     try:
-        if script:
-            # as `python SCRIPT` has it
+        if script and sys.argv[0] == "-m":  # as `python -m MODULE` has it
+            sys.argv = sys.argv[1:]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+        elif script:  # as `python SCRIPT` has it
             sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
             runpy.run_path(sys.argv[0], run_name="__main__")
         else:

@@ -23,8 +23,10 @@ lines of each Multi30k file; `/path/to/checkpoint.pt` runs/toy/checkpoint_best.p
 and `refs.txt` three English toy sentences and their references. `configs/` and `scripts/` are the
 repository's.
 
-Long examples are shortened: `attn-mt train|prepare|compare-rnn|bench` get SHORTEN's overrides
-inserted right after the subcommand (a tiny model, a few steps, a small vocabulary, translations of
+Long examples are shortened: a Python example's `attn_mt.train` gets a tiny model and short
+outputs first in its overrides (PYTHON_TRAIN; its own steps and data come after them and win);
+`attn-mt train|prepare|compare-rnn|bench` get SHORTEN's overrides inserted right after the
+subcommand (a tiny model, a few steps, a small vocabulary, translations of
 at most 4 subwords: an untrained model translates up to the length limit; the example's own `--set`s
 come later and win); `attn-mt serve` runs in the background on a free port until the block ends (the
 example's curl retries until it answers), and `localhost:8000` becomes that port; `curl -s` becomes
@@ -76,6 +78,8 @@ SHORTEN = {  # subcommand -> arguments inserted after it
     "bench": [*_model, "tokenizer.vocab_size=300", "data.toy_size=1000"],
 }
 BENCH_FLAGS = "--repeats 1 --steps 1 --sentences 4"
+# put first in the overrides of a Python example's attn_mt.train (its own come later and win)
+PYTHON_TRAIN = [*_model, *_short_outputs, "train.bleu_sentences=5"]
 
 
 def blocks(doc: str, kinds: tuple[str, ...] = ("```sh", "```bash")) -> list[tuple[str, str, str]]:
@@ -148,6 +152,16 @@ def shorten(script: str) -> str:
     return script.replace("localhost:8000", f"localhost:{port}").replace("curl -s ", "curl -sf ")
 
 
+def shorten_python(script: str) -> str:
+    """The Python examples with PYTHON_TRAIN first in each `attn_mt.train(..., overrides=[...])`:
+    the example's own steps and data, with the shell examples' tiny model and short outputs."""
+    sets = "".join(f"{s!r}, " for s in PYTHON_TRAIN)
+    shortened, n = re.subn(r"\battn_mt\.train\([^()]*?\boverrides=\[", lambda m: m.group(0) + sets,
+                           script)
+    assert n == script.count("attn_mt.train("), "an attn_mt.train example without overrides=[...]"
+    return shortened
+
+
 def workdir(tmp_path: Path, toy_run: Path) -> Path:
     """The folder an example runs in: runs/toy, configs/, scripts/, sentences.txt and refs.txt."""
     shutil.copytree(toy_run, tmp_path / "runs/toy")
@@ -163,7 +177,7 @@ def workdir(tmp_path: Path, toy_run: Path) -> Path:
 @pytest.mark.parametrize("doc", PYTHON)
 def test_python_examples_run_as_one_script(doc, toy_run, commands_bin, tmp_path):
     cwd = workdir(tmp_path, toy_run)
-    script = "\n\n".join(f"# {where}\n{text}" for where, _, text in PYTHON[doc])
+    script = shorten_python("\n\n".join(f"# {where}\n{text}" for where, _, text in PYTHON[doc]))
     (cwd / "examples.py").write_text(script, encoding="utf-8")
     result = subprocess.run([commands_bin / "python" / "python", "examples.py"], cwd=cwd,
                             capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)

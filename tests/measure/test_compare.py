@@ -24,8 +24,8 @@ from attn_mt.training.validation import score_test_split
 CPU = torch.device("cpu")
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "compare.yaml"
 
-BUDGET_MIN = 0.03  # 1.8 s of training each, evaluated about every 0.9 s
-# --quick, made smaller still: 300 toy pairs, tiny models, 2 s of training each
+BUDGET_MIN = 0.015  # 0.9 s of training each, evaluated about every 0.45 s
+# --quick, made smaller still: 300 toy pairs, tiny models, 1 s of training each
 SMALL = [
     "data.toy_size=300", "tokenizer.vocab_size=120", "train.bleu_sentences=20", "train.device=cpu",
     "train.precision=fp32", "train.threads=1",  # one thread: tiny ops, and robust to a busy machine
