@@ -112,6 +112,16 @@ def tiny_ct2(tiny_run, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def prestarted_bin(tmp_path_factory) -> Path:
+    """A folder whose `attn-mt` and `python/python` run each command in a fork of one process that
+    imported torch and attn-mt (tests/prestarted.py), started once per session."""
+    from prestarted import prestarted
+
+    with prestarted(tmp_path_factory.mktemp("prestarted")) as folder:
+        yield folder
+
+
 @pytest.fixture
 def multi30k() -> Path:
     """The shared Multi30k directory; the test is skipped where it is absent (a user's clone)."""

@@ -3,7 +3,7 @@ torch and attn-mt once, and forks a child per command; the command's `attn-mt` o
 client that hands the child its arguments, folder, environment and standard streams, forwards
 SIGINT/SIGTERM/SIGHUP to it and exits with its status. A command then starts in milliseconds, not
 the 2-3 s of importing torch (and, for training, torch._dynamo, which the optimizers import).
-`python/python SCRIPT ARGS` (or `-m MODULE ARGS`) runs a script (a module) so.
+`python/python SCRIPT ARGS` (or `-m MODULE ARGS`, `-c CODE ARGS`) runs a script so.
 
 The child runs what the installed `attn-mt` runs (`attn_mt.cli:app`, as `python -m attn_mt` does),
 or the script as `__main__`, in a fresh fork of a process that ran no torch operation: no thread
@@ -62,6 +62,23 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(body), fds
 
 
+def _python(argv: list[str]) -> None:
+    """`python SCRIPT ARGS`, `python -m MODULE ARGS` or `python -c CODE ARGS`, with the argv and
+    sys.path python gives them."""
+    if argv[0] == "-c":
+        sys.argv = ["-c", *argv[2:]]
+        sys.path.insert(0, "")
+        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
+    elif argv[0] == "-m":
+        sys.argv = argv[1:]
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = argv
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
 def _run(conn: socket.socket, request: dict, fds: list[int]) -> None:
     """In the child: become the command (streams, folder, environment, argv), run it, report,
     exit."""
@@ -77,13 +94,8 @@ def _run(conn: socket.socket, request: dict, fds: list[int]) -> None:
     sys.argv = request["argv"] if script else ["attn-mt", *request["argv"]]
     status = 0
     try:
-        if script and sys.argv[0] == "-m":  # as `python -m MODULE` has it
-            sys.argv = sys.argv[1:]
-            sys.path.insert(0, os.getcwd())
-            runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-        elif script:  # as `python SCRIPT` has it
-            sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
-            runpy.run_path(sys.argv[0], run_name="__main__")
+        if script:
+            _python(sys.argv)
         else:
             from attn_mt.cli import app
 

@@ -46,7 +46,6 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import MULTI30K, TINY
-from prestarted import prestarted
 
 ROOT = Path(__file__).resolve().parents[1]
 # README and the linked docs whose examples run offline or are marked (the others' blocks are
@@ -124,14 +123,6 @@ def toy_run(tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.fixture(scope="session")
-def commands_bin(tmp_path_factory):
-    """A folder whose `attn-mt` runs each command in a fork of one process that imported torch and
-    attn-mt."""
-    with prestarted(tmp_path_factory.mktemp("prestarted")) as folder:
-        yield folder
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -175,11 +166,11 @@ def workdir(tmp_path: Path, toy_run: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("doc", PYTHON)
-def test_python_examples_run_as_one_script(doc, toy_run, commands_bin, tmp_path):
+def test_python_examples_run_as_one_script(doc, toy_run, prestarted_bin, tmp_path):
     cwd = workdir(tmp_path, toy_run)
     script = shorten_python("\n\n".join(f"# {where}\n{text}" for where, _, text in PYTHON[doc]))
     (cwd / "examples.py").write_text(script, encoding="utf-8")
-    result = subprocess.run([commands_bin / "python" / "python", "examples.py"], cwd=cwd,
+    result = subprocess.run([prestarted_bin / "python" / "python", "examples.py"], cwd=cwd,
                             capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert (result.returncode == 0), (f"{doc}:\n--- stdout\n{result.stdout[-2000:]}\n--- "
                                       f"stderr\n{result.stderr[-3000:]}")
@@ -210,7 +201,7 @@ def multi30k_sample(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("where", "mark", "text"), EXAMPLES, ids=[e[0] for e in EXAMPLES])
-def test_example_runs(where, mark, text, toy_run, commands_bin, tmp_path, request):
+def test_example_runs(where, mark, text, toy_run, prestarted_bin, tmp_path, request):
     if mark.startswith("not run"):
         pytest.skip(mark)
     if SEEN[commands(text)] != where:
@@ -226,7 +217,8 @@ def test_example_runs(where, mark, text, toy_run, commands_bin, tmp_path, reques
     script = shorten(text.replace("/path/to/multi30k", str(sample))
                      .replace("/path/to/checkpoint.pt", "runs/toy/checkpoint_best.pt")
                      .replace("/path/to/checkpoint_best.pt", "runs/toy/checkpoint_best.pt"))
-    env = {**os.environ, "PATH": os.pathsep.join(map(str, (commands_bin, BIN, os.environ["PATH"]))),
+    env = {**os.environ,
+           "PATH": os.pathsep.join(map(str, (prestarted_bin, BIN, os.environ["PATH"]))),
            "MULTI30K_DIR": str(sample)}
     result = subprocess.run(["bash", "-c", f"set -euo pipefail\n{script}"], cwd=cwd, env=env,
                             capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)

@@ -16,17 +16,21 @@ from pathlib import Path
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
-def run_script(script: str | Path, *args) -> subprocess.CompletedProcess:
+def run_script(script: str | Path, *args, python: Path | None = None
+               ) -> subprocess.CompletedProcess:
     """`script` (a name in scripts/, or a path) run with `args`: what `subprocess.run(...,
-    capture_output=True, text=True)` of it would return. sys.argv, sys.path, the root logger's
-    handlers and torch's thread count are as they were afterwards."""
+    capture_output=True, text=True)` of it would return; with `python`, that is its sys.executable
+    (the processes it starts: prestarted_bin's python/python). sys.argv, sys.path,
+    sys.executable, the root logger's handlers and torch's thread count are as they were
+    afterwards."""
     import torch
 
     path = Path(script) if isinstance(script, Path) else SCRIPTS / f"{script}.py"
     argv = [str(path), *map(str, args)]
-    saved = sys.argv, sys.path[:], logging.getLogger().handlers[:], torch.get_num_threads()
+    saved = (sys.argv, sys.path[:], logging.getLogger().handlers[:], torch.get_num_threads(),
+             sys.executable)
     out, err, code = io.StringIO(), io.StringIO(), 0
-    sys.argv = argv
+    sys.argv, sys.executable = argv, str(python or sys.executable)
     sys.path.insert(0, str(path.parent))  # as `python SCRIPT` has it
     try:
         with redirect_stdout(out), redirect_stderr(err):
@@ -38,4 +42,5 @@ def run_script(script: str | Path, *args) -> subprocess.CompletedProcess:
     finally:
         sys.argv, sys.path[:], logging.getLogger().handlers[:] = saved[0], saved[1], saved[2]
         torch.set_num_threads(saved[3])
+        sys.executable = saved[4]
     return subprocess.CompletedProcess(["python", *argv], code, out.getvalue(), err.getvalue())

@@ -15,13 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_api_train_speed_times_both_and_gives_the_ratio(tmp_path):
+def test_api_train_speed_times_both_and_gives_the_ratio(prestarted_bin, tmp_path):
     # 4 steps in two evaluation windows (the median leaves the first out), a quick test BLEU
     short = ["train.max_steps=4", "train.eval_every=2", "train.bleu_sentences=5",
              "decode.max_len_a=0", "decode.max_len_b=4"]
     sets = [x for o in [*TINY, *short] for x in ("--set", o)]
     done = run_script("api_train_speed", "--config", ROOT / "configs" / "toy.yaml", *sets,
-                      "--rounds", "1", "--json", tmp_path / "s.json")
+                      "--rounds", "1", "--json", tmp_path / "s.json",
+                      python=prestarted_bin / "python" / "python")  # its runs: forks, no imports
     assert done.returncode == 0, done.stderr
     assert re.findall(r"round 1 (cli|api) ", done.stdout) == ["cli", "api"]
     figures = json.loads((tmp_path / "s.json").read_text())

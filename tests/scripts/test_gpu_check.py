@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 from in_process import run_script
-from prestarted import prestarted
 
 from attn_mt.device import precisions_for
 
@@ -31,15 +30,13 @@ def gpu_check():
 
 
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory):
+def dry_run(tmp_path_factory, prestarted_bin):
     """The dry run's folder and result. Each step is a process of its own, started, limited and
-    read as on a GPU, but a fork of one that imported torch and attn-mt once (tests/prestarted.py):
-    `python` is the pre-started client, not seven fresh imports of torch (about 2.5 s each)."""
+    read as on a GPU, but a fork of one that imported torch and attn-mt once (prestarted_bin's
+    python), not seven fresh imports of torch (about 2.5 s each)."""
     out = tmp_path_factory.mktemp("gpu_check")
-    with (prestarted(tmp_path_factory.mktemp("prestarted")) as folder,
-          pytest.MonkeyPatch.context() as patch):
-        patch.setattr(sys, "executable", str(folder / "python" / "python"))
-        done = run_script("gpu_check", "--dry-run", "--out", out)
+    done = run_script("gpu_check", "--dry-run", "--out", out,
+                      python=prestarted_bin / "python" / "python")
     return out, done
 
 

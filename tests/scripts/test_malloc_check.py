@@ -14,11 +14,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_malloc_check_measures_both_settings(tmp_path):
+def test_malloc_check_measures_both_settings(prestarted_bin, tmp_path):
     sets = [x for o in TINY for x in ("--set", o)]
-    # the two settings run in fresh processes the script starts
+    # the two settings run in processes the script starts: forks of prestarted_bin's python, each
+    # setting its allocator as a fresh process does (no import of torch each)
     done = run_script("malloc_check", "--config", ROOT / "configs" / "toy.yaml", *sets, "--rounds",
-                      "1", "--steps", "2", "--warmup", "1")
+                      "1", "--steps", "2", "--warmup", "1",
+                      python=prestarted_bin / "python" / "python")
     assert done.returncode == 0, done.stderr
     rounds = re.findall(r"round 1 (system|attn-mt)\s+(\d+) tokens/s\s+(\d+) page faults/step",
                         done.stdout)
