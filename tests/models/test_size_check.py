@@ -74,7 +74,9 @@ def answers(tmp_path_factory) -> tuple[Path, list[dict]]:
     """The refused models' commands, then one that fits (its run folder returned), in one child."""
     tmp = tmp_path_factory.mktemp("size_check")
     config = write_config(tmp / "c.yaml", "train.max_epochs=1")
-    fits = write_config(tmp / "fits.yaml", "train.max_epochs=1", "train.bleu_sentences=5")
+    # two steps and short test translations: what is checked is that it trains under the limit
+    fits = write_config(tmp / "fits.yaml", "train.max_steps=2", "train.bleu_sentences=5",
+                        "decode.max_len_a=0", "decode.max_len_b=4")
     commands = [["train", "-c", config, *[a for o in overrides for a in ("--set", o)], "--out",
                  tmp / f"run{i}"] for i, (overrides, _) in enumerate(REFUSED)]
     return tmp / "fits", limited(tmp, *commands, ["train", "-c", fits, "--out", tmp / "fits"])
