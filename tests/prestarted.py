@@ -139,6 +139,9 @@ def serve(path: str) -> None:
         sys.stderr.flush()
         if os.fork() == 0:
             server.close()
+            # a script's sys.executable is the python that runs it: the processes it starts
+            # with it (a server, a step) are forks too
+            sys.executable = os.path.join(os.path.dirname(path), "python", "python")
             _run(conn, request, fds)
         conn.close()
         for fd in fds:
