@@ -16,13 +16,15 @@ pytest.importorskip("fastapi")
 
 
 @pytest.mark.slow
-def test_serve_load_answers_every_request(tiny_run, tmp_path):
+def test_serve_load_answers_every_request(tiny_run, prestarted_bin, tmp_path):
     src, _ = toy_test_files(tmp_path, n=12)
     out = tmp_path / "load.json"
-    # the servers are processes the script starts
+    # the servers are processes the script starts, on sockets of their own: forks of
+    # prestarted_bin's python (this checkout's code, which the baseline is here too)
     done = run_script("serve_load", "--checkpoint", tiny_run / "checkpoint_best.pt", "--src", src,
                       "--sentences", "12", "--single", "3", "--big", "4", "--clients", "1", "8",
-                      "--rounds", "1", "--threads", "1", "--baseline", ROOT, "--out-json", out)
+                      "--rounds", "1", "--threads", "1", "--baseline", ROOT, "--out-json", out,
+                      python=prestarted_bin / "python" / "python")
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     # every request answered, no error or timeout
