@@ -25,16 +25,17 @@ CPU = torch.device("cpu")
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "compare.yaml"
 
 BUDGET_MIN = 0.015  # 0.9 s of training each, evaluated about every 0.45 s
-# --quick, made smaller still: 300 toy pairs, tiny models, 1 s of training each
+# --quick, made smaller still: 300 toy pairs, tiny models, 1 s of training each, translations of
+# at most 4 subwords
 SMALL = [
-    "data.toy_size=300", "tokenizer.vocab_size=120", "train.bleu_sentences=20", "train.device=cpu",
+    "data.toy_size=300", "tokenizer.vocab_size=120", "train.bleu_sentences=5", "train.device=cpu",
     "train.precision=fp32", "train.threads=1",  # one thread: tiny ops, and robust to a busy machine
     "transformer.model.d_model=32", "transformer.model.d_ff=64", "transformer.model.n_heads=2",
     "rnn.model.d_embed=32", "rnn.model.d_hidden=40", "rnn.model.d_attn=32",
     f"compare.budget_minutes={BUDGET_MIN}", f"compare.eval_every_minutes={BUDGET_MIN / 2}",
     "compare.lengths=[8,32]", "compare.length_batch_tokens=256", "compare.repeats=2",
     "compare.decode_sentences=16", "compare.decode_repeats=1", "compare.beam_size=2",
-    "decode.beam_size=2", "decode.max_len_b=4",
+    "decode.beam_size=2", "decode.max_len_a=0", "decode.max_len_b=4",
 ]
 
 
