@@ -3,7 +3,8 @@ torch and attn-mt once, and forks a child per command; the command's `attn-mt` o
 client that hands the child its arguments, folder, environment and standard streams, forwards
 SIGINT/SIGTERM/SIGHUP to it and exits with its status. A command then starts in milliseconds, not
 the 2-3 s of importing torch (and, for training, torch._dynamo, which the optimizers import).
-`python/python SCRIPT ARGS` (or `-m MODULE ARGS`, `-c CODE ARGS`) runs a script so.
+`python/python SCRIPT ARGS` (or `-m MODULE ARGS`, `-c CODE ARGS`) runs a script so, and is the
+child's sys.executable: what a script starts with it (a server, a measured run) is a fork too.
 
 The child runs what the installed `attn-mt` runs (`attn_mt.cli:app`, as `python -m attn_mt` does),
 or the script as `__main__`, in a fresh fork of a process that ran no torch operation: no thread
@@ -139,8 +140,7 @@ def serve(path: str) -> None:
         sys.stderr.flush()
         if os.fork() == 0:
             server.close()
-            # a script's sys.executable is the python that runs it: the processes it starts
-            # with it (a server, a step) are forks too
+            # the python that runs it, as python has it
             sys.executable = os.path.join(os.path.dirname(path), "python", "python")
             _run(conn, request, fds)
         conn.close()
