@@ -26,9 +26,9 @@ repository's.
 Long examples are shortened: a Python example's `attn_mt.train` gets a tiny model and short
 outputs first in its overrides (PYTHON_TRAIN; its own steps and data come after them and win);
 `attn-mt train|prepare|compare-rnn|bench` get SHORTEN's overrides inserted right after the
-subcommand (a tiny model, a few steps, a small vocabulary, translations of
-at most 4 subwords: an untrained model translates up to the length limit; the example's own `--set`s
-come later and win); `attn-mt serve` runs in the background on a free port until the block ends (the
+subcommand (a tiny model, a few steps, a small vocabulary, translations of at most 4 subwords: an
+untrained model translates up to the length limit; the example's own `--set`s come later and win);
+`attn-mt serve` runs in the background on a free port until the block ends (the
 example's curl retries until it answers), and `localhost:8000` becomes that port; `curl -s` becomes
 `curl -sf`, so an HTTP error fails the example.
 """
