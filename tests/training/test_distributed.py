@@ -23,9 +23,26 @@ TORCHRUN = ((str(_VENV_TORCHRUN) if _VENV_TORCHRUN.exists() else shutil.which("t
 pytestmark = pytest.mark.slow
 
 
-def torchrun(*args: str) -> list[str]:
+def torchrun(*args: str, program: tuple[str, ...] = ("-m", "attn_mt")) -> list[str]:
     # the command the README gives; --standalone picks a free port, so parallel runs do not collide
-    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "attn_mt", *args]
+    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", *program, *args]
+
+
+# `python -m attn_mt` whose rank 0 holds its testing HELD_S seconds, longer than the group timeout
+# the job gets: a barrier after testing would time out on the other ranks. A sleep is as long on
+# any machine, and costs no CPU (a long decoding did: beam-8 translations to the length limit).
+HELD_S, TIMEOUT_S = 3, 2
+HELD_TEST = f"""
+import runpy, time
+from attn_mt.training import finish
+
+def held(*args, **kwargs):
+    time.sleep({HELD_S})
+    return real(*args, **kwargs)
+
+real, finish.score_test_split = finish.score_test_split, held
+runpy.run_module("attn_mt", run_name="__main__")
+"""
 
 
 def env() -> dict:
@@ -58,17 +75,16 @@ def test_two_processes_match_one(tmp_path):
 
     # resumed to step 12; the same job shows that rank 0 tests alone, without a barrier to time out
     # (one torchrun job fewer than a run of its own: 4-5 s): the other ranks leave when training
-    # ends, and rank 0's test decoding outlasts the 2 s group timeout. The tested model
-    # (checkpoint_best.pt, of 12 steps at most) is barely trained: its beam-8 translations run to
-    # the length limit, about 3 s of decoding the test split on a quiet 2-core machine (more on a
-    # loaded one); validation decodes 4 sentences only. Decoding settings may change on resuming.
-    decoding = ("train.bleu_sentences=4", "decode.beam_size=8", "decode.max_len_a=8.0",
-                "decode.max_len_b=100", "decode.batch_size=10")
+    # ends, and rank 0's testing outlasts the group timeout. Decoding settings may change on
+    # resuming.
+    (tmp_path / "held_test.py").write_text(HELD_TEST)
+    sets = ("train.max_steps=12", "train.bleu_sentences=4", "decode.beam_size=2",
+            "decode.max_len_b=5")
     resumed = subprocess.run(torchrun("train", "--config", str(cfg), "--out", str(two), "--resume",
-                                      *(x for s in ("train.max_steps=12", *decoding)
-                                        for x in ("--set", s))), capture_output=True, text=True,
-                             env={**env(), "ATTN_MT_DIST_TIMEOUT_S": "2"},
-                             timeout=600)
+                                      *(x for s in sets for x in ("--set", s)),
+                                      program=(str(tmp_path / "held_test.py"),)),
+                             capture_output=True, text=True,
+                             env={**env(), "ATTN_MT_DIST_TIMEOUT_S": str(TIMEOUT_S)}, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert [r["step"] for r in records(two)] == [4, 8, 12]
     # rank 0 records (step 0 too), and rewinds on resume
