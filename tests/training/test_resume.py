@@ -47,8 +47,9 @@ ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
 SLOW = functools.partial(pytest.param, marks=pytest.mark.slow)  # a case `make test-fast` leaves out
 
 TIMING = ("tokens_per_s", "elapsed_s", "train_seconds", "threads")
-# 18 steps per epoch; dropout on, so resuming must restore the RNG too
-RESUMABLE = ("model.dropout=0.1", "train.checkpoint_every=4")
+# 18 steps per epoch, 6 of the second (its end would add nothing the kills need); dropout on, so
+# resuming must restore the RNG too
+RESUMABLE = ("model.dropout=0.1", "train.checkpoint_every=4", "train.max_steps=24")
 
 
 class Killed(BaseException):
