@@ -1,7 +1,7 @@
 """data/sampling.py: subword samples drawn by our own seeded generator. The same seed gives the same
 draw in another process and after any other draws (SentencePiece 0.2.x's own sampling did not:
-resume was not exact), the text is kept, BPE-dropout at rate 0 is SentencePiece's own BPE, and two
-fresh sampled runs are identical."""
+resume was not exact), the text is kept, BPE-dropout at rate 0 is SentencePiece's own BPE, and a
+sampled run in a fresh process is the one in another process."""
 
 from __future__ import annotations
 
@@ -88,9 +88,8 @@ def test_bpe_dropout_at_rate_zero_is_sentencepieces_bpe():
 
 @pytest.mark.slow
 def test_two_fresh_sampled_runs_train_the_same_weights(tmp_path):
-    """A run in a fresh process and one in this process, which has drawn samples and trained before
-    (one fresh process fewer than two fresh runs: ~2.5 s of importing torch): a draw that depended
-    on a process's state, as SentencePiece's own did, would part them as well."""
+    """A run in a fresh process and one in this process, which has drawn samples before: a draw
+    that depended on a process's state, as SentencePiece's own did, would part them."""
     config = write_config(tmp_path / "c.yaml", "train.subword_sampling=0.2", "train.max_steps=8",
                           "train.max_epochs=1", "train.bleu_sentences=5")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
