@@ -87,7 +87,7 @@ def test_bpe_dropout_at_rate_zero_is_sentencepieces_bpe():
 
 
 @pytest.mark.slow
-def test_two_fresh_sampled_runs_train_the_same_weights(tmp_path):
+def test_a_sampled_run_in_a_fresh_process_trains_the_weights_of_one_in_this(tmp_path):
     """A run in a fresh process and one in this process, which has drawn samples before: a draw
     that depended on a process's state, as SentencePiece's own did, would part them."""
     config = write_config(tmp_path / "c.yaml", "train.subword_sampling=0.2", "train.max_steps=8",
