@@ -3,13 +3,14 @@ lock behind."""
 
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+import torch
+from conftest import cli, wait_until
 
+from attn_mt.cli import app
 from attn_mt.data.build import BIG
 
 WORDS = "the a dog cat sees runs house tree big small red green old young".split()
@@ -36,9 +37,30 @@ def gone(pid: int) -> bool:
         return True
 
 
+def forked(args: list[str]) -> int:
+    """`attn-mt ARGS` in a child forked from this process, its output dropped: a real process to
+    signal, without a fresh interpreter importing the libraries again."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for sig in (signal.SIGTERM, signal.SIGINT):  # as a fresh process has them
+                signal.signal(sig, signal.SIG_DFL)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            app(args, prog_name="attn-mt")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        finally:
+            os._exit(code)
+    return pid
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_killed_while_tokenizing_leaves_no_process_and_no_lock(tmp_path):
+    torch.set_num_threads(1)  # forked children: a single-threaded parent is safe to fork
     data = tmp_path / "data"
     data.mkdir()
     n = BIG  # the smallest training split that is tokenized in worker processes
@@ -48,26 +70,25 @@ def test_killed_while_tokenizing_leaves_no_process_and_no_lock(tmp_path):
                 f"{WORDS[(i + shift) % 14]} {WORDS[(i // 14 + shift) % 14]} "
                 f"{WORDS[(i // 196) % 14]} {i % 1000}\n" for i in range(size)))
     (tmp_path / "c.yaml").write_text("name: kill\n")
-    cmd = [sys.executable, "-m", "attn_mt", "prepare", "-c", str(tmp_path / "c.yaml")]
+    args = ["prepare", "-c", str(tmp_path / "c.yaml")]
     for item in ("data.source=files", f"data.dir={data}", "data.src_lang=en", "data.tgt_lang=de",
                  "data.num_proc=2", f"data.cache_dir={tmp_path / 'cache'}",
                  "tokenizer.vocab_size=64", "tokenizer.sample_sentences=1000"):
-        cmd += ["--set", item]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        args += ["--set", item]
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pid = forked(args)
         # the tokenizing workers, forked once the tokenizer is trained
-        wait_until(lambda p=proc: len(children(p.pid)) >= 2 or p.poll() is not None, timeout=120,
-                   interval=0.02, what="prepare to fork its tokenizing workers")
-        workers = children(proc.pid)
+        wait_until(lambda p=pid: len(children(p)) >= 2 or os.waitpid(p, os.WNOHANG)[0],
+                   timeout=120, interval=0.02, what="prepare to fork its tokenizing workers")
+        workers = children(pid)
         assert len(workers) >= 2, "prepare never forked its tokenizing workers"
-        proc.send_signal(sig)
-        assert proc.wait(timeout=30) == -sig
+        os.kill(pid, sig)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == -sig
         wait_until(lambda w=workers: all(map(gone, w)), interval=0.05,
                    what=f"the workers of a {sig.name}'d prepare to end")
     # the lock is free: no wait
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    out = cli(*args, quiet=False)
+    assert out.exit_code == 0, out.output
     assert f"{n} training pairs" in out.stdout and "waiting for" not in out.stderr
     key = out.stdout.splitlines()[0].rsplit("/", 1)[1]
     # no leftover build, no lock file

@@ -1,16 +1,16 @@
 """The memory-mapped corpus: the same tokenizer, batches and losses as the in-memory path it
-replaced, and torchrun ranks sharing one cache entry."""
+replaced, and two ranks (processes) sharing one cache entry."""
 
 import json
 import os
-import subprocess
-import sys
+import traceback
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, cfg_for, toy_files
+from conftest import cfg_for, toy_files
 
+from attn_mt.data import cache
 from attn_mt.data.batching import collate, token_batches
 from attn_mt.data.corpus import load_corpus
 from attn_mt.data.lines import read_lines
@@ -100,41 +100,47 @@ def test_subword_sampling_splits_sources_anew_and_keeps_targets(files, tmp_path)
     assert max(map(len, kept)) <= max(map(len, ids)) and kept != ids
 
 
-RANK_SCRIPT = """
-import json, sys
-from pathlib import Path
-import torch.distributed as dist
-from attn_mt.data import cache
-from attn_mt.config import load_config
-from attn_mt.data.batching import token_batches
-from attn_mt.data.corpus import load_corpus
-
-dist.init_process_group("gloo")
-real, built = cache.build, []
-cache.build = lambda *a, **k: built.append(1) or real(*a, **k)
-cfg = load_config(None, sys.argv[2:])
-corpus = load_corpus(cfg, 256)  # both ranks at once: the lock makes one build
-maps = {line.split()[-1] for line in open("/proc/self/maps") if line.rstrip().endswith(".ids")}
-index = token_batches(*corpus.lengths("train"), 300, 1, 0)
-batches = [b.src.tolist() for b in corpus.batches("train", index[:3])]
-print(json.dumps({"built": len(built), "maps": sorted(maps), "batches": batches}))
-dist.destroy_process_group()
-"""
+def rank(cfg, go: int, out: Path) -> None:
+    """A rank in a forked child: wait for `go`, load the corpus, write what it built, mapped and
+    batched to `out` as JSON, and exit."""
+    code = 1
+    try:
+        os.read(go, 1)  # both ranks at once: the lock makes one build
+        built = []
+        real = cache.build
+        cache.build = lambda *a, **k: built.append(1) or real(*a, **k)
+        corpus = load_corpus(cfg, 256)
+        maps = {line.split()[-1] for line in open("/proc/self/maps")
+                if line.rstrip().endswith(".ids")}
+        index = token_batches(*corpus.lengths("train"), 300, 1, 0)
+        batches = [b.src.tolist() for b in corpus.batches("train", index[:3])]
+        out.write_text(json.dumps({"built": len(built), "maps": sorted(maps), "batches": batches}))
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 @pytest.mark.slow
 def test_two_ranks_build_once_and_map_the_same_files(files, tmp_path):
-    torchrun = Path(sys.executable).parent / "torchrun"
-    if not torchrun.exists():
-        pytest.skip("torchrun not found")
-    script = tmp_path / "ranks.py"
-    script.write_text(RANK_SCRIPT)
-    cfg = [*TINY, "data.source=files", f"data.dir={files}", f"data.cache_dir={tmp_path / 'cache'}"]
-    out = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(script),
-                          str(tmp_path), *cfg], capture_output=True, text=True, timeout=240,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert out.returncode == 0, out.stderr
-    ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    """Two processes that load the corpus at once, as torchrun's ranks do (the data path knows no
+    ranks), forked from this one: no fresh interpreters importing torch."""
+    torch.set_num_threads(1)  # forked children: a single-threaded parent is safe to fork
+    cfg = cfg_for(files, tmp_path)
+    go, start = os.pipe()
+    pids = []
+    for r in range(2):
+        if (pid := os.fork()) == 0:
+            os.close(start)
+            rank(cfg, go, tmp_path / f"rank{r}.json")
+        pids.append(pid)
+    os.close(go)
+    os.write(start, b"go")
+    os.close(start)
+    for pid in pids:
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert len(ranks) == 2 and sum(r["built"] for r in ranks) == 1
     # src.ids, tgt.ids of one entry
     assert ranks[0]["maps"] == ranks[1]["maps"] and len(ranks[0]["maps"]) == 2

@@ -192,15 +192,27 @@ def test_a_deferred_run_writes_what_a_host_checked_one_does(tiny_cfg, tmp_path):
     assert (a["step"], a["tokens"], a["window_loss"]) == (b["step"], b["tokens"], b["window_loss"])
 
 
+# dropout on: resuming must restore the RNG; 16 steps of the 18-step epoch, evaluated at 8 and 16
+# (before and after the kill)
+KILLED = ("model.dropout=0.1", "train.checkpoint_every=4", "train.ema_decay=0.9",
+          "train.max_steps=16", "train.eval_every=8")
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """The run of KILLED with deferred checks, never stopped: trained once for the cases below."""
+    run_dir = tmp_path_factory.mktemp("whole")
+    train(load_config(None, [*TINY, *KILLED, DEVICE]), run_dir)
+    return run_dir
+
+
 @pytest.mark.parametrize("first", ["device", "host"])
-def test_a_killed_deferred_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch, first):
+def test_a_killed_deferred_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch, whole, first):
     """Killed after step 10's backward pass: resumed from step 8's checkpoint, it ends as the run
     that was never stopped (checkpoints are written after a read, so their counters are exact). A
     run begun with host checks (as on a CPU) may go on with deferred ones (as on a GPU): the same,
     while no step is skipped."""
-    settings = ("model.dropout=0.1", "train.checkpoint_every=4", "train.ema_decay=0.9")
-    cfg = tiny_cfg(*settings, DEVICE)
-    train(cfg, tmp_path / "whole")
+    cfg = tiny_cfg(*KILLED, DEVICE)
 
     class Killed(BaseException):
         pass
@@ -215,18 +227,18 @@ def test_a_killed_deferred_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch
 
     monkeypatch.setattr(TrainStep, "update", killing)
     with pytest.raises(Killed):
-        train(tiny_cfg(*settings, f"train.skip_check={first}"), tmp_path / "cut")
+        train(tiny_cfg(*KILLED, f"train.skip_check={first}"), tmp_path / "cut")
     monkeypatch.undo()
     assert checkpoint.load(tmp_path / "cut" / "checkpoint_last.pt")["step"] == 8
     train(cfg, tmp_path / "cut", resume=True)
-    a, b = (checkpoint.load(tmp_path / c / "checkpoint_last.pt") for c in ("whole", "cut"))
+    a, b = (checkpoint.load(d / "checkpoint_last.pt") for d in (whole, tmp_path / "cut"))
     for weights in ("model", "trained_model"):
         assert all(torch.equal(a[weights][k], b[weights][k]) for k in a[weights])
     sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
     assert all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
     keys = ("step", "tokens", "skipped_steps", "window_loss", "train_loss", "best_bleu")
     assert [a[k] for k in keys] == [b[k] for k in keys]
-    assert (tmp_path / "whole" / "metrics.jsonl").read_text().count("\n") == 2
+    assert (whole / "metrics.jsonl").read_text().count("\n") == 2
 
 
 def test_skip_check_takes_one_of_three_places():

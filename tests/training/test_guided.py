@@ -185,8 +185,8 @@ class Killed(BaseException):
 @pytest.mark.slow
 def test_a_guided_run_resumes_bit_exact(tiny_cfg, tmp_path, monkeypatch):
     gold = gold_file(tmp_path, tiny_cfg())
-    cfg = tiny_cfg("model.dropout=0.1", "train.checkpoint_every=4",
-                   f"train.guided_alignment={gold}")
+    cfg = tiny_cfg("model.dropout=0.1", "train.checkpoint_every=4", "train.max_steps=16",
+                   f"train.guided_alignment={gold}")  # 16 steps: the kill and a checkpoint after
     train(cfg, tmp_path / "whole")
     real, calls = TrainStep.update, [0]
 

@@ -5,13 +5,10 @@ included)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import traceback
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import TINY, snapshot
 
 from attn_mt import checkpoint, rundir
@@ -33,24 +30,26 @@ OVERRIDES = ("train.max_steps=6", "train.eval_every=2", "train.keep_last=2",
 TIMING = ("tokens_per_s", "elapsed_s", "train_seconds", "threads")
 
 
-def hook_writes(monkeypatch, run_dir: Path, kill_at: int | None = None) -> list[str]:
+def hook_writes(monkeypatch, run_dir: Path, killed: Path | None = None) -> list[str]:
     """Every change a run makes to `run_dir` (atomic writes, metrics lines, deletions), listed as it
-    is made; the change number `kill_at` is cut off half way as SIGKILL would: a temporary file with
-    part of the data, half a line, and the process gone at once (os._exit: no `finally` or `except`
-    runs)."""
+    is made. With `killed`: before change number k, `run_dir` is copied to `killed/k` as SIGKILL
+    would leave it there, that change cut off half way: a temporary file with part of the data,
+    half a line, a file not deleted. Nothing more is written to the copy, as to the folder of a
+    process that is gone at once (its `finally` and `except` never run); the run goes on in
+    `run_dir`. One run gives the folder each kill leaves, not a run killed at each change."""
     done: list[str] = []
 
     def change(what: str, path: Path, half=None) -> None:
-        if len(done) == kill_at:
+        if killed is not None:
+            copy = shutil.copytree(run_dir, killed / str(len(done)))
             if half is not None:
-                half()
-            os._exit(9)
+                half(copy)
         done.append(f"{what} {Path(path).name}")
 
     def atomic(real):
         def write(path, data):
-            def half():
-                f, _ = open_new(Path(path).parent, f".{Path(path).name}.", ".tmp")
+            def half(folder: Path) -> None:
+                f, _ = open_new(folder, f".{Path(path).name}.", ".tmp")
                 with f:
                     f.write(b"\x80\x02 half a pickle" if callable(data) else
                             (data.encode() if isinstance(data, str) else data)[: len(data) // 2])
@@ -59,8 +58,8 @@ def hook_writes(monkeypatch, run_dir: Path, kill_at: int | None = None) -> list[
         return write
 
     def append(self, record):
-        change("append", self.metrics,
-               lambda: self.metrics.open("a").write(json.dumps(record)[:20]))
+        change("append", self.metrics, lambda folder: (folder / self.metrics.name).open("a").write(
+            json.dumps(record)[:20]))
         real_append(self, record)
 
     def unlink(self, missing_ok=False):
@@ -75,24 +74,6 @@ def hook_writes(monkeypatch, run_dir: Path, kill_at: int | None = None) -> list[
     monkeypatch.setattr(RunDir, "append_metrics", append)
     monkeypatch.setattr(Path, "unlink", unlink)
     return done
-
-
-def killed_at(cfg, run_dir: Path, k: int) -> None:
-    """Train in a forked child that dies at change `k`."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            with pytest.MonkeyPatch.context() as mp:
-                hook_writes(mp, run_dir, kill_at=k)
-                train(cfg, run_dir, observers=(Recorder(run_dir),))
-            code = 0  # never killed
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 9, f"the child did not die at change {k}"
 
 
 def final_files(run_dir: Path) -> dict:
@@ -124,17 +105,18 @@ def final_files(run_dir: Path) -> dict:
 @pytest.mark.slow
 def test_a_run_killed_at_any_write_is_empty_resumable_or_finished_and_ends_as_if_never_killed(
         tmp_path, monkeypatch):
-    torch.set_num_threads(1)  # forked children: a single-threaded parent is safe to fork
     # a tiny model's BLEU stays 0: a score that grows as the loss falls instead, so that
     real = evaluation_module.validate
     for module in (evaluation_module, finish_module):  # validation rounds and the average's test
         monkeypatch.setattr(module, "validate", lambda *a: (
             lambda m: {**m, "valid_bleu": 100 - 10 * m["valid_loss"]})(real(*a)))
     cfg = load_config(None, [*TINY, *OVERRIDES])  # every evaluation writes checkpoint_best.pt
-    ref = tmp_path / "ref"
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    killed.mkdir()
     with monkeypatch.context() as mp:
-        changes = hook_writes(mp, ref)
-        train(cfg, ref, observers=(Recorder(ref),))  # the attention recorder `attn_mt.train` passes
+        # the attention recorder `attn_mt.train` passes
+        changes = hook_writes(mp, ref, killed)
+        train(cfg, ref, observers=(Recorder(ref),))
     expected = final_files(ref)
     assert (changes.count("write checkpoint_best.pt") == 3
             and changes.count("write checkpoint_last.pt") == 3)
@@ -148,8 +130,7 @@ def test_a_run_killed_at_any_write_is_empty_resumable_or_finished_and_ends_as_if
     assert [c for c in changes if c.startswith("delete")] == ["delete checkpoint_step0000002.pt"]
     first_last = changes.index("write checkpoint_last.pt")
     for k, what in enumerate(changes):
-        run_dir = tmp_path / f"kill{k}"
-        killed_at(cfg, run_dir, k)
+        run_dir = killed / str(k)
         state = RunDir(run_dir).state()
         want = ("empty" if k <= first_last else "finished"
                 if k > changes.index("write results.json") else "resumable")

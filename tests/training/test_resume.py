@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,8 +48,9 @@ ATTN_MT = str(Path(sys.executable).parent / "attn-mt")  # the installed command
 SLOW = functools.partial(pytest.param, marks=pytest.mark.slow)  # a case `make test-fast` leaves out
 
 TIMING = ("tokens_per_s", "elapsed_s", "train_seconds", "threads")
-# 18 steps per epoch; dropout on, so resuming must restore the RNG too
-RESUMABLE = ("model.dropout=0.1", "train.checkpoint_every=4")
+# 18 steps per epoch, 6 of the second (its end would add nothing the kills need); dropout on, so
+# resuming must restore the RNG too
+RESUMABLE = ("model.dropout=0.1", "train.checkpoint_every=4", "train.max_steps=24")
 
 
 class Killed(BaseException):
@@ -312,13 +314,20 @@ def test_non_finite_gradient_skips_the_step():
     assert not torch.equal(before[0], layer.weight)
 
 
+@pytest.fixture(scope="module")
+def three_steps(tmp_path_factory) -> tuple[Path, Path]:
+    """(config, run) of a 3-step run trained by the CLI, once: each test resumes a copy."""
+    folder = tmp_path_factory.mktemp("three_steps")
+    config = write_config(folder / "c.yaml", "train.max_steps=3", "train.bleu_sentences=5")
+    assert cli("train", "-c", config, "--out", folder / "run").exit_code == 0
+    return config, folder / "run"
+
+
 @pytest.mark.parametrize("change", [*map(SLOW, ["train.batch_tokens=500", "train.accum_steps=2",
                                                 "data.max_len=30", "train.lr=1e-3",
                                                 "tokenizer.vocab_size=100"]), "train.seed=7"])
-def test_resume_refuses_changes_that_alter_the_run(change, tmp_path):
-    config = write_config(tmp_path / "c.yaml", "train.max_steps=3", "train.bleu_sentences=5")
-    run = tmp_path / "run"
-    assert cli("train", "-c", config, "--out", run).exit_code == 0
+def test_resume_refuses_changes_that_alter_the_run(change, tmp_path, three_steps):
+    config, run = three_steps[0], shutil.copytree(three_steps[1], tmp_path / "run")
     before = snapshot(run)
     result = cli("train", "-c", config, "--out", run, "--resume", "--set", "train.max_steps=6",
                  "--set", change)
@@ -327,10 +336,9 @@ def test_resume_refuses_changes_that_alter_the_run(change, tmp_path):
 
 
 @pytest.mark.slow
-def test_resuming_a_finished_run_trains_nothing_and_a_larger_budget_goes_on(tmp_path):
-    config = write_config(tmp_path / "c.yaml", "train.max_steps=3", "train.bleu_sentences=5")
-    run = tmp_path / "run"
-    assert cli("train", "-c", config, "--out", run).exit_code == 0
+def test_resuming_a_finished_run_trains_nothing_and_a_larger_budget_goes_on(tmp_path,
+                                                                            three_steps):
+    config, run = three_steps[0], shutil.copytree(three_steps[1], tmp_path / "run")
     before = snapshot(run)
     again = cli("train", "-c", config, "--out", run, "--resume")
     assert again.exit_code == 0 and "test BLEU" in again.stdout
